@@ -1,0 +1,31 @@
+# `make demo` and `make test` work on a fresh machine that only has python3.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: install demo test test-tf test-jax clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e ".[dev,text,widgets,jax]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/python examples/quickstart.py
+
+# The whole suite on the TensorFlow backend, then the layer suite on JAX.
+test: test-tf test-jax
+
+test-tf: install
+	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile tests
+
+test-jax: install
+	KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tf_only" tests/layers tests/ops
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,12 @@
+"""keras-attention: attention mechanisms as serializable Keras 3 layers.
+
+The core imports only keras (and its backend). Widgets live in
+`keras_attention.widgets` (the `widgets` extra); tensorflow-text is imported
+only by the text-processing code that needs it.
+"""
+
+from keras_attention import layers
+from keras_attention import ops
+from keras_attention.layers import *  # noqa: F401,F403
+
+__version__ = "0.1.0"

@@ -1,0 +1,7 @@
+"""Attention layers. Every public layer is re-exported at the top level."""
+
+from keras_attention.layers.additive_attention import AdditiveAttention
+from keras_attention.layers.attention_pooling import AttentionPooling
+from keras_attention.layers.base_attention import BaseAttention
+from keras_attention.layers.low_rank_attention import LowRankAttention
+from keras_attention.layers.luong_attention import LuongAttention

@@ -1,0 +1,166 @@
+import keras
+from keras import ops
+
+from keras_attention.layers.additive_attention import AdditiveAttention
+from keras_attention.layers.base_attention import BaseAttention
+from keras_attention.layers.luong_attention import LuongAttention
+
+_SCORE_NAMES = ("additive", "dot", "scaled_dot", "general", "concat")
+
+
+def _score_layer(score, units, dropout, seed, dtype, name):
+    if isinstance(score, BaseAttention):
+        return score
+    if isinstance(score, dict):
+        return keras.saving.deserialize_keras_object(score)
+    if score not in _SCORE_NAMES:
+        raise ValueError(
+            "AttentionPooling: `score` must be one of "
+            f"{_SCORE_NAMES} or a keras_attention attention layer. "
+            f"Received: score={score!r}"
+        )
+    if units is not None and score not in ("additive", "concat"):
+        raise ValueError(
+            "AttentionPooling: `units` only applies to score='additive' or "
+            f"'concat'. Received: units={units!r} with score={score!r}"
+        )
+    common = dict(dropout=dropout, seed=seed, dtype=dtype, name=name)
+    if score == "additive":
+        return AdditiveAttention(units=units, **common)
+    if score == "scaled_dot":
+        return LuongAttention(score="dot", scale=True, **common)
+    return LuongAttention(score=score, units=units, **common)
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class AttentionPooling(keras.layers.Layer):
+    """Pools a sequence into one vector with a learned attention query.
+
+    The "many-to-one" use of attention: a trained query vector attends over
+    the time steps, and the weighted sum of the inputs is returned. Typical
+    after `LSTM(return_sequences=True)` in a classifier; padded steps (a Keras
+    mask, or `mask=`) get zero weight.
+
+    Args:
+        score: how the learned query scores each step: `"additive"`,
+            `"dot"`, `"scaled_dot"`, `"general"`, `"concat"`, or any
+            keras_attention single-head attention layer instance (e.g.
+            `LowRankAttention(rank=4)`).
+        units: hidden width for the `"additive"` and `"concat"` scores.
+        dropout: fraction of attention weights dropped during training.
+        seed: seed for the dropout.
+        query_initializer: initializer of the learned query.
+
+    Call arguments:
+        inputs: `(B, T, d)`.
+        mask: `(B, T)` boolean, `True` for real steps (filled in from the
+            Keras mask).
+        return_attention_scores: also return the weights `(B, T)`.
+        training: whether dropout is active.
+
+    Returns:
+        `(B, d)`, and the weights `(B, T)` if asked. A sequence that is fully
+        masked pools to zeros.
+
+    Example:
+
+    >>> import keras, keras_attention
+    >>> model = keras.Sequential([
+    ...     keras.Input((None,), dtype="int32"),
+    ...     keras.layers.Embedding(50, 8, mask_zero=True),
+    ...     keras.layers.LSTM(8, return_sequences=True),
+    ...     keras_attention.AttentionPooling(),
+    ...     keras.layers.Dense(2, activation="softmax"),
+    ... ])
+    >>> tuple(model.output_shape)
+    (None, 2)
+    """
+
+    def __init__(
+        self,
+        score="additive",
+        units=None,
+        dropout=0.0,
+        seed=None,
+        query_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.attention = _score_layer(
+            score, units, dropout, seed, self.dtype_policy, "attention"
+        )
+        self.score_name = score if isinstance(score, str) else None
+        self.units = units
+        self.dropout = dropout
+        self.seed = seed
+        self.query_initializer = keras.initializers.get(query_initializer)
+        self.supports_masking = True
+
+    def _check_inputs_shape(self, shape):
+        if len(shape) != 3:
+            raise ValueError(
+                f"AttentionPooling (layer '{self.name}'): `inputs` must have "
+                f"rank 3 (batch, time, features). Received: inputs with shape "
+                f"{tuple(shape)}"
+            )
+
+    def build(self, inputs_shape):
+        self._check_inputs_shape(inputs_shape)
+        features = inputs_shape[-1]
+        self.query = self.add_weight(
+            name="query", shape=(1, 1, features), initializer=self.query_initializer
+        )
+        self.attention.build((None, 1, features), inputs_shape)
+        self.built = True
+
+    def call(self, inputs, mask=None, return_attention_scores=False, training=None):
+        self._check_inputs_shape(inputs.shape)
+        batch = ops.shape(inputs)[0]
+        query = ops.broadcast_to(
+            ops.cast(self.query, inputs.dtype), (batch, 1, ops.shape(inputs)[-1])
+        )
+        output, weights = self.attention(
+            query,
+            inputs,
+            value_mask=mask,
+            return_attention_scores=True,
+            training=training,
+        )
+        output, weights = output[:, 0, :], weights[:, 0, :]
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def compute_mask(self, inputs, previous_mask=None):
+        return None
+
+    def compute_output_shape(self, inputs_shape):
+        return (inputs_shape[0], inputs_shape[-1])
+
+    def compute_output_spec(
+        self, inputs, mask=None, return_attention_scores=False, training=None
+    ):
+        self._check_inputs_shape(inputs.shape)
+        output = keras.KerasTensor(
+            self.compute_output_shape(inputs.shape), dtype=self.compute_dtype
+        )
+        if return_attention_scores:
+            weights = keras.KerasTensor(inputs.shape[:2], dtype=self.compute_dtype)
+            return output, weights
+        return output
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "score": self.score_name
+                or keras.saving.serialize_keras_object(self.attention),
+                "units": self.units,
+                "dropout": self.dropout,
+                "seed": self.seed,
+                "query_initializer": keras.initializers.serialize(
+                    self.query_initializer
+                ),
+            }
+        )
+        return config

@@ -1,0 +1,101 @@
+"""Mask helpers shared by every attention layer.
+
+Masks here are boolean: `True` means "may attend". They are combined by logical
+AND, and the softmax is computed in float32 so that float16 and bfloat16 models
+never overflow or produce NaN for fully masked rows.
+"""
+
+from keras import ops
+
+# Large enough to send exp() to exactly zero in float32, small enough that
+# subtracting the row maximum cannot overflow.
+_MASKED_SCORE = -1e9
+
+
+def to_bool_mask(mask):
+    """Returns `mask` as a boolean tensor (`None` passes through)."""
+    if mask is None:
+        return None
+    if "bool" in str(mask.dtype):
+        return mask
+    return ops.not_equal(mask, 0)
+
+
+def merge_masks(*masks):
+    """ANDs together the masks that are not `None`; broadcasting applies.
+
+    Returns `None` when every mask is `None`.
+    """
+    merged = None
+    for mask in masks:
+        if mask is None:
+            continue
+        mask = to_bool_mask(mask)
+        merged = mask if merged is None else ops.logical_and(merged, mask)
+    return merged
+
+
+def causal_mask(query_length, key_length):
+    """A `(1, Tq, Tk)` boolean lower-triangular mask: query `i` sees keys `j <= i`.
+
+    This is the convention of `keras.layers.MultiHeadAttention`.
+    """
+    rows = ops.expand_dims(ops.arange(query_length), 1)
+    cols = ops.expand_dims(ops.arange(key_length), 0)
+    return ops.expand_dims(ops.greater_equal(rows, cols), 0)
+
+
+def attention_mask_from(
+    query_mask=None,
+    value_mask=None,
+    attention_mask=None,
+    use_causal_mask=False,
+    query_length=None,
+    key_length=None,
+):
+    """Combines the ways a caller can restrict attention into one mask.
+
+    Args:
+        query_mask: `(B, Tq)` mask of valid query positions, or `None`.
+        value_mask: `(B, Tv)` mask of valid key/value positions, or `None`.
+        attention_mask: `(B, Tq, Tv)` mask, or `None`.
+        use_causal_mask: whether query `i` may only see keys `j <= i`.
+        query_length, key_length: needed when `use_causal_mask` is set.
+
+    Returns:
+        A boolean `(B or 1, Tq or 1, Tv or 1)` mask, or `None` if nothing is
+        masked.
+    """
+    parts = []
+    if query_mask is not None:
+        parts.append(ops.expand_dims(to_bool_mask(query_mask), -1))  # (B, Tq, 1)
+    if value_mask is not None:
+        parts.append(ops.expand_dims(to_bool_mask(value_mask), -2))  # (B, 1, Tv)
+    if attention_mask is not None:
+        parts.append(attention_mask)
+    if use_causal_mask:
+        parts.append(causal_mask(query_length, key_length))
+    return merge_masks(*parts)
+
+
+def masked_softmax(scores, mask=None, axis=-1):
+    """Softmax over `axis` that ignores masked positions.
+
+    The softmax runs in float32 whatever the input dtype; the result is cast
+    back. Masked positions get weight 0, and a row whose positions are all
+    masked gets weight 0 everywhere (not a uniform distribution, not NaN).
+
+    Args:
+        scores: float tensor of attention logits.
+        mask: boolean tensor broadcastable to `scores`, `True` = keep.
+        axis: the axis to normalise over.
+    """
+    dtype = scores.dtype
+    scores = ops.cast(scores, "float32")
+    if mask is None:
+        return ops.cast(ops.softmax(scores, axis=axis), dtype)
+    mask = to_bool_mask(mask)
+    scores = ops.where(mask, scores, _MASKED_SCORE)
+    weights = ops.softmax(scores, axis=axis)
+    weights = weights * ops.cast(mask, "float32")
+    return ops.cast(weights, dtype)

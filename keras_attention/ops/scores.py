@@ -1,0 +1,51 @@
+"""Score functions: how much query `i` should look at key `j`.
+
+Each returns logits of shape `(B, Tq, Tk)` from a query `(B, Tq, dq)` and a key
+`(B, Tk, dk)`. They are pure functions over `keras.ops`; the layers own the
+weights and pass them in.
+"""
+
+from keras import ops
+
+
+def dot_score(query, key, scale=None):
+    """`q . k`, optionally multiplied by `scale` (e.g. `1 / sqrt(d)`)."""
+    scores = ops.einsum("bqd,bkd->bqk", query, key)
+    if scale is not None:
+        scores = scores * ops.cast(scale, scores.dtype)
+    return scores
+
+
+def general_score(query, key, kernel):
+    """`q^T W k` with `kernel` of shape `(dq, dk)` (Luong's "general")."""
+    return dot_score(ops.matmul(query, kernel), key)
+
+
+def low_rank_score(query, key, query_kernel, key_kernel):
+    """`(U q) . (V k)`: the rank-`r` factorisation `W = U^T V` of `q^T W k`.
+
+    `query_kernel` is `(dq, r)` and `key_kernel` is `(dk, r)`.
+    """
+    return dot_score(ops.matmul(query, query_kernel), ops.matmul(key, key_kernel))
+
+
+def additive_score(projected_query, projected_key, score_vector):
+    """`v^T tanh(Wq q + Wk k)` given the two projections already computed.
+
+    Projecting first keeps the `(B, Tq, Tk, units)` intermediate at `units`
+    wide, the smallest it can be, instead of `dq + dk` wide.
+
+    Args:
+        projected_query: `(B, Tq, units)`, `Wq q` (plus any bias).
+        projected_key: `(B, Tk, units)`, `Wk k`.
+        score_vector: `(units,)`, the vector `v`.
+    """
+    hidden = ops.tanh(
+        ops.expand_dims(projected_query, 2) + ops.expand_dims(projected_key, 1)
+    )  # (B, Tq, Tk, units)
+    return ops.einsum("bqku,u->bqk", hidden, score_vector)
+
+
+def weighted_sum(weights, value):
+    """The attention output: `(B, Tq, Tk) x (B, Tk, dv) -> (B, Tq, dv)`."""
+    return ops.einsum("bqk,bkd->bqd", weights, value)
