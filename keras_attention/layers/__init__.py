@@ -5,3 +5,4 @@ from keras_attention.layers.attention_pooling import AttentionPooling
 from keras_attention.layers.base_attention import BaseAttention
 from keras_attention.layers.low_rank_attention import LowRankAttention
 from keras_attention.layers.luong_attention import LuongAttention
+from keras_attention.layers.capture import capture_attention

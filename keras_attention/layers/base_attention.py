@@ -58,6 +58,9 @@ class BaseAttention(keras.layers.Layer):
         weights and a zero output, never NaN.
     """
 
+    # Set by `capture_attention`; `None` means weights are not being recorded.
+    _attention_recorder = None
+
     def __init__(self, dropout=0.0, seed=None, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
@@ -94,6 +97,15 @@ class BaseAttention(keras.layers.Layer):
             self._dropout_layer(weights, training=training), value
         )
         return output, weights
+
+    @property
+    def _capturing_attention(self):
+        return self._attention_recorder is not None
+
+    def _record_attention(self, weights):
+        """Hands computed weights to an active `capture_attention`, if any."""
+        if self._attention_recorder is not None:
+            self._attention_recorder.weights.append(weights)
 
     # ------------------------------------------------------------- validation
     def _error(self, message):
@@ -248,6 +260,7 @@ class BaseAttention(keras.layers.Layer):
         output, weights = self._compute_attention(
             query, key, value, combined, training=training
         )
+        self._record_attention(weights)
         if return_attention_scores:
             return output, weights
         return output

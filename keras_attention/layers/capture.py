@@ -1,0 +1,64 @@
+"""Collect the attention weights of every attention layer in a model."""
+
+import numpy as np
+
+
+class _Recorder:
+    """Plain holder, so that Keras' attribute tracking leaves it alone."""
+
+    def __init__(self):
+        self.weights = []
+
+
+def attention_layers(model_or_layer):
+    """Every layer under `model_or_layer` (itself included) that records attention."""
+    found = []
+    for layer in model_or_layer._flatten_layers(include_self=True, recursive=True):
+        if hasattr(layer, "_record_attention"):
+            found.append(layer)
+    return found
+
+
+class capture_attention:
+    """Context manager that records attention weights during eager calls.
+
+    Every keras_attention layer reports the weights it computed through
+    `_record_attention`; inside this context those reports are kept. Call the
+    model eagerly (`model(inputs)`, not `model.predict`) while capturing.
+    Layers with a memory-efficient kernel fall back to exact attention while
+    capturing so that there are weights to record.
+
+    Example:
+
+    >>> import numpy as np, keras, keras_attention
+    >>> model = keras.Sequential([keras.Input((4, 8)),
+    ...                           keras_attention.LuongAttention(name="att")])
+    >>> with keras_attention.layers.capture_attention(model) as captured:
+    ...     _ = model(np.ones((2, 4, 8), "float32"))
+    >>> captured.scores["att"][0].shape
+    (2, 4, 4)
+    """
+
+    def __init__(self, model_or_layer):
+        self.layers = attention_layers(model_or_layer)
+        if not self.layers:
+            raise ValueError(
+                "capture_attention: the model has no keras_attention attention "
+                f"layers. Received: {type(model_or_layer).__name__} "
+                f"'{getattr(model_or_layer, 'name', model_or_layer)}'"
+            )
+        self.scores = {}
+
+    def __enter__(self):
+        for layer in self.layers:
+            layer._attention_recorder = _Recorder()
+        return self
+
+    def __exit__(self, *exc_info):
+        for layer in self.layers:
+            recorder = layer._attention_recorder
+            layer._attention_recorder = None
+            self.scores[layer.name] = [
+                np.asarray(w, dtype="float32") for w in recorder.weights
+            ]
+        return False
