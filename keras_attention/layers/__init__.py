@@ -8,3 +8,5 @@ from keras_attention.layers.luong_attention import LuongAttention
 from keras_attention.layers.capture import capture_attention
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_attention.layers.squeeze_excitation import SqueezeExcitation
+from keras_attention.layers.cbam import CBAM
