@@ -11,3 +11,5 @@ from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.position_embedding import PositionEmbedding
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_attention.layers.squeeze_excitation import SqueezeExcitation
+from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
+from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
