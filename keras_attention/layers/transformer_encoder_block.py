@@ -1,5 +1,4 @@
 import keras
-from keras import ops
 from keras.src.backend import get_keras_mask
 
 from keras_attention.layers.base_attention import validate_positive_int
@@ -68,7 +67,8 @@ def check_mask(block, name, mask, expected_shape):
     if not hasattr(mask, "shape") or not ("bool" in dtype or "int" in dtype):
         raise TypeError(
             f"{prefix}`{name}` must be a boolean tensor, True for positions to "
-            f"attend. Received: {name}={mask!r}"
+            f"attend. Received: {name}="
+            + (f"tensor with dtype {dtype}" if dtype else repr(mask))
         )
     shape = tuple(mask.shape)
     if len(shape) != len(expected_shape) or any(
