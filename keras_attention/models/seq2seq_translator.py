@@ -188,10 +188,16 @@ class Seq2SeqTranslator(keras.Model):
             rnn_class(units // 2, return_sequences=True, return_state=True),
             name="encoder",
         )
-        self.state_bridges = [
-            keras.layers.Dense(units, activation="tanh", name=f"bridge_{i}")
-            for i in range(1 if rnn == "gru" else 2)
-        ]
+        # Encoder final states -> decoder initial state (and LSTM cell state).
+        # Attributes, not a list: TensorFlow's SavedModel tracking must see them.
+        self.hidden_bridge = keras.layers.Dense(
+            units, activation="tanh", name="hidden_bridge"
+        )
+        self.cell_bridge = (
+            keras.layers.Dense(units, activation="tanh", name="cell_bridge")
+            if rnn == "lstm"
+            else None
+        )
         self.target_embedding = keras.layers.Embedding(
             self.target_text.size, embedding_dim, name="target_embedding"
         )
@@ -328,7 +334,9 @@ class Seq2SeqTranslator(keras.Model):
         forward, backward = final_states[:half], final_states[half:]
         decoder_states = [
             bridge(tf.concat([f, b], axis=-1))
-            for bridge, f, b in zip(self.state_bridges, forward, backward)
+            for bridge, f, b in zip(
+                (self.hidden_bridge, self.cell_bridge), forward, backward
+            )
         ]
         return encoder_outputs, source_mask, decoder_states
 
