@@ -219,7 +219,7 @@ class Seq2SeqTranslator(keras.Model):
                 tf.zeros((1, self.max_target_length), tf.int32),
             )
         )
-        self._decode_functions = {}
+        self._decode_functions = _FunctionCache()
 
     # ----------------------------------------------------------- construction
     @classmethod
@@ -589,20 +589,21 @@ class Seq2SeqTranslator(keras.Model):
 
     def _decode_function(self, beam_width, max_length, method):
         key = (beam_width, max_length, method)
-        if key not in self._decode_functions:
+        functions = self._decode_functions.functions
+        if key not in functions:
             def decode(texts, length_penalty):
                 return self._search_outputs(
                     texts, beam_width, max_length, length_penalty, method
                 )
 
-            self._decode_functions[key] = tf.function(
+            functions[key] = tf.function(
                 decode,
                 input_signature=[
                     tf.TensorSpec([None], tf.string),
                     tf.TensorSpec([], tf.float32),
                 ],
             )
-        return self._decode_functions[key]
+        return functions[key]
 
     def _check_decoding_arguments(self, beam_width, max_length, length_penalty):
         if isinstance(beam_width, bool) or not isinstance(
@@ -714,6 +715,13 @@ class Seq2SeqTranslator(keras.Model):
         log_probs = tf.nn.log_softmax(logits)[0].numpy()
         return (log_probs, weights[0, :length].numpy(), scores,
                 {**state, "states": states})
+
+
+class _FunctionCache:
+    """Compiled decoding functions; a plain object so SavedModels skip it."""
+
+    def __init__(self):
+        self.functions = {}
 
 
 def _as_str(text):
