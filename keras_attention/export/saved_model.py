@@ -16,15 +16,17 @@ def export_translator(translator, path, beam_width=1, max_length=None,
                       length_penalty=0.0, warmup_texts=None, model_name=None):
     """Writes `translator` as a SavedModel with a `serving_default` signature.
 
-    The signature takes `text: tf.string (B,)` and returns:
+    The signature takes `text: tf.string (B,)` and returns, padded to the
+    longest output (`T_out` tokens, `<end>` excluded) and the longest source
+    (`T_in` tokens, after truncation to `max_source_length`) of the batch:
 
     - `translation`: `(B,)` strings,
-    - `alignment`: `(B, max_length, max_source_length)` float32 attention
-      weights, zero-padded (row `i` is output token `i`, column `j` source
-      token `j`),
-    - `source_tokens`: `(B, max_source_length)` strings, padded with `""`,
-    - `target_tokens`: `(B, max_length)` strings, padded with `""`,
-    - `score`: `(B,)` float32, `source_length`, `output_length`: `(B,)` int32.
+    - `alignment`: `(B, T_out, T_in)` float32 attention weights, zero-padded
+      (row `i` is output token `i`, column `j` source token `j`),
+    - `source_tokens`: `(B, T_in)` strings, padded with `""`,
+    - `target_tokens`: `(B, T_out)` strings, padded with `""`,
+    - `score`: `(B,)` float32 log-probability, `source_length`,
+      `output_length`: `(B,)` int32 (the unpadded sizes).
 
     The graph holds only TensorFlow core and tensorflow-text ops (no PyFunc,
     no XLA), so a standard TF Serving build serves it. Decoding (greedy, or

@@ -527,11 +527,12 @@ class Seq2SeqTranslator(keras.Model):
                         method="auto"):
         """Graph body shared by `translate` and the exported signature.
 
-        Returns a dict of padded tensors: `translation (B,)` strings,
-        `target_tokens (B, max_length)` strings, `token_ids`, `alignment
-        (B, max_length, max_source_length)`, `source_tokens (B,
-        max_source_length)` strings, `source_length (B,)`, `output_length
-        (B,)` (tokens without `<end>`), `score (B,)`.
+        Returns a dict of tensors padded to the batch's longest output
+        (`T_out`, `<end>` excluded) and source (`T_in`): `translation (B,)`
+        strings, `target_tokens (B, T_out)` strings (padding `""`),
+        `token_ids (B, T_out)` (padding 0), `alignment (B, T_out, T_in)`
+        (padding 0.0), `source_tokens (B, T_in)` strings (padding `""`),
+        `source_length (B,)`, `output_length (B,)`, `score (B,)`.
         """
         source_ids, source_tokens = self.source_text.encode(texts)
         source_length = tf.cast(source_tokens.row_lengths(), tf.int32)
@@ -564,24 +565,20 @@ class Seq2SeqTranslator(keras.Model):
         score = tf.where(has_source, score, 0.0)
         token_ids = tf.where(keep, token_ids, PAD_ID)
         weights = tf.where(keep[:, :, None], weights, 0.0)
-        # Pad to fixed widths: (B, max_length) and (B, max_length, T_in).
-        pad_steps = max_length - tf.shape(token_ids)[1]
-        token_ids = tf.pad(token_ids, [[0, 0], [0, pad_steps]])
-        weights = tf.pad(weights, [[0, 0], [0, pad_steps], [0, 0]])
-        token_ids = tf.ensure_shape(token_ids, [None, max_length])
-        weights = tf.ensure_shape(weights, [None, max_length, self.max_source_length])
+        # Padded to the batch's longest output and source, not to the limits,
+        # so a served response carries no columns that are zero for every row.
+        output_width = tf.reduce_max(tf.concat([output_length, [0]], axis=0))
+        source_width = tf.reduce_max(tf.concat([source_length, [0]], axis=0))
+        token_ids = token_ids[:, :output_width]
+        weights = weights[:, :output_width, :source_width]
         output_tokens = tf.RaggedTensor.from_tensor(token_ids, lengths=output_length)
         output_strings = self.target_text.ids_to_tokens(output_tokens)
         return {
             "translation": self.target_text.join(output_strings),
-            "target_tokens": output_strings.to_tensor(
-                default_value="", shape=[None, max_length]
-            ),
+            "target_tokens": output_strings.to_tensor(default_value=""),
             "token_ids": token_ids,
             "alignment": weights,
-            "source_tokens": source_tokens.to_tensor(
-                default_value="", shape=[None, self.max_source_length]
-            ),
+            "source_tokens": source_tokens.to_tensor(default_value=""),
             "source_length": source_length,
             "output_length": output_length,
             "score": score,
