@@ -315,6 +315,12 @@ class Seq2SeqTranslator(keras.Model):
         decoder_inputs = tf.concat([start, target_ids[:, :-1]], axis=1)
         return (source_ids, decoder_inputs), target_ids
 
+    def fit(self, x=None, *args, **kwargs):
+        """`keras.Model.fit`. A dataset from `make_dataset` shuffles itself."""
+        if isinstance(x, tf.data.Dataset):
+            kwargs.setdefault("shuffle", False)
+        return super().fit(x, *args, **kwargs)
+
     def compile(self, optimizer="adam", loss=None, **kwargs):
         """`keras.Model.compile`; the default loss ignores padding targets."""
         if loss is None:

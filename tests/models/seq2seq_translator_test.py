@@ -237,28 +237,50 @@ def test_unknown_tokens_map_to_unk(trained_translator):
     assert list(ids.numpy()[0][:2]) == [vocabulary.index("one"), 1]
 
 
-@pytest.mark.parametrize("attention", ["additive", "luong", "general", "concat",
-                                       "low_rank", "layer"])
-def test_every_attention_mechanism_trains_and_decodes(attention):
+def test_every_attention_mechanism_decodes():
     from keras_attention import LowRankAttention
+    from keras_attention import LuongAttention
+    from keras_attention.models import Seq2SeqTranslator
+    from keras_attention.models.seq2seq_translator import ATTENTION_NAMES
+
+    instance = LowRankAttention(rank=3)
+    expected_types = {"additive": "AdditiveAttention", "luong": "LuongAttention",
+                      "general": "LuongAttention", "concat": "LuongAttention",
+                      "low_rank": "LowRankAttention"}
+    for attention in (*ATTENTION_NAMES, instance):
+        translator = Seq2SeqTranslator.from_texts(
+            ["ab", "ba"], ["x", "y"], units=8, embedding_dim=4,
+            max_source_length=5, max_target_length=3, attention=attention,
+        )
+        if attention is instance:
+            assert translator.attention is instance
+        else:
+            assert type(translator.attention).__name__ == expected_types[attention]
+        result = translator.translate(["ab"], beam_width=2)[0]
+        assert result.alignment.shape == (len(result.tokens), 2)
+        np.testing.assert_allclose(result.alignment.sum(axis=1), 1.0, atol=1e-5)
+    assert isinstance(Seq2SeqTranslator.from_texts(
+        ["ab"], ["x"], units=8, attention="general").attention, LuongAttention)
+
+
+def test_lstm_translator_with_concat_attention_trains():
     from keras_attention.models import Seq2SeqTranslator
 
-    if attention == "layer":
-        attention = LowRankAttention(rank=3)
     sources, targets = ["ab", "ba", "aab"], ["x", "y", "xxy"]
     translator = Seq2SeqTranslator.from_texts(
         sources, targets, units=8, embedding_dim=4, max_source_length=5,
-        max_target_length=4, attention=attention,
-        rnn="lstm" if attention == "concat" else "gru",
+        max_target_length=4, attention="concat", rnn="lstm",
     )
-    translator.compile()
+    translator.compile(optimizer=keras.optimizers.Adam(0.05))
     history = translator.fit(translator.make_dataset(sources, targets, 3),
-                             epochs=1, verbose=0, shuffle=False)
-    assert np.isfinite(history.history["loss"][0])
-    result = translator.translate(["ab"], beam_width=2)[0]
-    assert result.alignment.shape == (len(result.tokens), 2)
-    if not isinstance(attention, str):
-        assert translator.attention is attention
+                             epochs=3, verbose=0)
+    losses = history.history["loss"]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+    tokens = [s.token for s in translator.decoding_session("ab").run()]
+    expected = translator.translate("ab")[0].tokens
+    # The session ends with <end>, or without it at max_target_length.
+    assert tokens[: len(expected)] == expected
+    assert tokens[len(expected):] in ([], ["<end>"])
 
 
 def test_config_round_trip_gives_the_same_translations(trained_translator):
@@ -290,3 +312,17 @@ def test_constructor_errors():
         Seq2SeqTranslator(["a", "b"], vocabulary)
     with pytest.raises(ValueError, match="as many"):
         Seq2SeqTranslator.from_texts(["a", "b"], ["c"])
+
+
+@pytest.mark.parametrize("module_name", [
+    "keras_attention.models.seq2seq_translator",
+    "keras_attention.models.alignment_chart",
+])
+def test_docstring_examples(module_name):
+    import doctest
+    import importlib
+
+    module = importlib.import_module(module_name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted >= (
+        1 if module_name.endswith("translator") else 0)
