@@ -17,6 +17,8 @@ decoding hooks, and gets `translate` (greedy and beam search compiled as
   layout of one text's alignment.
 """
 
+import inspect
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -44,6 +46,21 @@ def positive_int(argument, value, allow_none=False, owner="Translator"):
         )
     return int(value)
 
+
+
+def next_token_log_probs(logits):
+    """Log-softmax over the tokens a decoder may emit.
+
+    `<pad>` and `<start>` are never emitted: their logits are dropped and the
+    distribution renormalized over the other tokens (`<end>`, `<unk>` and the
+    vocabulary).
+    """
+    logits = tf.cast(logits, tf.float32)
+    allowed = tf.logical_and(
+        tf.not_equal(tf.range(tf.shape(logits)[-1]), PAD_ID),
+        tf.not_equal(tf.range(tf.shape(logits)[-1]), START_ID),
+    )
+    return tf.nn.log_softmax(tf.where(allowed, logits, _NEG_INF))
 
 
 def _batch_major(stacked):
@@ -127,10 +144,13 @@ class Translator(keras.Model):
         return alignment
 
     @classmethod
-    def from_texts(cls, source_texts, target_texts, source_split="character",
-                   target_split="character", lowercase=True, max_tokens=None,
+    def from_texts(cls, source_texts, target_texts, source_split=None,
+                   target_split=None, lowercase=True, max_tokens=None,
                    min_count=1, **kwargs):
         """Builds the vocabularies from training texts, then the translator."""
+        defaults = inspect.signature(cls.__init__).parameters
+        source_split = source_split or defaults["source_split"].default
+        target_split = target_split or defaults["target_split"].default
         source_texts = [_as_str(t) for t in source_texts]
         target_texts = [_as_str(t) for t in target_texts]
         if len(source_texts) != len(target_texts) or not source_texts:
@@ -225,7 +245,7 @@ class Translator(keras.Model):
             logits, states, weights, _ = self._decode_step(
                 previous, states, context, step
             )
-            log_probs = tf.nn.log_softmax(logits)
+            log_probs = next_token_log_probs(logits)
             token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
             token = tf.where(finished, PAD_ID, token)
             token_log_prob = tf.gather(log_probs, token, batch_dims=1)
@@ -283,7 +303,7 @@ class Translator(keras.Model):
                 previous, states, context, step
             )
             log_probs = tf.reshape(
-                tf.nn.log_softmax(logits), [batch, beam_width, vocabulary_size]
+                next_token_log_probs(logits), [batch, beam_width, vocabulary_size]
             )
             log_probs = tf.where(finished[:, :, None], only_padding, log_probs)
             total = tf.reshape(
@@ -529,7 +549,7 @@ class Translator(keras.Model):
         length = state["length"]
         if scores is not None:
             scores = scores[0, ..., :length].numpy()
-        log_probs = tf.nn.log_softmax(logits)[0].numpy()
+        log_probs = next_token_log_probs(logits)[0].numpy()
         return (log_probs, weights[0, ..., :length].numpy(), scores,
                 {**state, "states": states, "step": state["step"] + 1})
 

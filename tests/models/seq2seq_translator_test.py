@@ -19,8 +19,10 @@ def _sequence_log_prob(translator, text, tokens):
     ids = [vocabulary.index(t) for t in tokens] + [3]  # 3 = <end>
     source_ids, _ = translator.source_text.encode(tf.constant([text]))
     decoder_inputs = np.array([[2] + ids[:-1]], "int32")  # 2 = <start>
-    logits = translator((source_ids, decoder_inputs))
-    log_probs = keras.ops.convert_to_numpy(keras.ops.log_softmax(logits[0], -1))
+    logits = keras.ops.convert_to_numpy(translator((source_ids, decoder_inputs)))[0]
+    logits[:, [0, 2]] = -np.inf  # <pad> and <start> are never emitted
+    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(
+        -1, keepdims=True)) - logits.max(-1, keepdims=True)
     return float(sum(log_probs[i, token] for i, token in enumerate(ids)))
 
 
