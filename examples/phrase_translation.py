@@ -22,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 # French noun -> (English noun, grammatical gender)
-NOUNS = {"chat": ("cat", "m"), "chien": ("dog", "m"), "oiseau": ("bird", "m"),
+NOUNS = {"chat": ("cat", "m"), "chien": ("dog", "m"), "lapin": ("rabbit", "m"),
          "garçon": ("boy", "m"), "souris": ("mouse", "f"), "fille": ("girl", "f"),
          "voiture": ("car", "f"), "maison": ("house", "f")}
 # English adjective -> (masculine, feminine); all follow the noun in French.
@@ -129,7 +129,7 @@ def main(argv=None):
     print(f"held-out exact match: {correct}/{len(test)} = {correct / len(test):.1%}")
 
     showcase = ["le chat noir mange la souris grise", "il a m' entarté",
-                "une fille contente voit un oiseau vert"]
+                "une fille contente voit un lapin vert"]
     shown = []
     for translation in translator.translate(showcase):
         # Last decoder layer, mean over heads: (T_out, T_in).
