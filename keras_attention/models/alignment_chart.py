@@ -24,7 +24,9 @@ def alignment_text(translation, width=None):
             f"alignment with shape {alignment.shape}"
         )
     source = [_shown(t) for t in translation.source_tokens]
-    width = width or max([1] + [len(t) for t in source])
+    if width is None:
+        width = max([1] + [len(t) for t in source])
+        width += 1 if width > 1 else 0  # a space between multi-character tokens
     label = max([1] + [len(_shown(t)) for t in translation.tokens])
     header = " " * (label + 3) + "".join(t[:width].ljust(width) for t in source)
     lines = [header]

@@ -18,10 +18,14 @@ def test_text_chart_marks_the_most_attended_source_token():
     assert lines[0].split() == ["x", "␣", "<y>"]
     assert lines[1].startswith("a |") and lines[1].endswith("<- x")
     assert lines[2].endswith("<- <y>")
-    # One cell per source token, as wide as the widest token; 0.9 is darkest.
+    # One cell per source token, the widest token plus a space; 0.9 is darkest.
     cells = lines[1].split("|", 1)[1].split("<-")[0][1:]
-    assert cells[:3] == "@@@" and "@" not in cells[3:]
-    assert cells[3:6] == ".." + "." and cells[6:9] == "   "
+    assert cells[:4] == "@@@@" and "@" not in cells[4:]
+    assert cells[4:8] == "...." and cells[8:12] == "    "
+    # Single characters get one column each.
+    chars = alignment_text(Translation("a", ["a"], ["x", "y"], 0.0,
+                                       np.array([[1.0, 0.0]], "float32")))
+    assert chars.splitlines()[1] == "a | @   <- x"
 
 
 def test_html_heatmap_is_escaped_and_self_contained():
