@@ -156,9 +156,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
 
     def update(self, title_suffix=""):
         """Recompute the probe attention and patch every heatmap in place."""
-        sync = getattr(self.model, "jax_state_sync", None) if self._has_model() else None
-        if sync is not None:
-            sync()  # on JAX, fit keeps the latest weights outside the model until synced
+        # On JAX, fit keeps the newest weights outside the model mid-epoch;
+        # reading `Callback.model` syncs them back before the probe call.
+        self._has_model()
         for name, matrix in self.compute().items():
             values = matrix.ravel().astype("float64").tolist()
             self.sources[name].patch({"weight": [(slice(0, len(values)), values)]})
