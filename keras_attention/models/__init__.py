@@ -1,0 +1,26 @@
+"""Translators with attention, and what their decoding returns.
+
+`Translation`, `DecodingStep` and `DecodingSession` import without
+tensorflow-text. The translators (TensorFlow backend) import tensorflow-text
+when first used: `from keras_attention.models import Seq2SeqTranslator`.
+"""
+
+from keras_attention.models.decoding import DecodingSession
+from keras_attention.models.decoding import DecodingStep
+from keras_attention.models.decoding import Translation
+
+_LAZY = {
+    "Seq2SeqTranslator": "keras_attention.models.seq2seq_translator",
+    "TextEncoder": "keras_attention.models.text_processing",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'keras_attention.models' has no attribute {name!r}")
+
+
+__all__ = ["DecodingSession", "DecodingStep", "Translation", *_LAZY]

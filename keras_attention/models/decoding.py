@@ -1,0 +1,177 @@
+"""What decoding returns: `Translation`, `DecodingStep` and `DecodingSession`.
+
+This module imports neither TensorFlow text nor any backend code, so widgets
+can use the types without pulling in tensorflow-text.
+
+A translator that supports sessions provides:
+
+- `supports_decoding_session` (True),
+- `_session_start(text) -> (source_tokens, state)`,
+- `_session_step(state, previous_token_id) -> (log_probs (V,), attention,
+  scores or None, next_state)`,
+- `target_vocabulary` (list of tokens; ids 0-3 are `<pad> <unk> <start> <end>`)
+  and `max_target_length`.
+"""
+
+import dataclasses
+
+import numpy as np
+
+START_ID, END_ID = 2, 3
+
+
+@dataclasses.dataclass
+class Translation:
+    """One decoded text.
+
+    Attributes:
+        text: the output text (tokens joined; no `<end>`).
+        tokens: the output tokens, without `<end>`.
+        source_tokens: the source tokens the model read (after case folding
+            and truncation).
+        score: sum of the log-probabilities of the output tokens (and of
+            `<end>` when it was produced), divided by
+            `num_tokens ** length_penalty`.
+        alignment: attention weights, one row per output token:
+            `(T_out, T_in)` for `Seq2SeqTranslator`,
+            `(layers, heads, T_out, T_in)` for `TransformerTranslator`.
+    """
+
+    text: str
+    tokens: list
+    source_tokens: list
+    score: float
+    alignment: np.ndarray
+
+
+@dataclasses.dataclass
+class DecodingStep:
+    """One step of a `DecodingSession`.
+
+    Attributes:
+        index: position of the token in the output (0 for the first).
+        token, token_id: the token emitted at this step.
+        probability: the model's probability of that token.
+        candidates: the `top_k` most likely tokens with their probabilities,
+            best first (computed before any forcing).
+        attention: attention over the source at this step, `(T_in,)` for
+            Seq2Seq and `(layers, heads, T_in)` for the Transformer.
+        scores: pre-softmax scores, same shape as `attention`, or None.
+        done: whether decoding ended at this step (`<end>` or max length).
+    """
+
+    index: int
+    token: str
+    token_id: int
+    probability: float
+    candidates: list
+    attention: np.ndarray
+    scores: object
+    done: bool
+
+
+class DecodingSession:
+    """Step-by-step greedy decoding of one text, for people and widgets.
+
+    Use `translator.decoding_session(text, top_k=5)` rather than this class.
+    Each `step()` emits the most likely token, or `force_token` when given,
+    and the next step continues from the emitted token; that is how one
+    explores an alternative translation. Without forcing, the steps reproduce
+    `translator.translate([text])` exactly (tokens and alignment rows).
+    """
+
+    def __init__(self, translator, text, top_k=5):
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(
+                "decoding_session: `top_k` must be a positive integer. "
+                f"Received: top_k={top_k!r}"
+            )
+        if not isinstance(text, str):
+            raise TypeError(
+                "decoding_session: `text` must be a string. Received: "
+                f"text={text!r} of type {type(text).__name__}"
+            )
+        self.translator = translator
+        self.text = text
+        self.top_k = min(top_k, len(translator.target_vocabulary))
+        self.source_tokens, self._initial_state = translator._session_start(text)
+        self.reset()
+
+    def reset(self):
+        """Forgets every step and starts again from the first token."""
+        self.history = []
+        self._state = self._initial_state
+        self._previous = START_ID
+        self.done = False
+
+    @property
+    def output_tokens(self):
+        """Tokens emitted so far, without `<end>`."""
+        return [s.token for s in self.history if s.token_id != END_ID]
+
+    @property
+    def output_text(self):
+        sep = getattr(self.translator, "target_separator", "")
+        return sep.join(self.output_tokens)
+
+    def _token_id(self, force_token):
+        vocabulary = self.translator.target_vocabulary
+        if isinstance(force_token, (int, np.integer)) and not isinstance(
+            force_token, bool
+        ):
+            if not 0 <= int(force_token) < len(vocabulary):
+                raise ValueError(
+                    "DecodingSession.step: `force_token` id out of range "
+                    f"[0, {len(vocabulary)}). Received: force_token={force_token!r}"
+                )
+            return int(force_token)
+        if isinstance(force_token, str):
+            if force_token not in vocabulary:
+                raise ValueError(
+                    "DecodingSession.step: `force_token` is not in the target "
+                    f"vocabulary. Received: force_token={force_token!r}"
+                )
+            return vocabulary.index(force_token)
+        raise TypeError(
+            "DecodingSession.step: `force_token` must be a token string, an "
+            f"int id or None. Received: force_token={force_token!r}"
+        )
+
+    def step(self, force_token=None):
+        """Emits one token and returns its `DecodingStep`."""
+        if self.done:
+            raise RuntimeError(
+                "DecodingSession.step: decoding is done (the last step emitted "
+                "<end> or reached max length). Call reset() to start again."
+            )
+        forced = None if force_token is None else self._token_id(force_token)
+        log_probs, attention, scores, next_state = self.translator._session_step(
+            self._state, self._previous
+        )
+        probabilities = np.exp(log_probs.astype("float64"))
+        order = np.argsort(-log_probs, kind="stable")[: self.top_k]
+        vocabulary = self.translator.target_vocabulary
+        token_id = int(order[0]) if forced is None else forced
+        index = len(self.history)
+        done = token_id == END_ID or index + 1 >= self.translator.max_target_length
+        decoding_step = DecodingStep(
+            index=index,
+            token=vocabulary[token_id],
+            token_id=token_id,
+            probability=float(probabilities[token_id]),
+            candidates=[(vocabulary[i], float(probabilities[i])) for i in order],
+            attention=np.asarray(attention, dtype="float32"),
+            scores=None if scores is None else np.asarray(scores, "float32"),
+            done=done,
+        )
+        self.history.append(decoding_step)
+        self._state = next_state
+        self._previous = token_id
+        self.done = done
+        return decoding_step
+
+    def run(self):
+        """Steps greedily until done; returns the history."""
+        while not self.done:
+            self.step()
+        return self.history

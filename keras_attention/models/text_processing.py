@@ -1,0 +1,178 @@
+"""In-graph text processing for the translators, built on tensorflow-text.
+
+Everything here runs as TensorFlow ops (tensorflow core plus tensorflow-text
+kernels), so a translator exported as a SavedModel takes raw strings and TF
+Serving needs no Python to tokenize them.
+
+Rules, shared by source and target text:
+
+- Text is case-folded with `tf_text.case_fold_utf8` when `lowercase=True`.
+- `split="character"` cuts text into Unicode characters
+  (`tf_text.UnicodeCharTokenizer`, spaces included); `split="whitespace"`
+  cuts it into words (`tf_text.WhitespaceTokenizer`).
+- Ids 0-3 are reserved: `<pad>`, `<unk>` (any token not in the vocabulary),
+  `<start>`, `<end>`. Real tokens follow, most frequent first.
+- Truncation: a text longer than `max_length` tokens keeps its first
+  `max_length` tokens; the rest is dropped before the model sees it.
+"""
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+PAD, UNK, START, END = "<pad>", "<unk>", "<start>", "<end>"
+RESERVED_TOKENS = (PAD, UNK, START, END)
+PAD_ID, UNK_ID, START_ID, END_ID = 0, 1, 2, 3
+SPLITS = ("character", "whitespace")
+
+
+def _check_split(split):
+    if split not in SPLITS:
+        raise ValueError(
+            f"TextEncoder: `split` must be one of {SPLITS}. Received: split={split!r}"
+        )
+
+
+def split_text(texts, split, lowercase):
+    """Tokenizes a `(B,)` string tensor into a ragged `(B, None)` string tensor."""
+    texts = tf.convert_to_tensor(texts, tf.string)
+    if lowercase:
+        texts = tf_text.case_fold_utf8(texts)
+    if split == "whitespace":
+        return tf_text.WhitespaceTokenizer().tokenize(texts)
+    codepoints = tf_text.UnicodeCharTokenizer().tokenize(texts)  # (B, None) int32
+    # One string per character: encode each codepoint back to UTF-8.
+    characters = tf.strings.unicode_encode(
+        tf.expand_dims(codepoints.flat_values, -1), "UTF-8"
+    )
+    return codepoints.with_flat_values(characters)
+
+
+def build_vocabulary(texts, split="character", lowercase=True, max_tokens=None,
+                     min_count=1):
+    """Counts the tokens of `texts` (Python strings) and returns the vocabulary.
+
+    The result starts with the reserved tokens, then the tokens seen at least
+    `min_count` times, most frequent first (ties in first-seen order), cut to
+    `max_tokens` entries in all when given.
+    """
+    _check_split(split)
+    counts = collections.Counter()
+    for start in range(0, len(texts), 4096):
+        batch = split_text(list(texts[start:start + 4096]), split, lowercase)
+        for row in batch.to_list():
+            counts.update(token.decode("utf-8") for token in row)
+    tokens = [t for t, c in counts.most_common() if c >= min_count
+              and t not in RESERVED_TOKENS]
+    vocabulary = list(RESERVED_TOKENS) + tokens
+    if max_tokens is not None:
+        vocabulary = vocabulary[:max_tokens]
+    return vocabulary
+
+
+class TextEncoder(tf.Module):
+    """Strings to padded id tensors and back, as TensorFlow ops.
+
+    Args:
+        vocabulary: list of tokens, starting with the reserved tokens
+            `("<pad>", "<unk>", "<start>", "<end>")` (see `build_vocabulary`).
+        split: `"character"` or `"whitespace"`.
+        lowercase: case-fold text before splitting.
+        max_length: number of tokens kept per text (longer texts keep their
+            first `max_length` tokens); padded tensors have this width.
+    """
+
+    def __init__(self, vocabulary, split="character", lowercase=True,
+                 max_length=64, name=None):
+        super().__init__(name=name)
+        _check_split(split)
+        vocabulary = list(vocabulary)
+        if tuple(vocabulary[:4]) != RESERVED_TOKENS:
+            raise ValueError(
+                "TextEncoder: `vocabulary` must start with the reserved tokens "
+                f"{RESERVED_TOKENS}. Received: vocabulary starting with "
+                f"{vocabulary[:4]!r}"
+            )
+        if len(set(vocabulary)) != len(vocabulary):
+            raise ValueError("TextEncoder: `vocabulary` has duplicate tokens.")
+        if isinstance(max_length, bool) or not isinstance(max_length, int) \
+                or max_length < 1:
+            raise ValueError(
+                "TextEncoder: `max_length` must be a positive integer. "
+                f"Received: max_length={max_length!r}"
+            )
+        self.vocabulary = vocabulary
+        self.split = split
+        self.lowercase = bool(lowercase)
+        self.max_length = max_length
+        self.separator = "" if split == "character" else " "
+        self.table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(vocabulary, tf.string),
+                tf.range(len(vocabulary), dtype=tf.int64),
+            ),
+            default_value=UNK_ID,
+        )
+        self._tokens = tf.constant(vocabulary, tf.string)
+
+    @property
+    def size(self):
+        return len(self.vocabulary)
+
+    def tokenize(self, texts):
+        """`(B,)` strings -> ragged `(B, None)` token strings, truncated."""
+        return split_text(texts, self.split, self.lowercase)[:, : self.max_length]
+
+    def encode(self, texts, max_length=None, add_end=False):
+        """`(B,)` strings -> `(ids (B, max_length) int32, tokens ragged)`.
+
+        `max_length` defaults to the encoder's. With `add_end=True` one slot
+        is kept for the `<end>` id appended after the text's tokens.
+        """
+        max_length = max_length or self.max_length
+        tokens = split_text(texts, self.split, self.lowercase)
+        keep = max_length - 1 if add_end else max_length
+        tokens = tokens[:, :keep]
+        ids = tf.ragged.map_flat_values(self.table.lookup, tokens)
+        if add_end:
+            end = tf.fill([tokens.nrows(), 1], tf.constant(END_ID, tf.int64))
+            ids = tf.concat([ids, end], axis=1)
+        padded = ids.to_tensor(default_value=PAD_ID, shape=[None, max_length])
+        return tf.cast(padded, tf.int32), tokens
+
+    def ids_to_tokens(self, ids):
+        """Any int tensor of ids -> the same-shaped tensor of token strings."""
+        return tf.gather(self._tokens, tf.cast(ids, tf.int32))
+
+    def join(self, tokens):
+        """Ragged `(B, None)` token strings -> `(B,)` strings."""
+        return tf.strings.reduce_join(tokens, axis=-1, separator=self.separator)
+
+    def get_config(self):
+        return {
+            "vocabulary": list(self.vocabulary),
+            "split": self.split,
+            "lowercase": self.lowercase,
+            "max_length": self.max_length,
+        }
+
+
+def as_string_array(texts, argument="texts", owner="Seq2SeqTranslator"):
+    """Validates a string or list of strings and returns a 1-D numpy array."""
+    if isinstance(texts, (str, bytes)):
+        texts = [texts]
+    if isinstance(texts, tf.Tensor):
+        texts = texts.numpy().tolist()
+    texts = list(texts)
+    for text in texts:
+        if not isinstance(text, (str, bytes)):
+            raise TypeError(
+                f"{owner}: `{argument}` must be strings. Received: "
+                f"{argument} containing {text!r} of type {type(text).__name__}"
+            )
+    return np.array(
+        [t.encode("utf-8") if isinstance(t, str) else t for t in texts],
+        dtype=object,
+    )
