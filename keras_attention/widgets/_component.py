@@ -1,6 +1,9 @@
-"""What the three widgets share: notebook display and notebook detection."""
+"""What the widgets share: notebook display, escaping, a Bokeh widget wrapper."""
 
 import html
+
+from bokeh.core.json_encoder import serialize_json
+from jupyter_bokeh.widgets import BokehModel
 
 
 def in_notebook():
@@ -25,3 +28,21 @@ class Component:
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
+
+
+class FreshBokehModel(BokehModel):
+    """`jupyter_bokeh.BokehModel` whose state always carries the current document.
+
+    BokehModel sends later changes as comm messages, which a front end that
+    connects later (Voila renders after the cells ran, a reloaded notebook,
+    VS Code re-rendering an output) never receives; it would draw the
+    document as it was when the widget was created. Serialising the document
+    again whenever a front end asks for the widget's state makes late front
+    ends draw what the kernel holds now; updates then flow as messages.
+    """
+
+    def get_state(self, key=None, drop_defaults=False):
+        state = super().get_state(key, drop_defaults)
+        if "render_bundle" in state:
+            state["render_bundle"] = serialize_json(self._model_to_traits(self._model))
+        return state

@@ -4,7 +4,7 @@ import ipywidgets
 import numpy as np
 from bokeh.layouts import column
 from bokeh.layouts import row
-from jupyter_bokeh.widgets import BokehModel
+from keras_attention.widgets._component import FreshBokehModel as BokehModel
 
 from keras_attention.widgets import figures
 from keras_attention.widgets._component import Component
@@ -93,6 +93,7 @@ class DecodingStepper(Component):
             height=max(300, 26 * self._reserved_rows + 120),
         )
         self.heatmap_source = figures.heatmap_source(self.heatmap_figure)
+        self.heatmap_source.name = "alignment_source"  # found by name in the browser
         self.scores_figure = figures.distribution_bars(
             zeros, self.source_tokens, title="1. Scores (before softmax)",
             y_axis_label="score", fixed_scale=False, color="#7a7a7a",

@@ -8,7 +8,7 @@ import ipywidgets
 import keras
 import numpy as np
 from bokeh.layouts import gridplot
-from jupyter_bokeh.widgets import BokehModel
+from keras_attention.widgets._component import FreshBokehModel as BokehModel
 
 from keras_attention.layers.capture import attention_layers
 from keras_attention.widgets import _captured

@@ -157,3 +157,21 @@ def test_bad_arguments_are_rejected(kwargs, match, fake_comm):
     arguments = {"text": SOURCE, **kwargs}
     with pytest.raises(ValueError, match=match):
         DecodingStepper(FakeTranslator(), **arguments)
+
+
+@pytest.mark.tf_only
+def test_real_translator_heatmap_equals_the_compiled_translation_alignment(fake_comm):
+    from keras_attention.models import Seq2SeqTranslator
+
+    translator = Seq2SeqTranslator.from_texts(
+        ["il a m' entarté", "il a"], ["he hit me with a pie", "he hit"],
+        source_split="whitespace", target_split="whitespace", units=8, embedding_dim=4,
+        max_target_length=6,
+    )
+    stepper = DecodingStepper(translator, SOURCE, top_k=3)
+    while stepper.next_token() is not None:
+        pass
+    translation = translator.translate([SOURCE])[0]
+    matrix = rows_of(stepper.heatmap_source, len(translation.source_tokens))
+    assert stepper.source_tokens == translation.source_tokens
+    np.testing.assert_allclose(matrix[: len(translation.alignment)], translation.alignment, atol=1e-5)
