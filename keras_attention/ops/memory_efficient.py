@@ -1,0 +1,318 @@
+"""Exact softmax attention in linear memory: blockwise, online softmax.
+
+`memory_efficient_attention` computes the same result as
+`softmax(q k^T * scale + mask) v` without ever holding the `(B, H, Tq, Tk)`
+weights. Queries and keys are cut into blocks; for each query block the key
+blocks are visited in turn while a running maximum `m`, a running sum `l` and
+a running weighted sum `acc` are kept per query row (the "online softmax" of
+Milakov & Gimelshein 2018, as used by FlashAttention, Dao et al. 2022). Only
+`acc / l` and the log-sum-exp `m + log(l)` of each row are stored.
+
+The gradient is custom: the backward pass recomputes each `(block, block)`
+tile of probabilities from the stored log-sum-exp instead of keeping them, so
+forward plus backward memory grows linearly with the sequence length. It
+makes two sweeps (FlashAttention-2 style): one over key blocks accumulating
+`dK`, `dV`, one over query blocks accumulating `dQ`; each sweep writes whole
+blocks once, so no accumulator is ever updated in place across iterations.
+
+With `use_causal_mask=True` the loops stop at the diagonal: key blocks that
+lie entirely in the future of a query block are never computed.
+
+Everything runs in float32 whatever the input dtype; the result is cast back.
+Loops are `keras.ops.fori_loop` (a `tf.while_loop` on TensorFlow, a
+`lax.while_loop` on JAX), so the kernel runs in TF graph mode, under XLA
+(`jit_compile=True`) and under `jax.jit`. Sequence lengths must be static.
+"""
+
+import math
+
+from keras import ops
+
+# Running maximum before any key is seen: finite, so `exp(m_old - m_new)`
+# is never `exp(-inf + inf)`, and below every real score.
+_INITIAL_MAX = -1e30
+
+
+def _to_query_blocks(x, num_blocks, block, num_kv_heads):
+    # (B, T, H, D) -> (nq, B, Hkv, G, bq, D)
+    pad = num_blocks * block - x.shape[1]
+    if pad:
+        x = ops.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    groups = x.shape[2] // num_kv_heads
+    x = ops.reshape(x, (-1, num_blocks, block, num_kv_heads, groups, x.shape[3]))
+    return ops.transpose(x, (1, 0, 3, 4, 2, 5))
+
+
+def _from_query_blocks(x, length):
+    # (nq, B, Hkv, G, bq, D) -> (B, T, H, D)
+    num_blocks, _, num_kv_heads, groups, block, dim = x.shape
+    x = ops.transpose(x, (1, 0, 4, 2, 3, 5))
+    x = ops.reshape(x, (-1, num_blocks * block, num_kv_heads * groups, dim))
+    return x[:, :length]
+
+
+def _to_key_blocks(x, num_blocks, block):
+    # (B, T, Hkv, D) -> (nk, B, Hkv, bk, D)
+    pad = num_blocks * block - x.shape[1]
+    if pad:
+        x = ops.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    x = ops.reshape(x, (-1, num_blocks, block, x.shape[2], x.shape[3]))
+    return ops.transpose(x, (1, 0, 3, 2, 4))
+
+
+def _mask_blocks(mask, num_blocks, block, axis_length):
+    # (Bm, T) boolean -> (n, Bm, b), padding positions are False.
+    pad = num_blocks * block - axis_length
+    if pad:
+        mask = ops.pad(mask, ((0, 0), (0, pad)), constant_values=False)
+    return ops.transpose(ops.reshape(mask, (-1, num_blocks, block)), (1, 0, 2))
+
+
+def _take(x, index):
+    return ops.take(x, index, axis=0)
+
+
+def memory_efficient_attention(
+    query,
+    key,
+    value,
+    *,
+    scale=None,
+    query_mask=None,
+    key_mask=None,
+    attention_mask=None,
+    use_causal_mask=False,
+    block_size=512,
+):
+    """Exact multi-head softmax attention in memory linear in the length.
+
+    Args:
+        query: `(B, Tq, H, D)` projected queries.
+        key: `(B, Tk, Hkv, D)` projected keys; `Hkv` divides `H` (query head
+            `h` uses key/value head `h // (H // Hkv)`).
+        value: `(B, Tk, Hkv, Dv)` projected values.
+        scale: multiplies the logits; defaults to `1 / sqrt(D)`.
+        query_mask: `(B, Tq)` boolean, `False` rows get zero output.
+        key_mask: `(B, Tk)` boolean, `False` keys are never attended.
+        attention_mask: `(B, Tq, Tk)` boolean, `True` where attention is allowed.
+        use_causal_mask: query `i` attends keys `j <= i` only.
+        block_size: rows (queries) and columns (keys) per tile.
+
+    Returns:
+        `(B, Tq, H, Dv)` in the dtype of `query`. A query row with no allowed
+        key gets zeros (never NaN), as does its gradient.
+    """
+    dtype = query.dtype
+    q_len, num_heads, key_dim = query.shape[1], query.shape[2], query.shape[3]
+    k_len, num_kv_heads = key.shape[1], key.shape[2]
+    if q_len is None or k_len is None:
+        raise ValueError(
+            "memory_efficient_attention needs static sequence lengths. "
+            f"Received: query shape {tuple(query.shape)}, key shape "
+            f"{tuple(key.shape)}"
+        )
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            "The number of key/value heads must divide the number of query "
+            f"heads. Received: {num_kv_heads} key/value heads, {num_heads} "
+            "query heads"
+        )
+    if scale is None:
+        scale = 1.0 / math.sqrt(key_dim)
+    q_block, k_block = min(block_size, q_len), min(block_size, k_len)
+    num_q_blocks = -(-q_len // q_block)
+    num_k_blocks = -(-k_len // k_block)
+    pads_keys = num_k_blocks * k_block != k_len
+
+    q = _to_query_blocks(
+        ops.cast(query, "float32") * scale, num_q_blocks, q_block, num_kv_heads
+    )
+    k = _to_key_blocks(ops.cast(key, "float32"), num_k_blocks, k_block)
+    v = _to_key_blocks(ops.cast(value, "float32"), num_k_blocks, k_block)
+
+    # Masks, cut into blocks once; each tile picks its slice.
+    if key_mask is None and pads_keys:
+        key_mask = ops.ones((1, k_len), dtype="bool")
+    key_blocks = (
+        None
+        if key_mask is None
+        else _mask_blocks(ops.cast(key_mask, "bool"), num_k_blocks, k_block, k_len)
+    )
+    query_blocks = (
+        None
+        if query_mask is None
+        else _mask_blocks(
+            ops.cast(query_mask, "bool"), num_q_blocks, q_block, q_len
+        )
+    )
+    pair_blocks = None
+    if attention_mask is not None:
+        mask = ops.cast(attention_mask, "bool")
+        pad_q, pad_k = num_q_blocks * q_block - q_len, num_k_blocks * k_block - k_len
+        if pad_q or pad_k:
+            mask = ops.pad(mask, ((0, 0), (0, pad_q), (0, pad_k)), constant_values=False)
+        mask = ops.reshape(mask, (-1, num_q_blocks, q_block, num_k_blocks, k_block))
+        pair_blocks = ops.transpose(mask, (1, 3, 0, 2, 4))  # (nq, nk, Bm, bq, bk)
+
+    def tile_mask(i, j):
+        """`(Bm, 1, 1, bq, bk)` boolean mask of tile (i, j), or None."""
+        parts = []
+        if key_blocks is not None:
+            parts.append(ops.reshape(_take(key_blocks, j), (-1, 1, 1, 1, k_block)))
+        if query_blocks is not None:
+            parts.append(ops.reshape(_take(query_blocks, i), (-1, 1, 1, q_block, 1)))
+        if pair_blocks is not None:
+            tile = _take(_take(pair_blocks, i), j)
+            parts.append(ops.reshape(tile, (-1, 1, 1, q_block, k_block)))
+        if use_causal_mask:
+            rows = i * q_block + ops.arange(q_block)
+            cols = j * k_block + ops.arange(k_block)
+            causal = ops.greater_equal(
+                ops.expand_dims(rows, 1), ops.expand_dims(cols, 0)
+            )
+            parts.append(ops.reshape(causal, (1, 1, 1, q_block, k_block)))
+        if not parts:
+            return None
+        mask = parts[0]
+        for part in parts[1:]:
+            mask = ops.logical_and(mask, part)
+        return mask
+
+    def masked_logits(q_tile, k_tile, i, j):
+        logits = ops.einsum("bhgqd,bhkd->bhgqk", q_tile, k_tile)
+        mask = tile_mask(i, j)
+        if mask is None:
+            return logits
+        return ops.where(mask, logits, float("-inf"))
+
+    def key_stop(i):
+        """One past the last key block query block `i` may see."""
+        if not use_causal_mask:
+            return num_k_blocks
+        last_row = (i + 1) * q_block - 1
+        return ops.minimum(last_row // k_block + 1, num_k_blocks)
+
+    def query_start(j):
+        """The first query block that may see key block `j`."""
+        if not use_causal_mask:
+            return 0
+        return (j * k_block) // q_block
+
+    def forward(q, k, v):
+        batch = ops.shape(q)[1]
+        row_shape = (batch, num_kv_heads, num_heads // num_kv_heads, q_block)
+        value_dim = v.shape[-1]
+
+        def query_step(i, buffers):
+            out_buffer, lse_buffer = buffers
+            q_tile = _take(q, i)
+
+            def key_step(j, state):
+                running_max, running_sum, acc = state
+                logits = masked_logits(q_tile, _take(k, j), i, j)
+                new_max = ops.maximum(running_max, ops.max(logits, axis=-1))
+                probs = ops.exp(logits - ops.expand_dims(new_max, -1))
+                correction = ops.exp(running_max - new_max)
+                running_sum = running_sum * correction + ops.sum(probs, axis=-1)
+                acc = acc * ops.expand_dims(correction, -1) + ops.einsum(
+                    "bhgqk,bhkd->bhgqd", probs, _take(v, j)
+                )
+                return new_max, running_sum, acc
+
+            init = (
+                ops.full(row_shape, _INITIAL_MAX, dtype="float32"),
+                ops.zeros(row_shape, dtype="float32"),
+                ops.zeros(row_shape + (value_dim,), dtype="float32"),
+            )
+            running_max, running_sum, acc = ops.fori_loop(
+                0, key_stop(i), key_step, init
+            )
+            attended = running_sum > 0
+            safe_sum = ops.where(attended, running_sum, 1.0)
+            out = ops.where(
+                ops.expand_dims(attended, -1),
+                acc / ops.expand_dims(safe_sum, -1),
+                0.0,
+            )
+            # +inf for rows with no key: exp(logit - inf) = 0 in the backward.
+            lse = ops.where(attended, running_max + ops.log(safe_sum), float("inf"))
+            out_buffer = ops.slice_update(
+                out_buffer, (i, 0, 0, 0, 0, 0), ops.expand_dims(out, 0)
+            )
+            lse_buffer = ops.slice_update(
+                lse_buffer, (i, 0, 0, 0, 0), ops.expand_dims(lse, 0)
+            )
+            return out_buffer, lse_buffer
+
+        buffers = (
+            ops.zeros((num_q_blocks,) + row_shape + (value_dim,), dtype="float32"),
+            ops.zeros((num_q_blocks,) + row_shape, dtype="float32"),
+        )
+        return ops.fori_loop(0, num_q_blocks, query_step, buffers)
+
+    def backward(q, k, v, out, lse, d_out):
+        delta = ops.sum(d_out * out, axis=-1)  # rowsum(dO * O), (nq, B, Hkv, G, bq)
+
+        def tile_grads(i, j, k_tile, v_tile):
+            q_tile = _take(q, i)
+            d_out_tile = _take(d_out, i)
+            logits = masked_logits(q_tile, k_tile, i, j)
+            probs = ops.exp(logits - ops.expand_dims(_take(lse, i), -1))
+            d_probs = ops.einsum("bhgqd,bhkd->bhgqk", d_out_tile, v_tile)
+            d_logits = probs * (d_probs - ops.expand_dims(_take(delta, i), -1))
+            return q_tile, d_out_tile, probs, d_logits
+
+        def key_step(j, buffers):
+            dk_buffer, dv_buffer = buffers
+            k_tile, v_tile = _take(k, j), _take(v, j)
+
+            def query_step(i, grads):
+                dk, dv = grads
+                q_tile, d_out_tile, probs, d_logits = tile_grads(i, j, k_tile, v_tile)
+                dv = dv + ops.einsum("bhgqk,bhgqd->bhkd", probs, d_out_tile)
+                dk = dk + ops.einsum("bhgqk,bhgqd->bhkd", d_logits, q_tile)
+                return dk, dv
+
+            dk, dv = ops.fori_loop(
+                query_start(j),
+                num_q_blocks,
+                query_step,
+                (ops.zeros_like(k_tile), ops.zeros_like(v_tile)),
+            )
+            dk_buffer = ops.slice_update(
+                dk_buffer, (j, 0, 0, 0, 0), ops.expand_dims(dk, 0)
+            )
+            dv_buffer = ops.slice_update(
+                dv_buffer, (j, 0, 0, 0, 0), ops.expand_dims(dv, 0)
+            )
+            return dk_buffer, dv_buffer
+
+        def query_step(i, dq_buffer):
+            def key_step(j, dq):
+                _, _, _, d_logits = tile_grads(i, j, _take(k, j), _take(v, j))
+                return dq + ops.einsum("bhgqk,bhkd->bhgqd", d_logits, _take(k, j))
+
+            dq = ops.fori_loop(0, key_stop(i), key_step, ops.zeros_like(_take(q, i)))
+            return ops.slice_update(
+                dq_buffer, (i, 0, 0, 0, 0, 0), ops.expand_dims(dq, 0)
+            )
+
+        dk, dv = ops.fori_loop(
+            0, num_k_blocks, key_step, (ops.zeros_like(k), ops.zeros_like(v))
+        )
+        dq = ops.fori_loop(0, num_q_blocks, query_step, ops.zeros_like(q))
+        return dq, dk, dv
+
+    @ops.custom_gradient
+    def attend(q, k, v):
+        out, lse = forward(q, k, v)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            return backward(q, k, v, out, lse, upstream)
+
+        return out, grad
+
+    out = attend(q, k, v)
+    return ops.cast(_from_query_blocks(out, q_len), dtype)
