@@ -239,10 +239,8 @@ class RedrawFeatures(keras.callbacks.Callback):
         self._steps += 1
         if self._steps % self.every_n_steps:
             return
-        # On JAX, `fit` keeps variable values in its own state; syncing first
-        # makes the next step read the redrawn projection back.
-        if hasattr(self.model, "jax_state_sync"):
-            self.model.jax_state_sync()
+        # On JAX, reading `self.model` syncs fit's state into the variables,
+        # so the next step reads the redrawn projection back.
         for layer in self._performer_layers():
             layer.redraw_features()
 
