@@ -16,9 +16,11 @@ class LinformerAttention(KernelVariantAttention):
     and value positions into `projected_length` summaries, and exact softmax
     attention runs over those: `O(Tq * projected_length)`.
 
-    Trainable weights: those of `MultiHeadAttention` with the same arguments,
-    in the same order, followed by `key_projection` (`E`) and
-    `value_projection` (`F`), shared by all heads.
+    Trainable weights: `key_projection` (`E`) and `value_projection` (`F`),
+    shared by all heads, then those of `MultiHeadAttention` with the same
+    arguments in the same order (Keras lists a layer's own weights before its
+    sublayers'), so `trainable_weights[2:]` move to and from a
+    `MultiHeadAttention` with `set_weights`.
 
     Args:
         num_heads, key_dim: as `MultiHeadAttention`.
