@@ -1,0 +1,61 @@
+"""Backend-neutral gradients for tests (TensorFlow tape or `jax.grad`)."""
+
+import keras
+import numpy as np
+
+
+def input_gradients(fn, arrays, cotangent):
+    """Gradients of `sum(fn(*arrays) * cotangent)` w.r.t. every array."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        def loss(*xs):
+            return (fn(*xs).astype("float32") * cotangent).sum()
+
+        grads = jax.grad(loss, argnums=tuple(range(len(arrays))))(*arrays)
+        return [np.asarray(g) for g in grads]
+    import tensorflow as tf
+
+    tensors = [tf.constant(a) for a in arrays]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        loss = tf.reduce_sum(tf.cast(fn(*tensors), "float32") * cotangent)
+    return [g.numpy() for g in tape.gradient(loss, tensors)]
+
+
+def layer_gradients(layer, inputs, cotangent, **call_kwargs):
+    """Output, and gradients w.r.t. the inputs and the trainable weights.
+
+    `inputs` is a list of arrays passed positionally to `layer`.
+    """
+    if keras.backend.backend() == "jax":
+        import jax
+
+        trainable = [v.value for v in layer.trainable_variables]
+        non_trainable = [v.value for v in layer.non_trainable_variables]
+
+        def loss(weights, *xs):
+            out, _ = layer.stateless_call(weights, non_trainable, *xs, **call_kwargs)
+            return (out * cotangent).sum(), out
+
+        (_, out), grads = jax.value_and_grad(
+            loss, argnums=tuple(range(len(inputs) + 1)), has_aux=True
+        )(trainable, *inputs)
+        return (
+            np.asarray(out),
+            [np.asarray(g) for g in grads[1:]],
+            [np.asarray(g) for g in grads[0]],
+        )
+    import tensorflow as tf
+
+    tensors = [tf.constant(a) for a in inputs]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        out = layer(*tensors, **call_kwargs)
+        loss = tf.reduce_sum(out * cotangent)
+    grads = tape.gradient(loss, tensors + list(layer.trainable_variables))
+    return (
+        out.numpy(),
+        [g.numpy() for g in grads[: len(tensors)]],
+        [g.numpy() for g in grads[len(tensors):]],
+    )

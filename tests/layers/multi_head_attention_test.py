@@ -1,0 +1,463 @@
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention.layers import MultiHeadAttention
+from keras_attention.layers import capture_attention
+from keras_attention.layers import multi_head_attention as mha_module
+from tests.gradients import layer_gradients
+from tests.testing import random_inputs
+from tests.testing import run_layer_contract_test
+
+
+def _np(x):
+    return np.asarray(ops.convert_to_numpy(ops.cast(x, "float32")))
+
+
+def _keras_and_ours(num_heads=2, key_dim=4, query_features=8, value_features=6, **kwargs):
+    """A built Keras MHA and ours with the same weights (via from_keras)."""
+    reference = keras.layers.MultiHeadAttention(num_heads, key_dim, **kwargs)
+    reference.build((None, None, query_features), (None, None, value_features))
+    return reference, MultiHeadAttention.from_keras(reference)
+
+
+def _padding_mask(batch, length, valid):
+    return np.arange(length)[None, :] < np.asarray(valid)[:, None]
+
+
+# ------------------------------------------------------------ against Keras
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+@pytest.mark.parametrize("masks", ["none", "padding", "attention", "causal"])
+def test_outputs_and_scores_match_keras_with_same_weights(cross, masks):
+    query = random_inputs((2, 6, 8), seed=1)
+    value = random_inputs((2, 9, 6), seed=2) if cross else None
+    reference, ours = _keras_and_ours(value_features=6 if cross else 8)
+    key_length = 9 if cross else 6
+    kwargs = {}
+    if masks == "padding":
+        kwargs["value_mask"] = _padding_mask(2, key_length, [key_length, 3])
+    elif masks == "attention":
+        allowed = np.random.default_rng(3).random((2, 6, key_length)) > 0.4
+        allowed[:, :, 0] = True  # no fully masked row: Keras makes those uniform
+        kwargs["attention_mask"] = allowed
+    elif masks == "causal":
+        kwargs["use_causal_mask"] = True
+    args = (query, value) if cross else (query, query)
+    ref_out, ref_scores = reference(*args, return_attention_scores=True, **kwargs)
+    our_args = (query, value) if cross else (query,)
+    out, scores = ours(*our_args, return_attention_scores=True, **kwargs)
+    np.testing.assert_allclose(_np(out), _np(ref_out), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(_np(scores), _np(ref_scores), atol=1e-5, rtol=1e-5)
+    # The memory-efficient kernel gives the same outputs.
+    fast = MultiHeadAttention.from_keras(reference, memory_efficient=True, block_size=4)
+    np.testing.assert_allclose(
+        _np(fast(*our_args, **kwargs)), _np(ref_out), atol=1e-5, rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(use_gate=True),
+        dict(output_shape=(3, 2)),
+        dict(value_dim=5, use_bias=False),
+    ],
+    ids=["gate", "output_shape", "value_dim_no_bias"],
+)
+def test_from_keras_copies_configuration_and_weights(options):
+    reference, ours = _keras_and_ours(**options)
+    assert ours.num_heads == 2 and ours.key_dim == 4
+    assert [w.shape for w in ours.weights] == [
+        w.shape for w in reference.query_dense.weights
+    ] + [w.shape for w in reference.key_dense.weights] + [
+        w.shape for w in reference.value_dense.weights
+    ] + [
+        w.shape for w in (reference._gate_dense.weights if options.get("use_gate") else [])
+    ] + [w.shape for w in reference.output_dense.weights]
+    query = random_inputs((2, 5, 8), seed=4)
+    value = random_inputs((2, 7, 6), seed=5)
+    # Scores requested: Keras' fused path rejects value_dim != key_dim on JAX.
+    expected, _ = reference(query, value, return_attention_scores=True)
+    np.testing.assert_allclose(
+        _np(ours(query, value)), _np(expected), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_from_keras_rejects_other_layers_and_unbuilt_layers():
+    with pytest.raises(TypeError, match="keras.layers.MultiHeadAttention"):
+        MultiHeadAttention.from_keras(keras.layers.Dense(3))
+    with pytest.raises(ValueError, match="built"):
+        MultiHeadAttention.from_keras(keras.layers.MultiHeadAttention(2, 4))
+
+
+def test_grouped_query_matches_keras_group_query_attention():
+    reference = keras.layers.GroupQueryAttention(
+        head_dim=4, num_query_heads=4, num_key_value_heads=2
+    )
+    query = random_inputs((2, 5, 8), seed=6)
+    value = random_inputs((2, 7, 6), seed=7)
+    ref_out, ref_scores = reference(query, value, return_attention_scores=True)
+    ours = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2)
+    ours.build(query.shape, value.shape)
+    for mine, theirs in [
+        (ours.query_dense, reference._query_dense),
+        (ours.key_dense, reference._key_dense),
+        (ours.value_dense, reference._value_dense),
+        (ours.output_dense, reference._output_dense),
+    ]:
+        mine.set_weights(theirs.get_weights())
+    out, scores = ours(query, value, return_attention_scores=True)
+    np.testing.assert_allclose(_np(out), _np(ref_out), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(_np(scores), _np(ref_scores), atol=1e-5, rtol=1e-5)
+    fast = MultiHeadAttention(
+        num_heads=4, key_dim=4, num_key_value_heads=2, memory_efficient=True,
+        block_size=3,
+    )
+    fast.build(query.shape, value.shape)
+    fast.set_weights(ours.get_weights())
+    np.testing.assert_allclose(_np(fast(query, value)), _np(ref_out), atol=1e-5)
+
+
+# ---------------------------------------------------------- shapes and masks
+def test_scores_have_cross_attention_symbolic_shape():
+    query = keras.Input((5, 8))
+    value = keras.Input((7, 6))
+    out, scores = MultiHeadAttention(num_heads=3, key_dim=4)(
+        query, value, return_attention_scores=True
+    )
+    assert tuple(out.shape) == (None, 5, 8)
+    assert tuple(scores.shape) == (None, 3, 5, 7)
+    model = keras.Model([query, value], [out, scores])
+    eager_out, eager_scores = model(
+        [random_inputs((2, 5, 8)), random_inputs((2, 7, 6))]
+    )
+    assert tuple(eager_scores.shape) == (2, 3, 5, 7)
+
+
+def test_masked_query_rows_are_zero_and_other_rows_match_keras():
+    reference, ours = _keras_and_ours(value_features=8)
+    query = random_inputs((2, 6, 8), seed=8)
+    query_mask = _padding_mask(2, 6, [6, 4])
+    out = _np(ours(query, query_mask=query_mask))
+    ref = _np(reference(query, query, query_mask=query_mask, value_mask=query_mask))
+    np.testing.assert_array_equal(out[1, 4:], 0.0)
+    np.testing.assert_allclose(out[query_mask], ref[query_mask], atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("memory_efficient", [False, True])
+def test_fully_masked_rows_give_zeros_not_nan(dtype, memory_efficient):
+    layer = MultiHeadAttention(
+        num_heads=2, key_dim=4, dtype=dtype, use_bias=False,
+        memory_efficient=memory_efficient, block_size=2,
+    )
+    query = random_inputs((2, 5, 8), seed=9)
+    value_mask = _padding_mask(2, 5, [5, 0])  # second sequence: no key at all
+    attention_mask = np.ones((2, 5, 5), bool)
+    attention_mask[0, 2] = False  # one fully masked row in the first sequence
+    out = _np(layer(query, value_mask=value_mask, attention_mask=attention_mask))
+    assert np.all(np.isfinite(out))
+    np.testing.assert_array_equal(out[1], 0.0)
+    np.testing.assert_array_equal(out[0, 2], 0.0)
+    assert np.any(out[0, 0] != 0.0)
+
+
+def test_keras_mask_propagates_and_masks_keys():
+    tokens = np.array([[3, 4, 5, 0, 0], [6, 7, 0, 0, 0]])
+    embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    embedded = embedding(tokens)
+    out = layer(embedded)
+    np.testing.assert_array_equal(_np(out._keras_mask), tokens != 0)
+    explicit = layer(ops.convert_to_tensor(_np(embedded)), query_mask=tokens != 0)
+    np.testing.assert_allclose(_np(out), _np(explicit), atol=1e-6)
+    inputs = keras.Input((5,), dtype="int32")
+    model_out = MultiHeadAttention(num_heads=2, key_dim=4)(
+        keras.layers.Embedding(10, 8, mask_zero=True)(inputs)
+    )
+    pooled = keras.layers.GlobalAveragePooling1D()(model_out)
+    assert tuple(keras.Model(inputs, pooled)(tokens).shape) == (2, 8)
+
+
+def test_dropout_is_seeded_and_only_active_in_training():
+    query = random_inputs((2, 6, 8), seed=10)
+    first = MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5, seed=7)
+    second = MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5, seed=7)
+    first.build(query.shape)
+    second.build(query.shape)
+    second.set_weights(first.get_weights())
+    inference = _np(first(query))
+    np.testing.assert_allclose(_np(first(query, training=False)), inference)
+    trained = _np(first(query, training=True))
+    assert not np.allclose(trained, inference)
+    np.testing.assert_allclose(_np(second(query, training=True)), trained, atol=1e-6)
+
+
+# ------------------------------------------------------- memory-efficient path
+@pytest.mark.parametrize(
+    "case",
+    ["plain", "padding", "causal", "causal_padding_grouped"],
+)
+def test_memory_efficient_path_matches_exact_values_and_gradients(case):
+    query = random_inputs((2, 11, 8), seed=11)
+    kwargs = {}
+    heads = dict(num_heads=4, key_dim=4)
+    if case in ("padding", "causal_padding_grouped"):
+        kwargs["value_mask"] = _padding_mask(2, 11, [11, 6])
+        kwargs["query_mask"] = _padding_mask(2, 11, [11, 6])
+    if case.startswith("causal"):
+        kwargs["use_causal_mask"] = True
+    if case.endswith("grouped"):
+        heads["num_key_value_heads"] = 2
+    exact = MultiHeadAttention(**heads, memory_efficient=False)
+    fast = MultiHeadAttention(**heads, memory_efficient=True, block_size=4)
+    exact.build(query.shape)
+    fast.build(query.shape)
+    fast.set_weights(exact.get_weights())
+    cotangent = random_inputs((2, 11, 8), seed=12)
+    out_a, din_a, dw_a = layer_gradients(exact, [query], cotangent, **kwargs)
+    out_b, din_b, dw_b = layer_gradients(fast, [query], cotangent, **kwargs)
+    np.testing.assert_allclose(out_b, out_a, atol=1e-5)
+    for a, b in zip(din_a + dw_a, din_b + dw_b):
+        np.testing.assert_allclose(b, a, atol=1e-5)
+
+
+def _spy_memory_efficient(monkeypatch):
+    calls = []
+    original = mha_module.memory_efficient_attention
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(mha_module, "memory_efficient_attention", spy)
+    return calls
+
+
+def test_auto_switches_to_memory_efficient_only_for_long_keys(monkeypatch):
+    calls = _spy_memory_efficient(monkeypatch)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, memory_efficient_threshold=8)
+    layer(random_inputs((1, 7, 8)))
+    assert not calls
+    layer(random_inputs((1, 8, 8)))
+    assert len(calls) == 1
+    # Weights requested or captured: the exact kernel runs and records them.
+    _, scores = layer(random_inputs((1, 8, 8)), return_attention_scores=True)
+    assert len(calls) == 1 and tuple(scores.shape) == (1, 2, 8, 8)
+    with capture_attention(layer) as captured:
+        layer(random_inputs((1, 9, 8)))
+    assert len(calls) == 1
+    assert captured.scores[layer.name][0].shape == (1, 2, 9, 9)
+    never = MultiHeadAttention(
+        num_heads=2, key_dim=4, memory_efficient=False, memory_efficient_threshold=1
+    )
+    never(random_inputs((1, 9, 8)))
+    assert len(calls) == 1
+    assert MultiHeadAttention(2, 4).memory_efficient_threshold == (
+        mha_module.DEFAULT_MEMORY_EFFICIENT_THRESHOLD
+    )
+
+
+def test_memory_efficient_path_trains_in_fit_with_jit_compile():
+    query = random_inputs((4, 10, 8), seed=13)
+    target = random_inputs((4, 10, 8), seed=14)
+
+    def make(memory_efficient):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [
+                keras.Input((10, 8)),
+                MultiHeadAttention(
+                    num_heads=2, key_dim=4, memory_efficient=memory_efficient,
+                    block_size=3,
+                ),
+            ]
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=True)
+        return model
+
+    exact, fast = make(False), make(True)
+    fast.set_weights(exact.get_weights())
+    exact.fit(query, target, epochs=2, batch_size=2, verbose=0, shuffle=False)
+    history = fast.fit(query, target, epochs=2, batch_size=2, verbose=0, shuffle=False)
+    assert np.all(np.isfinite(history.history["loss"]))
+    for a, b in zip(exact.get_weights(), fast.get_weights()):
+        np.testing.assert_allclose(b, a, atol=1e-5)
+
+
+# ------------------------------------------------------------------- caching
+def _decode_with_cache(layer, sequence, compiled):
+    """Feeds `sequence` one step at a time through a self-attention cache."""
+    batch, length, _ = sequence.shape
+    cache = ops.zeros((batch, 2, length, layer.num_key_value_heads, layer.key_dim))
+    outputs = ops.zeros((batch, length, 8))
+
+    def step(index, state):
+        cache, outputs = state
+        token = ops.slice(sequence, (0, index, 0), (batch, 1, sequence.shape[-1]))
+        out, cache = layer(
+            token, cache=cache, cache_update_index=index, use_causal_mask=True
+        )
+        outputs = ops.slice_update(outputs, (0, index, 0), out)
+        return cache, outputs
+
+    def loop(sequence_unused=None):
+        return ops.fori_loop(0, length, step, (cache, outputs))[1]
+
+    if not compiled:
+        state = (cache, outputs)
+        for index in range(length):
+            state = step(index, state)
+        return state[1]
+    if keras.backend.backend() == "jax":
+        import jax
+
+        trainable = [v.value for v in layer.trainable_variables]
+
+        @jax.jit
+        def run(weights):
+            def step_fn(index, state):
+                cache, outputs = state
+                token = jax.lax.dynamic_slice(
+                    sequence, (0, index, 0), (batch, 1, sequence.shape[-1])
+                )
+                (out, cache), _ = layer.stateless_call(
+                    weights, [], token, cache=cache, cache_update_index=index,
+                    use_causal_mask=True,
+                )
+                return cache, jax.lax.dynamic_update_slice(outputs, out, (0, index, 0))
+
+            return jax.lax.fori_loop(0, length, step_fn, (cache, outputs))[1]
+
+        return run(trainable)
+    import tensorflow as tf
+
+    return tf.function(loop, jit_compile=True)()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])
+def test_self_attention_cache_decoding_matches_full_causal_call(compiled, grouped):
+    sequence = ops.convert_to_tensor(random_inputs((2, 6, 8), seed=15))
+    layer = MultiHeadAttention(
+        num_heads=4, key_dim=4, num_key_value_heads=2 if grouped else None
+    )
+    full = _np(layer(sequence, use_causal_mask=True))
+    decoded = _np(_decode_with_cache(layer, sequence, compiled))
+    np.testing.assert_allclose(decoded, full, atol=1e-5)
+
+
+def test_cache_update_returns_new_cache_without_mutating_input():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    cache = np.zeros((1, 2, 4, 2, 4), "float32")
+    token = random_inputs((1, 1, 8), seed=16)
+    out, scores, new_cache = layer(
+        token, cache=cache, cache_update_index=2, return_attention_scores=True
+    )
+    np.testing.assert_array_equal(cache, 0.0)
+    new_cache = _np(new_cache)
+    np.testing.assert_allclose(new_cache[:, 0, 2], _np(layer.key_dense(token))[:, 0])
+    np.testing.assert_allclose(new_cache[:, 1, 2], _np(layer.value_dense(token))[:, 0])
+    np.testing.assert_array_equal(np.delete(new_cache, 2, axis=2), 0.0)
+    assert tuple(scores.shape) == (1, 2, 1, 4)
+    # Positions not yet written are never attended.
+    np.testing.assert_array_equal(_np(scores)[..., 3], 0.0)
+
+
+def test_cross_attention_cache_matches_full_call_step_by_step():
+    query = random_inputs((2, 5, 8), seed=17)
+    value = random_inputs((2, 7, 6), seed=18)
+    value_mask = _padding_mask(2, 7, [7, 4])
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    full, full_scores = layer(
+        query, value, value_mask=value_mask, return_attention_scores=True
+    )
+    cache = layer.precompute_key_value(value)
+    assert tuple(cache.shape) == (2, 2, 7, 2, 4)
+    for t in range(5):
+        out, scores, same_cache = layer(
+            query[:, t : t + 1], cache=cache, value_mask=value_mask,
+            return_attention_scores=True,
+        )
+        np.testing.assert_allclose(_np(out)[:, 0], _np(full)[:, t], atol=1e-5)
+        np.testing.assert_allclose(
+            _np(scores)[:, :, 0], _np(full_scores)[:, :, t], atol=1e-5
+        )
+    assert same_cache is cache
+
+
+def test_cache_symbolic_shapes():
+    token = keras.Input((1, 8), batch_size=2)
+    cache = keras.Input((2, 10, 2, 4), batch_size=2)
+    out, scores, new_cache = MultiHeadAttention(num_heads=2, key_dim=4)(
+        token, cache=cache, cache_update_index=3, return_attention_scores=True
+    )
+    assert tuple(out.shape) == (2, 1, 8)
+    assert tuple(scores.shape) == (2, 2, 1, 10)
+    assert tuple(new_cache.shape) == (2, 2, 10, 2, 4)
+
+
+# ----------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_heads=0, key_dim=4), "num_heads=0"),
+        (dict(num_heads=2.5, key_dim=4), "num_heads=2.5"),
+        (dict(num_heads=2, key_dim=0), "key_dim=0"),
+        (dict(num_heads=2, key_dim=-3), "key_dim=-3"),
+        (dict(num_heads=2, key_dim=4, value_dim=0), "value_dim=0"),
+        (dict(num_heads=4, key_dim=4, num_key_value_heads=3), "num_key_value_heads=3"),
+        (dict(num_heads=2, key_dim=4, memory_efficient="yes"), "memory_efficient='yes'"),
+        (dict(num_heads=2, key_dim=4, block_size=0), "block_size=0"),
+        (dict(num_heads=2, key_dim=4, memory_efficient_threshold=-1),
+         "memory_efficient_threshold=-1"),
+        (dict(num_heads=2, key_dim=4, output_shape=(3, 0)), r"output_shape=\(3, 0\)"),
+    ],
+)
+def test_invalid_constructor_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MultiHeadAttention(**kwargs)
+
+
+def test_key_and_value_length_mismatch_is_rejected():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    with pytest.raises(ValueError, match="`key` and `value` must have the same length"):
+        layer(random_inputs((1, 3, 8)), random_inputs((1, 5, 8)), random_inputs((1, 4, 8)))
+
+
+def test_bad_cache_shape_and_index_are_rejected():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    token = random_inputs((1, 1, 8))
+    with pytest.raises(ValueError, match=r"Received: cache with shape \(1, 2, 5, 3, 4\)"):
+        layer(token, cache=np.zeros((1, 2, 5, 3, 4), "float32"), cache_update_index=0)
+    with pytest.raises(ValueError, match=r"Received: cache with shape \(1, 5, 2, 4\)"):
+        layer(token, cache=np.zeros((1, 5, 2, 4), "float32"), cache_update_index=0)
+    cache = np.zeros((1, 2, 5, 2, 4), "float32")
+    with pytest.raises(ValueError, match="cache_update_index=5"):
+        layer(token, cache=cache, cache_update_index=5)
+    with pytest.raises(ValueError, match="cache_update_index=-1"):
+        layer(token, cache=cache, cache_update_index=-1)
+    with pytest.raises(ValueError, match="needs a `cache`"):
+        layer(token, cache_update_index=0)
+    with pytest.raises(ValueError, match="read-only `cache`"):
+        layer(token, token, cache=cache)
+    uneven = MultiHeadAttention(num_heads=2, key_dim=4, value_dim=3)
+    uneven(token)
+    with pytest.raises(ValueError, match="value_dim=3"):
+        uneven(token, cache=cache, cache_update_index=0)
+
+
+# ------------------------------------------------------------------ contract
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(num_key_value_heads=1, use_gate=True, dropout=0.1, seed=3),
+     dict(memory_efficient=True, block_size=3)],
+    ids=["default", "grouped_gate_dropout", "memory_efficient"],
+)
+def test_layer_contract(tmp_path, options):
+    run_layer_contract_test(
+        lambda **kwargs: MultiHeadAttention(num_heads=2, key_dim=4, **options, **kwargs),
+        tmp_path,
+        expected_cross_output_shape=(2, 5, 8),
+    )
