@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from keras_attention.layers import LinformerAttention
-from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.layers import MultiHeadAttention
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test
 

@@ -7,7 +7,7 @@ import pytest
 from keras_attention.layers import PerformerAttention
 from keras_attention.layers import RedrawFeatures
 from keras_attention.layers import capture_attention
-from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.layers import MultiHeadAttention
 from keras_attention.ops import favor
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test

@@ -4,7 +4,7 @@ import pytest
 
 from keras_attention.layers import SparseAttention
 from keras_attention.layers import capture_attention
-from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.layers import MultiHeadAttention
 from tests.sparse_reference import reference_pattern
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test
