@@ -5,6 +5,23 @@ Installed with the `widgets` extra (`pip install "keras-attention[widgets]"`):
 ipywidgets 8, Bokeh 3 and jupyter_bokeh. `import keras_attention` never
 imports them; importing this package without them raises an ImportError that
 names the extra.
+
+- `DecodingStepper(translator, text)`: step through a translator's decoding.
+- `LiveAttention(model_or_layer, probe_inputs)`: Keras callback redrawing
+  the probe batch's attention during `fit` (HTML snapshots outside notebooks).
+- `AttentionExplorer(model, inputs)`: every layer and head of a model.
+- Figure builders (`heatmap`, `distribution_bars`, `candidate_bars`,
+  `weighted_sum`, `head_grid`, `image_heatmap`) return Bokeh objects;
+  `export_html` writes standalone HTML with BokehJS inlined (no CDN).
+  `export_png` needs a chromium browser, an optional system dependency
+  (Debian: `apt-get install chromium`; or set `KERAS_ATTENTION_CHROMIUM`).
+
+Figures update over the widget comm (`jupyter_bokeh.BokehModel`), so they
+work in JupyterLab, Notebook 7, VS Code and Voila. Load BokehJS once per
+notebook without network access with
+`bokeh.io.output_notebook(bokeh.resources.INLINE)`.
+
+Token text is always shown as text, never interpreted as HTML.
 """
 
 try:

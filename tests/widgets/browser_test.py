@@ -199,3 +199,15 @@ def test_exported_html_draws_offline_and_shows_tokens_as_text(tmp_path):
     image = np.asarray(Image.open(shot).convert("RGB"))
     colours = {tuple(pixel) for pixel in image.reshape(-1, 3)[::7]}
     assert len(colours) > 20, "the heatmap was not drawn"
+
+
+def test_export_png_draws_the_figure(tmp_path):
+    from PIL import Image
+
+    from keras_attention.widgets import export_png
+
+    fig = figures.heatmap(np.random.default_rng(1).random((5, 5)), title="png")
+    path = export_png(fig, str(tmp_path / "heatmap.png"), width=500, height=450)
+    image = np.asarray(Image.open(path).convert("RGB"))
+    assert image.shape[:2] == (450, 500)
+    assert len({tuple(p) for p in image.reshape(-1, 3)[::5]}) > 20

@@ -175,3 +175,15 @@ def test_real_translator_heatmap_equals_the_compiled_translation_alignment(fake_
     matrix = rows_of(stepper.heatmap_source, len(translation.source_tokens))
     assert stepper.source_tokens == translation.source_tokens
     np.testing.assert_allclose(matrix[: len(translation.alignment)], translation.alignment, atol=1e-5)
+
+
+def test_a_front_end_connecting_late_gets_the_current_document(fake_comm):
+    # Voila and reloaded notebooks ask for the widget state after the cells ran.
+    import json
+
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    step = stepper.next_token()
+    bundle = json.loads(stepper.bokeh_widget.get_state()["render_bundle"])
+    document = json.dumps(bundle["docs_json"])
+    assert '"alignment_source"' in document
+    assert json.dumps(step.token) in document and str(float(step.attention[0]))[:8] in document
