@@ -1,5 +1,6 @@
 """A Keras callback that redraws the attention of a probe batch while training."""
 
+import concurrent.futures
 import os
 import time
 import warnings
@@ -32,7 +33,8 @@ class LiveAttention(keras.callbacks.Callback, Component):
 
     In a notebook, display `callback.widget` (or the callback itself). Outside
     a notebook, an HTML snapshot is written at the end of every epoch to
-    `snapshot_dir` (default `./attention_snapshots`).
+    `snapshot_dir` (default `./attention_snapshots`), by a worker thread so
+    that training does not wait; all are on disk when `fit` returns.
 
     An exception inside the callback is reported once (a warning and a line
     in the widget); live updates then stop, and training goes on.
@@ -57,6 +59,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
         sources: `{layer_name: ColumnDataSource}` of the heatmaps.
         figures: `{layer_name: figure}`.
         updates: number of updates made; `error`: the reported exception.
+        snapshots: paths of the HTML snapshots written.
+        time_spent: seconds spent in the callback's hooks (training waits
+            for these).
     """
 
     def __init__(
@@ -136,6 +141,10 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self._batches_seen = 0
         self._epoch = 0
         self._next_allowed = 0.0
+        self.time_spent = 0.0
+        self._latest = {name: (matrix, self.figures[name].title.text) for name, matrix in matrices.items()}
+        self._writer = None
+        self._pending = []
 
     # ------------------------------------------------------------------ API
 
@@ -162,7 +171,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
         for name, matrix in self.compute().items():
             values = matrix.ravel().astype("float64").tolist()
             self.sources[name].patch({"weight": [(slice(0, len(values)), values)]})
-            self.figures[name].title.text = f"{name} · {title_suffix}" if title_suffix else name
+            title = f"{name} · {title_suffix}" if title_suffix else name
+            self.figures[name].title.text = title
+            self._latest[name] = (matrix, title)
         self.updates += 1
 
     # ------------------------------------------------------------ callbacks
@@ -181,23 +192,54 @@ class LiveAttention(keras.callbacks.Callback, Component):
             return
         self._guarded_update(f"epoch {self._epoch + 1} batch {batch + 1}{_loss(logs)}")
         cost = time.perf_counter() - now
+        self.time_spent += cost
         self._next_allowed = now + max(self.min_interval_s, cost / self.overhead_budget)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.error is not None:
             return
+        start = time.perf_counter()
         self._guarded_update(f"epoch {epoch + 1} end{_loss(logs)}")
         directory = self.snapshot_dir
         if directory is None and not in_notebook():
             directory = "attention_snapshots"
         if directory is not None and self.error is None:
+            path = os.path.join(directory, f"epoch_{epoch + 1:03d}.html")
+            # Serialising a Bokeh document takes ~0.1 s: a worker thread does it
+            # from a copy of the latest matrices so training does not wait.
+            if self._writer is None:
+                self._writer = concurrent.futures.ThreadPoolExecutor(1, "live_attention_snapshot")
+            latest = dict(self._latest)
+            self._pending.append(
+                (path, self._writer.submit(self._write_snapshot, path, latest, epoch + 1))
+            )
+        self.time_spent += time.perf_counter() - start
+
+    def on_train_end(self, logs=None):
+        self.wait_for_snapshots()
+
+    def wait_for_snapshots(self):
+        """Block until every snapshot queued so far is written (called at the end of `fit`)."""
+        pending, self._pending = self._pending, []
+        for path, future in pending:
             try:
-                os.makedirs(directory, exist_ok=True)
-                path = os.path.join(directory, f"epoch_{epoch + 1:03d}.html")
-                export_html(self.layout, path, title=f"Attention after epoch {epoch + 1}")
+                future.result()
                 self.snapshots.append(path)
             except Exception as error:
-                self._report(error)
+                if self.error is None:
+                    self._report(error)
+
+    def _write_snapshot(self, path, latest, epoch):
+        panels = []
+        for name, (matrix, title) in latest.items():
+            rows, cols = matrix.shape
+            panels.append(figures.heatmap(
+                matrix, _tokens(self.key_tokens, cols), _tokens(self.query_tokens, rows), title=title,
+                width=self.figures[name].width, height=self.figures[name].height,
+            ))
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        export_html(gridplot(panels, ncols=2, toolbar_location=None), path,
+                    title=f"Attention after epoch {epoch}")
 
     # -------------------------------------------------------------- helpers
 
