@@ -139,6 +139,8 @@ class AttentionExplorer(Component):
             self._updating = False
         query_tokens = self._tokens(self.query_tokens, num_queries)
         key_tokens = self._tokens(self.key_tokens, num_keys)
+        for old in (*self.overview_box.children, *self.grid_box.children):
+            old.close()  # frees the comm and the Bokeh document of the previous layer
         if long_queries or long_keys:
             self.overview_box.children = [
                 BokehModel(figures.image_heatmap(heads.mean(axis=0), title=f"{layer}: overview",

@@ -24,7 +24,8 @@ class LiveAttention(keras.callbacks.Callback, Component):
     """Watch attention form during `fit`: probe attention patched in place.
 
     Every `every_n_batches` batches (and at most once per `min_interval_s`
-    seconds) the callback calls the model eagerly on a fixed probe batch under
+    seconds; checked before a batch starts, so Keras keeps dispatching batch
+    ends asynchronously) the callback calls the model eagerly on a fixed probe batch under
     `capture_attention` and patches the heatmap of every attention layer in
     place (`ColumnDataSource.patch`), with epoch, batch and loss in the title.
     Updates are also skipped while their cost would exceed `overhead_budget`
@@ -181,8 +182,11 @@ class LiveAttention(keras.callbacks.Callback, Component):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
-    def on_train_batch_end(self, batch, logs=None):
-        if self.error is not None:
+    def on_train_batch_begin(self, batch, logs=None):
+        # Updates run before a batch, not after one: overriding
+        # `on_train_batch_end` would make Keras wait for every step's logs
+        # (no asynchronous dispatch). `batch` batches of this epoch are done.
+        if self.error is not None or batch == 0:
             return
         self._batches_seen += 1
         if self._batches_seen % self.every_n_batches:
@@ -190,7 +194,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
         now = time.perf_counter()
         if now < self._next_allowed:
             return
-        self._guarded_update(f"epoch {self._epoch + 1} batch {batch + 1}{_loss(logs)}")
+        self._guarded_update(f"epoch {self._epoch + 1} batch {batch}{_loss(self._running_logs())}")
         cost = time.perf_counter() - now
         self.time_spent += cost
         self._next_allowed = now + max(self.min_interval_s, cost / self.overhead_budget)
@@ -242,6 +246,13 @@ class LiveAttention(keras.callbacks.Callback, Component):
                     title=f"Attention after epoch {epoch}")
 
     # -------------------------------------------------------------- helpers
+
+    def _running_logs(self):
+        """The running epoch metrics (what `logs` holds at a batch end)."""
+        try:
+            return self.model.get_metrics_result()
+        except Exception:  # a model without compiled metrics: no loss in the title
+            return None
 
     def _has_model(self):
         try:

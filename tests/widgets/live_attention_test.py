@@ -53,8 +53,9 @@ def test_updates_patch_every_cell_with_the_current_attention(fake_comm):
                                       overhead_budget=1.0, snapshot_dir=None)
     comm = callback.widget.children[1].comm
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
-    # 8 batches per epoch: batches 3, 6, 9, 12, 15 overall, plus each epoch's end.
-    assert callback.updates == 7
+    # 8 batches per epoch, checked before batches 2..8 of each epoch: after 3 and 6
+    # done in epoch 1, after 2 and 5 done in epoch 2 (counting goes on), plus each epoch's end.
+    assert callback.updates == 6
     for cells, expected, _ in callback.drawn:
         np.testing.assert_allclose(cells, expected, rtol=1e-5, atol=1e-6)
     # Training moved the weights, so the drawn attention changed within the
@@ -62,9 +63,11 @@ def test_updates_patch_every_cell_with_the_current_attention(fake_comm):
     assert not np.allclose(callback.drawn[0][0], callback.drawn[1][0])
     titles = [title for *_, title in callback.drawn]
     assert titles[0].startswith("att · epoch 1 batch 3 · loss ")
+    assert titles[2].startswith("att · epoch 1 end · loss ")
+    assert titles[3].startswith("att · epoch 2 batch 2 · loss ")
     assert titles[-1].startswith("att · epoch 2 end · loss ")
     patches = [str(m) for m in comm.messages if "ColumnsPatched" in str(m)]
-    assert len(patches) == 7 and '"start":0,"stop":36' in patches[0]
+    assert len(patches) == 6 and '"start":0,"stop":36' in patches[0]
 
 
 def test_min_interval_throttles_batch_updates(fake_comm):
@@ -72,7 +75,7 @@ def test_min_interval_throttles_batch_updates(fake_comm):
     x, y = data()
     callback = LiveAttention(model, x[:1], every_n_batches=1, min_interval_s=1000, snapshot_dir=None)
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
-    assert callback.updates == 1 + 2  # the first batch, then only the epoch ends
+    assert callback.updates == 1 + 2  # after the first batch, then only the epoch ends
 
 
 def test_an_error_is_reported_once_and_training_goes_on(fake_comm, monkeypatch):
