@@ -221,6 +221,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
 
     def on_train_end(self, logs=None):
         self.wait_for_snapshots()
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
 
     def wait_for_snapshots(self):
         """Block until every snapshot queued so far is written (called at the end of `fit`)."""
