@@ -46,3 +46,11 @@ class FreshBokehModel(BokehModel):
         if "render_bundle" in state:
             state["render_bundle"] = serialize_json(self._model_to_traits(self._model))
         return state
+
+    def close(self):
+        # jupyter_bokeh's close is not idempotent (a second call, e.g. from
+        # __del__ after an explicit close, raises KeyError).
+        if getattr(self, "_closed_once", False):
+            return
+        self._closed_once = True
+        super().close()
