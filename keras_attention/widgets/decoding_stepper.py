@@ -100,11 +100,11 @@ class DecodingStepper(Component):
         )
         self.scores_source = figures.heatmap_source(self.scores_figure)
         self.distribution_figure = figures.distribution_bars(
-            zeros, self.source_tokens, title="2-3. Softmax distribution = weights of the sum"
+            zeros, self.source_tokens, title="2. Softmax distribution (3. sum weights)"
         )
         self.distribution_source = figures.heatmap_source(self.distribution_figure)
         self.candidate_figure = figures.candidate_bars(
-            [("", 0.0)] * self.top_k, title="4. Prediction: top candidates"
+            [("", 0.0)] * self.top_k, title="4. Prediction", width=420
         )
         self.candidate_source = figures.heatmap_source(self.candidate_figure)
         self.figures_layout = row(
