@@ -11,6 +11,8 @@ from keras_attention.models.decoding import Translation
 
 _LAZY = {
     "Seq2SeqTranslator": "keras_attention.models.seq2seq_translator",
+    "TransformerTranslator": "keras_attention.models.transformer_translator",
+    "Translator": "keras_attention.models.translator_base",
     "TextEncoder": "keras_attention.models.text_processing",
 }
 

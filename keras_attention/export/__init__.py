@@ -1,0 +1,13 @@
+"""SavedModel export for TF Serving, and the check to run before deploying.
+
+- `export_translator(translator, path)`: a translator as a SavedModel taking
+  raw strings.
+- `check_servable(path)` / `python -m keras_attention.export check PATH`:
+  verifies that TF Serving can load and run a SavedModel.
+"""
+
+from keras_attention.export.check import CheckReport
+from keras_attention.export.check import NotASavedModelError
+from keras_attention.export.check import check_servable
+from keras_attention.export.saved_model import export_translator
+from keras_attention.export.warmup import write_warmup_requests

@@ -1,0 +1,298 @@
+"""`check_servable`: will TF Serving load and run this SavedModel?"""
+
+import collections
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from keras_attention.export import serving_process
+
+# Ops TF Serving cannot run: Python callbacks, and XLA-only ops (TF Serving's
+# XLA is off by default).
+FORBIDDEN_OPS = ("PyFunc", "PyFuncStateless", "EagerPyFunc", "XlaCallModule")
+
+
+class NotASavedModelError(ValueError):
+    """Raised by `check_servable` for a path that holds no SavedModel."""
+
+
+def _is_forbidden(op):
+    return op in FORBIDDEN_OPS or op.startswith("Xla") or op.startswith("_Xla")
+
+
+@dataclasses.dataclass
+class CheckReport:
+    """What `check_servable` found.
+
+    Attributes:
+        path: the SavedModel directory.
+        problems: reasons TF Serving would fail; empty when servable.
+        notes: things worth knowing that are not failures.
+        op_counts: `{op: number of nodes}` over the graph and its function
+            library.
+        op_sources: `{op: "tensorflow" | "tensorflow-text" | "unregistered"}`.
+        signature_inputs, signature_outputs: of `serving_default`,
+            `{name: "dtype shape"}`.
+        warmup: one dict per warmup request replayed in the fresh process.
+    """
+
+    path: str
+    problems: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
+    op_counts: dict = dataclasses.field(default_factory=dict)
+    op_sources: dict = dataclasses.field(default_factory=dict)
+    signature_inputs: dict = dataclasses.field(default_factory=dict)
+    signature_outputs: dict = dataclasses.field(default_factory=dict)
+    warmup: list = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self):
+        return not self.problems
+
+    def summary(self, list_ops=False):
+        lines = [f"check_servable {self.path}: "
+                 + ("OK, servable by TF Serving" if self.ok else "FAILED")]
+        if self.signature_inputs:
+            lines.append("  serving_default inputs: " + ", ".join(
+                f"{k} ({v})" for k, v in sorted(self.signature_inputs.items())))
+            lines.append("  serving_default outputs: " + ", ".join(
+                f"{k} ({v})" for k, v in sorted(self.signature_outputs.items())))
+        by_source = collections.defaultdict(list)
+        for op in sorted(self.op_counts):
+            by_source[self.op_sources.get(op, "unchecked")].append(op)
+        if self.op_counts:
+            lines.append(f"  {len(self.op_counts)} distinct ops: " + "; ".join(
+                f"{len(ops)} {source}" for source, ops in sorted(by_source.items())))
+        for source, ops in sorted(by_source.items()):
+            if list_ops or source != "tensorflow":
+                lines.append(f"    {source}: {', '.join(ops)}")
+        for entry in self.warmup:
+            if "error" in entry:
+                lines.append(f"  warmup request {entry['index']}: ERROR {entry['error']}")
+            else:
+                shapes = ", ".join(f"{k} {tuple(v['shape'])}"
+                                   for k, v in sorted(entry["outputs"].items()))
+                lines.append(f"  warmup request {entry['index']}: ran ({shapes})")
+        lines += [f"  note: {note}" for note in self.notes]
+        lines += [f"  PROBLEM: {problem}" for problem in self.problems]
+        return "\n".join(lines)
+
+
+def _tensor_description(info):
+    from tensorflow.core.framework import types_pb2
+
+    dtype = types_pb2.DataType.Name(info.dtype).replace("DT_", "").lower()
+    if info.tensor_shape.unknown_rank:
+        return f"{dtype} unknown shape"
+    dims = [d.size if d.size >= 0 else None for d in info.tensor_shape.dim]
+    return f"{dtype} {tuple(dims)}"
+
+
+def read_saved_model(path):
+    """Parses `saved_model.pb` (or `.pbtxt`); raises `NotASavedModelError`."""
+    from google.protobuf import text_format
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    if not os.path.isdir(path):
+        raise NotASavedModelError(
+            f"check_servable: {path!r} is not a SavedModel directory "
+            f"({'a file' if os.path.exists(path) else 'it does not exist'})."
+        )
+    proto = saved_model_pb2.SavedModel()
+    binary = os.path.join(path, "saved_model.pb")
+    text = os.path.join(path, "saved_model.pbtxt")
+    try:
+        if os.path.exists(binary):
+            with open(binary, "rb") as f:
+                proto.ParseFromString(f.read())
+        elif os.path.exists(text):
+            with open(text, encoding="utf-8") as f:
+                text_format.Parse(f.read(), proto)
+        else:
+            raise NotASavedModelError(
+                f"check_servable: {path!r} is not a SavedModel directory: it "
+                "has no saved_model.pb or saved_model.pbtxt."
+            )
+    except NotASavedModelError:
+        raise
+    except Exception as error:
+        raise NotASavedModelError(
+            f"check_servable: {path!r} has a saved_model.pb that does not "
+            f"parse as a SavedModel: {type(error).__name__}: {error}"
+        ) from error
+    return proto
+
+
+def graph_ops(meta_graph):
+    """`(Counter of op names, names of functions marked XLA must-compile)`."""
+    counts = collections.Counter(node.op for node in meta_graph.graph_def.node)
+    must_compile = []
+    for function in meta_graph.graph_def.library.function:
+        counts.update(node.op for node in function.node_def)
+        attr = function.attr.get("_XlaMustCompile")
+        if attr is not None and attr.b:
+            must_compile.append(function.signature.name)
+    # Function names are op types too; they are defined, not registered.
+    defined = {f.signature.name for f in meta_graph.graph_def.library.function}
+    for name in defined:
+        counts.pop(name, None)
+    return counts, must_compile
+
+
+def check_servable(path, load=True, timeout=600):
+    """Checks that TF Serving can load `path` and answer its warmup requests.
+
+    1. The SavedModel has a MetaGraph tagged `serve` with a `serving_default`
+       signature.
+    2. Every op in the graph and its function library is registered by
+       TensorFlow core or tensorflow-text (both are in the standard TF Serving
+       build); `PyFunc`, `EagerPyFunc`, `XlaCallModule` and other XLA ops,
+       and functions marked XLA must-compile, are problems.
+    3. In a fresh Python process that imports only TensorFlow and
+       tensorflow-text (keras_attention is blocked), the model loads with the
+       v1 session loader (`tf.compat.v1.saved_model.loader.load`, as TF
+       Serving does) and each request of
+       `assets.extra/tf_serving_warmup_requests` runs.
+
+    Args:
+        path: the SavedModel directory.
+        load: run step 3 (set False for a quick static check of 1 and 2).
+        timeout: seconds allowed for the fresh process.
+
+    Returns:
+        A `CheckReport`; `report.ok` is True when nothing failed and
+        `report.summary()` explains the result.
+
+    Raises:
+        NotASavedModelError: `path` is not a SavedModel directory.
+    """
+    path = os.fspath(path)
+    proto = read_saved_model(path)
+    report = CheckReport(path=path)
+    serve = [m for m in proto.meta_graphs if "serve" in m.meta_info_def.tags]
+    if not serve:
+        tags = [list(m.meta_info_def.tags) for m in proto.meta_graphs]
+        report.problems.append(
+            f"no MetaGraph is tagged 'serve' (tags found: {tags}); TF Serving "
+            "loads the 'serve' MetaGraph."
+        )
+        return report
+    meta_graph = serve[0]
+    signature = meta_graph.signature_def.get("serving_default")
+    if signature is None:
+        report.problems.append(
+            "no 'serving_default' signature (signatures found: "
+            f"{sorted(meta_graph.signature_def)}); TF Serving uses it when a "
+            "request names no signature."
+        )
+    else:
+        report.signature_inputs = {
+            k: _tensor_description(v) for k, v in signature.inputs.items()
+        }
+        report.signature_outputs = {
+            k: _tensor_description(v) for k, v in signature.outputs.items()
+        }
+    counts, must_compile = graph_ops(meta_graph)
+    report.op_counts = dict(sorted(counts.items()))
+    for op in sorted(counts):
+        if _is_forbidden(op):
+            report.problems.append(
+                f"op {op} ({counts[op]} nodes) cannot run in TF Serving "
+                "(Python callbacks and XLA-only ops are not available)."
+            )
+    for name in must_compile:
+        report.problems.append(
+            f"function {name} is marked XLA must-compile (jit_compile=True); "
+            "TF Serving runs without XLA."
+        )
+    if not os.path.exists(os.path.join(path, serving_process.WARMUP_FILE)):
+        report.notes.append(
+            f"no {serving_process.WARMUP_FILE}: TF Serving will not warm up "
+            "on load, so the first request is slow."
+        )
+    if load:
+        _check_in_fresh_process(report, sorted(counts), timeout)
+    else:
+        report.notes.append("not loaded in a fresh process (load=False).")
+    return report
+
+
+def _fresh_process_env():
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def run_in_serving_process(path, ops=(), feed=None, timeout=600):
+    """Runs `serving_process.py` on `path`; returns `(report dict, outputs)`.
+
+    `feed` is an optional dict of numpy arrays for `serving_default`; the
+    outputs are then returned as a dict of numpy arrays.
+    """
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as scratch:
+        report_path = os.path.join(scratch, "report.json")
+        command = [sys.executable, serving_process.__file__,
+                   os.path.abspath(path), report_path, "--ops", *ops]
+        if feed is not None:
+            feed_path = os.path.join(scratch, "feed.npz")
+            fetch_path = os.path.join(scratch, "fetch.npz")
+            np.savez(feed_path, **feed)
+            command += ["--feed", feed_path, "--fetch", fetch_path]
+        completed = subprocess.run(
+            command, cwd=scratch, env=_fresh_process_env(), capture_output=True,
+            text=True, timeout=timeout,
+        )
+        if completed.returncode != 0 or not os.path.exists(report_path):
+            raise RuntimeError(
+                "check_servable: the fresh serving process failed "
+                f"(exit {completed.returncode}):\n{completed.stderr[-3000:]}"
+            )
+        with open(report_path, encoding="utf-8") as f:
+            result = json.load(f)
+        outputs = None
+        if feed is not None and os.path.exists(fetch_path):
+            with np.load(fetch_path, allow_pickle=True) as data:
+                outputs = {k: data[k] for k in data.files}
+        return result, outputs
+
+
+def _check_in_fresh_process(report, ops, timeout):
+    try:
+        result, _ = run_in_serving_process(report.path, ops, timeout=timeout)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        report.problems.append(str(error))
+        return
+    if result.get("keras_attention_importable"):
+        report.notes.append("keras_attention was importable in the fresh process.")
+    report.op_sources = result["op_sources"]
+    unregistered = sorted(
+        op for op, source in report.op_sources.items() if source == "unregistered"
+    )
+    if unregistered:
+        report.problems.append(
+            "ops registered by neither TensorFlow nor tensorflow-text (TF "
+            f"Serving will not find kernels for them): {', '.join(unregistered)}"
+        )
+    if result.get("tensorflow_text_error"):
+        report.problems.append(
+            f"tensorflow_text failed to import: {result['tensorflow_text_error']}"
+        )
+    if not result.get("loaded"):
+        report.problems.append(
+            "the v1 session loader (as in TF Serving) could not load the model: "
+            f"{result.get('load_error')}"
+        )
+    elif result.get("load_error"):
+        report.problems.append(f"running the model failed: {result['load_error']}")
+    report.warmup = result.get("warmup", [])
+    for entry in report.warmup:
+        if "error" in entry:
+            report.problems.append(
+                f"warmup request {entry['index']} failed: {entry['error']}"
+            )

@@ -1,0 +1,196 @@
+"""The fresh-process half of `check_servable`, run as a script.
+
+    python serving_process.py SAVED_MODEL_DIR REPORT_JSON [--ops OP ...]
+        [--feed INPUTS.npz --fetch OUTPUTS.npz]
+
+It must behave like TF Serving, so it imports only TensorFlow, then
+tensorflow-text, and never keras_attention (the import is blocked):
+
+1. classifies each op name given after `--ops` as registered by TensorFlow
+   core (before tensorflow-text is imported), by tensorflow-text (registered
+   only after), or by neither;
+2. loads the SavedModel with the v1 session loader
+   (`tf.compat.v1.saved_model.loader.load`, tag `serve`), the loader TF
+   Serving uses;
+3. replays every request in `assets.extra/tf_serving_warmup_requests`
+   through its signature;
+4. with `--feed`, runs `serving_default` on the arrays of an `.npz` file and
+   saves the outputs to `--fetch`.
+
+The report is JSON. Only the standard library, numpy and TensorFlow are used.
+"""
+
+import json
+import os
+import sys
+import traceback
+
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+
+
+def _read_varint(data, position):
+    result, shift = 0, 0
+    while True:
+        byte = data[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, position
+        shift += 7
+
+
+def parse_fields(data):
+    """Decodes a protobuf message into `[(field_number, value)]`.
+
+    Length-delimited values are bytes; varints are ints; fixed-width values
+    are raw bytes.
+    """
+    fields, position = [], 0
+    while position < len(data):
+        key, position = _read_varint(data, position)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            value, position = _read_varint(data, position)
+        elif wire_type == 2:
+            length, position = _read_varint(data, position)
+            value = data[position:position + length]
+            position += length
+        elif wire_type == 1:
+            value, position = data[position:position + 8], position + 8
+        elif wire_type == 5:
+            value, position = data[position:position + 4], position + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire_type}")
+        fields.append((number, value))
+    return fields
+
+
+def parse_predict_log(record):
+    """`PredictionLog` bytes -> `(signature_name, {input name: TensorProto bytes})`."""
+    for number, predict_log in parse_fields(record):
+        if number != 6:
+            continue
+        for number, request in parse_fields(predict_log):
+            if number != 1:
+                continue
+            signature, inputs = "serving_default", {}
+            for number, value in parse_fields(request):
+                if number == 1:
+                    for spec_number, spec_value in parse_fields(value):
+                        if spec_number == 3:
+                            signature = spec_value.decode("utf-8")
+                elif number == 2:
+                    entry = dict(parse_fields(value))
+                    inputs[entry[1].decode("utf-8")] = entry.get(2, b"")
+            return signature, inputs
+    raise ValueError("the record is not a PredictionLog with a predict_log")
+
+
+def _classify_ops(op_names):
+    import tensorflow as tf  # noqa: F401  (registers the core ops)
+    from tensorflow.python.framework import op_def_registry
+
+    core = {name for name in op_names if op_def_registry.get(name) is not None}
+    text_error = None
+    try:
+        import tensorflow_text  # noqa: F401  (registers its kernels)
+    except Exception as error:  # report it; the load below will fail too
+        text_error = f"{type(error).__name__}: {error}"
+    sources = {}
+    for name in op_names:
+        if name in core:
+            sources[name] = "tensorflow"
+        elif op_def_registry.get(name) is not None:
+            sources[name] = "tensorflow-text"
+        else:
+            sources[name] = "unregistered"
+    return sources, text_error
+
+
+def _run_signature(session, signature, arrays):
+    feed = {}
+    for name, value in arrays.items():
+        if name not in signature.inputs:
+            raise KeyError(
+                f"input {name!r} is not in the signature; it has "
+                f"{sorted(signature.inputs)}"
+            )
+        feed[signature.inputs[name].name] = value
+    fetch = {name: info.name for name, info in signature.outputs.items()}
+    return session.run(fetch, feed)
+
+
+def main(argv):
+    saved_model_dir, report_path = argv[0], argv[1]
+    options = argv[2:]
+    op_names, feed_path, fetch_path = [], None, None
+    if "--ops" in options:
+        start = options.index("--ops") + 1
+        end = next((i for i in range(start, len(options))
+                    if options[i].startswith("--")), len(options))
+        op_names = options[start:end]
+    if "--feed" in options:
+        feed_path = options[options.index("--feed") + 1]
+        fetch_path = options[options.index("--fetch") + 1]
+
+    report = {"keras_attention_importable": True}
+    try:
+        import keras_attention  # noqa: F401
+    except ImportError:
+        report["keras_attention_importable"] = False
+
+    report["op_sources"], report["tensorflow_text_error"] = _classify_ops(op_names)
+
+    import numpy as np
+    import tensorflow as tf
+
+    report["loaded"], report["warmup"] = False, []
+    try:
+        graph = tf.Graph()
+        with tf.compat.v1.Session(graph=graph) as session:
+            meta_graph = tf.compat.v1.saved_model.loader.load(
+                session, ["serve"], saved_model_dir
+            )
+            report["loaded"] = True
+            signatures = meta_graph.signature_def
+            warmup_path = os.path.join(saved_model_dir, WARMUP_FILE)
+            if os.path.exists(warmup_path):
+                for index, record in enumerate(
+                    tf.compat.v1.io.tf_record_iterator(warmup_path)
+                ):
+                    entry = {"index": index}
+                    try:
+                        name, inputs = parse_predict_log(record)
+                        entry["signature"] = name
+                        arrays = {}
+                        for key, proto_bytes in inputs.items():
+                            proto = tf.make_tensor_proto(0)
+                            proto.ParseFromString(proto_bytes)
+                            arrays[key] = tf.make_ndarray(proto)
+                        outputs = _run_signature(session, signatures[name], arrays)
+                        entry["outputs"] = {
+                            key: {"shape": list(np.shape(value)),
+                                  "dtype": str(np.asarray(value).dtype)}
+                            for key, value in outputs.items()
+                        }
+                    except Exception as error:
+                        entry["error"] = f"{type(error).__name__}: {error}"
+                    report["warmup"].append(entry)
+            if feed_path:
+                arrays = dict(np.load(feed_path, allow_pickle=True))
+                outputs = _run_signature(
+                    session, signatures["serving_default"], arrays
+                )
+                np.savez(fetch_path, **outputs)
+    except Exception as error:
+        report["load_error"] = f"{type(error).__name__}: {error}"
+        report["load_traceback"] = traceback.format_exc()[-3000:]
+    with open(report_path, "w", encoding="utf-8") as f:
+        json.dump(report, f)
+    return 0
+
+
+if __name__ == "__main__":
+    # Behave like a server that has never heard of keras_attention.
+    sys.modules["keras_attention"] = None
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,66 @@
+"""TF Serving warmup records, written without tensorflow-serving-api.
+
+TF Serving replays `assets.extra/tf_serving_warmup_requests` when it loads a
+model: a TFRecord file of `tensorflow.serving.PredictionLog` protos. Those
+protos live in the tensorflow-serving-api package, which pins its own
+TensorFlow version; the few fields a warmup record needs are encoded here
+directly in the protobuf wire format, around `TensorProto`s made by
+TensorFlow itself:
+
+    PredictionLog { predict_log = 6: PredictLog {
+      request = 1: PredictRequest {
+        model_spec = 1: ModelSpec { name = 1, signature_name = 3 }
+        inputs = 2: map<string, TensorProto> } } }
+"""
+
+import os
+
+import tensorflow as tf
+
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+
+
+def _varint(value):
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number, payload):
+    """A length-delimited field (wire type 2)."""
+    if isinstance(payload, str):
+        payload = payload.encode("utf-8")
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def predict_request_log(inputs, model_name="model",
+                        signature_name="serving_default"):
+    """Serialized `PredictionLog` holding a `PredictRequest` for `inputs`.
+
+    Args:
+        inputs: dict from signature input name to a value `tf.make_tensor_proto`
+            accepts (e.g. a list of strings).
+    """
+    model_spec = _field(1, model_name) + _field(3, signature_name)
+    request = _field(1, model_spec)
+    for name in sorted(inputs):
+        tensor = tf.make_tensor_proto(inputs[name]).SerializeToString()
+        request += _field(2, _field(1, name) + _field(2, tensor))
+    return _field(6, _field(1, request))
+
+
+def write_warmup_requests(saved_model_dir, requests, model_name="model",
+                          signature_name="serving_default"):
+    """Writes `assets.extra/tf_serving_warmup_requests` with one record per request."""
+    path = os.path.join(saved_model_dir, WARMUP_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tf.io.TFRecordWriter(path) as writer:
+        for inputs in requests:
+            writer.write(predict_request_log(inputs, model_name, signature_name))
+    return path

@@ -1,0 +1,87 @@
+"""Plain-text and HTML views of a translation's alignment (no dependencies)."""
+
+import html
+
+import numpy as np
+
+_SHADES = " .:-=+*#%@"
+
+
+def _shown(token):
+    return "␣" if token == " " else token
+
+
+def alignment_text(translation, width=None):
+    """A text chart: one line per output token, one column per source token.
+
+    Each cell is a shade from `" .:-=+*#%@"` (darker = more attention); the
+    line ends with the source token the output token attends to most.
+    """
+    alignment = np.asarray(translation.alignment, dtype="float32")
+    if alignment.ndim != 2:
+        raise ValueError(
+            "alignment_text: expects a (T_out, T_in) alignment. Received: "
+            f"alignment with shape {alignment.shape}"
+        )
+    source = [_shown(t) for t in translation.source_tokens]
+    if width is None:
+        width = max([1] + [len(t) for t in source])
+        width += 1 if width > 1 else 0  # a space between multi-character tokens
+    label = max([1] + [len(_shown(t)) for t in translation.tokens])
+    header = " " * (label + 3) + "".join(t[:width].ljust(width) for t in source)
+    lines = [header]
+    for token, row in zip(translation.tokens, alignment):
+        cells = "".join(
+            _SHADES[min(len(_SHADES) - 1, int(w * len(_SHADES)))] * width
+            for w in row
+        )
+        top = source[int(np.argmax(row))] if len(row) else ""
+        lines.append(f"{_shown(token).rjust(label)} | {cells}  <- {top}")
+    return "\n".join(lines)
+
+
+def alignment_html(translations, title="Attention alignments"):
+    """A self-contained HTML page with one heatmap table per translation.
+
+    Cell darkness is the attention weight; hovering a cell shows the value.
+    No scripts, no external resources.
+    """
+    parts = [
+        "<!DOCTYPE html>",
+        '<html><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em}"
+        "table{border-collapse:collapse;margin:0 0 2em 0}"
+        "td,th{width:1.6em;height:1.6em;text-align:center;font-family:monospace;"
+        "font-size:13px;padding:0}"
+        "th.row{text-align:right;padding-right:.4em}"
+        "caption{text-align:left;font-weight:bold;padding:.4em 0}</style>",
+        f"</head><body><h1>{html.escape(title)}</h1>",
+        "<p>Rows: output tokens. Columns: source tokens. Darker cells: more "
+        "attention when the row's token was emitted.</p>",
+    ]
+    for translation in translations:
+        alignment = np.asarray(translation.alignment, dtype="float32")
+        source = "".join(translation.source_tokens)
+        parts.append(
+            "<table><caption>"
+            f"{html.escape(source)} &rarr; {html.escape(translation.text)}"
+            "</caption><tr><th></th>"
+        )
+        parts.extend(
+            f"<th>{html.escape(_shown(t))}</th>" for t in translation.source_tokens
+        )
+        parts.append("</tr>")
+        for token, row in zip(translation.tokens, alignment):
+            parts.append(f'<tr><th class="row">{html.escape(_shown(token))}</th>')
+            for weight in row:
+                level = int(round(255 * (1.0 - float(weight))))
+                text_color = "#fff" if weight > 0.5 else "#000"
+                parts.append(
+                    f'<td title="{weight:.3f}" style="background:rgb({level},'
+                    f'{level},255);color:{text_color}"></td>'
+                )
+            parts.append("</tr>")
+        parts.append("</table>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,565 @@
+"""What every translator shares: text processing, training data, decoding.
+
+A subclass builds its layers, implements `call` for teacher forcing and two
+decoding hooks, and gets `translate` (greedy and beam search compiled as
+`tf.while_loop`s), `decoding_session`, `make_dataset` and export for free:
+
+- `_start_decoding(source_ids, max_length) -> (context, states)`: `context`
+  is a tuple of batch-major tensors that stay fixed while decoding (encoder
+  outputs, masks, precomputed cross-attention keys/values); `states` is a
+  list of batch-major tensors that each step updates (RNN states,
+  self-attention caches). Beam search repeats and reorders both along the
+  batch axis.
+- `_decode_step(token_ids (N,), states, context, step, with_scores=False)
+  -> (logits (N, V) float32, states, attention (N, ..., T_in) float32,
+  pre-softmax scores like attention or None)`.
+- `_alignment_layout(alignment (T_out, ..., T_in))`: the `Translation`
+  layout of one text's alignment.
+"""
+
+import inspect
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_attention.models import text_processing
+from keras_attention.models.decoding import DecodingSession
+from keras_attention.models.decoding import Translation
+from keras_attention.models.text_processing import END_ID
+from keras_attention.models.text_processing import PAD_ID
+from keras_attention.models.text_processing import START_ID
+from keras_attention.models.text_processing import TextEncoder
+
+# Finite stand-in for log(0): keeps beam arithmetic free of inf - inf = NaN.
+_NEG_INF = -1e9
+
+
+def positive_int(argument, value, allow_none=False, owner="Translator"):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or value < 1:
+        raise ValueError(
+            f"{owner}: `{argument}` must be a positive integer"
+            f"{' or None' if allow_none else ''}. Received: {argument}={value!r}"
+        )
+    return int(value)
+
+
+
+def next_token_log_probs(logits):
+    """Log-softmax over the tokens a decoder may emit.
+
+    `<pad>` and `<start>` are never emitted: their logits are dropped and the
+    distribution renormalized over the other tokens (`<end>`, `<unk>` and the
+    vocabulary).
+    """
+    logits = tf.cast(logits, tf.float32)
+    allowed = tf.logical_and(
+        tf.not_equal(tf.range(tf.shape(logits)[-1]), PAD_ID),
+        tf.not_equal(tf.range(tf.shape(logits)[-1]), START_ID),
+    )
+    return tf.nn.log_softmax(tf.where(allowed, logits, _NEG_INF))
+
+
+def _batch_major(stacked):
+    """`(steps, B, ...)` from a TensorArray -> `(B, steps, ...)`."""
+    rank = stacked.shape.rank
+    return tf.transpose(stacked, [1, 0] + list(range(2, rank)))
+
+
+def _expand_like(mask, tensor):
+    """Appends axes to `mask` until it has `tensor`'s rank."""
+    for _ in range(tensor.shape.rank - mask.shape.rank):
+        mask = mask[..., None]
+    return mask
+
+
+class Translator(keras.Model):
+    """Base class of the translators (TensorFlow backend); see the module doc.
+
+    Args:
+        source_vocabulary, target_vocabulary: token lists starting with
+            `("<pad>", "<unk>", "<start>", "<end>")`.
+        source_split, target_split: `"character"` or `"whitespace"`.
+        lowercase: case-fold source and target text.
+        max_source_length: source tokens kept per text (the rest is dropped).
+        max_target_length: output tokens per text, `<end>` included; the
+            default maximum decoding length.
+    """
+
+    supports_decoding_session = True
+
+    def __init__(self, source_vocabulary, target_vocabulary,
+                 source_split="character", target_split="character",
+                 lowercase=True, max_source_length=48, max_target_length=16,
+                 **kwargs):
+        super().__init__(**kwargs)
+        owner = type(self).__name__
+        if keras.backend.backend() != "tensorflow":
+            raise RuntimeError(
+                f"{owner} needs the TensorFlow backend (its text processing is "
+                f"tensorflow-text). Received: KERAS_BACKEND="
+                f"{keras.backend.backend()!r}"
+            )
+        self.max_source_length = positive_int(
+            "max_source_length", max_source_length, owner=owner)
+        self.max_target_length = positive_int(
+            "max_target_length", max_target_length, owner=owner)
+        self.lowercase = bool(lowercase)
+        self.source_text = TextEncoder(
+            source_vocabulary, source_split, lowercase, self.max_source_length,
+            name="source_text",
+        )
+        self.target_text = TextEncoder(
+            target_vocabulary, target_split, lowercase, self.max_target_length,
+            name="target_text",
+        )
+        self._decode_functions = _FunctionCache()
+
+    def _build_weights(self):
+        """Calls the model once so every weight exists before `fit`."""
+        self(
+            (
+                tf.zeros((1, self.max_source_length), tf.int32),
+                tf.zeros((1, self.max_target_length), tf.int32),
+            )
+        )
+
+    def _text_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "source_vocabulary": list(self.source_vocabulary),
+            "target_vocabulary": list(self.target_vocabulary),
+            "source_split": self.source_text.split,
+            "target_split": self.target_text.split,
+            "lowercase": self.lowercase,
+            "max_source_length": self.max_source_length,
+            "max_target_length": self.max_target_length,
+        }
+
+    def _alignment_layout(self, alignment):
+        return alignment
+
+    @classmethod
+    def from_texts(cls, source_texts, target_texts, source_split=None,
+                   target_split=None, lowercase=True, max_tokens=None,
+                   min_count=1, **kwargs):
+        """Builds the vocabularies from training texts, then the translator."""
+        defaults = inspect.signature(cls.__init__).parameters
+        source_split = source_split or defaults["source_split"].default
+        target_split = target_split or defaults["target_split"].default
+        source_texts = [_as_str(t) for t in source_texts]
+        target_texts = [_as_str(t) for t in target_texts]
+        if len(source_texts) != len(target_texts) or not source_texts:
+            raise ValueError(
+                f"{cls.__name__}.from_texts: needs as many target texts as "
+                f"source texts, at least one. Received: {len(source_texts)} "
+                f"source and {len(target_texts)} target texts"
+            )
+        source_vocabulary = text_processing.build_vocabulary(
+            source_texts, source_split, lowercase, max_tokens, min_count
+        )
+        target_vocabulary = text_processing.build_vocabulary(
+            target_texts, target_split, lowercase, max_tokens, min_count
+        )
+        return cls(
+            source_vocabulary,
+            target_vocabulary,
+            source_split=source_split,
+            target_split=target_split,
+            lowercase=lowercase,
+            **kwargs,
+        )
+
+    @property
+    def source_vocabulary(self):
+        return self.source_text.vocabulary
+
+    @property
+    def target_vocabulary(self):
+        return self.target_text.vocabulary
+
+    @property
+    def target_separator(self):
+        return self.target_text.separator
+
+
+    # --------------------------------------------------------------- training
+    def make_dataset(self, source_texts, target_texts, batch_size=64,
+                     shuffle=True, seed=None):
+        """A `tf.data.Dataset` of `((source_ids, decoder_inputs), targets)`.
+
+        Targets are the target ids followed by `<end>` (truncated to
+        `max_target_length`); decoder inputs are the same shifted right behind
+        `<start>` (teacher forcing). Padding is id 0, which the default loss
+        ignores.
+        """
+        source_texts = text_processing.as_string_array(source_texts, "source_texts")
+        target_texts = text_processing.as_string_array(target_texts, "target_texts")
+        if len(source_texts) != len(target_texts):
+            raise ValueError(
+                f"{type(self).__name__}.make_dataset: needs as many target texts as "
+                f"source texts. Received: {len(source_texts)} and "
+                f"{len(target_texts)}"
+            )
+        dataset = tf.data.Dataset.from_tensor_slices((source_texts, target_texts))
+        if shuffle:
+            dataset = dataset.shuffle(len(source_texts), seed=seed)
+        return dataset.batch(batch_size).map(
+            self._training_example, num_parallel_calls=tf.data.AUTOTUNE
+        ).prefetch(tf.data.AUTOTUNE)
+
+    def _training_example(self, sources, targets):
+        source_ids, _ = self.source_text.encode(sources)
+        target_ids, _ = self.target_text.encode(targets, add_end=True)
+        start = tf.fill([tf.shape(target_ids)[0], 1], START_ID)
+        decoder_inputs = tf.concat([start, target_ids[:, :-1]], axis=1)
+        return (source_ids, decoder_inputs), target_ids
+
+    def fit(self, x=None, *args, **kwargs):
+        """`keras.Model.fit`. A dataset from `make_dataset` shuffles itself."""
+        if isinstance(x, tf.data.Dataset):
+            kwargs.setdefault("shuffle", False)
+        return super().fit(x, *args, **kwargs)
+
+    def compile(self, optimizer="adam", loss=None, **kwargs):
+        """`keras.Model.compile`; the default loss ignores padding targets."""
+        if loss is None:
+            loss = keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, ignore_class=PAD_ID
+            )
+        super().compile(optimizer=optimizer, loss=loss, **kwargs)
+
+
+    # --------------------------------------------------------------- decoding
+    def _greedy_search(self, source_ids, max_length):
+        """Greedy decoding as one `tf.while_loop`; see `_search_outputs`."""
+        batch = tf.shape(source_ids)[0]
+        context, states = self._start_decoding(source_ids, max_length)
+
+        def body(step, previous, states, finished, lengths, log_prob, tokens_ta,
+                 weights_ta):
+            logits, states, weights, _ = self._decode_step(
+                previous, states, context, step
+            )
+            log_probs = next_token_log_probs(logits)
+            token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+            token = tf.where(finished, PAD_ID, token)
+            token_log_prob = tf.gather(log_probs, token, batch_dims=1)
+            log_prob += tf.where(finished, 0.0, token_log_prob)
+            lengths += tf.cast(tf.logical_not(finished), tf.int32)
+            finished = tf.logical_or(finished, tf.equal(token, END_ID))
+            return (step + 1, token, states, finished, lengths, log_prob,
+                    tokens_ta.write(step, token), weights_ta.write(step, weights))
+
+        def cond(step, previous, states, finished, *_):
+            return tf.logical_and(step < max_length,
+                                  tf.logical_not(tf.reduce_all(finished)))
+
+        loop_vars = (
+            tf.constant(0),
+            tf.fill([batch], START_ID),
+            states,
+            tf.zeros([batch], tf.bool),
+            tf.zeros([batch], tf.int32),
+            tf.zeros([batch], tf.float32),
+            tf.TensorArray(tf.int32, size=0, dynamic_size=True),
+            tf.TensorArray(tf.float32, size=0, dynamic_size=True),
+        )
+        _, _, _, _, lengths, log_prob, tokens_ta, weights_ta = tf.while_loop(
+            cond, body, loop_vars
+        )
+        tokens = tf.transpose(tokens_ta.stack(), [1, 0])  # (B, steps)
+        weights = _batch_major(weights_ta.stack())  # (B, steps, ..., T_in)
+        return tokens, weights, log_prob, lengths
+
+    def _beam_search(self, source_ids, max_length, beam_width):
+        """Beam search as one `tf.while_loop`, then a backtracking loop.
+
+        Each step expands the `beam_width` hypotheses of every input, keeps
+        the best `beam_width` by total log-probability, and records each
+        survivor's token, parent beam and attention row; a finished
+        hypothesis stays in the beam at no cost. The best hypothesis is then
+        read back through the parent pointers. Per step the work is `O(T_in)`
+        per hypothesis.
+        """
+        batch = tf.shape(source_ids)[0]
+        vocabulary_size = self.target_text.size
+        context, states = self._start_decoding(source_ids, max_length)
+        # Every hypothesis is a row of a (B * K) batch.
+        context = tuple(tf.repeat(c, beam_width, axis=0) for c in context)
+        states = [tf.repeat(s, beam_width, axis=0) for s in states]
+        only_padding = tf.where(
+            tf.equal(tf.range(vocabulary_size), PAD_ID), 0.0, _NEG_INF
+        )
+        batch_offsets = tf.range(batch)[:, None] * beam_width  # (B, 1)
+
+        def body(step, previous, states, finished, lengths, log_prob, tokens_ta,
+                 parents_ta, weights_ta):
+            logits, states, weights, _ = self._decode_step(
+                previous, states, context, step
+            )
+            log_probs = tf.reshape(
+                next_token_log_probs(logits), [batch, beam_width, vocabulary_size]
+            )
+            log_probs = tf.where(finished[:, :, None], only_padding, log_probs)
+            total = tf.reshape(
+                log_prob[:, :, None] + log_probs,
+                [batch, beam_width * vocabulary_size],
+            )
+            log_prob, best = tf.math.top_k(total, k=beam_width)  # (B, K)
+            parent = best // vocabulary_size
+            token = best % vocabulary_size
+            rows = tf.reshape(parent + batch_offsets, [-1])  # (B * K,)
+            states = [tf.gather(s, rows) for s in states]
+            parent_finished = tf.gather(finished, parent, batch_dims=1)
+            lengths = tf.gather(lengths, parent, batch_dims=1) + tf.cast(
+                tf.logical_not(parent_finished), tf.int32
+            )
+            finished = tf.logical_or(parent_finished, tf.equal(token, END_ID))
+            weights = tf.gather(
+                tf.reshape(weights, tf.concat(
+                    [[batch, beam_width], tf.shape(weights)[1:]], axis=0)),
+                parent, batch_dims=1,
+            )
+            return (step + 1, tf.reshape(token, [-1]), states, finished, lengths,
+                    log_prob, tokens_ta.write(step, token),
+                    parents_ta.write(step, parent), weights_ta.write(step, weights))
+
+        def cond(step, previous, states, finished, *_):
+            return tf.logical_and(step < max_length,
+                                  tf.logical_not(tf.reduce_all(finished)))
+
+        first_beam_only = tf.where(tf.range(beam_width) == 0, 0.0, _NEG_INF)
+        loop_vars = (
+            tf.constant(0),
+            tf.fill([batch * beam_width], START_ID),
+            states,
+            tf.zeros([batch, beam_width], tf.bool),
+            tf.zeros([batch, beam_width], tf.int32),
+            tf.tile(first_beam_only[None, :], [batch, 1]),
+            tf.TensorArray(tf.int32, size=0, dynamic_size=True),
+            tf.TensorArray(tf.int32, size=0, dynamic_size=True),
+            tf.TensorArray(tf.float32, size=0, dynamic_size=True),
+        )
+        (steps, _, _, _, lengths, log_prob, tokens_ta, parents_ta,
+         weights_ta) = tf.while_loop(cond, body, loop_vars)
+        return steps, lengths, log_prob, tokens_ta, parents_ta, weights_ta
+
+    def _backtrack(self, steps, chosen, tokens_ta, parents_ta, weights_ta):
+        """Follows parent pointers from beam `chosen (B,)` at the last step."""
+
+        def body(step, beam, tokens_out, weights_out):
+            token = tf.gather(tokens_ta.read(step), beam, batch_dims=1)
+            weights = tf.gather(weights_ta.read(step), beam, batch_dims=1)
+            beam = tf.gather(parents_ta.read(step), beam, batch_dims=1)
+            return (step - 1, beam, tokens_out.write(step, token),
+                    weights_out.write(step, weights))
+
+        _, _, tokens_out, weights_out = tf.while_loop(
+            lambda step, *_: step >= 0,
+            body,
+            (steps - 1, chosen,
+             tf.TensorArray(tf.int32, size=steps),
+             tf.TensorArray(tf.float32, size=steps)),
+        )
+        return (tf.transpose(tokens_out.stack(), [1, 0]),
+                _batch_major(weights_out.stack()))
+
+    def _search_outputs(self, texts, beam_width, max_length, length_penalty,
+                        method="auto"):
+        """Graph body shared by `translate` and the exported signature.
+
+        Returns a dict of tensors padded to the batch's longest output
+        (`T_out`, `<end>` excluded) and source (`T_in`): `translation (B,)`
+        strings, `target_tokens (B, T_out)` strings (padding `""`),
+        `token_ids (B, T_out)` (padding 0), `alignment (B, T_out, ..., T_in)`
+        (padding 0.0), `source_tokens (B, T_in)` strings (padding `""`),
+        `source_length (B,)`, `output_length (B,)`, `score (B,)`.
+        """
+        source_ids, source_tokens = self.source_text.encode(texts)
+        source_length = tf.cast(source_tokens.row_lengths(), tf.int32)
+        if method == "greedy" or (method == "auto" and beam_width == 1):
+            token_ids, weights, log_prob, lengths = self._greedy_search(
+                source_ids, max_length
+            )
+        else:
+            steps, lengths, log_prob, tokens_ta, parents_ta, weights_ta = (
+                self._beam_search(source_ids, max_length, beam_width)
+            )
+            normalized = log_prob / tf.pow(
+                tf.cast(tf.maximum(lengths, 1), tf.float32), length_penalty
+            )
+            chosen = tf.argmax(normalized, axis=-1, output_type=tf.int32)
+            log_prob = tf.gather(log_prob, chosen, batch_dims=1)
+            lengths = tf.gather(lengths, chosen, batch_dims=1)
+            token_ids, weights = self._backtrack(
+                steps, chosen, tokens_ta, parents_ta, weights_ta
+            )
+        score = log_prob / tf.pow(
+            tf.cast(tf.maximum(lengths, 1), tf.float32), length_penalty
+        )
+        # Tokens before <end>; an empty source translates to an empty text.
+        has_source = source_length > 0
+        is_end = tf.equal(token_ids, END_ID)
+        before_end = tf.equal(tf.cumsum(tf.cast(is_end, tf.int32), axis=1), 0)
+        keep = tf.logical_and(before_end, has_source[:, None])
+        output_length = tf.reduce_sum(tf.cast(keep, tf.int32), axis=1)
+        score = tf.where(has_source, score, 0.0)
+        token_ids = tf.where(keep, token_ids, PAD_ID)
+        weights = tf.where(_expand_like(keep, weights), weights, 0.0)
+        # Padded to the batch's longest output and source, not to the limits,
+        # so a served response carries no columns that are zero for every row.
+        output_width = tf.reduce_max(tf.concat([output_length, [0]], axis=0))
+        source_width = tf.reduce_max(tf.concat([source_length, [0]], axis=0))
+        token_ids = token_ids[:, :output_width]
+        weights = weights[:, :output_width, ..., :source_width]
+        output_tokens = tf.RaggedTensor.from_tensor(token_ids, lengths=output_length)
+        output_strings = self.target_text.ids_to_tokens(output_tokens)
+        return {
+            "translation": self.target_text.join(output_strings),
+            "target_tokens": output_strings.to_tensor(default_value=""),
+            "token_ids": token_ids,
+            "alignment": weights,
+            "source_tokens": source_tokens.to_tensor(default_value=""),
+            "source_length": source_length,
+            "output_length": output_length,
+            "score": score,
+        }
+
+    def _decode_function(self, beam_width, max_length, method):
+        key = (beam_width, max_length, method)
+        functions = self._decode_functions.functions
+        if key not in functions:
+            def decode(texts, length_penalty):
+                return self._search_outputs(
+                    texts, beam_width, max_length, length_penalty, method
+                )
+
+            functions[key] = tf.function(
+                decode,
+                input_signature=[
+                    tf.TensorSpec([None], tf.string),
+                    tf.TensorSpec([], tf.float32),
+                ],
+            )
+        return functions[key]
+
+    def _check_decoding_arguments(self, beam_width, max_length, length_penalty):
+        if isinstance(beam_width, bool) or not isinstance(
+            beam_width, (int, np.integer)
+        ) or beam_width < 1:
+            raise ValueError(
+                f"{type(self).__name__}.translate: `beam_width` must be a positive "
+                f"integer. Received: beam_width={beam_width!r}"
+            )
+        if max_length is None:
+            max_length = self.max_target_length
+        if isinstance(max_length, bool) or not isinstance(
+            max_length, (int, np.integer)
+        ) or max_length < 1:
+            raise ValueError(
+                f"{type(self).__name__}.translate: `max_length` must be a positive "
+                f"integer or None. Received: max_length={max_length!r}"
+            )
+        if not isinstance(length_penalty, (int, float)) or not np.isfinite(
+            length_penalty
+        ):
+            raise ValueError(
+                f"{type(self).__name__}.translate: `length_penalty` must be a finite "
+                f"number. Received: length_penalty={length_penalty!r}"
+            )
+        return int(beam_width), int(max_length), float(length_penalty)
+
+    def translate(self, texts, beam_width=1, max_length=None, length_penalty=0.0,
+                  _method="auto"):
+        """Translates strings; returns one `Translation` per input.
+
+        Args:
+            texts: a string or a list of strings. An empty string (no
+                tokens) translates to `""` with score 0 and an empty alignment.
+            beam_width: 1 for greedy decoding, more for beam search.
+            max_length: maximum output tokens (`<end>` included); defaults to
+                `max_target_length`. Output stopped by the limit has no `<end>`.
+            length_penalty: hypotheses are ranked by
+                `log_prob / num_tokens ** length_penalty` (0: plain log-prob).
+
+        Greedy and beam search each run as one compiled TensorFlow loop over
+        the whole batch; the alignment rows are the decoder's attention
+        weights when it emitted each token.
+        """
+        beam_width, max_length, length_penalty = self._check_decoding_arguments(
+            beam_width, max_length, length_penalty
+        )
+        texts = text_processing.as_string_array(texts)
+        if len(texts) == 0:
+            return []
+        function = self._decode_function(beam_width, max_length, _method)
+        outputs = function(
+            tf.constant(texts, tf.string), tf.constant(length_penalty, tf.float32)
+        )
+        outputs = {k: v.numpy() for k, v in outputs.items()}
+        results = []
+        for row in range(len(texts)):
+            source_length = int(outputs["source_length"][row])
+            output_length = int(outputs["output_length"][row])
+            results.append(
+                Translation(
+                    text=outputs["translation"][row].decode("utf-8"),
+                    tokens=[
+                        t.decode("utf-8")
+                        for t in outputs["target_tokens"][row, :output_length]
+                    ],
+                    source_tokens=[
+                        t.decode("utf-8")
+                        for t in outputs["source_tokens"][row, :source_length]
+                    ],
+                    score=float(outputs["score"][row]),
+                    alignment=self._alignment_layout(outputs["alignment"][
+                        row, :output_length, ..., :source_length
+                    ].astype("float32")),
+                )
+            )
+        return results
+
+    # ---------------------------------------------------------------- session
+    def decoding_session(self, text, top_k=5):
+        """A `DecodingSession` that decodes `text` one token per `step()`."""
+        return DecodingSession(self, text, top_k=top_k)
+
+    def _session_start(self, text):
+        source_ids, tokens = self.source_text.encode(tf.constant([text]))
+        context, states = self._start_decoding(source_ids, self.max_target_length)
+        source_tokens = [t.decode("utf-8") for t in tokens.to_list()[0]]
+        state = {"context": context, "states": states, "step": 0,
+                 "length": len(source_tokens)}
+        return source_tokens, state
+
+    def _session_step(self, state, previous_token_id):
+        logits, states, weights, scores = self._decode_step(
+            tf.constant([previous_token_id], tf.int32),
+            state["states"],
+            state["context"],
+            tf.constant(state["step"]),
+            with_scores=True,
+        )
+        length = state["length"]
+        if scores is not None:
+            scores = scores[0, ..., :length].numpy()
+        log_probs = next_token_log_probs(logits)[0].numpy()
+        return (log_probs, weights[0, ..., :length].numpy(), scores,
+                {**state, "states": states, "step": state["step"] + 1})
+
+
+class _FunctionCache:
+    """Compiled decoding functions; a plain object so SavedModels skip it."""
+
+    def __init__(self):
+        self.functions = {}
+
+
+def _as_str(text):
+    return text.decode("utf-8") if isinstance(text, bytes) else str(text)

@@ -1,0 +1,268 @@
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from translator_fixtures import trained_translator  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.tf_only
+
+TEXTS = ["three one four", "", "nine bonjour two", "one two three four five six seven"]
+
+
+@pytest.fixture(scope="module")
+def exported(trained_translator, tmp_path_factory):
+    from keras_attention.export import export_translator
+
+    path = str(tmp_path_factory.mktemp("export") / "translator")
+    export_translator(trained_translator, path, warmup_texts=["one two", ""])
+    return path
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "keras_attention.export", *args],
+        capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_exported_translator_passes_check_servable(exported):
+    from keras_attention.export import check_servable
+
+    report = check_servable(exported)
+    assert report.ok, report.summary()
+    assert report.signature_inputs == {"text": "string (None,)"}
+    assert {"translation", "alignment", "source_tokens", "target_tokens"} <= set(
+        report.signature_outputs
+    )
+    assert report.op_sources["CaseFoldUTF8"] == "tensorflow-text"
+    assert report.op_sources["MatMul"] == "tensorflow"
+    assert set(report.op_sources) == set(report.op_counts)
+    assert "unregistered" not in report.op_sources.values()
+    assert not {"PyFunc", "EagerPyFunc", "XlaCallModule"} & set(report.op_counts)
+    (warmup,) = report.warmup
+    assert warmup["signature"] == "serving_default"
+    assert warmup["outputs"]["translation"]["shape"] == [2]
+    assert not any("keras_attention" in note for note in report.notes)
+    assert "OK" in report.summary()
+
+
+def test_fresh_process_without_keras_attention_gives_the_same_outputs(
+    trained_translator, exported
+):
+    from keras_attention.export.check import run_in_serving_process
+
+    result, outputs = run_in_serving_process(
+        exported, feed={"text": np.array(TEXTS, dtype=object)}
+    )
+    assert result["keras_attention_importable"] is False
+    assert result["loaded"], result.get("load_error")
+    expected = trained_translator.translate(TEXTS)
+    assert [t.decode() for t in outputs["translation"]] == [e.text for e in expected]
+    for row, translation in enumerate(expected):
+        rows, columns = translation.alignment.shape
+        np.testing.assert_allclose(
+            outputs["alignment"][row, :rows, :columns], translation.alignment,
+            atol=1e-5,
+        )
+        assert not outputs["alignment"][row, rows:].any()
+        assert [t.decode() for t in outputs["source_tokens"][row, :columns]] == \
+            translation.source_tokens
+        assert [t.decode() for t in outputs["target_tokens"][row, :rows]] == \
+            translation.tokens
+        assert outputs["score"][row] == pytest.approx(translation.score, abs=1e-4)
+
+
+def _prediction_log_class():
+    """`tensorflow.serving.PredictionLog`, declared here from TF Serving's
+    .proto field numbers, as an independent decoder for the warmup file."""
+    from google.protobuf import descriptor_pb2
+    from google.protobuf import descriptor_pool
+    from google.protobuf import message_factory
+    from tensorflow.core.framework import tensor_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+    added = set()
+
+    def add(file_descriptor):
+        if file_descriptor.name in added:
+            return
+        for dependency in file_descriptor.dependencies:
+            add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file_descriptor.CopyToProto(proto)
+        pool.Add(proto)
+        added.add(file_descriptor.name)
+
+    add(tensor_pb2.DESCRIPTOR)
+    F = descriptor_pb2.FieldDescriptorProto
+    file_proto = descriptor_pb2.FileDescriptorProto(
+        name="test_prediction_log.proto", package="tensorflow.serving",
+        syntax="proto3", dependency=[tensor_pb2.DESCRIPTOR.name],
+    )
+
+    def message(name, fields, nested=()):
+        result = file_proto.message_type.add(name=name)
+        for nested_message in nested:
+            result.nested_type.add().CopyFrom(nested_message)
+        for field_name, number, kind, type_name, repeated in fields:
+            result.field.add(
+                name=field_name, number=number, type=kind, type_name=type_name,
+                label=F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL,
+            )
+        return result
+
+    entry = descriptor_pb2.DescriptorProto(name="InputsEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE,
+                    type_name=".tensorflow.TensorProto", label=F.LABEL_OPTIONAL)
+    message("ModelSpec", [("name", 1, F.TYPE_STRING, None, False),
+                          ("signature_name", 3, F.TYPE_STRING, None, False)])
+    message("PredictRequest", [
+        ("model_spec", 1, F.TYPE_MESSAGE, ".tensorflow.serving.ModelSpec", False),
+        ("inputs", 2, F.TYPE_MESSAGE,
+         ".tensorflow.serving.PredictRequest.InputsEntry", True),
+    ], nested=[entry])
+    message("PredictLog", [
+        ("request", 1, F.TYPE_MESSAGE, ".tensorflow.serving.PredictRequest", False)])
+    message("PredictionLog", [
+        ("predict_log", 6, F.TYPE_MESSAGE, ".tensorflow.serving.PredictLog", False)])
+    pool.Add(file_proto)
+    return message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("tensorflow.serving.PredictionLog")
+    )
+
+
+def test_warmup_file_holds_predict_requests(exported):
+    import tensorflow as tf
+
+    from keras_attention.export import serving_process
+
+    path = os.path.join(exported, "assets.extra", "tf_serving_warmup_requests")
+    (record,) = list(tf.data.TFRecordDataset(path).as_numpy_iterator())
+    log = _prediction_log_class()()
+    log.ParseFromString(record)
+    request = log.predict_log.request
+    assert request.model_spec.name == "translator"
+    assert request.model_spec.signature_name == "serving_default"
+    assert tf.make_ndarray(request.inputs["text"]).tolist() == [b"one two", b""]
+    # The fresh-process decoder reads the same thing.
+    signature, inputs = serving_process.parse_predict_log(record)
+    assert signature == "serving_default" and set(inputs) == {"text"}
+
+
+def _save_module(path, function):
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.serve = function
+    tf.saved_model.save(module, path, signatures={"serving_default": function})
+
+
+def test_py_function_and_xla_are_flagged(tmp_path):
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+    def with_py_function(x):
+        return {"y": tf.py_function(lambda v: v * 2.0, [x], tf.float32)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")],
+                 jit_compile=True)
+    def with_xla(x):
+        return {"y": x * 2.0}
+
+    py_path, xla_path = str(tmp_path / "py"), str(tmp_path / "xla")
+    _save_module(py_path, with_py_function)
+    _save_module(xla_path, with_xla)
+
+    result = _cli("check", py_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED" in result.stdout and "EagerPyFunc" in result.stdout
+    assert "tf_serving_warmup_requests" in result.stdout  # noted as missing
+
+    from keras_attention.export import check_servable
+
+    report = check_servable(xla_path, load=False)
+    assert not report.ok and report.op_sources == {}
+    assert any("must-compile" in problem for problem in report.problems)
+
+
+def test_not_a_saved_model_errors_clearly(tmp_path):
+    from keras_attention.export import NotASavedModelError
+    from keras_attention.export import check_servable
+
+    with pytest.raises(NotASavedModelError, match="does not exist"):
+        check_servable(str(tmp_path / "missing"))
+    (tmp_path / "file.txt").write_text("hello")
+    with pytest.raises(NotASavedModelError, match="a file"):
+        check_servable(str(tmp_path / "file.txt"))
+    with pytest.raises(NotASavedModelError, match="no saved_model.pb"):
+        check_servable(str(tmp_path))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "saved_model.pb").write_bytes(b"\xff\xfe not a proto")
+    with pytest.raises(NotASavedModelError, match="does not parse"):
+        check_servable(str(tmp_path / "broken"))
+    result = _cli("check", str(tmp_path / "missing"))
+    assert result.returncode == 2
+    assert "is not a SavedModel directory" in result.stderr
+
+
+def _attention_layers():
+    """Every keras_attention single-input/cross attention layer to export.
+
+    Other layers join this list: (name, factory, takes a separate value).
+    """
+    import keras_attention as ka
+
+    return [
+        ("additive", lambda: ka.AdditiveAttention(units=4), True),
+        ("luong_dot", lambda: ka.LuongAttention(score="dot", scale=True), True),
+        ("luong_general", lambda: ka.LuongAttention(score="general"), True),
+        ("luong_concat", lambda: ka.LuongAttention(score="concat", units=3), True),
+        ("low_rank", lambda: ka.LowRankAttention(rank=2), True),
+        ("pooling", lambda: ka.AttentionPooling(score="general"), False),
+    ]
+
+
+def test_models_with_our_layers_export_and_reload_without_keras_attention(tmp_path):
+    from keras_attention.export.check import read_saved_model
+    from keras_attention.export.check import run_in_serving_process
+
+    keras.utils.set_random_seed(3)
+    query = keras.Input((5, 6), name="query")
+    value = keras.Input((7, 6), name="value")
+    value_mask = keras.Input((7,), dtype="bool", name="value_mask")
+    outputs = {}
+    for name, make_layer, cross in _attention_layers():
+        layer = make_layer()
+        if cross:
+            outputs[name] = layer(query, value, value_mask=value_mask)
+        else:
+            outputs[name] = layer(value, mask=value_mask)
+    model = keras.Model(
+        {"query": query, "value": value, "value_mask": value_mask}, outputs
+    )
+    rng = np.random.default_rng(0)
+    feed = {
+        "query": rng.standard_normal((3, 5, 6)).astype("float32"),
+        "value": rng.standard_normal((3, 7, 6)).astype("float32"),
+        "value_mask": np.arange(7)[None, :] < np.array([[7], [3], [1]]),
+    }
+    expected = {k: keras.ops.convert_to_numpy(v) for k, v in model(feed).items()}
+    path = str(tmp_path / "layers")
+    model.export(path, verbose=False)
+
+    proto = read_saved_model(path)
+    signature = proto.meta_graphs[0].signature_def["serving_default"]
+    assert set(signature.inputs) == set(feed)
+    result, served = run_in_serving_process(path, feed=feed)
+    assert result["keras_attention_importable"] is False
+    assert result["loaded"], result.get("load_error")
+    assert set(served) == set(expected)
+    for name in expected:
+        np.testing.assert_allclose(served[name], expected[name], atol=1e-5,
+                                   err_msg=name)

@@ -1,0 +1,36 @@
+import numpy as np
+
+from keras_attention.models.alignment_chart import alignment_html
+from keras_attention.models.alignment_chart import alignment_text
+from keras_attention.models.decoding import Translation
+
+
+def _translation():
+    return Translation(
+        text="ab", tokens=["a", "b"], source_tokens=["x", " ", "<y>"],
+        score=-1.0,
+        alignment=np.array([[0.9, 0.1, 0.0], [0.0, 0.2, 0.8]], "float32"),
+    )
+
+
+def test_text_chart_marks_the_most_attended_source_token():
+    lines = alignment_text(_translation()).splitlines()
+    assert lines[0].split() == ["x", "␣", "<y>"]
+    assert lines[1].startswith("a |") and lines[1].endswith("<- x")
+    assert lines[2].endswith("<- <y>")
+    # One cell per source token, the widest token plus a space; 0.9 is darkest.
+    cells = lines[1].split("|", 1)[1].split("<-")[0][1:]
+    assert cells[:4] == "@@@@" and "@" not in cells[4:]
+    assert cells[4:8] == "...." and cells[8:12] == "    "
+    # Single characters get one column each.
+    chars = alignment_text(Translation("a", ["a"], ["x", "y"], 0.0,
+                                       np.array([[1.0, 0.0]], "float32")))
+    assert chars.splitlines()[1] == "a | @   <- x"
+
+
+def test_html_heatmap_is_escaped_and_self_contained():
+    page = alignment_html([_translation()], title="t<1>")
+    assert "t&lt;1&gt;" in page and "&lt;y&gt;" in page
+    assert page.count("<td ") == 6
+    assert 'title="0.900"' in page
+    assert "<script" not in page and "http" not in page

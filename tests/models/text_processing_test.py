@@ -1,0 +1,67 @@
+import collections
+
+import pytest
+
+pytestmark = pytest.mark.tf_only
+
+
+def _strings(ragged):
+    return [[t.decode("utf-8") for t in row] for row in ragged.to_list()]
+
+
+def test_character_split_case_folds_unicode():
+    from keras_attention.models.text_processing import split_text
+
+    tokens = split_text(["Août 5", "ÉTÉ", ""], "character", lowercase=True)
+    assert _strings(tokens) == [["a", "o", "û", "t", " ", "5"], ["é", "t", "é"], []]
+    kept = split_text(["Août"], "character", lowercase=False)
+    assert _strings(kept) == [["A", "o", "û", "t"]]
+
+
+def test_whitespace_split():
+    from keras_attention.models.text_processing import split_text
+
+    tokens = split_text(["  Le  chat\tnoir ", ""], "whitespace", lowercase=True)
+    assert _strings(tokens) == [["le", "chat", "noir"], []]
+
+
+def test_vocabulary_counts_tokens_most_frequent_first():
+    from keras_attention.models.text_processing import RESERVED_TOKENS
+    from keras_attention.models.text_processing import build_vocabulary
+
+    texts = ["abca", "cab", "dd", "a"]
+    counts = collections.Counter("".join(texts))
+    vocabulary = build_vocabulary(texts, "character")
+    assert vocabulary[:4] == list(RESERVED_TOKENS)
+    assert sorted(vocabulary[4:]) == sorted(counts)
+    frequencies = [counts[t] for t in vocabulary[4:]]
+    assert frequencies == sorted(frequencies, reverse=True)
+    assert build_vocabulary(texts, "character", min_count=2)[4:] == ["a", "b", "c", "d"]
+    assert len(build_vocabulary(texts, "character", max_tokens=5)) == 5
+
+
+def test_encode_pads_truncates_and_maps_unknown_tokens():
+    from keras_attention.models.text_processing import TextEncoder
+
+    encoder = TextEncoder(["<pad>", "<unk>", "<start>", "<end>", "a", "b"],
+                          split="character", max_length=4)
+    ids, tokens = encoder.encode(["ab", "abzba!", ""])
+    assert ids.numpy().tolist() == [[4, 5, 0, 0], [4, 5, 1, 5], [0, 0, 0, 0]]
+    assert _strings(tokens)[1] == ["a", "b", "z", "b"]
+    with_end, _ = encoder.encode(["abab"], add_end=True)
+    assert with_end.numpy().tolist() == [[4, 5, 4, 3]]
+    strings = encoder.ids_to_tokens(ids[:1, :2])
+    assert encoder.join(strings).numpy().tolist() == [b"ab"]
+
+
+def test_encoder_errors():
+    from keras_attention.models.text_processing import TextEncoder
+
+    with pytest.raises(ValueError, match="reserved"):
+        TextEncoder(["a", "b"])
+    with pytest.raises(ValueError, match="split"):
+        TextEncoder(["<pad>", "<unk>", "<start>", "<end>"], split="wordpiece")
+    with pytest.raises(ValueError, match="max_length"):
+        TextEncoder(["<pad>", "<unk>", "<start>", "<end>"], max_length=0)
+    with pytest.raises(ValueError, match="duplicate"):
+        TextEncoder(["<pad>", "<unk>", "<start>", "<end>", "a", "a"])
