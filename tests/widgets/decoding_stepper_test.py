@@ -187,3 +187,24 @@ def test_a_front_end_connecting_late_gets_the_current_document(fake_comm):
     document = json.dumps(bundle["docs_json"])
     assert '"alignment_source"' in document
     assert json.dumps(step.token) in document and str(float(step.attention[0]))[:8] in document
+
+
+@pytest.mark.tf_only
+def test_transformer_translator_rows_follow_the_layer_and_head_choice(fake_comm):
+    from keras_attention.models import TransformerTranslator
+
+    translator = TransformerTranslator.from_texts(
+        ["il a m' entarté", "il a"], ["he hit me with a pie", "he hit"],
+        source_split="whitespace", target_split="whitespace", num_layers=2, num_heads=2,
+        hidden_dim=8, intermediate_dim=16, max_target_length=5,
+    )
+    stepper = DecodingStepper(translator, SOURCE, top_k=3)
+    while stepper.next_token() is not None:
+        pass
+    alignment = translator.translate([SOURCE])[0].alignment  # (layers, heads, T_out, T_in)
+    rows = len(alignment[0, 0])
+    assert list(stepper.layer_choice.options) == [0, 1] and list(stepper.head_choice.options)[1:] == [0, 1]
+    np.testing.assert_allclose(rows_of(stepper.heatmap_source, 4)[:rows], alignment[-1].mean(axis=0), atol=1e-5)
+    stepper.layer_choice.value = 0
+    stepper.head_choice.value = 1
+    np.testing.assert_allclose(rows_of(stepper.heatmap_source, 4)[:rows], alignment[0, 1], atol=1e-5)
