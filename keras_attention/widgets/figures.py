@@ -122,6 +122,15 @@ def heatmap(
 
     Returns:
         A Bokeh `figure`; `heatmap_source(fig)` returns its data source.
+
+    Example:
+
+    >>> import numpy as np
+    >>> fig = heatmap(np.array([[0.9, 0.1], [0.3, 0.7]]), ["il", "a"], ["he", "has"])
+    >>> heatmap_source(fig).data["weight"]
+    [0.9, 0.1, 0.3, 0.7]
+    >>> heatmap_source(fig).data["y_token"]
+    ['he', 'he', 'has', 'has']
     """
     matrix = _as_matrix(weights, "heatmap")
     num_rows, num_cols = matrix.shape
@@ -186,6 +195,11 @@ def downsample(weights, max_size):
 
     Returns `(matrix, row_step, col_step)`; cell `(i, j)` of the result is
     the mean of rows `[i*row_step, (i+1)*row_step)` and the same for columns.
+
+    >>> import numpy as np
+    >>> small, row_step, col_step = downsample(np.arange(16.0).reshape(4, 4), 2)
+    >>> small.tolist(), row_step, col_step
+    ([[2.5, 4.5], [10.5, 12.5]], 2, 2)
     """
     matrix = _as_matrix(weights, "downsample")
     if not isinstance(max_size, int) or max_size < 1:

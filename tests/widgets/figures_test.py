@@ -100,3 +100,10 @@ def test_export_html_inlines_bokehjs_and_needs_no_network(tmp_path):
     # The token travels HTML-escaped inside the JSON document, never as markup.
     assert MALICIOUS not in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    result = doctest.testmod(figures, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 4 and result.failed == 0
