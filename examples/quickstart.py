@@ -77,7 +77,7 @@ def main(argv=None):
     # Where does the pooling look? Read its weights for a few positive examples.
     with keras_attention.layers.capture_attention(model) as captured:
         model(x_test[:64])
-    weights = captured.scores["pooling_attention"][0][:, 0, :]  # (batch, 1, T) -> (batch, T)
+    weights = captured["pooling_attention"][0][:, 0, :]  # (batch, 1, T) -> (batch, T)
     positives = np.flatnonzero(y_test[:64] == 1)
     on_keyword = [weights[i][x_test[i] == KEYWORD].sum() for i in positives]
     print(f"Mean attention weight on the keyword: {np.mean(on_keyword):.2f} "
