@@ -77,3 +77,22 @@ def test_inputs_the_model_cannot_take_are_rejected(fake_comm):
 def test_example_outside_the_batch_is_rejected(fake_comm):
     with pytest.raises(ValueError, match=r"`example` must be in \[0, 2\). Received: example=2"):
         AttentionExplorer(make_model(), np.ones((2, 5, 8), "float32"), example=2)
+
+
+class Block(keras.layers.Layer):
+    """Like the Transformer blocks: a sublayer named `self_attention`, made in build."""
+
+    def build(self, input_shape):
+        self.attention = SplitHeadsAttention(2, name="self_attention")
+
+    def call(self, x):
+        return self.attention(x)
+
+
+def test_layers_sharing_a_name_are_told_apart_by_path(fake_comm):
+    inputs = keras.Input((5, 8))
+    model = keras.Model(inputs, Block(name="block_1")(Block(name="block_0")(inputs)))
+    x = np.random.default_rng(4).normal(size=(1, 5, 8)).astype("float32")
+    explorer = AttentionExplorer(model, x)
+    assert list(explorer.layer_choice.options) == ["block_0/self_attention", "block_1/self_attention"]
+    np.testing.assert_allclose(explorer.select("block_0/self_attention", 1), reference_weights(x, 2)[0, 1], rtol=1e-5)
