@@ -171,6 +171,15 @@ def test_next_token_in_voila_adds_the_kernels_attention_row(tmp_path):
         assert after["row"][5:] == [1] * 5 and after["col"][5:] == list(range(5))
         np.testing.assert_allclose(np.reshape(after["weight"], (2, 5)), kernel["attention"], rtol=1e-6)
         assert after["y_token"][5] == kernel["tokens"][1]
+        # Play (the browser's Play widget ticks, the kernel decodes) grows it further.
+        page.locator(".widget-play button").first.click()
+        page.wait_for_function(
+            f"({READ_ALIGNMENT})().weight.length >= 20"
+            " || document.querySelector('button.mod-primary').disabled", timeout=60_000)
+        page.locator(".widget-play button").nth(1).click()  # pause
+        played = page.evaluate(READ_ALIGNMENT)
+        assert len(played["weight"]) >= 20 or page.evaluate("document.querySelector('button.mod-primary').disabled")
+        assert played["row"][:10] == after["row"] and played["weight"][:10] == after["weight"]
         # The malicious token is on the page as text and never ran.
         page.wait_for_timeout(500)
         assert MALICIOUS in page.inner_text("body")
