@@ -1,0 +1,259 @@
+"""Time and peak memory of long-sequence attention, forward + backward.
+
+Compares, in one run, `SparseAttention`, `PerformerAttention`, our exact
+`MultiHeadAttention` and `keras.layers.MultiHeadAttention`: 8 heads,
+key_dim 64 (model width 512), batch 1, self-attention, at L = 1024 ... 65536,
+TensorFlow backend, graph mode (`tf.function`).
+
+Each (layer, length) runs in its own subprocess, so the peak resident set
+size (`ru_maxrss`) belongs to that configuration alone; we report it both in
+total and above the process's RSS just before the first call (TensorFlow,
+Keras and the built layer). A step is the gradient of `sum(output^2)` with
+respect to the input and every trainable weight; after one warm-up step
+(tracing) we time `--repeats` steps and keep the fastest. Configurations whose
+dense `L x L` scores alone would exceed `--dense-budget-gb` are not started,
+and any run longer than `--timeout` seconds is stopped; both are reported as
+such.
+
+Usage:
+    KERAS_BACKEND=tensorflow flock /tmp/heavy.lock \
+        python benchmarks/long_sequence_benchmark.py [--lengths 1024 ... 65536]
+
+Prints a table with time ratios against our exact MultiHeadAttention and
+writes `benchmarks/long_sequence.png` (log-log time and memory vs L).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+NUM_HEADS, KEY_DIM = 8, 64
+LAYERS = ("sparse", "performer", "ours_exact", "keras_exact")
+LABELS = {
+    "sparse": "SparseAttention",
+    "performer": "PerformerAttention",
+    "ours_exact": "our MultiHeadAttention (exact)",
+    "keras_exact": "keras.layers.MultiHeadAttention",
+}
+DENSE = ("keras_exact",)  # stores (B, H, L, L) scores
+
+
+def _rss_mib():
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _current_rss_mib():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def make_layer(kind):
+    import keras
+
+    if kind == "keras_exact":
+        return keras.layers.MultiHeadAttention(NUM_HEADS, KEY_DIM)
+    import keras_attention
+
+    if kind == "sparse":
+        return keras_attention.SparseAttention(NUM_HEADS, KEY_DIM, seed=0)
+    if kind == "performer":
+        return keras_attention.PerformerAttention(NUM_HEADS, KEY_DIM, seed=0)
+    if kind == "ours_exact":
+        return keras_attention.MultiHeadAttention(NUM_HEADS, KEY_DIM)
+    raise ValueError(kind)
+
+
+def worker(kind, length, repeats):
+    """Runs in a subprocess; prints one JSON line."""
+    import numpy as np
+    import tensorflow as tf
+
+    layer = make_layer(kind)
+    x = tf.constant(
+        np.random.default_rng(0).standard_normal((1, length, NUM_HEADS * KEY_DIM)),
+        dtype="float32",
+    )
+    if kind == "keras_exact":
+        layer(x, x)
+    else:
+        layer(x)
+    weights = layer.trainable_variables
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, x) if kind == "keras_exact" else layer(x)
+            loss = tf.reduce_sum(tf.square(y))
+        grads = tape.gradient(loss, [x] + weights)
+        return loss, grads
+
+    base_rss = _current_rss_mib()
+    start = time.perf_counter()
+    loss, grads = step(x)
+    _ = float(loss)
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        loss, grads = step(x)
+        _ = [g.numpy() for g in grads[:1]]
+        times.append(time.perf_counter() - start)
+    print(json.dumps({
+        "kind": kind,
+        "length": length,
+        "seconds": min(times),
+        "first_call_seconds": first,
+        "peak_rss_mib": _rss_mib(),
+        "base_rss_mib": base_rss,
+        "finite": bool(np.isfinite(float(loss))),
+    }))
+
+
+def run_one(kind, length, repeats, timeout):
+    command = [sys.executable, __file__, "--worker", kind, str(length),
+               "--repeats", str(repeats)]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env=os.environ
+        )
+    except subprocess.TimeoutExpired:
+        return {"kind": kind, "length": length, "status": f"timeout > {timeout} s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("{"):
+            result = json.loads(line)
+            result["status"] = "ok"
+            return result
+    tail = (done.stderr or "").strip().splitlines()[-1:] or ["?"]
+    status = "out of memory" if done.returncode in (-9, 137) or "OOM" in done.stderr \
+        or "MemoryError" in done.stderr or "ResourceExhausted" in done.stderr \
+        else f"failed: {tail[0][:120]}"
+    return {"kind": kind, "length": length, "status": status}
+
+
+def dense_gib(length):
+    """Memory of the stored (1, H, L, L) float32 scores and their gradient."""
+    return 2 * NUM_HEADS * length * length * 4 / 2**30
+
+
+def table(results, lengths, kinds):
+    by = {(r["kind"], r["length"]): r for r in results}
+    lines = [
+        "| L | " + " | ".join(
+            f"{LABELS[k]} s (peak RSS / above base, MiB)" for k in kinds
+        ) + " | exact/sparse | exact/performer | keras/sparse | keras/performer |",
+        "|" + "---|" * (len(kinds) + 5),
+    ]
+    for length in lengths:
+        cells = []
+        for kind in kinds:
+            r = by.get((kind, length))
+            if r is None:
+                cells.append("-")
+            elif r["status"] != "ok":
+                cells.append(r["status"])
+            else:
+                cells.append(
+                    f"{r['seconds']:.3g} ({r['peak_rss_mib']:.0f} / "
+                    f"{r['peak_rss_mib'] - r['base_rss_mib']:.0f})"
+                )
+
+        def ratio(a, b):
+            ra, rb = by.get((a, length)), by.get((b, length))
+            if not ra or not rb or ra["status"] != "ok" or rb["status"] != "ok":
+                return "-"
+            return f"{ra['seconds'] / rb['seconds']:.1f}x"
+
+        lines.append(
+            f"| {length} | " + " | ".join(cells) + " | "
+            + " | ".join([ratio("ours_exact", "sparse"), ratio("ours_exact", "performer"),
+                          ratio("keras_exact", "sparse"), ratio("keras_exact", "performer")])
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results, kinds, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for kind in kinds:
+        ok = sorted((r for r in results if r["kind"] == kind and r["status"] == "ok"),
+                    key=lambda r: r["length"])
+        if not ok:
+            continue
+        lengths = [r["length"] for r in ok]
+        left.plot(lengths, [r["seconds"] for r in ok], marker="o", label=LABELS[kind])
+        right.plot(lengths, [r["peak_rss_mib"] / 1024 for r in ok], marker="o",
+                   label=LABELS[kind])
+    for axis, name in ((left, "forward+backward time (s)"),
+                       (right, "peak RSS (GiB)")):
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("sequence length L")
+        axis.set_ylabel(name)
+        axis.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=8)
+    fig.suptitle("8 heads, key_dim 64, batch 1, TF graph mode, 2-core CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"saved {path}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", nargs=2, metavar=("KIND", "LENGTH"))
+    parser.add_argument("--lengths", type=int, nargs="+",
+                        default=[1024, 2048, 4096, 8192, 16384, 32768, 65536])
+    parser.add_argument("--layers", nargs="+", default=list(LAYERS), choices=LAYERS)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--dense-budget-gb", type=float, default=12.0)
+    parser.add_argument("--json", default=None, help="also write raw results here")
+    parser.add_argument(
+        "--plot", default=os.path.join(os.path.dirname(__file__), "long_sequence.png")
+    )
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker[0], int(args.worker[1]), args.repeats)
+        return
+    results = []
+    skipped = set()
+    for length in args.lengths:
+        for kind in args.layers:
+            if kind in DENSE and dense_gib(length) > args.dense_budget_gb:
+                result = {"kind": kind, "length": length,
+                          "status": f"not run: needs > {dense_gib(length):.0f} GiB"}
+            elif kind in skipped:
+                result = {"kind": kind, "length": length,
+                          "status": "not run (shorter length timed out)"}
+            else:
+                result = run_one(kind, length, args.repeats, args.timeout)
+                if result["status"].startswith("timeout"):
+                    skipped.add(kind)
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    print()
+    print(table(results, args.lengths, args.layers))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+    plot(results, args.layers, args.plot)
+
+
+if __name__ == "__main__":
+    main()

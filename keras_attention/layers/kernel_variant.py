@@ -1,0 +1,118 @@
+"""Shared checks of the MultiHeadAttention subclasses that swap the kernel.
+
+`SparseAttention`, `PerformerAttention` and `LinformerAttention` reuse every
+projection of `MultiHeadAttention` and override only `_compute_attention`.
+This base adds what they have in common: the parent's memory-efficient
+switches mean nothing for them (their kernels are linear in memory already),
+so non-default values are rejected instead of silently ignored, and call
+options a kernel cannot honour (a decoding cache, causal cross-attention...)
+raise a clear error both eagerly and when building a functional model.
+"""
+
+from keras_attention.layers.multi_head_attention import (
+    DEFAULT_MEMORY_EFFICIENT_THRESHOLD,
+)
+from keras_attention.layers.multi_head_attention import MultiHeadAttention
+
+
+class KernelVariantAttention(MultiHeadAttention):
+    """Base of the multi-head layers with their own attention kernel."""
+
+    def _reject_memory_efficient_options(self, default_block_size=None):
+        for argument, value, default in (
+            ("memory_efficient", self.memory_efficient, "auto"),
+            (
+                "memory_efficient_threshold",
+                self.memory_efficient_threshold,
+                DEFAULT_MEMORY_EFFICIENT_THRESHOLD,
+            ),
+        ):
+            if value != default:
+                raise ValueError(
+                    f"{type(self).__name__}: `{argument}` selects "
+                    "MultiHeadAttention's exact kernel and has no effect here "
+                    f"(this kernel is linear in memory). Leave it at {default!r}. "
+                    f"Received: {argument}={value!r}"
+                )
+
+    def _check_variant_call(
+        self, query, value, attention_mask, use_causal_mask, cache, cache_update_index
+    ):
+        """Raises for call options the kernel cannot honour. Override to add."""
+        if cache is not None or cache_update_index is not None:
+            raise ValueError(
+                self._error(
+                    "a decoding `cache` is not supported by this kernel; use "
+                    "MultiHeadAttention for incremental decoding. Received: "
+                    f"cache={'a tensor' if cache is not None else None}, "
+                    f"cache_update_index={cache_update_index!r}"
+                )
+            )
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        *,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        self._check_variant_call(
+            query, value, attention_mask, use_causal_mask, cache, cache_update_index
+        )
+        return super().call(
+            query,
+            value,
+            key,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            mask=mask,
+        )
+
+    def compute_output_spec(
+        self,
+        query,
+        value=None,
+        key=None,
+        *,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        self._check_variant_call(
+            query, value, attention_mask, use_causal_mask, cache, cache_update_index
+        )
+        return super().compute_output_spec(
+            query,
+            value,
+            key,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            mask=mask,
+        )

@@ -1,0 +1,234 @@
+import keras
+import numpy as np
+
+from keras_attention.layers.base_attention import validate_positive_int
+from keras_attention.layers.kernel_variant import KernelVariantAttention
+from keras_attention.ops import block_sparse
+from keras_attention.ops import multi_head
+
+# The random plan has at least this many rows (query blocks), so a layer
+# built on short sequences still draws distinct random blocks on long ones.
+MIN_PLAN_ROWS = 64
+_PLAN_HIGH = 2**31 - 1
+
+
+def _validate_non_negative_int(argument, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"SparseAttention: `{argument}` must be a non-negative integer. "
+            f"Received: {argument}={value!r}"
+        )
+    return value
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class SparseAttention(KernelVariantAttention):
+    """Block-sparse multi-head attention: BigBird and Longformer patterns.
+
+    Zaheer et al. 2020, "Big Bird: Transformers for Longer Sequences"
+    (https://arxiv.org/abs/2007.14062); Beltagy et al. 2020, "Longformer"
+    (https://arxiv.org/abs/2004.05150).
+
+    The sequence is cut into blocks of `block_size` tokens. Each query block
+    attends to a sliding window of `window_blocks` key blocks, to the first
+    `global_blocks` blocks, and to `random_blocks` random blocks; queries in
+    the first `global_blocks` blocks attend to everything. Longformer's
+    `global_tokens` are token positions that attend to, and are attended by,
+    every position. `random_blocks=0, global_blocks=0` is pure local
+    attention. With `use_causal_mask=True` the window looks only backwards
+    and random blocks are drawn from the past.
+
+    The keys of each query block are gathered and attended with one small
+    dense matmul (as BigBird does): time and memory grow linearly with the
+    length, never forming an `L x L` matrix. Any length works: inputs are
+    padded to whole blocks internally and the padding is masked. See
+    `keras_attention.ops.block_sparse` for the exact pattern.
+
+    The projections are those of `MultiHeadAttention` with the same
+    arguments, in the same order, so `trainable_weights` move between the
+    two with `set_weights`. The random plan is a non-trainable int32 weight
+    `(rows, random_blocks)` drawn from `seed` in `build` and saved with the
+    model: a loaded model attends exactly as it did in training. Query block
+    `i` uses row `i mod rows` (`rows = max(query blocks at build, 64)`).
+
+    Args:
+        num_heads, key_dim: as `MultiHeadAttention`.
+        block_size: tokens per block.
+        window_blocks: blocks in the sliding window (the query's own block
+            included; with an even count the extra block is on the left).
+        global_blocks: number of leading global blocks; must not exceed the
+            number of key blocks of a sequence of known length.
+        random_blocks: random key blocks per query block.
+        global_tokens: list of global token positions, or `None`.
+        seed: seed of the random plan (and of the dropout); `None` draws a
+            fresh plan, which is then saved with the model.
+        **kwargs: the other `MultiHeadAttention` arguments (`value_dim`,
+            `num_key_value_heads`, `dropout`, `use_bias`, `output_shape`,
+            `use_gate`, initializers, ..., `name`, `dtype`). The parent's
+            `memory_efficient` switches do not apply and must stay default.
+
+    Call arguments: as `MultiHeadAttention`, without `cache`. An explicit
+    `attention_mask` is honoured inside the pattern (it is itself
+    `(B, Tq, Tv)`).
+
+    Returns:
+        `(B, Tq, dim)`; with `return_attention_scores=True` also the weights
+        scattered into a dense `(B, H, Tq, Tv)` array. That array is
+        `O(Tq * Tv)` memory: for visualisation, not for long sequences.
+
+    Example:
+
+    >>> import numpy as np, keras_attention
+    >>> layer = keras_attention.SparseAttention(
+    ...     num_heads=2, key_dim=4, block_size=4, global_blocks=1, seed=0)
+    >>> out, scores = layer(np.ones((1, 30, 8), "float32"),
+    ...                     return_attention_scores=True)
+    >>> tuple(out.shape), tuple(scores.shape)
+    ((1, 30, 8), (1, 2, 30, 30))
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        block_size=64,
+        window_blocks=3,
+        global_blocks=2,
+        random_blocks=3,
+        global_tokens=None,
+        seed=None,
+        **kwargs,
+    ):
+        name = "SparseAttention"
+        validate_positive_int(name, "block_size", block_size)
+        validate_positive_int(name, "window_blocks", window_blocks)
+        _validate_non_negative_int("global_blocks", global_blocks)
+        _validate_non_negative_int("random_blocks", random_blocks)
+        if global_tokens is not None:
+            if isinstance(global_tokens, (str, bytes)) or not hasattr(
+                global_tokens, "__iter__"
+            ):
+                raise TypeError(
+                    f"{name}: `global_tokens` must be a list of token positions "
+                    f"or None. Received: global_tokens={global_tokens!r}"
+                )
+            global_tokens = list(global_tokens)
+            for position in global_tokens:
+                _validate_non_negative_int("global_tokens", position)
+            global_tokens = sorted(set(global_tokens))
+        super().__init__(num_heads, key_dim, seed=seed, block_size=block_size, **kwargs)
+        self._reject_memory_efficient_options()
+        self.window_blocks = window_blocks
+        self.global_blocks = global_blocks
+        self.random_blocks = random_blocks
+        self.global_tokens = global_tokens
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        self._check_lengths(value_shape[1])
+        super().build(query_shape, value_shape, key_shape)
+        query_length = query_shape[1]
+        rows = MIN_PLAN_ROWS
+        if query_length is not None:
+            rows = max(rows, -(-query_length // self.block_size))
+        plan = np.random.default_rng(self.seed).integers(
+            0, _PLAN_HIGH, (rows, self.random_blocks)
+        )
+        # Created after the parent's weights and non-trainable, so that
+        # `trainable_weights` are exactly MultiHeadAttention's.
+        self.random_plan = self.add_weight(
+            name="random_plan",
+            shape=(rows, self.random_blocks),
+            dtype="int32",
+            initializer=lambda shape, dtype=None: keras.ops.convert_to_tensor(
+                plan, dtype="int32"
+            ),
+            trainable=False,
+        )
+
+    def _check_lengths(self, key_length):
+        if key_length is None:
+            return
+        num_blocks = -(-key_length // self.block_size)
+        if self.global_blocks > num_blocks:
+            raise ValueError(
+                self._error(
+                    f"`global_blocks` ({self.global_blocks}) is more than the "
+                    f"{num_blocks} blocks of {self.block_size} tokens in a key "
+                    f"sequence of length {key_length}. Received: "
+                    f"global_blocks={self.global_blocks}"
+                )
+            )
+        if self.global_tokens and self.global_tokens[-1] >= key_length:
+            raise ValueError(
+                self._error(
+                    "`global_tokens` must be positions inside the key sequence "
+                    f"of length {key_length}. Received: "
+                    f"global_tokens={self.global_tokens}"
+                )
+            )
+
+    def _check_variant_call(
+        self, query, value, attention_mask, use_causal_mask, cache, cache_update_index
+    ):
+        super()._check_variant_call(
+            query, value, attention_mask, use_causal_mask, cache, cache_update_index
+        )
+        keys = query if value is None else value
+        if hasattr(keys, "shape") and len(keys.shape) == 3:
+            self._check_lengths(keys.shape[1])
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        *,
+        query_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        training=None,
+        return_attention_scores=False,
+    ):
+        key = multi_head.repeat_key_value_heads(key, self.num_heads)
+        value = multi_head.repeat_key_value_heads(value, self.num_heads)
+        dropout = None
+        if self.dropout > 0:
+
+            def dropout(weights):
+                return self._dropout_layer(weights, training=training)
+
+        result = block_sparse.block_sparse_attention(
+            query,
+            key,
+            value,
+            block_size=self.block_size,
+            window_blocks=self.window_blocks,
+            global_blocks=self.global_blocks,
+            random_plan=self.random_plan.value if self.random_blocks else None,
+            global_tokens=self.global_tokens,
+            causal=use_causal_mask,
+            query_mask=query_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            scale=self._scale,
+            dropout=dropout,
+            return_weights=return_attention_scores or self._capturing_attention,
+        )
+        if isinstance(result, tuple):
+            output, weights = result
+            return output, keras.ops.cast(weights, query.dtype)
+        return result, None
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "window_blocks": self.window_blocks,
+                "global_blocks": self.global_blocks,
+                "random_blocks": self.random_blocks,
+                "global_tokens": self.global_tokens,
+            }
+        )
+        return config

@@ -1,0 +1,274 @@
+"""FAVOR+ (Performer) random features and linear-time kernelised attention.
+
+Choromanski et al. 2021, "Rethinking Attention with Performers"
+(https://arxiv.org/abs/2009.14794). The softmax kernel `exp(q . k)` is
+approximated by `phi(q) . phi(k)` with positive random features
+
+    phi(x) = exp(W x - |x|^2 / 2) / sqrt(m)
+
+so attention `D^-1 A V` becomes `phi(Q) (phi(K)^T V)` normalised by
+`phi(Q) (phi(K)^T 1)`, which costs `O(L m d)` instead of `O(L^2 d)`.
+
+Feature maps are computed in float32 whatever the input dtype. Queries and
+keys are scaled by `d^-1/4` each (so `q . k` gets the usual `1 / sqrt(d)`),
+the largest exponent is subtracted before `exp` (per query row, and per
+batch and head over all valid keys: both constants cancel in the
+normalisation), and a small epsilon keeps features strictly positive.
+"""
+
+import math
+
+import numpy as np
+from keras import ops
+
+# Layout used inside this module: (B, H, T, m) features, (B, H, T, Dv) values.
+
+
+def gaussian_projection(num_features, dim, rng):
+    """`(num_features, dim)` i.i.d. standard normal rows (NumPy)."""
+    return rng.standard_normal((num_features, dim))
+
+
+def orthogonal_projection(num_features, dim, rng):
+    """`(num_features, dim)` rows, orthogonal within blocks of `dim` rows.
+
+    Each block is the Q of a Gaussian matrix's QR decomposition; rows are
+    then rescaled by the norms of independent Gaussian vectors, so each row
+    has the marginal distribution of a Gaussian row (the paper's regular
+    "ORF" construction). With `num_features > dim`, `ceil(m / d)` blocks are
+    stacked and the last one is truncated.
+    """
+    blocks = []
+    for _ in range(-(-num_features // dim)):
+        q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
+        q = q * np.sign(np.diag(r))  # Haar-distributed, not QR-biased
+        blocks.append(q.T)
+    matrix = np.concatenate(blocks, axis=0)[:num_features]
+    norms = np.linalg.norm(rng.standard_normal((num_features, dim)), axis=1)
+    return matrix * norms[:, None]
+
+
+def random_projection(num_features, dim, orthogonal=True, seed=None):
+    """A projection for `softmax_features`, drawn with NumPy from `seed`."""
+    rng = np.random.default_rng(seed)
+    draw = orthogonal_projection if orthogonal else gaussian_projection
+    return draw(num_features, dim, rng).astype("float32")
+
+
+def _scaled(x, projection):
+    x = ops.cast(x, "float32") * (x.shape[-1] ** -0.25)
+    projected = ops.einsum("bhtd,md->bhtm", x, ops.cast(projection, "float32"))
+    return x, projected
+
+
+def softmax_features(x, projection, *, is_query, mask=None, epsilon=1e-6):
+    """Positive random features of the softmax kernel (FAVOR+).
+
+    Args:
+        x: `(B, H, T, D)` queries or keys.
+        projection: `(m, D)` random projection.
+        is_query: queries are stabilised per row, keys by one constant per
+            batch and head (the max over valid keys), which both cancel.
+        mask: `(B, T)` boolean or `None`; masked positions get zero features
+            (they contribute nothing) and do not take part in the max.
+        epsilon: added to every feature after stabilisation.
+
+    Returns:
+        float32 `(B, H, T, m)`.
+    """
+    x, projected = _scaled(x, projection)
+    half_norm = ops.sum(ops.square(x), axis=-1, keepdims=True) / 2.0
+    if is_query:
+        shift = ops.max(projected, axis=-1, keepdims=True)
+    else:
+        valid = projected
+        if mask is not None:
+            valid = ops.where(ops.cast(mask, "bool")[:, None, :, None], projected, -1e30)
+        shift = ops.max(valid, axis=(2, 3), keepdims=True)
+    shift = ops.stop_gradient(shift)
+    num_features = projection.shape[0]
+    features = (ops.exp(projected - half_norm - shift) + epsilon) / math.sqrt(
+        num_features
+    )
+    return _apply_mask(features, mask)
+
+
+def relu_features(x, projection, *, mask=None, epsilon=1e-3):
+    """`relu(W x) + epsilon`: the Performer's generalised ReLU kernel."""
+    _, projected = _scaled(x, projection)
+    features = ops.relu(projected) / math.sqrt(projection.shape[0]) + epsilon
+    return _apply_mask(features, mask)
+
+
+def trigonometric_features(x, projection, *, mask=None):
+    """`exp(|x|^2 / 2) [cos(W x), sin(W x)] / sqrt(m)`: the classic random
+    Fourier features of the softmax kernel (unbiased but not positive, so
+    the normaliser can vanish). Shown only for comparison."""
+    x, projected = _scaled(x, projection)
+    scale = ops.exp(ops.sum(ops.square(x), axis=-1, keepdims=True) / 2.0)
+    features = ops.concatenate([ops.cos(projected), ops.sin(projected)], axis=-1)
+    features = features * scale / math.sqrt(projection.shape[0])
+    return _apply_mask(features, mask)
+
+
+def _apply_mask(features, mask):
+    if mask is None:
+        return features
+    return features * ops.cast(mask, "float32")[:, None, :, None]
+
+
+def _safe_divide(numerator, denominator):
+    """`numerator / denominator`, 0 where the denominator is 0 (no key)."""
+    safe = ops.where(ops.equal(denominator, 0), 1.0, denominator)
+    return numerator / safe[..., None]
+
+
+def linear_attention(query_features, key_features, value):
+    """Non-causal `phi(Q) (phi(K)^T V) / phi(Q) (phi(K)^T 1)` in `O(L m d)`.
+
+    Args:
+        query_features: `(B, H, Tq, m)`.
+        key_features: `(B, H, Tv, m)`, zero at masked keys.
+        value: `(B, H, Tv, Dv)`.
+    """
+    value = ops.cast(value, key_features.dtype)
+    context = ops.einsum("bhkm,bhkd->bhmd", key_features, value)
+    numerator = ops.einsum("bhqm,bhmd->bhqd", query_features, context)
+    denominator = ops.einsum(
+        "bhqm,bhm->bhq", query_features, ops.sum(key_features, axis=2)
+    )
+    return _safe_divide(numerator, denominator)
+
+
+def _exclusive_cumsum(x):
+    """Sum of the entries strictly before each position along axis 2."""
+    total = ops.cumsum(x, axis=2)
+    widths = [[0, 0] for _ in range(len(x.shape))]
+    widths[2] = [1, 0]
+    return ops.pad(total, widths)[:, :, :-1]
+
+
+def causal_linear_attention(query_features, key_features, value, chunk_size=128):
+    """Causal linear attention by chunked prefix sums.
+
+    The sequence is split into chunks of `chunk_size`. Each chunk sees the
+    prefix sum of `phi(K)^T V` over all earlier chunks (one `cumsum` over
+    the chunk axis, which XLA compiles to a scan, no Python loop) plus an
+    exact lower-triangular `chunk x chunk` product inside the chunk. Memory is
+    `O(L / chunk * m * Dv + L * chunk)`: linear in `L`.
+
+    Args: as `linear_attention`, with `Tq == Tv`.
+    """
+    value = ops.cast(value, key_features.dtype)
+    length = query_features.shape[2]
+    length = length if length is not None else ops.shape(query_features)[2]
+    num_chunks = (length + chunk_size - 1) // chunk_size
+    padded = num_chunks * chunk_size
+
+    def chunks(x):
+        x = ops.pad(x, [[0, 0], [0, 0], [0, padded - length], [0, 0]])
+        return ops.reshape(
+            x, (ops.shape(x)[0], x.shape[1], num_chunks, chunk_size, x.shape[-1])
+        )
+
+    q, k, v = chunks(query_features), chunks(key_features), chunks(value)
+    context = ops.einsum("bhncm,bhncd->bhnmd", k, v)  # per-chunk phi(K)^T V
+    key_sums = ops.sum(k, axis=3)  # (B, H, n, m)
+    # Exclusive prefix over chunks: chunk n sees chunks 0 .. n-1.
+    context = _exclusive_cumsum(context)
+    key_sums = _exclusive_cumsum(key_sums)
+    numerator = ops.einsum("bhncm,bhnmd->bhncd", q, context)
+    denominator = ops.einsum("bhncm,bhnm->bhnc", q, key_sums)
+    causal = ops.cast(
+        ops.greater_equal(
+            ops.arange(chunk_size)[:, None], ops.arange(chunk_size)[None, :]
+        ),
+        q.dtype,
+    )
+    local = ops.einsum("bhncm,bhnkm->bhnck", q, k) * causal
+    numerator = numerator + ops.einsum("bhnck,bhnkd->bhncd", local, v)
+    denominator = denominator + ops.sum(local, axis=-1)
+    output = _safe_divide(numerator, denominator)
+    output = ops.reshape(output, (ops.shape(output)[0], output.shape[1], padded, -1))
+    return output[:, :, :length]
+
+
+def kernel_attention_weights(query_features, key_features, causal=False, mask=None):
+    """The weights `phi(Q) phi(K)^T` implied by the features, row-normalised.
+
+    `(B, H, Tq, Tv)`: `O(Tq * Tv)`, for visualisation and for explicit
+    `(B, Tq, Tv)` masks that have no linear-time form.
+    """
+    kernel = ops.einsum("bhqm,bhkm->bhqk", query_features, key_features)
+    if causal:
+        tq, tv = ops.shape(kernel)[2], ops.shape(kernel)[3]
+        kernel = kernel * ops.cast(
+            ops.greater_equal(ops.arange(tq)[:, None], ops.arange(tv)[None, :]),
+            kernel.dtype,
+        )
+    if mask is not None:
+        kernel = kernel * ops.cast(mask, kernel.dtype)[:, None]  # (B, 1, Tq, Tv)
+    return _safe_divide(kernel, ops.sum(kernel, axis=-1))
+
+
+def favor_attention(
+    query,
+    key,
+    value,
+    projection,
+    *,
+    kernel="softmax",
+    causal=False,
+    key_mask=None,
+    attention_mask=None,
+    chunk_size=128,
+    return_weights=False,
+):
+    """Performer attention over projected multi-head tensors.
+
+    Args:
+        query: `(B, Tq, H, D)`.
+        key: `(B, Tv, H, D)`.
+        value: `(B, Tv, H, Dv)`.
+        projection: `(m, D)` random projection.
+        kernel: `"softmax"` (positive random features) or `"relu"`.
+        causal: query `i` sees keys `j <= i` (needs `Tq == Tv`).
+        key_mask: `(B, Tv)` boolean or `None`; masked keys contribute nothing.
+        attention_mask: `(B, Tq, Tv)` boolean or `None`. It has no linear-time
+            form, so giving one switches to the `O(Tq * Tv)` dense product
+            of the same features.
+        chunk_size: chunk length of the causal prefix sums.
+        return_weights: also return the implied `(B, H, Tq, Tv)` weights
+            (`O(Tq * Tv)`; the output is then computed from them).
+
+    Returns:
+        `output (B, Tq, H, Dv)` in the dtype of `value`, and with
+        `return_weights` the float32 weights.
+    """
+    dtype = value.dtype
+    q = ops.transpose(query, (0, 2, 1, 3))
+    k = ops.transpose(key, (0, 2, 1, 3))
+    v = ops.cast(ops.transpose(value, (0, 2, 1, 3)), "float32")
+    if kernel == "softmax":
+        q = softmax_features(q, projection, is_query=True)
+        k = softmax_features(k, projection, is_query=False, mask=key_mask)
+    elif kernel == "relu":
+        q = relu_features(q, projection)
+        k = relu_features(k, projection, mask=key_mask)
+    else:
+        raise ValueError(
+            f"favor_attention: `kernel` must be 'softmax' or 'relu'. "
+            f"Received: kernel={kernel!r}"
+        )
+    weights = None
+    if return_weights or attention_mask is not None:
+        weights = kernel_attention_weights(q, k, causal=causal, mask=attention_mask)
+        output = ops.einsum("bhqk,bhkd->bhqd", weights, v)
+    elif causal:
+        output = causal_linear_attention(q, k, v, chunk_size=chunk_size)
+    else:
+        output = linear_attention(q, k, v)
+    output = ops.cast(ops.transpose(output, (0, 2, 1, 3)), dtype)
+    if return_weights:
+        return output, weights
+    return output

@@ -1,0 +1,67 @@
+"""Linformer attention: keys and values projected along the sequence axis.
+
+Wang et al. 2020, "Linformer: Self-Attention with Linear Complexity"
+(https://arxiv.org/abs/2006.04768). Keys and values `(B, Tv, H, D)` are
+mixed over time by learned `(max_length, k)` matrices into `k` summary
+positions, and exact softmax attention runs over those: `O(Tq * k)`.
+"""
+
+import math
+
+from keras import ops
+
+from keras_attention.ops import masking
+
+
+def linformer_attention(
+    query,
+    key,
+    value,
+    key_projection,
+    value_projection,
+    *,
+    key_mask=None,
+    scale=None,
+    dropout=None,
+    return_weights=False,
+):
+    """Attention over sequence-projected keys and values.
+
+    Args:
+        query: `(B, Tq, H, D)`.
+        key: `(B, Tv, H, D)`.
+        value: `(B, Tv, H, Dv)`.
+        key_projection, value_projection: `(max_length, k)` with
+            `max_length >= Tv`; the first `Tv` rows are used.
+        key_mask: `(B, Tv)` boolean or `None`. Masked keys and values are
+            zeroed before the projection, so they contribute nothing.
+        scale: score multiplier; default `1 / sqrt(D)`.
+        dropout: callable applied to the `(B, H, Tq, k)` weights, or `None`.
+        return_weights: also return the weights implied over the original
+            positions, `P E^T` of shape `(B, H, Tq, Tv)` (the output equals
+            these times `V` exactly; they are not a probability
+            distribution, since `E` mixes positions).
+
+    Returns:
+        `output (B, Tq, H, Dv)`, and the implied weights on request.
+    """
+    dtype = query.dtype
+    length = key.shape[1] if key.shape[1] is not None else ops.shape(key)[1]
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    key_projection = ops.cast(key_projection[:length], dtype)  # (Tv, k)
+    value_projection = ops.cast(value_projection[:length], dtype)
+    if key_mask is not None:
+        keep = ops.cast(masking.to_bool_mask(key_mask), dtype)[:, :, None, None]
+        key, value = key * keep, value * keep
+    projected_key = ops.einsum("bthd,tk->bkhd", key, key_projection)
+    projected_value = ops.einsum("bthd,tk->bkhd", value, value_projection)
+    scores = ops.einsum(
+        "bqhd,bkhd->bhqk", query * ops.cast(scale, dtype), projected_key
+    )
+    weights = masking.masked_softmax(scores)  # float32 softmax, cast back
+    dropped = weights if dropout is None else dropout(weights)
+    output = ops.einsum("bhqk,bkhd->bqhd", dropped, projected_value)
+    if not return_weights:
+        return output
+    implied = ops.einsum("bhqk,tk->bhqt", weights, value_projection)
+    return output, implied

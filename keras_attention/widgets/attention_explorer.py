@@ -1,0 +1,192 @@
+"""Explore the attention of every layer and head of a model."""
+
+import ipywidgets
+import numpy as np
+from bokeh.layouts import row
+from keras_attention.widgets._component import FreshBokehModel as BokehModel
+
+from keras_attention.layers.capture import attention_layers
+from keras_attention.widgets import _captured
+from keras_attention.widgets import figures
+from keras_attention.widgets._component import Component
+from keras_attention.widgets._component import escape
+
+MEAN_OF_HEADS = "mean of heads"
+
+
+class AttentionExplorer(Component):
+    """Dropdowns for layer and head, a detail heatmap and all heads side by side.
+
+    Calls `model(inputs)` once, eagerly, under
+    `keras_attention.layers.capture_attention`, and shows one example of the
+    batch. Like bertviz's model view, but Keras-native and offline.
+
+    Long sequences stay usable: when a side exceeds `max_tokens`, the detail
+    heatmap shows a `max_tokens` window chosen with two sliders (query start,
+    key start) at full resolution, next to a block-averaged overview of the
+    whole matrix; the small multiples are block-averaged too.
+
+    Args:
+        model: a Keras model (or attention layer) containing keras_attention
+            attention layers.
+        inputs: what `model` is called with (a layer takes a tuple
+            `(query, value[, key])`).
+        query_tokens, key_tokens: token strings for the axes, used for every
+            layer whose lengths match (positions otherwise). `key_tokens`
+            defaults to `query_tokens` (self-attention).
+        example: which example of the batch to show.
+        max_tokens: largest side drawn cell by cell.
+
+    Attributes:
+        widget: the ipywidgets box to display.
+        weights: `{layer_name: (H, Tq, Tv)}` of the shown example.
+        detail_source: the detail heatmap's `ColumnDataSource`.
+    """
+
+    def __init__(self, model, inputs, *, query_tokens=None, key_tokens=None, example=0, max_tokens=64):
+        if not hasattr(model, "_flatten_layers") or not attention_layers(model):
+            raise ValueError(
+                "AttentionExplorer: `model` has no keras_attention attention layers to show. "
+                f"Received: {type(model).__name__} '{getattr(model, 'name', model)}'"
+            )
+        if not isinstance(max_tokens, int) or max_tokens < 2:
+            raise ValueError(
+                f"AttentionExplorer: `max_tokens` must be an integer >= 2. Received: max_tokens={max_tokens!r}"
+            )
+        try:
+            captured = _captured.call_and_capture(model, inputs)
+        except Exception as error:
+            raise ValueError(
+                f"AttentionExplorer: calling {type(model).__name__} '{model.name}' on `inputs` failed "
+                f"({type(error).__name__}: {error}). Received: inputs of shape {_shapes(inputs)}"
+            ) from error
+        if not captured:
+            raise ValueError(
+                f"AttentionExplorer: no attention was recorded while calling '{model.name}' "
+                "(are the attention layers used in the call?)"
+            )
+        size = _captured.batch_size(next(iter(captured.values())))
+        if not isinstance(example, int) or not 0 <= example < size:
+            raise ValueError(
+                f"AttentionExplorer: `example` must be in [0, {size}). Received: example={example!r}"
+            )
+        self.model = model
+        self.example = example
+        self.max_tokens = max_tokens
+        self.query_tokens = query_tokens
+        self.key_tokens = key_tokens if key_tokens is not None else query_tokens
+        self.weights = {name: _captured.per_head(w, example) for name, w in captured.items()}
+        self._build()
+        self._show()
+
+    # ----------------------------------------------------------------- build
+
+    def _build(self):
+        names = list(self.weights)
+        self.layer_choice = ipywidgets.Dropdown(options=names, value=names[0], description="layer")
+        self.head_choice = ipywidgets.Dropdown(description="head")
+        self.query_start = ipywidgets.IntSlider(min=0, max=0, description="query from")
+        self.key_start = ipywidgets.IntSlider(min=0, max=0, description="key from")
+        self.info_html = ipywidgets.HTML()
+        self.detail_figure = figures.heatmap(np.zeros((1, 1)), title="", width=460, height=420)
+        self.detail_source = figures.heatmap_source(self.detail_figure)
+        self.detail_widget = BokehModel(self.detail_figure)
+        self.overview_box = ipywidgets.Box()
+        self.grid_box = ipywidgets.Box(layout=ipywidgets.Layout(overflow="auto", max_height="720px"))
+        self._updating = False
+        self.layer_choice.observe(self._on_layer, names="value")
+        for control in (self.head_choice, self.query_start, self.key_start):
+            control.observe(lambda _: self._show_detail(), names="value")
+        self.widget = ipywidgets.VBox([
+            ipywidgets.HBox([self.layer_choice, self.head_choice]),
+            ipywidgets.HBox([self.query_start, self.key_start]),
+            self.info_html,
+            ipywidgets.HBox([self.detail_widget, self.overview_box]),
+            ipywidgets.HTML("<b>all heads of the layer</b>"),
+            self.grid_box,
+        ])
+
+    # ------------------------------------------------------------- updating
+
+    def select(self, layer, head=MEAN_OF_HEADS):
+        """Full `(Tq, Tv)` matrix of a layer and head (or the mean of heads)."""
+        heads = self.weights[layer]
+        return heads.mean(axis=0) if head == MEAN_OF_HEADS else heads[head]
+
+    def _tokens(self, tokens, length):
+        return tokens if tokens is not None and len(tokens) == length else None
+
+    def _on_layer(self, _change):
+        self._show()
+
+    def _show(self):
+        layer = self.layer_choice.value
+        heads = self.weights[layer]
+        num_heads, num_queries, num_keys = heads.shape
+        self._updating = True
+        try:
+            self.head_choice.options = [MEAN_OF_HEADS, *range(num_heads)] if num_heads > 1 else [0]
+            self.head_choice.value = self.head_choice.options[0]
+            long_queries = num_queries > self.max_tokens
+            long_keys = num_keys > self.max_tokens
+            self.query_start.max = max(0, num_queries - self.max_tokens)
+            self.key_start.max = max(0, num_keys - self.max_tokens)
+            self.query_start.value = 0
+            self.key_start.value = 0
+            self.query_start.layout.display = None if long_queries else "none"
+            self.key_start.layout.display = None if long_keys else "none"
+        finally:
+            self._updating = False
+        query_tokens = self._tokens(self.query_tokens, num_queries)
+        key_tokens = self._tokens(self.key_tokens, num_keys)
+        for old in (*self.overview_box.children, *self.grid_box.children):
+            old.close()  # frees the comm and the Bokeh document of the previous layer
+        if long_queries or long_keys:
+            self.overview_box.children = [
+                BokehModel(figures.image_heatmap(heads.mean(axis=0), title=f"{layer}: overview",
+                                                 max_size=self.max_tokens * 2))
+            ]
+        else:
+            self.overview_box.children = []
+        self.grid_box.children = [
+            BokehModel(figures.head_grid(heads, key_tokens, query_tokens, ncols=4,
+                                         max_size=self.max_tokens))
+        ]
+        self.info_html.value = (
+            f"<b>{escape(layer)}</b>: {num_heads} head(s), {num_queries} queries x {num_keys} keys"
+            + (f"; detail shows a {self.max_tokens}-token window" if long_queries or long_keys else "")
+        )
+        self._show_detail()
+
+    def _show_detail(self):
+        if self._updating:
+            return
+        layer = self.layer_choice.value
+        matrix = self.select(layer, self.head_choice.value)
+        num_queries, num_keys = matrix.shape
+        q0, k0 = self.query_start.value, self.key_start.value
+        q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
+        query_tokens = self._tokens(self.query_tokens, num_queries)
+        key_tokens = self._tokens(self.key_tokens, num_keys)
+        y_labels = query_tokens[q0:q1] if query_tokens else [str(i) for i in range(q0, q1)]
+        x_labels = key_tokens[k0:k1] if key_tokens else [str(i) for i in range(k0, k1)]
+        head = self.head_choice.value
+        figures.update_heatmap(
+            self.detail_figure, matrix[q0:q1, k0:k1], x_labels, y_labels,
+            title=f"{layer}, {head if head == MEAN_OF_HEADS else f'head {head}'}",
+        )
+
+    @property
+    def detail_matrix(self):
+        """The matrix the detail heatmap shows now, rebuilt from its data source."""
+        data = self.detail_source.data
+        rows, cols = max(data["row"]) + 1, max(data["col"]) + 1
+        return np.asarray(data["weight"]).reshape(rows, cols)
+
+
+def _shapes(inputs):
+    if isinstance(inputs, (list, tuple)):
+        return [_shapes(x) for x in inputs]
+    if isinstance(inputs, dict):
+        return {key: _shapes(x) for key, x in inputs.items()}
+    return tuple(getattr(inputs, "shape", ())) if hasattr(inputs, "shape") else type(inputs).__name__

@@ -1,0 +1,359 @@
+"""Step through a translator's decoding one token at a time."""
+
+import ipywidgets
+import numpy as np
+from bokeh.layouts import column
+from bokeh.layouts import row
+from keras_attention.widgets._component import FreshBokehModel as BokehModel
+
+from keras_attention.widgets import figures
+from keras_attention.widgets._component import Component
+from keras_attention.widgets._component import escape
+
+MEAN_OF_HEADS = "mean of heads"
+
+
+class DecodingStepper(Component):
+    """Step through decoding and watch each prediction's attention.
+
+    Drives `translator.decoding_session(text, top_k)` (see API.md) and shows,
+    for the current step, the four stages of attention: the raw scores over
+    the source tokens (when the attention layer exposes them), the softmax
+    distribution, the weighted sum it feeds (the context; its weights are the
+    bars) and the prediction (top-k candidates with probabilities). An
+    alignment heatmap grows one row per step (`ColumnDataSource.stream`).
+
+    Controls: Reset / Back / Next token / Play (with a speed slider), a step
+    slider, and one button per candidate: clicking a candidate replaces the
+    current step's token with it and decoding goes on from there. For
+    Transformer translators (attention `(layers, heads, T_in)`), dropdowns
+    choose the layer and the head (or their mean).
+
+    Every control has a Python method (`next_token`, `back`, `reset`,
+    `go_to`, `force`) so notebooks and tests can drive it without a browser.
+
+    Args:
+        translator: an object with `supports_decoding_session` True and
+            `decoding_session(text, top_k=...)`.
+        text: the source sentence.
+        top_k: number of candidates shown.
+        reserved_rows: heatmap rows laid out up front (it extends past them).
+
+    Attributes:
+        widget: the ipywidgets box to display.
+        session: the decoding session.
+        heatmap_source: the alignment heatmap's `ColumnDataSource` (one
+            entry per cell; columns `row`, `col`, `weight`, ...).
+        distribution_source, scores_source, candidate_source: sources of the
+            bar charts.
+    """
+
+    def __init__(self, translator, text, *, top_k=5, reserved_rows=None):
+        if not getattr(translator, "supports_decoding_session", False) or not callable(
+            getattr(translator, "decoding_session", None)
+        ):
+            raise TypeError(
+                "DecodingStepper: `translator` must support decoding sessions "
+                "(`supports_decoding_session` True and a `decoding_session(text, top_k)` "
+                f"method, like keras_attention.models translators). Received: {type(translator).__name__}"
+            )
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"DecodingStepper: `text` must be a non-empty string. Received: text={text!r}")
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise ValueError(f"DecodingStepper: `top_k` must be a positive integer. Received: top_k={top_k!r}")
+        self.translator = translator
+        self.text = text
+        self.top_k = top_k
+        self.session = translator.decoding_session(text, top_k=top_k)
+        self.source_tokens = [str(token) for token in self.session.source_tokens]
+        self.position = 0
+        # Token ids of the furthest line decoded so far; Back and the slider
+        # replay it, a forced candidate truncates it.
+        self._path = []
+        self._updating = False
+        num_source = len(self.source_tokens)
+        self._reserved_rows = reserved_rows or max(8, num_source + 2)
+        self._build_figures(num_source)
+        self._build_controls()
+        self._refresh_step_views()
+
+    # ------------------------------------------------------------------ build
+
+    def _build_figures(self, num_source):
+        zeros = np.zeros(num_source)
+        self.heatmap_figure = figures.heatmap(
+            np.zeros((0, num_source)),
+            self.source_tokens,
+            [],
+            title="Alignment (one row per output token)",
+            x_axis_label="source",
+            y_axis_label="output",
+            rows=self._reserved_rows,
+            width=max(360, 40 * num_source + 120),
+            height=max(300, 26 * self._reserved_rows + 120),
+        )
+        self.heatmap_source = figures.heatmap_source(self.heatmap_figure)
+        self.heatmap_source.name = "alignment_source"  # found by name in the browser
+        self.scores_figure = figures.distribution_bars(
+            zeros, self.source_tokens, title="1. Scores (before softmax)",
+            y_axis_label="score", fixed_scale=False, color="#7a7a7a",
+        )
+        self.scores_source = figures.heatmap_source(self.scores_figure)
+        self.distribution_figure = figures.distribution_bars(
+            zeros, self.source_tokens, title="2. Softmax distribution (3. sum weights)"
+        )
+        self.distribution_source = figures.heatmap_source(self.distribution_figure)
+        self.candidate_figure = figures.candidate_bars(
+            [("", 0.0)] * self.top_k, title="4. Prediction", width=420
+        )
+        self.candidate_source = figures.heatmap_source(self.candidate_figure)
+        self.figures_layout = row(
+            column(self.scores_figure, self.distribution_figure, self.candidate_figure),
+            self.heatmap_figure,
+        )
+        self.bokeh_widget = BokehModel(self.figures_layout)
+
+    def _build_controls(self):
+        button = ipywidgets.Button
+        self.reset_button = button(description="Reset", icon="fast-backward", tooltip="Start over")
+        self.back_button = button(description="Back", icon="step-backward", tooltip="Undo one token")
+        self.next_button = button(description="Next token", icon="step-forward", button_style="primary")
+        self.play = ipywidgets.Play(value=0, min=0, max=10**6, interval=500, show_repeat=False,
+                                    description="Play")
+        self.speed = ipywidgets.FloatSlider(value=2.0, min=0.5, max=10.0, step=0.5,
+                                            description="tokens/s", readout_format=".1f")
+        self.step_slider = ipywidgets.IntSlider(value=0, min=0, max=0, description="step")
+        self.layer_choice = ipywidgets.Dropdown(options=[0], value=0, description="layer")
+        self.head_choice = ipywidgets.Dropdown(options=[MEAN_OF_HEADS], value=MEAN_OF_HEADS,
+                                               description="head")
+        self.layer_choice.layout.display = "none"
+        self.head_choice.layout.display = "none"
+        self.output_html = ipywidgets.HTML()
+        self.source_html = ipywidgets.HTML(
+            "<b>source:</b> " + " ".join(f"<code>{escape(t)}</code>" for t in self.source_tokens)
+        )
+        self.status_html = ipywidgets.HTML()
+        self.candidate_buttons = [
+            ipywidgets.Button(layout=ipywidgets.Layout(width="auto"),
+                              tooltip="Use this token instead and decode on from here")
+            for _ in range(self.top_k)
+        ]
+
+        self.reset_button.on_click(lambda _: self.reset())
+        self.back_button.on_click(lambda _: self.back())
+        self.next_button.on_click(lambda _: self.next_token())
+        for index, candidate_button in enumerate(self.candidate_buttons):
+            candidate_button.on_click(lambda _, index=index: self._on_candidate(index))
+        self.play.observe(self._on_play_tick, names="value")
+        self.speed.observe(self._on_speed, names="value")
+        self._on_speed({"new": self.speed.value})
+        self.step_slider.observe(self._on_slider, names="value")
+        self.layer_choice.observe(lambda _: self._redraw_all(), names="value")
+        self.head_choice.observe(lambda _: self._redraw_all(), names="value")
+
+        controls = ipywidgets.HBox([self.reset_button, self.back_button, self.next_button,
+                                    self.play, self.speed])
+        choices = ipywidgets.HBox([self.step_slider, self.layer_choice, self.head_choice])
+        candidates = ipywidgets.HBox(
+            [ipywidgets.HTML("<b>candidates (click to force):</b>"), *self.candidate_buttons]
+        )
+        self.widget = ipywidgets.VBox([
+            controls, choices, self.source_html, self.output_html, candidates,
+            self.status_html, self.bokeh_widget,
+        ])
+
+    # --------------------------------------------------------------- actions
+
+    @property
+    def history(self):
+        return self.session.history
+
+    def next_token(self, force_token=None):
+        """Decode one more token (or `force_token`); returns the step, or None when done."""
+        if self.session.done:
+            self._set_status("decoding is finished")
+            return None
+        if force_token is None and self.position < len(self._path):
+            step = self.session.step(force_token=self._path[self.position])
+        else:
+            step = self.session.step(force_token=force_token)
+            self._path = self._path[: self.position] + [int(step.token_id)]
+        self.position += 1
+        self._maybe_show_selectors(step)
+        self._stream_row(step)
+        self._refresh_step_views()
+        return step
+
+    def back(self):
+        """Undo the last token (the decoded line is kept for Next / the slider)."""
+        if self.position > 0:
+            self.go_to(self.position - 1)
+
+    def reset(self):
+        """Start over: no output, empty heatmap, the decoded line forgotten."""
+        self.session.reset()
+        self.position = 0
+        self._path = []
+        self._redraw_all()
+
+    def go_to(self, position):
+        """Show the state after `position` tokens (replaying or extending the line)."""
+        position = max(0, int(position))
+        if position < self.position:
+            path = self._path
+            self.session.reset()
+            for token_id in path[:position]:
+                self.session.step(force_token=token_id)
+            self.position = position
+            self._redraw_all()
+        while self.position < position and not self.session.done:
+            self.next_token()
+
+    def force(self, token):
+        """Replace the current step's token with `token` and decode on from there."""
+        if self.position == 0:
+            raise ValueError("DecodingStepper.force: there is no step yet; call next_token() first.")
+        self.go_to(self.position - 1)
+        return self.next_token(force_token=token)
+
+    # ------------------------------------------------------------- reactions
+
+    def _on_candidate(self, index):
+        if self.position == 0:
+            return
+        candidates = self.history[-1].candidates
+        if index < len(candidates):
+            self.force(candidates[index][0])
+
+    def _on_play_tick(self, change):
+        if self._updating or not self.play.playing:
+            return
+        if self.session.done:
+            self.play.playing = False
+            return
+        self.next_token()
+        if self.session.done:
+            self.play.playing = False
+
+    def _on_speed(self, change):
+        self.play.interval = int(1000 / change["new"])
+
+    def _on_slider(self, change):
+        if self._updating:
+            return
+        self.go_to(change["new"])
+
+    # -------------------------------------------------------------- drawing
+
+    def _maybe_show_selectors(self, step):
+        attention = np.asarray(step.attention)
+        if attention.ndim != 3 or self.layer_choice.layout.display != "none":
+            return
+        num_layers, num_heads, _ = attention.shape
+        self._updating = True
+        try:
+            self.layer_choice.options = list(range(num_layers))
+            self.layer_choice.value = num_layers - 1
+            self.head_choice.options = [MEAN_OF_HEADS, *range(num_heads)]
+            self.head_choice.value = MEAN_OF_HEADS
+        finally:
+            self._updating = False
+        self.layer_choice.layout.display = None
+        self.head_choice.layout.display = None
+
+    def select(self, array):
+        """One `(T_in,)` row from a step's attention or scores, per the layer/head choice."""
+        array = np.asarray(array, dtype="float64")
+        if array.ndim == 1:
+            return array
+        layer = self.layer_choice.value if self.layer_choice.value in range(array.shape[0]) else -1
+        per_head = array[layer]
+        if self.head_choice.value == MEAN_OF_HEADS:
+            return per_head.mean(axis=0)
+        return per_head[self.head_choice.value]
+
+    def _output_tokens(self):
+        return [str(step.token) for step in self.history]
+
+    def _stream_row(self, step):
+        row_index = self.position - 1
+        self.heatmap_source.stream(
+            figures.heatmap_data(self.select(step.attention)[None, :], self.source_tokens,
+                                 [step.token], row_offset=row_index)
+        )
+        self._update_heatmap_axes()
+
+    def _update_heatmap_axes(self):
+        rows = max(self._reserved_rows, self.position)
+        self.heatmap_figure.y_range.start = rows - 0.5
+        figures.set_tick_labels(self.heatmap_figure, y_tokens=self._output_tokens())
+
+    def _redraw_all(self):
+        if self._updating:
+            return
+        history = self.history
+        if history:
+            matrix = np.stack([self.select(step.attention) for step in history])
+        else:
+            matrix = np.zeros((0, len(self.source_tokens)))
+        self.heatmap_source.data = figures.heatmap_data(matrix, self.source_tokens, self._output_tokens())
+        self._update_heatmap_axes()
+        self._refresh_step_views()
+
+    def _refresh_step_views(self):
+        history = self.history
+        num_source = len(self.source_tokens)
+        self._updating = True
+        try:
+            self.step_slider.max = len(self._path)
+            self.step_slider.value = self.position
+        finally:
+            self._updating = False
+        self.back_button.disabled = self.position == 0
+        self.next_button.disabled = self.session.done
+        if not history:
+            self._patch_bars(self.distribution_source, np.zeros(num_source))
+            self._patch_bars(self.scores_source, np.zeros(num_source))
+            self.candidate_source.data = figures.candidate_data([("", 0.0)] * self.top_k)
+            for candidate_button in self.candidate_buttons:
+                candidate_button.layout.display = "none"
+            self.output_html.value = "<b>output:</b> <i>(press Next token)</i>"
+            self._set_status("")
+            return
+        step = history[-1]
+        distribution = self.select(step.attention)
+        self._patch_bars(self.distribution_source, distribution)
+        if step.scores is None:
+            self._patch_bars(self.scores_source, np.zeros(num_source))
+            self.scores_figure.title.text = "1. Scores: not exposed by this attention layer"
+        else:
+            self._patch_bars(self.scores_source, self.select(step.scores))
+            self.scores_figure.title.text = "1. Scores (before softmax)"
+        candidates = list(step.candidates)[: self.top_k]
+        padded = candidates + [("", 0.0)] * (self.top_k - len(candidates))
+        self.candidate_source.data = figures.candidate_data(padded)
+        figures.set_tick_labels(self.candidate_figure, y_tokens=[t for t, _ in padded])
+        for index, candidate_button in enumerate(self.candidate_buttons):
+            if index < len(candidates):
+                token, probability = candidates[index]
+                candidate_button.description = f"{token}  {probability:.2f}"
+                candidate_button.button_style = "info" if token == step.token else ""
+                candidate_button.layout.display = None
+            else:
+                candidate_button.layout.display = "none"
+        words = [escape(token) for token in self._output_tokens()]
+        words[-1] = f"<mark>{words[-1]}</mark>"
+        self.output_html.value = (
+            f"<b>output:</b> {' '.join(words)} &nbsp; <small>(step {self.position}: "
+            f"<code>{escape(step.token)}</code> p={step.probability:.3f}; "
+            f"attention sums to {distribution.sum():.3f})</small>"
+        )
+        self._set_status("decoding is finished" if self.session.done else "")
+
+    @staticmethod
+    def _patch_bars(source, values):
+        values = [float(v) for v in values]
+        source.patch({"weight": [(slice(0, len(values)), values)]})
+
+    def _set_status(self, text):
+        self.status_html.value = f"<i>{escape(text)}</i>" if text else ""

@@ -1,0 +1,90 @@
+"""Save figures as standalone HTML (BokehJS inlined) or PNG (headless chromium)."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+from bokeh.embed import file_html
+from bokeh.resources import INLINE
+
+# Where Debian's `chromium` package puts the browser; `KERAS_ATTENTION_CHROMIUM` overrides.
+CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+# Flags that keep a headless chromium from reaching the network or a sandbox it
+# cannot create inside containers.
+CHROMIUM_ARGS = (
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+def export_html(obj, path, title="keras-attention"):
+    """Write a Bokeh object to a standalone HTML file that works offline.
+
+    BokehJS is inlined (no CDN), so the file opens without network access.
+    Returns the path.
+    """
+    html = file_html(obj, resources=INLINE, title=title)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(html)
+    return path
+
+
+def find_chromium():
+    """Path of a chromium executable, or `None`.
+
+    Checks `$KERAS_ATTENTION_CHROMIUM`, then `chromium` (Debian:
+    `apt-get install chromium`) and common alternatives on `$PATH`.
+    """
+    override = os.environ.get("KERAS_ATTENTION_CHROMIUM")
+    if override:
+        return override if os.path.exists(override) else None
+    for name in CHROMIUM_CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def export_png(obj, path, width=900, height=700, chromium=None, timeout_s=60):
+    """Render a Bokeh object to PNG with headless chromium (optional dependency).
+
+    Needs a chromium browser (Debian: `apt-get install chromium`); no selenium
+    or webdriver. The figure is first exported to standalone HTML, then
+    chromium screenshots it after BokehJS has drawn.
+
+    Raises:
+        RuntimeError: no chromium was found, or it failed.
+    """
+    browser = chromium or find_chromium()
+    if browser is None:
+        raise RuntimeError(
+            "export_png needs a chromium browser (Debian: `apt-get install chromium`, or set "
+            "KERAS_ATTENTION_CHROMIUM to its path). Use export_html to save without a browser."
+        )
+    with tempfile.TemporaryDirectory(prefix="keras_attention_png_") as workdir:
+        page = export_html(obj, os.path.join(workdir, "figure.html"))
+        command = [
+            browser,
+            "--headless",
+            *CHROMIUM_ARGS,
+            "--hide-scrollbars",
+            f"--user-data-dir={os.path.join(workdir, 'profile')}",
+            f"--window-size={int(width)},{int(height)}",
+            # Lets BokehJS finish drawing before the screenshot is taken.
+            "--virtual-time-budget=5000",
+            f"--screenshot={os.path.abspath(path)}",
+            "file://" + page,
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    if result.returncode != 0 or not os.path.exists(path):
+        raise RuntimeError(
+            f"export_png: chromium failed (exit {result.returncode}): {result.stderr[-2000:]}"
+        )
+    return path

@@ -1,0 +1,410 @@
+"""Pure figure builders: NumPy arrays in, Bokeh objects out.
+
+The widgets only wire buttons and data sources to these figures, so every
+figure can also be used on its own, saved with `export_html` (BokehJS inlined,
+no CDN) or `export_png` (headless Debian chromium).
+
+Token text is always drawn as text: axis labels are rendered on the canvas and
+hover tooltips use Bokeh's default escaping (never the `{safe}` format), so a
+token such as `<img src=x onerror=alert(1)>` shows up literally.
+"""
+
+import numpy as np
+from bokeh.layouts import gridplot
+from bokeh.models import BasicTicker
+from bokeh.models import ColorBar
+from bokeh.models import ColumnDataSource
+from bokeh.models import FixedTicker
+from bokeh.models import HoverTool
+from bokeh.models import LinearColorMapper
+from bokeh.models import Range1d
+from bokeh.palettes import Viridis256
+from bokeh.plotting import figure
+
+# Above this many positions on an axis, tick labels would overlap.
+MAX_LABELLED_TICKS = 60
+
+
+def _as_matrix(weights, name):
+    matrix = np.asarray(weights, dtype="float64")
+    if matrix.ndim != 2:
+        raise ValueError(
+            f"{name}: `weights` must be a 2-D array (rows, columns). "
+            f"Received: shape {matrix.shape}"
+        )
+    return matrix
+
+
+def _as_vector(values, name, argument="weights"):
+    vector = np.asarray(values, dtype="float64")
+    if vector.ndim != 1:
+        raise ValueError(
+            f"{name}: `{argument}` must be a 1-D array. Received: shape {vector.shape}"
+        )
+    return vector
+
+
+def _labels(tokens, length, name, argument):
+    """Token strings for `length` positions; positions are used when absent."""
+    if tokens is None:
+        return [str(i) for i in range(length)]
+    tokens = [str(token) for token in tokens]
+    if len(tokens) != length:
+        raise ValueError(
+            f"{name}: `{argument}` must have one entry per position ({length}). "
+            f"Received: {len(tokens)} tokens"
+        )
+    return tokens
+
+
+def _label_axis(axis, labels):
+    """Integer ticks labelled with token text (repeated tokens stay distinct)."""
+    if len(labels) <= MAX_LABELLED_TICKS:
+        axis.ticker = FixedTicker(ticks=list(range(len(labels))))
+        axis.major_label_overrides = {i: label for i, label in enumerate(labels)}
+    else:
+        axis.ticker = BasicTicker(desired_num_ticks=10)
+        axis.major_label_overrides = {}
+
+
+def heatmap_data(weights, x_tokens=None, y_tokens=None, row_offset=0):
+    """The ColumnDataSource columns of a heatmap, one entry per cell (row-major).
+
+    Columns: `row`, `col` (cell centres), `weight`, `x_token`, `y_token`.
+    """
+    matrix = _as_matrix(weights, "heatmap_data")
+    rows, cols = matrix.shape
+    x_labels = _labels(x_tokens, cols, "heatmap_data", "x_tokens")
+    y_labels = _labels(y_tokens, rows, "heatmap_data", "y_tokens")
+    row_index, col_index = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    return {
+        "row": (row_index.ravel() + row_offset).tolist(),
+        "col": col_index.ravel().tolist(),
+        "weight": matrix.ravel().tolist(),
+        "x_token": [x_labels[c] for c in col_index.ravel()],
+        "y_token": [y_labels[r] for r in row_index.ravel()],
+    }
+
+
+def heatmap(
+    weights,
+    x_tokens=None,
+    y_tokens=None,
+    *,
+    title="Attention weights",
+    x_axis_label="key / source",
+    y_axis_label="query / output",
+    source=None,
+    rows=None,
+    low=0.0,
+    high=1.0,
+    width=420,
+    height=380,
+    color_bar=True,
+    toolbar=True,
+):
+    """A heatmap of attention weights, one rectangle per (query, key) cell.
+
+    Args:
+        weights: `(Tq, Tv)` array. May have zero rows (a heatmap that grows
+            later with `source.stream`).
+        x_tokens: `Tv` strings for the columns (key / source positions).
+        y_tokens: `Tq` strings for the rows (query / output positions).
+        title: figure title.
+        source: an existing `ColumnDataSource` to draw (its data is replaced
+            with the cells of `weights`).
+        rows: number of rows to reserve on the y axis (defaults to `Tq`), so a
+            growing heatmap does not rescale at every step.
+        low, high: colour scale limits (weights are in [0, 1]).
+        width, height: pixels.
+        color_bar: draw the colour scale.
+        toolbar: show Bokeh's toolbar (pan, zoom, save, hover).
+
+    Returns:
+        A Bokeh `figure`; `heatmap_source(fig)` returns its data source.
+
+    Example:
+
+    >>> import numpy as np
+    >>> fig = heatmap(np.array([[0.9, 0.1], [0.3, 0.7]]), ["il", "a"], ["he", "has"])
+    >>> heatmap_source(fig).data["weight"]
+    [0.9, 0.1, 0.3, 0.7]
+    >>> heatmap_source(fig).data["y_token"]
+    ['he', 'he', 'has', 'has']
+    """
+    matrix = _as_matrix(weights, "heatmap")
+    num_rows, num_cols = matrix.shape
+    data = heatmap_data(matrix, x_tokens, y_tokens)
+    if source is None:
+        source = ColumnDataSource(data, name="heatmap_source")
+    else:
+        source.data = data
+    reserved_rows = max(num_rows if rows is None else rows, 1)
+    fig = figure(
+        title=title,
+        width=width,
+        height=height,
+        x_range=Range1d(-0.5, max(num_cols, 1) - 0.5),
+        y_range=Range1d(reserved_rows - 0.5, -0.5),  # row 0 on top, like a matrix
+        tools="pan,wheel_zoom,box_zoom,reset,save" if toolbar else "",
+        toolbar_location="above" if toolbar else None,
+        x_axis_location="above",
+        x_axis_label=x_axis_label,
+        y_axis_label=y_axis_label,
+    )
+    mapper = LinearColorMapper(palette=Viridis256, low=low, high=high)
+    fig.rect(
+        x="col",
+        y="row",
+        width=1,
+        height=1,
+        source=source,
+        fill_color={"field": "weight", "transform": mapper},
+        line_color=None,
+        name="cells",
+    )
+    fig.add_tools(
+        HoverTool(
+            tooltips=[("query", "@y_token"), ("key", "@x_token"), ("weight", "@weight{0.000}")]
+        )
+    )
+    fig.grid.visible = False
+    fig.xaxis.major_label_orientation = 0.9
+    _label_axis(fig.xaxis[0], _labels(x_tokens, num_cols, "heatmap", "x_tokens"))
+    _label_axis(fig.yaxis[0], _labels(y_tokens, num_rows, "heatmap", "y_tokens"))
+    if color_bar:
+        fig.add_layout(ColorBar(color_mapper=mapper, width=8), "right")
+    return fig
+
+
+def heatmap_source(fig):
+    """The `ColumnDataSource` behind a figure made by `heatmap`/`image_heatmap`."""
+    return fig.select_one({"type": ColumnDataSource})
+
+
+def set_tick_labels(fig, x_tokens=None, y_tokens=None):
+    """Relabel a heatmap's axes (used when a heatmap grows row by row)."""
+    if x_tokens is not None:
+        _label_axis(fig.xaxis[0], [str(t) for t in x_tokens])
+    if y_tokens is not None:
+        _label_axis(fig.yaxis[0], [str(t) for t in y_tokens])
+
+
+def downsample(weights, max_size):
+    """Block-mean `weights` so that neither axis exceeds `max_size`.
+
+    Returns `(matrix, row_step, col_step)`; cell `(i, j)` of the result is
+    the mean of rows `[i*row_step, (i+1)*row_step)` and the same for columns.
+
+    >>> import numpy as np
+    >>> small, row_step, col_step = downsample(np.arange(16.0).reshape(4, 4), 2)
+    >>> small.tolist(), row_step, col_step
+    ([[2.5, 4.5], [10.5, 12.5]], 2, 2)
+    """
+    matrix = _as_matrix(weights, "downsample")
+    if not isinstance(max_size, int) or max_size < 1:
+        raise ValueError(
+            f"downsample: `max_size` must be a positive integer. Received: max_size={max_size!r}"
+        )
+    rows, cols = matrix.shape
+    row_step = max(1, int(np.ceil(rows / max_size)))
+    col_step = max(1, int(np.ceil(cols / max_size)))
+    padded_rows = int(np.ceil(rows / row_step)) * row_step
+    padded_cols = int(np.ceil(cols / col_step)) * col_step
+    padded = np.full((padded_rows, padded_cols), np.nan)
+    padded[:rows, :cols] = matrix
+    blocks = padded.reshape(padded_rows // row_step, row_step, padded_cols // col_step, col_step)
+    return np.nanmean(blocks, axis=(1, 3)), row_step, col_step
+
+
+def image_heatmap(weights, *, title="Attention overview", max_size=128, width=420, height=380):
+    """A heatmap for long sequences: one image, block-averaged to `max_size`.
+
+    The axes stay in original positions (a `(4096, 4096)` matrix shown at
+    `128 x 128` still reads 0..4096), so the overview can be used to pick a
+    window to look at in full detail with `heatmap`.
+    """
+    matrix = _as_matrix(weights, "image_heatmap")
+    rows, cols = matrix.shape
+    small, row_step, col_step = downsample(matrix, max_size)
+    # Image row 0 sits at y=-0.5; with the flipped y range it is drawn on top.
+    source = ColumnDataSource(
+        {"image": [small], "x": [-0.5], "y": [-0.5], "dw": [cols], "dh": [rows]},
+        name="overview_source",
+    )
+    if row_step > 1 or col_step > 1:
+        title = f"{title} (block mean {row_step}x{col_step} of {rows}x{cols})"
+    fig = figure(
+        title=title,
+        width=width,
+        height=height,
+        x_range=Range1d(-0.5, cols - 0.5),
+        y_range=Range1d(rows - 0.5, -0.5),
+        tools="pan,wheel_zoom,box_zoom,reset,save",
+        toolbar_location="above",
+        x_axis_location="above",
+    )
+    mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=float(max(np.nanmax(small), 1e-9)))
+    fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=source, color_mapper=mapper)
+    fig.grid.visible = False
+    return fig
+
+
+def distribution_bars(
+    weights,
+    tokens=None,
+    *,
+    title="Attention distribution",
+    y_axis_label="weight",
+    source=None,
+    width=420,
+    height=220,
+    fixed_scale=True,
+    color="#3b6ea5",
+):
+    """Bars over source positions: the attention distribution (or raw scores).
+
+    Args:
+        weights: `(Tv,)` array: the softmax distribution, or pre-softmax
+            scores with `fixed_scale=False`.
+        tokens: `Tv` strings.
+        fixed_scale: y axis fixed to [0, 1] (probabilities); otherwise it
+            follows the data (scores can be negative).
+    """
+    vector = _as_vector(weights, "distribution_bars")
+    labels = _labels(tokens, len(vector), "distribution_bars", "tokens")
+    data = {"position": list(range(len(vector))), "weight": vector.tolist(), "token": labels}
+    if source is None:
+        source = ColumnDataSource(data, name="distribution_source")
+    else:
+        source.data = data
+    scale = {"y_range": Range1d(0.0, 1.0)} if fixed_scale else {}
+    fig = figure(
+        title=title,
+        width=width,
+        height=height,
+        x_range=Range1d(-0.5, max(len(vector), 1) - 0.5),
+        **scale,
+        tools="save",
+        toolbar_location=None,
+        y_axis_label=y_axis_label,
+    )
+    fig.vbar(x="position", top="weight", width=0.8, source=source, color=color, name="bars")
+    fig.add_tools(HoverTool(tooltips=[("token", "@token"), ("value", "@weight{0.000}")]))
+    fig.xgrid.visible = False
+    fig.xaxis.major_label_orientation = 0.9
+    _label_axis(fig.xaxis[0], labels)
+    return fig
+
+
+def candidate_bars(candidates, *, title="Next-token candidates", source=None, width=300, height=220):
+    """Horizontal bars of the top-k `(token, probability)` candidates, best on top."""
+    candidates = list(candidates)
+    data = candidate_data(candidates)
+    if source is None:
+        source = ColumnDataSource(data, name="candidate_source")
+    else:
+        source.data = data
+    fig = figure(
+        title=title,
+        width=width,
+        height=height,
+        x_range=Range1d(0.0, 1.0),
+        y_range=Range1d(max(len(candidates), 1) - 0.5, -0.5),
+        tools="",
+        toolbar_location=None,
+        x_axis_label="probability",
+    )
+    fig.hbar(y="rank", right="probability", height=0.7, source=source, color="#c06030", name="bars")
+    fig.add_tools(HoverTool(tooltips=[("token", "@token"), ("probability", "@probability{0.000}")]))
+    fig.ygrid.visible = False
+    _label_axis(fig.yaxis[0], [token for token, _ in candidates])
+    return fig
+
+
+def candidate_data(candidates):
+    """The ColumnDataSource columns of `candidate_bars`."""
+    return {
+        "rank": list(range(len(candidates))),
+        "token": [str(token) for token, _ in candidates],
+        "probability": [float(p) for _, p in candidates],
+    }
+
+
+def weighted_sum(weights, values, tokens=None, *, title="Weighted sum of values", width=520, height=300):
+    """The third stage: each value vector scaled by its weight, and their sum.
+
+    Rows are the source positions (`weights[i] * values[i]`), the last row is
+    the attention output `sum_i weights[i] * values[i]`.
+
+    Args:
+        weights: `(Tv,)` attention distribution.
+        values: `(Tv, dv)` value (encoder hidden state) vectors.
+    """
+    vector = _as_vector(weights, "weighted_sum")
+    values = _as_matrix(values, "weighted_sum")
+    if values.shape[0] != vector.shape[0]:
+        raise ValueError(
+            "weighted_sum: `values` must have one row per weight. "
+            f"Received: weights shape {vector.shape}, values shape {values.shape}"
+        )
+    labels = _labels(tokens, len(vector), "weighted_sum", "tokens")
+    scaled = vector[:, None] * values
+    rows = np.concatenate([scaled, scaled.sum(axis=0, keepdims=True)], axis=0)
+    row_labels = [f"{w:.2f} x {t}" for w, t in zip(vector, labels)] + ["= output"]
+    limit = float(max(np.abs(rows).max(), 1e-9))
+    fig = heatmap(
+        rows,
+        [str(i) for i in range(values.shape[1])],
+        row_labels,
+        title=title,
+        x_axis_label="feature",
+        y_axis_label="weight x value",
+        low=-limit,
+        high=limit,
+        width=width,
+        height=height,
+    )
+    return fig
+
+
+def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=170, max_size=64):
+    """Small multiples: one heatmap per head of a `(H, Tq, Tv)` array.
+
+    Heads of long sequences are block-averaged to `max_size` per axis so the
+    grid stays light.
+    """
+    heads = np.asarray(weights, dtype="float64")
+    if heads.ndim != 3:
+        raise ValueError(
+            f"head_grid: `weights` must be a 3-D array (heads, Tq, Tv). Received: shape {heads.shape}"
+        )
+    figures = []
+    for index, head in enumerate(heads):
+        if max(head.shape) > max_size:
+            small, _, _ = downsample(head, max_size)
+            fig = heatmap(small, title=f"{title}head {index} (overview)", width=size, height=size,
+                          color_bar=False, toolbar=False, x_axis_label="", y_axis_label="")
+        else:
+            fig = heatmap(head, x_tokens, y_tokens, title=f"{title}head {index}", width=size,
+                          height=size, color_bar=False, toolbar=False, x_axis_label="", y_axis_label="")
+            fig.xaxis.major_label_text_font_size = "7pt"
+            fig.yaxis.major_label_text_font_size = "7pt"
+        figures.append(fig)
+    return gridplot(figures, ncols=ncols, toolbar_location=None)
+
+
+def update_heatmap(fig, weights, x_tokens=None, y_tokens=None, title=None):
+    """Show another matrix (any shape) in a figure made by `heatmap`."""
+    matrix = _as_matrix(weights, "update_heatmap")
+    rows, cols = matrix.shape
+    heatmap_source(fig).data = heatmap_data(matrix, x_tokens, y_tokens)
+    fig.x_range.start, fig.x_range.end = -0.5, max(cols, 1) - 0.5
+    fig.y_range.start, fig.y_range.end = max(rows, 1) - 0.5, -0.5
+    set_tick_labels(
+        fig,
+        _labels(x_tokens, cols, "update_heatmap", "x_tokens"),
+        _labels(y_tokens, rows, "update_heatmap", "y_tokens"),
+    )
+    if title is not None:
+        fig.title.text = title

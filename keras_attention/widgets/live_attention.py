@@ -1,0 +1,317 @@
+"""A Keras callback that redraws the attention of a probe batch while training."""
+
+import concurrent.futures
+import os
+import time
+import warnings
+
+import ipywidgets
+import keras
+import numpy as np
+from bokeh.layouts import gridplot
+from keras_attention.widgets._component import FreshBokehModel as BokehModel
+
+from keras_attention.layers.capture import attention_layers
+from keras_attention.widgets import _captured
+from keras_attention.widgets import figures
+from keras_attention.widgets._component import Component
+from keras_attention.widgets._component import escape
+from keras_attention.widgets._component import in_notebook
+from keras_attention.widgets.export import export_html
+
+
+class LiveAttention(keras.callbacks.Callback, Component):
+    """Watch attention form during `fit`: probe attention patched in place.
+
+    Every `every_n_batches` batches (and at most once per `min_interval_s`
+    seconds; checked before a batch starts, so Keras keeps dispatching batch
+    ends asynchronously) the callback calls the model eagerly on a fixed probe batch under
+    `capture_attention` and patches the heatmap of every attention layer in
+    place (`ColumnDataSource.patch`), with epoch, batch and loss in the title.
+    Updates are also skipped while their cost would exceed `overhead_budget`
+    of the training time (the next update waits `cost / overhead_budget`), so
+    a large probe cannot slow training down by more than that.
+
+    In a notebook, display `callback.widget` (or the callback itself). Outside
+    a notebook, an HTML snapshot is written at the end of every epoch to
+    `snapshot_dir` (default `./attention_snapshots`), by a worker thread so
+    that training does not wait; all are on disk when `fit` returns.
+
+    An exception inside the callback is reported once (a warning and a line
+    in the widget); live updates then stop, and training goes on.
+
+    Args:
+        model_or_layer: the model being trained, or one attention layer of
+            it (a layer is called as `layer(*probe_inputs)` when the probe is
+            a tuple `(query, value[, key])`).
+        probe_inputs: a small batch the model can be called on (checked at
+            construction: a wrong shape raises a ValueError then).
+        every_n_batches: update every this many batches (>= 1).
+        min_interval_s: minimum seconds between updates (>= 0).
+        example: which example of the probe batch to draw.
+        head: head to draw for multi-head layers; `None` draws the mean.
+        query_tokens, key_tokens: axis labels (used where lengths match).
+        snapshot_dir: where per-epoch HTML snapshots go; `None` means
+            `./attention_snapshots` outside a notebook and none inside one.
+        overhead_budget: largest fraction of training time spent updating.
+
+    Attributes:
+        widget: ipywidgets box with the heatmaps (built on first access).
+        sources: `{layer_name: ColumnDataSource}` of the heatmaps.
+        figures: `{layer_name: figure}`.
+        updates: number of updates made; `error`: the reported exception.
+        snapshots: paths of the HTML snapshots written.
+        time_spent: seconds spent in the callback's hooks (training waits
+            for these).
+    """
+
+    def __init__(
+        self,
+        model_or_layer,
+        probe_inputs,
+        every_n_batches=10,
+        min_interval_s=0.5,
+        *,
+        example=0,
+        head=None,
+        query_tokens=None,
+        key_tokens=None,
+        snapshot_dir=None,
+        overhead_budget=0.03,
+    ):
+        super().__init__()
+        if isinstance(every_n_batches, bool) or not isinstance(every_n_batches, int) or every_n_batches < 1:
+            raise ValueError(
+                "LiveAttention: `every_n_batches` must be an integer >= 1. "
+                f"Received: every_n_batches={every_n_batches!r}"
+            )
+        if isinstance(min_interval_s, bool) or not isinstance(min_interval_s, (int, float)) or min_interval_s < 0:
+            raise ValueError(
+                "LiveAttention: `min_interval_s` must be a number >= 0. "
+                f"Received: min_interval_s={min_interval_s!r}"
+            )
+        if not isinstance(overhead_budget, (int, float)) or not 0 < overhead_budget <= 1:
+            raise ValueError(
+                "LiveAttention: `overhead_budget` must be in (0, 1]. "
+                f"Received: overhead_budget={overhead_budget!r}"
+            )
+        if not hasattr(model_or_layer, "_flatten_layers") or not attention_layers(model_or_layer):
+            raise ValueError(
+                "LiveAttention: `model_or_layer` has no keras_attention attention layers to watch. "
+                f"Received: {type(model_or_layer).__name__} '{getattr(model_or_layer, 'name', model_or_layer)}'"
+            )
+        self.target = model_or_layer
+        self.probe_inputs = probe_inputs
+        self.every_n_batches = every_n_batches
+        self.min_interval_s = float(min_interval_s)
+        self.overhead_budget = float(overhead_budget)
+        self.example = example
+        self.head = head
+        self.query_tokens = query_tokens
+        self.key_tokens = key_tokens if key_tokens is not None else query_tokens
+        self.snapshot_dir = snapshot_dir
+        self._check_probe_shape()
+        try:
+            matrices = self.compute()
+        except Exception as error:
+            raise ValueError(
+                f"LiveAttention: calling '{model_or_layer.name}' on `probe_inputs` failed "
+                f"({type(error).__name__}: {error}). Received: probe_inputs of shape "
+                f"{_shapes(probe_inputs)}"
+            ) from error
+        self.figures = {}
+        self.sources = {}
+        for name, matrix in matrices.items():
+            rows, cols = matrix.shape
+            fig = figures.heatmap(
+                matrix,
+                _tokens(self.key_tokens, cols),
+                _tokens(self.query_tokens, rows),
+                title=f"{name}: before training",
+                width=max(320, min(900, 22 * cols + 140)),
+                height=max(280, min(900, 22 * rows + 120)),
+            )
+            self.figures[name] = fig
+            self.sources[name] = figures.heatmap_source(fig)
+        self.layout = gridplot(list(self.figures.values()), ncols=2, toolbar_location=None)
+        self.status = ipywidgets.HTML()
+        self._widget = None
+        self.updates = 0
+        self.error = None
+        self.snapshots = []
+        self._batches_seen = 0
+        self._epoch = 0
+        self._next_allowed = 0.0
+        self.time_spent = 0.0
+        self._latest = {name: (matrix, self.figures[name].title.text) for name, matrix in matrices.items()}
+        self._writer = None
+        self._pending = []
+
+    # ------------------------------------------------------------------ API
+
+    @property
+    def widget(self):
+        if self._widget is None:
+            self._widget = ipywidgets.VBox([self.status, BokehModel(self.layout)])
+        return self._widget
+
+    def compute(self):
+        """`{layer_name: (Tq, Tv)}` attention of the probe example, now."""
+        captured = _captured.call_and_capture(self.target, self.probe_inputs)
+        matrices = {}
+        for name, weights in captured.items():
+            heads = _captured.per_head(weights, self.example)
+            matrices[name] = heads.mean(axis=0) if self.head is None else heads[self.head]
+        return matrices
+
+    def update(self, title_suffix=""):
+        """Recompute the probe attention and patch every heatmap in place."""
+        # On JAX, fit keeps the newest weights outside the model mid-epoch;
+        # reading `Callback.model` syncs them back before the probe call.
+        self._has_model()
+        for name, matrix in self.compute().items():
+            values = matrix.ravel().astype("float64").tolist()
+            self.sources[name].patch({"weight": [(slice(0, len(values)), values)]})
+            title = f"{name} · {title_suffix}" if title_suffix else name
+            self.figures[name].title.text = title
+            self._latest[name] = (matrix, title)
+        self.updates += 1
+
+    # ------------------------------------------------------------ callbacks
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # Updates run before a batch, not after one: overriding
+        # `on_train_batch_end` would make Keras wait for every step's logs
+        # (no asynchronous dispatch). `batch` batches of this epoch are done.
+        if self.error is not None or batch == 0:
+            return
+        self._batches_seen += 1
+        if self._batches_seen % self.every_n_batches:
+            return
+        now = time.perf_counter()
+        if now < self._next_allowed:
+            return
+        self._guarded_update(f"epoch {self._epoch + 1} batch {batch}{_loss(self._running_logs())}")
+        cost = time.perf_counter() - now
+        self.time_spent += cost
+        self._next_allowed = now + max(self.min_interval_s, cost / self.overhead_budget)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.error is not None:
+            return
+        start = time.perf_counter()
+        self._guarded_update(f"epoch {epoch + 1} end{_loss(logs)}")
+        directory = self.snapshot_dir
+        if directory is None and not in_notebook():
+            directory = "attention_snapshots"
+        if directory is not None and self.error is None:
+            path = os.path.join(directory, f"epoch_{epoch + 1:03d}.html")
+            # Serialising a Bokeh document takes ~0.1 s: a worker thread does it
+            # from a copy of the latest matrices so training does not wait.
+            if self._writer is None:
+                self._writer = concurrent.futures.ThreadPoolExecutor(1, "live_attention_snapshot")
+            latest = dict(self._latest)
+            self._pending.append(
+                (path, self._writer.submit(self._write_snapshot, path, latest, epoch + 1))
+            )
+        self.time_spent += time.perf_counter() - start
+
+    def on_train_end(self, logs=None):
+        self.wait_for_snapshots()
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+
+    def wait_for_snapshots(self):
+        """Block until every snapshot queued so far is written (called at the end of `fit`)."""
+        pending, self._pending = self._pending, []
+        for path, future in pending:
+            try:
+                future.result()
+                self.snapshots.append(path)
+            except Exception as error:
+                if self.error is None:
+                    self._report(error)
+
+    def _write_snapshot(self, path, latest, epoch):
+        panels = []
+        for name, (matrix, title) in latest.items():
+            rows, cols = matrix.shape
+            panels.append(figures.heatmap(
+                matrix, _tokens(self.key_tokens, cols), _tokens(self.query_tokens, rows), title=title,
+                width=self.figures[name].width, height=self.figures[name].height,
+            ))
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        export_html(gridplot(panels, ncols=2, toolbar_location=None), path,
+                    title=f"Attention after epoch {epoch}")
+
+    # -------------------------------------------------------------- helpers
+
+    def _running_logs(self):
+        """The running epoch metrics (what `logs` holds at a batch end)."""
+        try:
+            return self.model.get_metrics_result()
+        except Exception:  # a model without compiled metrics: no loss in the title
+            return None
+
+    def _has_model(self):
+        try:
+            return self.model is not None
+        except AttributeError:
+            return False
+
+    def _guarded_update(self, title_suffix):
+        try:
+            self.update(title_suffix)
+            self.status.value = f"<small>{escape(title_suffix)} (update {self.updates})</small>"
+        except Exception as error:  # never stop training because of a drawing problem
+            self._report(error)
+
+    def _report(self, error):
+        self.error = error
+        message = (
+            f"LiveAttention stopped updating after an error ({type(error).__name__}: {error}); "
+            "training continues."
+        )
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        self.status.value = f"<b style='color:#a00'>{escape(message)}</b>"
+
+    def _check_probe_shape(self):
+        """Compare probe shapes with a built model's declared inputs, before any call."""
+        inputs = getattr(self.target, "inputs", None) if isinstance(self.target, keras.Model) else None
+        if not inputs:
+            return
+        probes = keras.tree.flatten(self.probe_inputs)
+        expected = [tuple(x.shape) for x in inputs]
+        received = [tuple(np.shape(p)) for p in probes]
+        if len(expected) != len(received) or any(
+            len(e) != len(r) or any(d is not None and d != s for d, s in zip(e, r))
+            for e, r in zip(expected, received)
+        ):
+            raise ValueError(
+                f"LiveAttention: `probe_inputs` must match the input shape of '{self.target.name}' "
+                f"{expected if len(expected) > 1 else expected[0]}. "
+                f"Received: probe_inputs of shape {received if len(received) > 1 else received[0]}"
+            )
+
+
+def _loss(logs):
+    if logs and "loss" in logs:
+        try:
+            return f" · loss {float(logs['loss']):.4f}"
+        except (TypeError, ValueError):
+            return ""
+    return ""
+
+
+def _tokens(tokens, length):
+    return list(tokens) if tokens is not None and len(tokens) == length else None
+
+
+def _shapes(inputs):
+    if isinstance(inputs, (list, tuple)):
+        return [_shapes(x) for x in inputs]
+    return tuple(np.shape(inputs))

@@ -1,0 +1,164 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_attention.layers import SparseAttention
+from keras_attention.layers import capture_attention
+from keras_attention.layers import MultiHeadAttention
+from tests.sparse_reference import reference_pattern
+from tests.testing import random_inputs
+from tests.testing import run_layer_contract_test
+
+
+def _np(x):
+    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+
+
+def _exact_twin(layer, query, value=None, **kwargs):
+    """An exact MultiHeadAttention with `layer`'s trainable weights."""
+    config = {
+        k: v for k, v in layer.get_config().items()
+        if k in ("num_heads", "key_dim", "value_dim", "num_key_value_heads",
+                 "use_bias", "output_shape", "use_gate")
+    }
+    exact = MultiHeadAttention(memory_efficient=False, **config, **kwargs)
+    exact(query, value)
+    exact.set_weights([w.numpy() if hasattr(w, "numpy") else keras.ops.convert_to_numpy(w)
+                       for w in layer.trainable_weights])
+    return exact
+
+
+CASES = {
+    "bigbird": dict(block_size=4, window_blocks=3, global_blocks=1, random_blocks=2),
+    "longformer": dict(block_size=4, window_blocks=3, global_blocks=0,
+                       random_blocks=0, global_tokens=[0, 18]),
+    "local": dict(block_size=3, window_blocks=2, global_blocks=0, random_blocks=0),
+    "grouped": dict(block_size=4, window_blocks=1, global_blocks=1, random_blocks=3,
+                    num_key_value_heads=1),
+}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_equals_exact_attention_under_the_equivalent_mask(case, causal):
+    options = dict(CASES[case])
+    batch, length = 2, 29  # odd: padded to whole blocks internally
+    query = random_inputs((batch, length, 8), seed=1)
+    layer = SparseAttention(num_heads=2, key_dim=4, seed=3, **options)
+    padding = np.arange(length)[None, :] < np.array([[length], [20]])  # (B, T)
+    output, scores = layer(query, query_mask=padding, use_causal_mask=causal,
+                           return_attention_scores=True)
+    exact = _exact_twin(layer, query)
+    allowed = reference_pattern(
+        length, length, options["block_size"], options["window_blocks"],
+        options["global_blocks"], keras.ops.convert_to_numpy(layer.random_plan),
+        tuple(options.get("global_tokens") or ()), causal,
+    )
+    expected, expected_scores = exact(
+        query, query_mask=padding, attention_mask=np.broadcast_to(allowed, (batch,) + allowed.shape),
+        use_causal_mask=causal, return_attention_scores=True,
+    )
+    np.testing.assert_allclose(_np(output), _np(expected), atol=1e-5)
+    # Scores of padded query rows are not specified (those rows output zero).
+    rows = padding[:, None, :, None]
+    np.testing.assert_allclose(_np(scores) * rows, _np(expected_scores) * rows, atol=1e-5)
+
+
+def test_trainable_weights_are_those_of_multi_head_attention():
+    query, value = random_inputs((1, 9, 8)), random_inputs((1, 11, 6), seed=2)
+    sparse = SparseAttention(2, 4, block_size=4, global_blocks=1, use_gate=True, seed=0)
+    exact = MultiHeadAttention(2, 4, use_gate=True)
+    sparse(query, value)
+    exact(query, value)
+    strip = lambda w: w.path.split("/", 1)[1]  # noqa: E731
+    assert [strip(w) for w in sparse.trainable_weights] == [
+        strip(w) for w in exact.trainable_weights
+    ]
+    assert [w.shape for w in sparse.trainable_weights] == [
+        w.shape for w in exact.trainable_weights
+    ]
+    assert [strip(w) for w in sparse.non_trainable_weights] == ["random_plan"]
+
+
+def test_random_plan_comes_from_the_seed_and_survives_saving(tmp_path):
+    query = random_inputs((1, 40, 8))
+    plans = []
+    for seed in (1, 1, 2):
+        layer = SparseAttention(2, 4, block_size=4, global_blocks=1, seed=seed)
+        layer(query)
+        plans.append(keras.ops.convert_to_numpy(layer.random_plan))
+    np.testing.assert_array_equal(plans[0], plans[1])
+    assert not np.array_equal(plans[0], plans[2])
+    model = keras.Sequential([keras.Input((40, 8)),
+                              SparseAttention(2, 4, block_size=4, global_blocks=1)])
+    path = str(tmp_path / "sparse.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded.layers[0].random_plan),
+        keras.ops.convert_to_numpy(model.layers[0].random_plan),
+    )
+    np.testing.assert_array_equal(_np(loaded(query)), _np(model(query)))
+
+
+def test_capture_records_the_dense_weights():
+    query = random_inputs((1, 13, 8))
+    layer = SparseAttention(2, 4, block_size=4, global_blocks=1, name="sparse", seed=0)
+    _, scores = layer(query, return_attention_scores=True)
+    with capture_attention(layer) as captured:
+        layer(query)
+    np.testing.assert_allclose(captured.scores["sparse"][0], _np(scores), atol=1e-6)
+    np.testing.assert_allclose(captured.scores["sparse"][0].sum(-1), 1.0, atol=1e-5)
+
+
+def test_dropout_only_in_training():
+    query = random_inputs((1, 12, 8))
+    layer = SparseAttention(2, 4, block_size=4, global_blocks=1, dropout=0.5, seed=0)
+    plain = layer(query)
+    np.testing.assert_allclose(_np(layer(query, training=False)), _np(plain))
+    assert not np.allclose(_np(layer(query, training=True)), _np(plain))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(block_size=0), "block_size=0"),
+        (dict(block_size=-4), "block_size=-4"),
+        (dict(window_blocks=0), "window_blocks=0"),
+        (dict(global_blocks=-1), "global_blocks=-1"),
+        (dict(random_blocks=1.5), "random_blocks=1.5"),
+        (dict(global_tokens=[1, -2]), "global_tokens=-2"),
+        (dict(global_tokens="0"), "global_tokens='0'"),
+        (dict(memory_efficient=False), "memory_efficient=False"),
+    ],
+)
+def test_invalid_constructor_arguments_are_named(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=f"SparseAttention.*{message}"):
+        SparseAttention(2, 4, **kwargs)
+
+
+def test_more_global_blocks_than_the_sequence_has_is_rejected():
+    layer = SparseAttention(2, 4, block_size=4, global_blocks=3)
+    with pytest.raises(ValueError, match=r"global_blocks. \(3\) .*2 blocks.*length 7"):
+        layer(random_inputs((1, 7, 8)))
+    with pytest.raises(ValueError, match="global_blocks"):
+        SparseAttention(2, 4, block_size=4, global_blocks=3)(keras.Input((7, 8)))
+
+
+def test_global_token_outside_the_sequence_and_cache_are_rejected():
+    with pytest.raises(ValueError, match="global_tokens.*length 7"):
+        SparseAttention(2, 4, block_size=4, global_blocks=0, global_tokens=[9])(
+            random_inputs((1, 7, 8)))
+    layer = SparseAttention(2, 4, block_size=4, global_blocks=1)
+    layer(random_inputs((1, 8, 8)))
+    with pytest.raises(ValueError, match="cache"):
+        layer(random_inputs((1, 1, 8)), cache=np.zeros((1, 2, 8, 2, 4), "float32"),
+              cache_update_index=0)
+
+
+def test_layer_contract(tmp_path):
+    def make_layer(**kwargs):
+        return SparseAttention(2, 4, block_size=2, global_blocks=1, random_blocks=1,
+                               global_tokens=[3], dropout=0.1, seed=0, **kwargs)
+
+    run_layer_contract_test(make_layer, tmp_path, expected_cross_output_shape=(2, 5, 8))

@@ -1,0 +1,157 @@
+"""Block-sparse attention against a NumPy dense reference (tests/sparse_reference.py)."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attention.ops import block_sparse
+from tests.sparse_reference import reference_attention
+from tests.sparse_reference import reference_pattern
+
+
+def _inputs(batch, tq, tv, heads=2, dim=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return (
+        rng.standard_normal((batch, tq, heads, dim)).astype("float32"),
+        rng.standard_normal((batch, tv, heads, dim)).astype("float32"),
+        rng.standard_normal((batch, tv, heads, dim + 1)).astype("float32"),
+    )
+
+
+def _run(query, key, value, **kwargs):
+    result = block_sparse.block_sparse_attention(
+        keras.ops.convert_to_tensor(query),
+        keras.ops.convert_to_tensor(key),
+        keras.ops.convert_to_tensor(value),
+        **kwargs,
+    )
+    if isinstance(result, tuple):
+        return tuple(keras.ops.convert_to_numpy(r) for r in result)
+    return keras.ops.convert_to_numpy(result)
+
+
+PATTERNS = [
+    dict(window_blocks=3, global_blocks=1, random_blocks=2, tokens=()),
+    dict(window_blocks=2, global_blocks=0, random_blocks=0, tokens=()),
+    dict(window_blocks=3, global_blocks=0, random_blocks=0, tokens=(0, 17, 30)),
+    dict(window_blocks=1, global_blocks=2, random_blocks=3, tokens=(11,)),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_matches_dense_attention_under_equivalent_mask(pattern, causal):
+    batch, tq, tv, bs = 2, 37, 37, 4  # odd length, padded internally
+    query, key, value = _inputs(batch, tq, tv)
+    plan = np.random.default_rng(5).integers(0, 2**20, (3, pattern["random_blocks"]))
+    key_mask = np.ones((batch, tv), bool)
+    key_mask[1, 29:] = False  # padding of the second example
+    allowed = reference_pattern(
+        tq, tv, bs, pattern["window_blocks"], pattern["global_blocks"], plan,
+        pattern["tokens"], causal,
+    )[None] & key_mask[:, None, :]
+    expected, expected_weights = reference_attention(query, key, value, allowed)
+    output, weights = _run(
+        query, key, value,
+        block_size=bs,
+        window_blocks=pattern["window_blocks"],
+        global_blocks=pattern["global_blocks"],
+        random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
+        global_tokens=pattern["tokens"],
+        causal=causal,
+        key_mask=key_mask,
+        return_weights=True,
+    )
+    np.testing.assert_allclose(output, expected, atol=1e-5)
+    np.testing.assert_allclose(weights, expected_weights, atol=1e-5)
+
+
+def test_pattern_is_sparse_and_not_trivially_dense():
+    # Guards the test above: the chosen patterns really drop keys.
+    allowed = reference_pattern(37, 37, 4, 3, 1, np.array([[1, 2]] * 3))
+    assert 0.2 < allowed.mean() < 0.8
+
+
+def test_cross_attention_with_different_lengths_and_attention_mask():
+    batch, tq, tv, bs = 2, 13, 22, 4
+    query, key, value = _inputs(batch, tq, tv, seed=1)
+    plan = np.array([[7, 3], [2, 9]])
+    attention_mask = np.random.default_rng(2).random((batch, tq, tv)) > 0.3
+    allowed = reference_pattern(tq, tv, bs, 3, 1, plan, (5,)) & attention_mask
+    expected, _ = reference_attention(query, key, value, allowed)
+    output = _run(
+        query, key, value, block_size=bs, window_blocks=3, global_blocks=1,
+        random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
+        global_tokens=(5,), attention_mask=attention_mask,
+    )
+    np.testing.assert_allclose(output, expected, atol=1e-5)
+
+
+def test_fully_masked_rows_are_zero_not_nan():
+    query, key, value = _inputs(1, 9, 9)
+    key_mask = np.zeros((1, 9), bool)
+    output, weights = _run(
+        query, key, value, block_size=4, window_blocks=3, global_blocks=1,
+        key_mask=key_mask, return_weights=True,
+    )
+    assert np.all(output == 0) and np.all(weights == 0)
+
+
+def test_global_blocks_longer_than_sequence_are_ignored():
+    query, key, value = _inputs(1, 5, 5)
+    allowed = np.ones((1, 5, 5), bool)
+    expected, _ = reference_attention(query, key, value, allowed)
+    output = _run(query, key, value, block_size=4, window_blocks=1, global_blocks=4)
+    np.testing.assert_allclose(output, expected, atol=1e-5)
+
+
+def test_block_plan_counts_a_repeated_block_once():
+    plan = keras.ops.convert_to_tensor(np.array([[0, 1, 1]], "int32"))
+    index, valid = block_sparse.block_plan(
+        2, 2, window_blocks=1, global_blocks=1, random_plan=plan
+    )
+    index = keras.ops.convert_to_numpy(index)
+    valid = keras.ops.convert_to_numpy(valid)
+    for row, ok in zip(index, valid):
+        assert sorted(row[ok]) == [0, 1]
+
+
+def test_causal_random_blocks_lie_in_the_past():
+    plan = keras.ops.convert_to_tensor(
+        np.random.default_rng(0).integers(0, 1000, (8, 4)).astype("int32")
+    )
+    index, valid = block_sparse.block_plan(
+        8, 8, window_blocks=2, random_plan=plan, causal=True
+    )
+    index = keras.ops.convert_to_numpy(index)
+    valid = keras.ops.convert_to_numpy(valid)
+    for i, (row, ok) in enumerate(zip(index, valid)):
+        assert np.all(row[ok] <= i)
+
+
+def test_compiles_and_differentiates():
+    query, key, value = _inputs(1, 21, 21)
+    plan = keras.ops.convert_to_tensor(np.array([[3, 4]], "int32"))
+    kwargs = dict(block_size=4, window_blocks=3, global_blocks=1,
+                  random_plan=plan, global_tokens=(9,), causal=True)
+    if keras.backend.backend() == "jax":
+        import jax
+
+        def loss(q):
+            return (block_sparse.block_sparse_attention(q, key, value, **kwargs) ** 2).sum()
+
+        grad = jax.jit(jax.grad(loss))(query)
+    else:
+        import tensorflow as tf
+
+        @tf.function(jit_compile=True)
+        def grad_fn(q):
+            with tf.GradientTape() as tape:
+                tape.watch(q)
+                loss = tf.reduce_sum(
+                    block_sparse.block_sparse_attention(q, key, value, **kwargs) ** 2)
+            return tape.gradient(loss, q)
+
+        grad = grad_fn(tf.constant(query))
+    grad = keras.ops.convert_to_numpy(grad)
+    assert np.all(np.isfinite(grad)) and np.any(grad != 0)

@@ -1,0 +1,210 @@
+import numpy as np
+import pytest
+from fake_translator import FakeTranslator
+
+from keras_attention.widgets import DecodingStepper
+
+SOURCE = "il a m' entarté"
+
+
+def rows_of(source, num_source):
+    """The heatmap source as a (rows, T_in) matrix, checking row-major cell order."""
+    data = source.data
+    weights = np.asarray(data["weight"]).reshape(-1, num_source)
+    rows = np.asarray(data["row"]).reshape(-1, num_source)
+    cols = np.asarray(data["col"]).reshape(-1, num_source)
+    assert (rows == np.arange(len(rows))[:, None]).all()
+    assert (cols == np.arange(num_source)[None, :]).all()
+    return weights
+
+
+def test_next_grows_the_heatmap_by_the_sessions_attention_row(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    assert len(stepper.heatmap_source.data["weight"]) == 0
+    for expected_rows in (1, 2, 3):
+        step = stepper.next_token()
+        matrix = rows_of(stepper.heatmap_source, 4)
+        assert matrix.shape == (expected_rows, 4)
+        np.testing.assert_allclose(matrix[-1], step.attention)
+        assert stepper.heatmap_source.data["y_token"][-1] == step.token
+    assert stepper.step_slider.value == 3
+    np.testing.assert_allclose(stepper.distribution_source.data["weight"], step.attention)
+    np.testing.assert_allclose(stepper.scores_source.data["weight"], step.scores)
+    assert stepper.candidate_source.data["token"] == [t for t, _ in step.candidates]
+
+
+def test_next_uses_stream_so_only_the_new_row_goes_over_the_comm(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    comm = stepper.bokeh_widget.comm
+    before = len(comm.messages)
+    stepper.next_token()
+    payloads = [str(message) for message in comm.messages[before:]]
+    assert any("ColumnsStreamed" in p for p in payloads)
+    assert any("ColumnsPatched" in p for p in payloads)
+    assert not any("ModelChanged" in p and '"attr":"data"' in p for p in payloads), "no full resend"
+
+
+def test_back_and_reset_restore_earlier_states(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    stepper.next_token()
+    after_one = {k: list(v) for k, v in stepper.heatmap_source.data.items()}
+    distribution_after_one = list(stepper.distribution_source.data["weight"])
+    stepper.next_token()
+    stepper.next_token()
+    stepper.back()
+    stepper.back()
+    assert stepper.position == 1 and len(stepper.session.history) == 1
+    for column in ("weight", "row", "col", "y_token"):
+        assert list(stepper.heatmap_source.data[column]) == list(after_one[column])
+    assert list(stepper.distribution_source.data["weight"]) == pytest.approx(distribution_after_one)
+    # The line decoded before Back is kept: the slider can go forward again.
+    assert stepper.step_slider.max == 3
+    stepper.reset()
+    assert stepper.position == 0 and stepper.session.history == []
+    assert len(stepper.heatmap_source.data["weight"]) == 0
+    assert stepper.step_slider.max == 0 and stepper.back_button.disabled
+
+
+def test_buttons_drive_the_same_actions(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    stepper.next_button.click()
+    stepper.next_button.click()
+    stepper.back_button.click()
+    assert stepper.position == 1
+    stepper.reset_button.click()
+    assert stepper.position == 0
+
+
+def test_slider_replays_the_decoded_line(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    steps = [stepper.next_token() for _ in range(3)]
+    stepper.step_slider.value = 1
+    assert [s.token for s in stepper.session.history] == [steps[0].token]
+    stepper.step_slider.value = 3
+    assert [s.token for s in stepper.session.history] == [s.token for s in steps]
+    np.testing.assert_allclose(rows_of(stepper.heatmap_source, 4), [s.attention for s in steps])
+
+
+def test_clicking_a_candidate_forces_it_and_decodes_on(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    first = stepper.next_token()
+    alternative = first.candidates[1][0]
+    assert stepper.candidate_buttons[1].description.startswith(alternative)
+    stepper.candidate_buttons[1].click()
+    assert stepper.session.output_tokens == [alternative]
+    assert stepper.position == 1 and len(rows_of(stepper.heatmap_source, 4)) == 1
+    following = stepper.next_token()
+    assert stepper.session.output_tokens == [alternative, following.token]
+    # An independent session fed the same tokens agrees with what is shown.
+    reference = FakeTranslator().decoding_session(SOURCE)
+    reference.step(force_token=alternative)
+    np.testing.assert_allclose(reference.step().attention, rows_of(stepper.heatmap_source, 4)[-1])
+
+
+def test_play_ticks_decode_until_done_then_stop(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(max_length=4), SOURCE)
+    stepper.speed.value = 4.0
+    assert stepper.play.interval == 250
+    stepper.play.playing = True
+    for tick in range(1, 10):
+        stepper.play.value = tick  # what the browser's Play widget does on each interval
+    assert stepper.session.done and not stepper.play.playing
+    assert stepper.position == len(stepper.session.history) <= 4
+    assert stepper.next_token() is None and "finished" in stepper.status_html.value
+
+
+def test_transformer_attention_is_shown_per_layer_and_head(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(heads=(2, 3)), "a b c")
+    step = stepper.next_token()
+    stepper.next_token()
+    assert stepper.layer_choice.layout.display is None
+    assert list(stepper.head_choice.options)[1:] == [0, 1, 2]
+    np.testing.assert_allclose(rows_of(stepper.heatmap_source, 3)[0], step.attention[-1].mean(axis=0))
+    stepper.layer_choice.value = 0
+    stepper.head_choice.value = 2
+    matrix = rows_of(stepper.heatmap_source, 3)
+    np.testing.assert_allclose(matrix, [s.attention[0, 2] for s in stepper.session.history])
+
+
+def test_malicious_tokens_are_escaped_in_html_widgets(fake_comm):
+    translator = FakeTranslator()
+    stepper = DecodingStepper(translator, "<b>bold</b> b")
+    assert "<b>bold" not in stepper.source_html.value
+    assert "&lt;b&gt;bold&lt;/b&gt;" in stepper.source_html.value
+    stepper.next_token()
+    stepper.force("<img src=x onerror=alert(1)>")
+    assert "<img" not in stepper.output_html.value
+    assert "&lt;img src=x onerror=alert(1)&gt;" in stepper.output_html.value
+
+
+class NoSessions:
+    def translate(self, texts):
+        return texts
+
+
+@pytest.mark.parametrize("translator", [NoSessions(), object()])
+def test_translator_without_decoding_sessions_is_rejected(translator, fake_comm):
+    with pytest.raises(TypeError, match="must support decoding sessions.*Received: "):
+        DecodingStepper(translator, SOURCE)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"text": ""}, "non-empty string"),
+    ({"text": 3}, "non-empty string"),
+    ({"top_k": 0}, "top_k=0"),
+])
+def test_bad_arguments_are_rejected(kwargs, match, fake_comm):
+    arguments = {"text": SOURCE, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        DecodingStepper(FakeTranslator(), **arguments)
+
+
+@pytest.mark.tf_only
+def test_real_translator_heatmap_equals_the_compiled_translation_alignment(fake_comm):
+    from keras_attention.models import Seq2SeqTranslator
+
+    translator = Seq2SeqTranslator.from_texts(
+        ["il a m' entarté", "il a"], ["he hit me with a pie", "he hit"],
+        source_split="whitespace", target_split="whitespace", units=8, embedding_dim=4,
+        max_target_length=6,
+    )
+    stepper = DecodingStepper(translator, SOURCE, top_k=3)
+    while stepper.next_token() is not None:
+        pass
+    translation = translator.translate([SOURCE])[0]
+    matrix = rows_of(stepper.heatmap_source, len(translation.source_tokens))
+    assert stepper.source_tokens == translation.source_tokens
+    np.testing.assert_allclose(matrix[: len(translation.alignment)], translation.alignment, atol=1e-5)
+
+
+def test_a_front_end_connecting_late_gets_the_current_document(fake_comm):
+    # Voila and reloaded notebooks ask for the widget state after the cells ran.
+    import json
+
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    step = stepper.next_token()
+    bundle = json.loads(stepper.bokeh_widget.get_state()["render_bundle"])
+    document = json.dumps(bundle["docs_json"])
+    assert '"alignment_source"' in document
+    assert json.dumps(step.token) in document and str(float(step.attention[0]))[:8] in document
+
+
+@pytest.mark.tf_only
+def test_transformer_translator_rows_follow_the_layer_and_head_choice(fake_comm):
+    from keras_attention.models import TransformerTranslator
+
+    translator = TransformerTranslator.from_texts(
+        ["il a m' entarté", "il a"], ["he hit me with a pie", "he hit"],
+        source_split="whitespace", target_split="whitespace", num_layers=2, num_heads=2,
+        hidden_dim=8, intermediate_dim=16, max_target_length=5,
+    )
+    stepper = DecodingStepper(translator, SOURCE, top_k=3)
+    while stepper.next_token() is not None:
+        pass
+    alignment = translator.translate([SOURCE])[0].alignment  # (layers, heads, T_out, T_in)
+    rows = len(alignment[0, 0])
+    assert list(stepper.layer_choice.options) == [0, 1] and list(stepper.head_choice.options)[1:] == [0, 1]
+    np.testing.assert_allclose(rows_of(stepper.heatmap_source, 4)[:rows], alignment[-1].mean(axis=0), atol=1e-5)
+    stepper.layer_choice.value = 0
+    stepper.head_choice.value = 1
+    np.testing.assert_allclose(rows_of(stepper.heatmap_source, 4)[:rows], alignment[0, 1], atol=1e-5)

@@ -1,0 +1,109 @@
+import re
+
+import numpy as np
+import pytest
+from bokeh.models import ColumnDataSource
+from bokeh.models import HoverTool
+
+from keras_attention.widgets import export_html
+from keras_attention.widgets import figures
+
+MALICIOUS = "<img src=x onerror=alert(1)>"
+
+
+def matrix_from_source(source):
+    data = source.data
+    rows, cols = max(data["row"]) + 1, max(data["col"]) + 1
+    grid = np.full((rows, cols), np.nan)
+    grid[data["row"], data["col"]] = data["weight"]
+    return grid
+
+
+def test_heatmap_source_holds_every_cell_at_its_position():
+    weights = np.random.default_rng(0).random((3, 5))
+    fig = figures.heatmap(weights, list("abcde"), ["x", "y", "z"])
+    source = figures.heatmap_source(fig)
+    np.testing.assert_allclose(matrix_from_source(source), weights)
+    assert source.data["x_token"][:5] == list("abcde")
+    assert source.data["y_token"][5] == "y"
+
+
+def test_repeated_tokens_keep_distinct_positions():
+    fig = figures.heatmap(np.eye(3), ["the", "cat", "the"], ["the", "the", "cat"])
+    assert fig.xaxis[0].major_label_overrides == {0: "the", 1: "cat", 2: "the"}
+
+
+def test_tooltips_never_render_token_html():
+    fig = figures.heatmap(np.eye(2), [MALICIOUS, "b"], ["a", "b"])
+    for hover in fig.select({"type": HoverTool}):
+        assert all("{safe}" not in field for _, field in hover.tooltips)
+
+
+def test_token_count_mismatch_names_the_argument():
+    with pytest.raises(ValueError, match="x_tokens.*one entry per position \\(3\\).*2 tokens"):
+        figures.heatmap(np.eye(3), ["a", "b"])
+    with pytest.raises(ValueError, match="2-D array.*\\(2, 2, 2\\)"):
+        figures.heatmap(np.zeros((2, 2, 2)))
+
+
+def test_downsample_is_a_block_mean():
+    weights = np.random.default_rng(1).random((10, 7))
+    small, row_step, col_step = figures.downsample(weights, 4)
+    assert (row_step, col_step) == (3, 2)
+    # Reference: explicit loops over blocks (the last blocks are partial).
+    for i in range(small.shape[0]):
+        for j in range(small.shape[1]):
+            block = weights[i * 3 : (i + 1) * 3, j * 2 : (j + 1) * 2]
+            assert small[i, j] == pytest.approx(block.mean())
+
+
+def test_image_heatmap_of_a_long_sequence_is_downsampled():
+    fig = figures.image_heatmap(np.ones((1000, 300)), max_size=100)
+    image = fig.select_one({"type": ColumnDataSource}).data["image"][0]
+    assert image.shape == (100, 100)
+    assert "block mean 10x3 of 1000x300" in fig.title.text
+
+
+def test_distribution_bars_hold_the_distribution():
+    weights = np.array([0.1, 0.6, 0.3])
+    fig = figures.distribution_bars(weights, ["il", "a", "entarté"])
+    data = figures.heatmap_source(fig).data
+    assert data["weight"] == pytest.approx(weights.tolist())
+    assert data["token"] == ["il", "a", "entarté"]
+
+
+def test_weighted_sum_last_row_is_weights_times_values():
+    rng = np.random.default_rng(2)
+    weights, values = rng.dirichlet(np.ones(4)), rng.normal(size=(4, 3))
+    fig = figures.weighted_sum(weights, values, list("abcd"))
+    grid = matrix_from_source(figures.heatmap_source(fig))
+    expected = sum(w * v for w, v in zip(weights, values))
+    np.testing.assert_allclose(grid[-1], expected)
+    np.testing.assert_allclose(grid[1], weights[1] * values[1])
+
+
+def test_head_grid_has_one_heatmap_per_head():
+    weights = np.random.default_rng(3).random((3, 4, 5))
+    grid = figures.head_grid(weights)
+    sources = [s for s in grid.select({"type": ColumnDataSource}) if "weight" in s.data]
+    assert len(sources) == 3
+    got = sorted(tuple(np.round(matrix_from_source(s).ravel(), 6)) for s in sources)
+    want = sorted(tuple(np.round(w.ravel(), 6)) for w in weights)
+    assert got == want
+
+
+def test_export_html_inlines_bokehjs_and_needs_no_network(tmp_path):
+    path = export_html(figures.heatmap(np.eye(2), [MALICIOUS, "b"]), tmp_path / "f.html")
+    html = open(path, encoding="utf-8").read()
+    assert not re.search(r"<script[^>]+src=", html), "no external scripts (CDN) allowed"
+    assert "Bokeh" in html and len(html) > 500_000  # BokehJS itself is inside the file
+    # The token travels HTML-escaped inside the JSON document, never as markup.
+    assert MALICIOUS not in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    result = doctest.testmod(figures, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 4 and result.failed == 0

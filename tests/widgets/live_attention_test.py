@@ -1,0 +1,157 @@
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attention
+from keras_attention.widgets import LiveAttention
+from keras_attention.widgets import live_attention as live_attention_module
+
+
+def make_model(length=6, features=4):
+    model = keras.Sequential([
+        keras.Input((length, features)),
+        keras_attention.LuongAttention(score="general", name="att"),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(1),
+    ])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    return model
+
+
+def data(samples=32, length=6, features=4):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(samples, length, features)).astype("float32")
+    return x, x[:, :, :1].sum(axis=1)
+
+
+def reference(model, probe):
+    """Attention straight from the layer (not through capture_attention)."""
+    layer = model.get_layer("att")
+    _, weights = layer(probe, return_attention_scores=True)
+    return keras.ops.convert_to_numpy(weights)[0]
+
+
+class RecordingLiveAttention(LiveAttention):
+    """Keeps what each update drew next to the layer's own weights at that moment."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.drawn = []
+
+    def update(self, title_suffix=""):
+        super().update(title_suffix)
+        cells = np.asarray(self.sources["att"].data["weight"]).reshape(6, 6)
+        self.drawn.append((cells, reference(self.model, self.probe_inputs), self.figures["att"].title.text))
+
+
+def test_updates_patch_every_cell_with_the_current_attention(fake_comm):
+    model = make_model()
+    x, y = data()
+    callback = RecordingLiveAttention(model, x[:2], every_n_batches=3, min_interval_s=0,
+                                      overhead_budget=1.0, snapshot_dir=None)
+    comm = callback.widget.children[1].comm
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
+    # 8 batches per epoch, checked before batches 2..8 of each epoch: after 3 and 6
+    # done in epoch 1, after 2 and 5 done in epoch 2 (counting goes on), plus each epoch's end.
+    assert callback.updates == 6
+    for cells, expected, _ in callback.drawn:
+        np.testing.assert_allclose(cells, expected, rtol=1e-5, atol=1e-6)
+    # Training moved the weights, so the drawn attention changed within the
+    # epoch too (on JAX, that needs the callback to sync the trainer's state).
+    assert not np.allclose(callback.drawn[0][0], callback.drawn[1][0])
+    titles = [title for *_, title in callback.drawn]
+    assert titles[0].startswith("att · epoch 1 batch 3 · loss ")
+    assert titles[2].startswith("att · epoch 1 end · loss ")
+    assert titles[3].startswith("att · epoch 2 batch 2 · loss ")
+    assert titles[-1].startswith("att · epoch 2 end · loss ")
+    patches = [str(m) for m in comm.messages if "ColumnsPatched" in str(m)]
+    assert len(patches) == 6 and '"start":0,"stop":36' in patches[0]
+
+
+def test_min_interval_throttles_batch_updates(fake_comm):
+    model = make_model()
+    x, y = data()
+    callback = LiveAttention(model, x[:1], every_n_batches=1, min_interval_s=1000, snapshot_dir=None)
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
+    assert callback.updates == 1 + 2  # after the first batch, then only the epoch ends
+
+
+def test_an_error_is_reported_once_and_training_goes_on(fake_comm, monkeypatch):
+    model = make_model()
+    x, y = data()
+    callback = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0)
+    calls = []
+
+    def broken_compute():
+        calls.append(1)
+        raise RuntimeError("drawing exploded")
+
+    monkeypatch.setattr(callback, "compute", broken_compute)
+    with pytest.warns(RuntimeWarning, match="drawing exploded.*training continues") as record:
+        history = model.fit(x, y, batch_size=4, epochs=3, callbacks=[callback], verbose=0)
+    assert len(history.history["loss"]) == 3
+    assert len(calls) == 1 and len(record) == 1
+    assert "drawing exploded" in callback.status.value
+
+
+def test_outside_a_notebook_an_html_snapshot_is_written_per_epoch(fake_comm, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = make_model()
+    x, y = data(samples=8)
+    callback = LiveAttention(model, x[:2])
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
+    assert callback.snapshots == [os.path.join("attention_snapshots", f"epoch_00{i}.html") for i in (1, 2)]
+    html = (tmp_path / callback.snapshots[1]).read_text(encoding="utf-8")
+    assert "epoch 2 end" in html
+
+
+def test_inside_a_notebook_no_snapshot_is_written(fake_comm, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(live_attention_module, "in_notebook", lambda: True)
+    model = make_model()
+    x, y = data(samples=8)
+    callback = LiveAttention(model, x[:2])
+    model.fit(x, y, batch_size=4, epochs=1, callbacks=[callback], verbose=0)
+    assert callback.snapshots == [] and not (tmp_path / "attention_snapshots").exists()
+
+
+def test_a_single_layer_can_be_watched_with_a_query_value_probe(fake_comm):
+    layer = keras_attention.LuongAttention(name="cross")
+    query, value = np.ones((2, 3, 4), "float32"), np.random.default_rng(1).normal(size=(2, 5, 4)).astype("float32")
+    callback = LiveAttention(layer, (query, value))
+    _, expected = layer(query, value, return_attention_scores=True)
+    cells = np.asarray(callback.sources["cross"].data["weight"]).reshape(3, 5)
+    np.testing.assert_allclose(cells, keras.ops.convert_to_numpy(expected)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("every_n_batches", [0, -2, 1.5, True, "10"])
+def test_every_n_batches_below_one_is_rejected(every_n_batches, fake_comm):
+    x, _ = data()
+    with pytest.raises(ValueError, match=f"every_n_batches={every_n_batches!r}"):
+        LiveAttention(make_model(), x[:2], every_n_batches=every_n_batches)
+
+
+def test_negative_min_interval_is_rejected(fake_comm):
+    x, _ = data()
+    with pytest.raises(ValueError, match="min_interval_s=-1"):
+        LiveAttention(make_model(), x[:2], min_interval_s=-1)
+
+
+def test_probe_of_the_wrong_shape_is_rejected_at_construction(fake_comm):
+    x, _ = data(features=5)
+    with pytest.raises(ValueError, match=r"input shape of '.*' \(None, 6, 4\).*Received: probe_inputs of shape \(2, 6, 5\)"):
+        LiveAttention(make_model(), x[:2])
+
+
+def test_probe_the_model_cannot_take_is_rejected_at_construction(fake_comm):
+    layer = keras_attention.LuongAttention(name="cross")
+    with pytest.raises(ValueError, match=r"calling 'cross' on `probe_inputs` failed.*\[\(2, 3, 4\), \(2, 5, 7\)\]"):
+        LiveAttention(layer, (np.ones((2, 3, 4), "float32"), np.ones((2, 5, 7), "float32")))
+
+
+def test_model_without_attention_layers_is_rejected(fake_comm):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match="no keras_attention attention layers.*Sequential"):
+        LiveAttention(model, np.ones((1, 3)))
