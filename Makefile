@@ -16,7 +16,7 @@ $(STAMP): setup.cfg pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(BIN)/python examples/quickstart.py
+	$(BIN)/python examples/date_translation.py
 
 # The whole suite on the TensorFlow backend, then the layer suite on JAX.
 test: test-tf test-jax
