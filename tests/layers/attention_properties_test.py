@@ -24,9 +24,11 @@ DIM = 4
 
 @st.composite
 def attention_problems(draw):
-    batch = draw(st.integers(1, 3))
-    tq = draw(st.integers(1, 6))
-    tv = draw(st.integers(1, 7))
+    # Few distinct shapes: JAX compiles each op once per shape, and the
+    # properties are about values and masks, which hypothesis varies freely.
+    batch = 2
+    tq = draw(st.sampled_from([1, 4]))
+    tv = draw(st.sampled_from([1, 5, 7]))
     seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
     query = rng.standard_normal((batch, tq, DIM)).astype("float32")
@@ -35,7 +37,7 @@ def attention_problems(draw):
     return query, value, value_mask, rng
 
 
-_settings = settings(max_examples=20, deadline=None, derandomize=True)
+_settings = settings(max_examples=15, deadline=None, derandomize=True)
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
