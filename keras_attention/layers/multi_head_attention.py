@@ -12,8 +12,8 @@ from keras_attention.ops.memory_efficient import memory_efficient_attention
 # (measured with benchmarks/mha_benchmark.py on a 2-core CPU: below it the
 # exact kernel is as fast or faster; above it the (B, H, Tq, Tk) tensors of
 # the exact kernel cost more in memory traffic than the blockwise loops).
-DEFAULT_MEMORY_EFFICIENT_THRESHOLD = 2048
-DEFAULT_BLOCK_SIZE = 512
+DEFAULT_MEMORY_EFFICIENT_THRESHOLD = 4096
+DEFAULT_BLOCK_SIZE = 1024
 
 
 def _is_tensor_index(index):
@@ -61,7 +61,8 @@ class MultiHeadAttention(BaseAttention):
             kernel, since dropped weights would have to be stored). `False`
             always computes the full weights.
         memory_efficient_threshold: key length from which `"auto"` switches;
-            defaults to 2048 (the crossover measured on a 2-core CPU, see
+            defaults to 4096 (the crossover measured on a 2-core CPU lies
+            between 1024 and 4096, see
             benchmarks/RESULTS.md).
         block_size: query and key block length of the memory-efficient kernel.
         kernel_initializer, bias_initializer, kernel_regularizer,
