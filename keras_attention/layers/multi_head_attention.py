@@ -16,8 +16,18 @@ DEFAULT_MEMORY_EFFICIENT_THRESHOLD = 4096
 DEFAULT_BLOCK_SIZE = 1024
 
 
-def _is_tensor_index(index):
-    return index is not None and not isinstance(index, int)
+def _fused_kernel_available():
+    """Whether `keras.ops.dot_product_attention` has a fused GPU kernel here."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "gpu"
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    return False
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -252,14 +262,23 @@ class MultiHeadAttention(BaseAttention):
         self.built = True
 
     # ------------------------------------------------------------ kernel hook
-    def _use_memory_efficient(self, query, key, training, return_attention_scores):
+    def _weights_optional(self, training, return_attention_scores):
+        """Whether a kernel that never forms the weights may run."""
         if return_attention_scores or self._capturing_attention:
             return False
         if self.memory_efficient is False:
             return False
-        if query.shape[1] is None or key.shape[1] is None:
+        return not (self.dropout > 0 and training)
+
+    def _use_fused(self, training, return_attention_scores):
+        return self._weights_optional(
+            training, return_attention_scores
+        ) and _fused_kernel_available()
+
+    def _use_memory_efficient(self, query, key, training, return_attention_scores):
+        if not self._weights_optional(training, return_attention_scores):
             return False
-        if self.dropout > 0 and training:
+        if query.shape[1] is None or key.shape[1] is None:
             return False
         if self.memory_efficient == "auto":
             return key.shape[1] >= self.memory_efficient_threshold and query.shape[1] > 1
@@ -329,6 +348,42 @@ class MultiHeadAttention(BaseAttention):
         weights = masking.masked_softmax(logits, mask)
         dropped = self._dropout_layer(weights, training=training)
         return multi_head.multi_head_weighted_sum(dropped, value), weights
+
+    def _fused_attention(
+        self, query, key, value, query_mask, key_mask, attention_mask, use_causal_mask
+    ):
+        mask = masking.attention_mask_from(
+            query_mask=query_mask,
+            value_mask=key_mask,
+            attention_mask=attention_mask,
+            query_length=ops.shape(query)[1],
+            key_length=ops.shape(key)[1],
+        )
+        if keras.backend.backend() != "jax":  # only JAX takes grouped heads
+            key = multi_head.repeat_key_value_heads(key, self.num_heads)
+            value = multi_head.repeat_key_value_heads(value, self.num_heads)
+        if mask is not None:
+            mask = ops.broadcast_to(
+                mask, (ops.shape(query)[0], ops.shape(query)[1], ops.shape(key)[1])
+            )
+        output = ops.dot_product_attention(
+            query,
+            key,
+            value,
+            mask=None if mask is None else ops.expand_dims(mask, 1),
+            scale=self._scale,
+            is_causal=use_causal_mask,
+        )
+        if mask is not None:
+            # The fused kernels spread a row with no allowed key uniformly.
+            if use_causal_mask:
+                mask = ops.logical_and(
+                    mask,
+                    masking.causal_mask(ops.shape(query)[1], ops.shape(key)[1]),
+                )
+            attended = ops.any(mask, axis=-1)  # (B, Tq)
+            output = output * ops.cast(attended[:, :, None, None], output.dtype)
+        return output
 
     # ---------------------------------------------------------------- caching
     def precompute_key_value(self, value, key=None):
