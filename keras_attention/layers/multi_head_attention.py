@@ -1,3 +1,5 @@
+import numbers
+
 import keras
 from keras import ops
 
@@ -67,8 +69,10 @@ class MultiHeadAttention(BaseAttention):
             the memory-efficient kernel when the key length is at least
             `memory_efficient_threshold`, no weights are requested or captured,
             dropout is inactive and lengths are static. `True` uses it whenever
-            weights are not needed (dropout then falls back to the exact
-            kernel, since dropped weights would have to be stored). `False`
+            weights are not needed and lengths are static (dropout during
+            training falls back to the exact kernel, since the dropped weights
+            would have to be stored; so do unknown lengths, which only occur
+            in TF graph mode without XLA). `False`
             always computes the full weights.
         memory_efficient_threshold: key length from which `"auto"` switches;
             defaults to 4096 (the crossover measured on a 2-core CPU lies
@@ -459,16 +463,14 @@ class MultiHeadAttention(BaseAttention):
                     "`value` and `key` must be None. Received a `value` or `key`"
                 )
             )
-        if isinstance(cache_update_index, bool) or (
-            isinstance(cache_update_index, float)
-        ):
+        if isinstance(cache_update_index, (bool, float)):
             raise TypeError(
                 self._error(
                     "`cache_update_index` must be an int or an int tensor. "
                     f"Received: cache_update_index={cache_update_index!r}"
                 )
             )
-        if isinstance(cache_update_index, int):
+        if isinstance(cache_update_index, numbers.Integral):
             max_length, steps = shape[2], query.shape[1]
             if cache_update_index < 0 or (
                 max_length is not None
