@@ -32,6 +32,24 @@ def _fused_kernel_available():
     return False
 
 
+def _softmax(logits, mask):
+    """`masking.masked_softmax`, on the backend's fused softmax when it can.
+
+    The fused op (one pass forward, one fused gradient) is measurably faster
+    than the written-out softmax at long lengths; it is skipped for a
+    length-1 key axis, where `ops.softmax` warns.
+    """
+    if logits.shape[-1] is None or logits.shape[-1] < 2:
+        return masking.masked_softmax(logits, mask)
+    dtype = logits.dtype
+    logits = ops.cast(logits, "float32")
+    if mask is None:
+        return ops.cast(ops.softmax(logits, axis=-1), dtype)
+    weights = ops.softmax(ops.where(mask, logits, -1e9), axis=-1)
+    # A row with no allowed key would be uniform: zero it.
+    return ops.cast(weights * ops.cast(mask, "float32"), dtype)
+
+
 @keras.saving.register_keras_serializable(package="keras_attention")
 class MultiHeadAttention(BaseAttention):
     """Multi-head attention (Vaswani et al., 2017, https://arxiv.org/abs/1706.03762).
@@ -349,7 +367,7 @@ class MultiHeadAttention(BaseAttention):
         logits = multi_head.multi_head_logits(query, key)  # (B, H, Tq, Tv)
         if mask is not None:
             mask = ops.expand_dims(mask, 1)  # (B, 1, Tq, Tv)
-        weights = masking.masked_softmax(logits, mask)
+        weights = _softmax(logits, mask)
         dropped = self._dropout_layer(weights, training=training)
         return multi_head.multi_head_weighted_sum(dropped, value), weights
 
