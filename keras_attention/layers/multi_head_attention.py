@@ -10,11 +10,13 @@ from keras_attention.ops import masking
 from keras_attention.ops import multi_head
 from keras_attention.ops.memory_efficient import memory_efficient_attention
 
-# Keys at or beyond this length switch "auto" to the memory-efficient kernel
-# (measured with benchmarks/mha_benchmark.py on a 2-core CPU: below it the
-# exact kernel is as fast or faster; above it the (B, H, Tq, Tk) tensors of
-# the exact kernel cost more in memory traffic than the blockwise loops).
-DEFAULT_MEMORY_EFFICIENT_THRESHOLD = 4096
+# Keys at or beyond this length switch "auto" to the memory-efficient kernel.
+# Measured with benchmarks/mha_benchmark.py on a 2-core CPU (TF graph mode):
+# the recomputing backward does 7/6 of the exact kernel's matmul work, so it
+# is ~1.2x slower than exact attention at 4096-8192 while Keras' exact kernel
+# is still compute-bound; from 8192 on memory decides (the exact kernel needs
+# ~10 GiB there and runs out of memory at 16384).
+DEFAULT_MEMORY_EFFICIENT_THRESHOLD = 8192
 DEFAULT_BLOCK_SIZE = 1024
 
 
@@ -93,9 +95,8 @@ class MultiHeadAttention(BaseAttention):
             in TF graph mode without XLA). `False`
             always computes the full weights.
         memory_efficient_threshold: key length from which `"auto"` switches;
-            defaults to 4096 (the crossover measured on a 2-core CPU lies
-            between 1024 and 4096, see
-            benchmarks/RESULTS.md).
+            defaults to 8192: below it the exact kernel is faster on CPU and
+            fits in memory (see benchmarks/RESULTS.md).
         block_size: query and key block length of the memory-efficient kernel.
         kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, kernel_constraint, bias_constraint: for the

@@ -31,6 +31,12 @@ from keras import ops
 # Running maximum before any key is seen: finite, so `exp(m_old - m_new)`
 # is never `exp(-inf + inf)`, and below every real score.
 _INITIAL_MAX = -1e30
+_NO_KEY_LSE = 1e30
+
+
+def _append(x, column):
+    """Appends `column` (shaped like `x[..., 0]`) as a last feature."""
+    return ops.concatenate([x, ops.expand_dims(column, -1)], axis=-1)
 
 
 def _to_query_blocks(x, num_blocks, block, num_kv_heads):
@@ -231,8 +237,9 @@ def memory_efficient_attention(
                 acc / ops.expand_dims(safe_sum, -1),
                 0.0,
             )
-            # +inf for rows with no key: exp(logit - inf) = 0 in the backward.
-            lse = ops.where(attended, running_max + ops.log(safe_sum), float("inf"))
+            # Huge for rows with no key: exp(logit - lse) = 0 in the backward
+            # (finite, as it goes through a matmul there).
+            lse = ops.where(attended, running_max + ops.log(safe_sum), _NO_KEY_LSE)
             out_buffer = ops.slice_update(
                 out_buffer, (i, 0, 0, 0, 0, 0), ops.expand_dims(out, 0)
             )
@@ -249,19 +256,26 @@ def memory_efficient_attention(
 
     def backward(q, k, v, out, lse, d_out):
         delta = ops.sum(d_out * out, axis=-1)  # rowsum(dO * O), (nq, B, Hkv, G, bq)
+        # One extra feature folds the row terms into the matmuls:
+        # [q, -lse] . [k, 1] = logits - lse and [dO, -delta] . [v, 1] = dP - delta,
+        # saving two elementwise passes over every tile.
+        q_lse = _append(q, -lse)
+        d_out_delta = _append(d_out, -delta)
+        k_one = _append(k, ops.ones_like(k[..., 0]))
+        v_one = _append(v, ops.ones_like(v[..., 0]))
 
         def query_step(i, buffers):
             dq_buffer, dk_buffer, dv_buffer = buffers
             q_tile, d_out_tile = _take(q, i), _take(d_out, i)
-            lse_tile = ops.expand_dims(_take(lse, i), -1)
-            delta_tile = ops.expand_dims(_take(delta, i), -1)
+            q_lse_tile, d_out_delta_tile = _take(q_lse, i), _take(d_out_delta, i)
 
             def key_step(j, state):
                 dq, dk_buffer, dv_buffer = state
-                k_tile, v_tile = _take(k, j), _take(v, j)
-                probs = ops.exp(masked_logits(q_tile, k_tile, i, j) - lse_tile)
-                d_probs = ops.einsum("bhgqd,bhkd->bhgqk", d_out_tile, v_tile)
-                d_logits = probs * (d_probs - delta_tile)
+                k_tile = _take(k, j)
+                probs = ops.exp(masked_logits(q_lse_tile, _take(k_one, j), i, j))
+                d_logits = probs * ops.einsum(
+                    "bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j)
+                )
                 dq = dq + ops.einsum("bhgqk,bhkd->bhgqd", d_logits, k_tile)
                 dk = _take(dk_buffer, j) + ops.einsum(
                     "bhgqk,bhgqd->bhkd", d_logits, q_tile
