@@ -46,18 +46,19 @@ def _inputs(batch, q_len, k_len, heads, kv_heads, seed=0):
 
 
 @pytest.mark.parametrize(
-    "case",
+    "case, block_size",
     [
-        "plain",
-        "key_padding",
-        "query_mask",
-        "attention_mask",
-        "causal",
-        "causal_cross_lengths",
-        "causal_padding_grouped",
+        ("plain", 4),
+        ("plain", 64),  # a single tile
+        ("key_padding", 4),
+        ("query_mask", 4),
+        ("attention_mask", 4),
+        ("causal", 4),
+        ("causal_cross_lengths", 4),
+        ("causal_padding_grouped", 4),
+        ("causal_padding_grouped", 64),
     ],
 )
-@pytest.mark.parametrize("block_size", [4, 64])
 def test_matches_numpy_reference_values_and_gradients(case, block_size):
     q_len, k_len = (7, 13) if case == "causal_cross_lengths" else (11, 11)
     kv_heads = 2 if case.endswith("grouped") else 4
