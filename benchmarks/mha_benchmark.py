@@ -186,6 +186,11 @@ def main():
         help="longest length at which Keras is attempted (it needs ~5 "
         "(B,H,L,L) float32 tensors: 43 GiB at 16384)",
     )
+    parser.add_argument(
+        "--xla-max-length", type=int, default=0,
+        help="skip XLA above this length (0 = never skip); XLA on CPU is "
+        "slower than graph mode here and 32768 takes ~10 min per step",
+    )
     parser.add_argument("--memory-lengths", default="1024,8192,16384,32768")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--memory-efficient", default="auto", choices=["auto", "true", "false"])
@@ -217,6 +222,9 @@ def main():
     print(header, flush=True)
     for length in lengths:
         for mode in modes:
+            if mode == "xla" and args.xla_max_length and length > args.xla_max_length:
+                print(f"{length:>6} {mode:>5} skipped (--xla-max-length)", flush=True)
+                continue
             which = "ours,keras" if length <= args.keras_max_length else "ours"
             repeats = args.repeats if length < 16384 else args.long_repeats
             result = _run_child(args, length, mode, which, repeats, matmul=True)
@@ -255,6 +263,8 @@ def main():
         print(f"{'L':>6} {'mode':>5} {'impl':>6} {'peak':>8} {'net':>8}", flush=True)
         for length in [int(v) for v in args.memory_lengths.split(",") if v]:
             for mode in modes:
+                if mode == "xla" and args.xla_max_length and length > args.xla_max_length:
+                    continue
                 for which in ("ours", "keras"):
                     if which == "keras" and length > args.keras_max_length:
                         continue
