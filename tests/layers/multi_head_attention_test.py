@@ -324,7 +324,7 @@ def _decode_with_cache(layer, sequence, compiled):
         outputs = ops.slice_update(outputs, (0, index, 0), out)
         return cache, outputs
 
-    def loop(sequence_unused=None):
+    def loop():
         return ops.fori_loop(0, length, step, (cache, outputs))[1]
 
     if not compiled:
