@@ -222,12 +222,11 @@ def memory_efficient_attention(
                 )
                 return new_max, running_sum, acc
 
-            # Start from this block's still-zero output slots: the data
-            # dependency on the previous block's writes stops TF graph mode
-            # from running several query blocks at once (parallel while-loop
-            # iterations), which multiplies the tile memory for no speed.
-            zeros = _take(lse_buffer, i)
-            init = (zeros + _INITIAL_MAX, zeros, _take(out_buffer, i))
+            init = (
+                ops.full(row_shape, _INITIAL_MAX, dtype="float32"),
+                ops.zeros(row_shape, dtype="float32"),
+                ops.zeros(row_shape + (value_dim,), dtype="float32"),
+            )
             running_max, running_sum, acc = ops.fori_loop(
                 0, key_stop(i), key_step, init
             )
@@ -293,7 +292,10 @@ def memory_efficient_attention(
                 return dq, dk_buffer, dv_buffer
 
             dq, dk_buffer, dv_buffer = ops.fori_loop(
-                0, key_stop(i), key_step, (_take(dq_buffer, i), dk_buffer, dv_buffer)
+                0,
+                key_stop(i),
+                key_step,
+                (ops.zeros_like(q_tile), dk_buffer, dv_buffer),
             )
             dq_buffer = ops.slice_update(
                 dq_buffer, (i, 0, 0, 0, 0, 0), ops.expand_dims(dq, 0)
