@@ -1,3 +1,5 @@
+import numbers
+
 import keras
 from keras import ops
 
@@ -8,16 +10,46 @@ from keras_attention.ops import masking
 from keras_attention.ops import multi_head
 from keras_attention.ops.memory_efficient import memory_efficient_attention
 
-# Keys at or beyond this length switch "auto" to the memory-efficient kernel
-# (measured with benchmarks/mha_benchmark.py on a 2-core CPU: below it the
-# exact kernel is as fast or faster; above it the (B, H, Tq, Tk) tensors of
-# the exact kernel cost more in memory traffic than the blockwise loops).
-DEFAULT_MEMORY_EFFICIENT_THRESHOLD = 2048
-DEFAULT_BLOCK_SIZE = 512
+# Keys at or beyond this length switch "auto" to the memory-efficient kernel.
+# Measured with benchmarks/mha_benchmark.py on a 2-core CPU (TF graph mode):
+# the recomputing backward does 7/6 of the exact kernel's matmul work, so it
+# is ~1.2x slower than exact attention at 4096-8192 while Keras' exact kernel
+# is still compute-bound; from 8192 on memory decides (the exact kernel needs
+# ~10 GiB there and runs out of memory at 16384).
+DEFAULT_MEMORY_EFFICIENT_THRESHOLD = 8192
+DEFAULT_BLOCK_SIZE = 1024
 
 
-def _is_tensor_index(index):
-    return index is not None and not isinstance(index, int)
+def _fused_kernel_available():
+    """Whether `keras.ops.dot_product_attention` has a fused GPU kernel here."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "gpu"
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    return False
+
+
+def _softmax(logits, mask):
+    """`masking.masked_softmax`, on the backend's fused softmax when it can.
+
+    The fused op (one pass forward, one fused gradient) is measurably faster
+    than the written-out softmax at long lengths; it is skipped for a
+    length-1 key axis, where `ops.softmax` warns.
+    """
+    if logits.shape[-1] is None or logits.shape[-1] < 2:
+        return masking.masked_softmax(logits, mask)
+    dtype = logits.dtype
+    logits = ops.cast(logits, "float32")
+    if mask is None:
+        return ops.cast(ops.softmax(logits, axis=-1), dtype)
+    weights = ops.softmax(ops.where(mask, logits, -1e9), axis=-1)
+    # A row with no allowed key would be uniform: zero it.
+    return ops.cast(weights * ops.cast(mask, "float32"), dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -57,12 +89,14 @@ class MultiHeadAttention(BaseAttention):
             the memory-efficient kernel when the key length is at least
             `memory_efficient_threshold`, no weights are requested or captured,
             dropout is inactive and lengths are static. `True` uses it whenever
-            weights are not needed (dropout then falls back to the exact
-            kernel, since dropped weights would have to be stored). `False`
+            weights are not needed and lengths are static (dropout during
+            training falls back to the exact kernel, since the dropped weights
+            would have to be stored; so do unknown lengths, which only occur
+            in TF graph mode without XLA). `False`
             always computes the full weights.
         memory_efficient_threshold: key length from which `"auto"` switches;
-            defaults to 2048 (the crossover measured on a 2-core CPU, see
-            benchmarks/RESULTS.md).
+            defaults to 8192: below it the exact kernel is faster on CPU and
+            fits in memory (see benchmarks/RESULTS.md).
         block_size: query and key block length of the memory-efficient kernel.
         kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, kernel_constraint, bias_constraint: for the
@@ -251,14 +285,23 @@ class MultiHeadAttention(BaseAttention):
         self.built = True
 
     # ------------------------------------------------------------ kernel hook
-    def _use_memory_efficient(self, query, key, training, return_attention_scores):
+    def _weights_optional(self, training, return_attention_scores):
+        """Whether a kernel that never forms the weights may run."""
         if return_attention_scores or self._capturing_attention:
             return False
         if self.memory_efficient is False:
             return False
-        if query.shape[1] is None or key.shape[1] is None:
+        return not (self.dropout > 0 and training)
+
+    def _use_fused(self, training, return_attention_scores):
+        return self._weights_optional(
+            training, return_attention_scores
+        ) and _fused_kernel_available()
+
+    def _use_memory_efficient(self, query, key, training, return_attention_scores):
+        if not self._weights_optional(training, return_attention_scores):
             return False
-        if self.dropout > 0 and training:
+        if query.shape[1] is None or key.shape[1] is None:
             return False
         if self.memory_efficient == "auto":
             return key.shape[1] >= self.memory_efficient_threshold and query.shape[1] > 1
@@ -325,9 +368,45 @@ class MultiHeadAttention(BaseAttention):
         logits = multi_head.multi_head_logits(query, key)  # (B, H, Tq, Tv)
         if mask is not None:
             mask = ops.expand_dims(mask, 1)  # (B, 1, Tq, Tv)
-        weights = masking.masked_softmax(logits, mask)
+        weights = _softmax(logits, mask)
         dropped = self._dropout_layer(weights, training=training)
         return multi_head.multi_head_weighted_sum(dropped, value), weights
+
+    def _fused_attention(
+        self, query, key, value, query_mask, key_mask, attention_mask, use_causal_mask
+    ):
+        mask = masking.attention_mask_from(
+            query_mask=query_mask,
+            value_mask=key_mask,
+            attention_mask=attention_mask,
+            query_length=ops.shape(query)[1],
+            key_length=ops.shape(key)[1],
+        )
+        if keras.backend.backend() != "jax":  # only JAX takes grouped heads
+            key = multi_head.repeat_key_value_heads(key, self.num_heads)
+            value = multi_head.repeat_key_value_heads(value, self.num_heads)
+        if mask is not None:
+            mask = ops.broadcast_to(
+                mask, (ops.shape(query)[0], ops.shape(query)[1], ops.shape(key)[1])
+            )
+        output = ops.dot_product_attention(
+            query,
+            key,
+            value,
+            mask=None if mask is None else ops.expand_dims(mask, 1),
+            scale=self._scale,
+            is_causal=use_causal_mask,
+        )
+        if mask is not None:
+            # The fused kernels spread a row with no allowed key uniformly.
+            if use_causal_mask:
+                mask = ops.logical_and(
+                    mask,
+                    masking.causal_mask(ops.shape(query)[1], ops.shape(key)[1]),
+                )
+            attended = ops.any(mask, axis=-1)  # (B, Tq)
+            output = output * ops.cast(attended[:, :, None, None], output.dtype)
+        return output
 
     # ---------------------------------------------------------------- caching
     def precompute_key_value(self, value, key=None):
@@ -403,16 +482,14 @@ class MultiHeadAttention(BaseAttention):
                     "`value` and `key` must be None. Received a `value` or `key`"
                 )
             )
-        if isinstance(cache_update_index, bool) or (
-            isinstance(cache_update_index, float)
-        ):
+        if isinstance(cache_update_index, (bool, float)):
             raise TypeError(
                 self._error(
                     "`cache_update_index` must be an int or an int tensor. "
                     f"Received: cache_update_index={cache_update_index!r}"
                 )
             )
-        if isinstance(cache_update_index, int):
+        if isinstance(cache_update_index, numbers.Integral):
             max_length, steps = shape[2], query.shape[1]
             if cache_update_index < 0 or (
                 max_length is not None

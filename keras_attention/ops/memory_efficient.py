@@ -10,10 +10,10 @@ Milakov & Gimelshein 2018, as used by FlashAttention, Dao et al. 2022). Only
 
 The gradient is custom: the backward pass recomputes each `(block, block)`
 tile of probabilities from the stored log-sum-exp instead of keeping them, so
-forward plus backward memory grows linearly with the sequence length. It
-makes two sweeps (FlashAttention-2 style): one over key blocks accumulating
-`dK`, `dV`, one over query blocks accumulating `dQ`; each sweep writes whole
-blocks once, so no accumulator is ever updated in place across iterations.
+forward plus backward memory grows linearly with the sequence length. One
+sweep over the tiles computes `dQ`, `dK` and `dV` together (five matmuls per
+tile; the forward takes two), writing `dK`/`dV` blocks with
+`ops.slice_update`, which XLA does in place.
 
 With `use_causal_mask=True` the loops stop at the diagonal: key blocks that
 lie entirely in the future of a query block are never computed.
@@ -31,6 +31,12 @@ from keras import ops
 # Running maximum before any key is seen: finite, so `exp(m_old - m_new)`
 # is never `exp(-inf + inf)`, and below every real score.
 _INITIAL_MAX = -1e30
+_NO_KEY_LSE = 1e30
+
+
+def _append(x, column):
+    """Appends `column` (shaped like `x[..., 0]`) as a last feature."""
+    return ops.concatenate([x, ops.expand_dims(column, -1)], axis=-1)
 
 
 def _to_query_blocks(x, num_blocks, block, num_kv_heads):
@@ -83,6 +89,7 @@ def memory_efficient_attention(
     attention_mask=None,
     use_causal_mask=False,
     block_size=512,
+    key_block_size=None,
 ):
     """Exact multi-head softmax attention in memory linear in the length.
 
@@ -96,7 +103,8 @@ def memory_efficient_attention(
         key_mask: `(B, Tk)` boolean, `False` keys are never attended.
         attention_mask: `(B, Tq, Tk)` boolean, `True` where attention is allowed.
         use_causal_mask: query `i` attends keys `j <= i` only.
-        block_size: rows (queries) and columns (keys) per tile.
+        block_size: queries per tile.
+        key_block_size: keys per tile; defaults to `block_size`.
 
     Returns:
         `(B, Tq, H, Dv)` in the dtype of `query`. A query row with no allowed
@@ -119,7 +127,8 @@ def memory_efficient_attention(
         )
     if scale is None:
         scale = 1.0 / math.sqrt(key_dim)
-    q_block, k_block = min(block_size, q_len), min(block_size, k_len)
+    key_block_size = key_block_size or block_size
+    q_block, k_block = min(block_size, q_len), min(key_block_size, k_len)
     num_q_blocks = -(-q_len // q_block)
     num_k_blocks = -(-k_len // k_block)
     pads_keys = num_k_blocks * k_block != k_len
@@ -192,12 +201,6 @@ def memory_efficient_attention(
         last_row = (i + 1) * q_block - 1
         return ops.minimum(last_row // k_block + 1, num_k_blocks)
 
-    def query_start(j):
-        """The first query block that may see key block `j`."""
-        if not use_causal_mask:
-            return 0
-        return (j * k_block) // q_block
-
     def forward(q, k, v):
         batch = ops.shape(q)[1]
         row_shape = (batch, num_kv_heads, num_heads // num_kv_heads, q_block)
@@ -234,8 +237,9 @@ def memory_efficient_attention(
                 acc / ops.expand_dims(safe_sum, -1),
                 0.0,
             )
-            # +inf for rows with no key: exp(logit - inf) = 0 in the backward.
-            lse = ops.where(attended, running_max + ops.log(safe_sum), float("inf"))
+            # Huge for rows with no key: exp(logit - lse) = 0 in the backward
+            # (finite, as it goes through a matmul there).
+            lse = ops.where(attended, running_max + ops.log(safe_sum), _NO_KEY_LSE)
             out_buffer = ops.slice_update(
                 out_buffer, (i, 0, 0, 0, 0, 0), ops.expand_dims(out, 0)
             )
@@ -252,56 +256,58 @@ def memory_efficient_attention(
 
     def backward(q, k, v, out, lse, d_out):
         delta = ops.sum(d_out * out, axis=-1)  # rowsum(dO * O), (nq, B, Hkv, G, bq)
+        # One extra feature folds the row terms into the matmuls:
+        # [q, -lse] . [k, 1] = logits - lse and [dO, -delta] . [v, 1] = dP - delta,
+        # saving two elementwise passes over every tile.
+        q_lse = _append(q, -lse)
+        d_out_delta = _append(d_out, -delta)
+        k_one = _append(k, ops.ones_like(k[..., 0]))
+        v_one = _append(v, ops.ones_like(v[..., 0]))
 
-        def tile_grads(i, j, k_tile, v_tile):
-            q_tile = _take(q, i)
-            d_out_tile = _take(d_out, i)
-            logits = masked_logits(q_tile, k_tile, i, j)
-            probs = ops.exp(logits - ops.expand_dims(_take(lse, i), -1))
-            d_probs = ops.einsum("bhgqd,bhkd->bhgqk", d_out_tile, v_tile)
-            d_logits = probs * (d_probs - ops.expand_dims(_take(delta, i), -1))
-            return q_tile, d_out_tile, probs, d_logits
+        def query_step(i, buffers):
+            dq_buffer, dk_buffer, dv_buffer = buffers
+            q_tile, d_out_tile = _take(q, i), _take(d_out, i)
+            q_lse_tile, d_out_delta_tile = _take(q_lse, i), _take(d_out_delta, i)
 
-        def key_step(j, buffers):
-            dk_buffer, dv_buffer = buffers
-            k_tile, v_tile = _take(k, j), _take(v, j)
+            def key_step(j, state):
+                dq, dk_buffer, dv_buffer = state
+                k_tile = _take(k, j)
+                probs = ops.exp(masked_logits(q_lse_tile, _take(k_one, j), i, j))
+                d_logits = probs * ops.einsum(
+                    "bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j)
+                )
+                dq = dq + ops.einsum("bhgqk,bhkd->bhgqd", d_logits, k_tile)
+                dk = _take(dk_buffer, j) + ops.einsum(
+                    "bhgqk,bhgqd->bhkd", d_logits, q_tile
+                )
+                dv = _take(dv_buffer, j) + ops.einsum(
+                    "bhgqk,bhgqd->bhkd", probs, d_out_tile
+                )
+                dk_buffer = ops.slice_update(
+                    dk_buffer, (j, 0, 0, 0, 0), ops.expand_dims(dk, 0)
+                )
+                dv_buffer = ops.slice_update(
+                    dv_buffer, (j, 0, 0, 0, 0), ops.expand_dims(dv, 0)
+                )
+                return dq, dk_buffer, dv_buffer
 
-            def query_step(i, grads):
-                dk, dv = grads
-                q_tile, d_out_tile, probs, d_logits = tile_grads(i, j, k_tile, v_tile)
-                dv = dv + ops.einsum("bhgqk,bhgqd->bhkd", probs, d_out_tile)
-                dk = dk + ops.einsum("bhgqk,bhgqd->bhkd", d_logits, q_tile)
-                return dk, dv
-
-            dk, dv = ops.fori_loop(
-                query_start(j),
-                num_q_blocks,
-                query_step,
-                (ops.zeros_like(k_tile), ops.zeros_like(v_tile)),
+            dq, dk_buffer, dv_buffer = ops.fori_loop(
+                0,
+                key_stop(i),
+                key_step,
+                (ops.zeros_like(q_tile), dk_buffer, dv_buffer),
             )
-            dk_buffer = ops.slice_update(
-                dk_buffer, (j, 0, 0, 0, 0), ops.expand_dims(dk, 0)
-            )
-            dv_buffer = ops.slice_update(
-                dv_buffer, (j, 0, 0, 0, 0), ops.expand_dims(dv, 0)
-            )
-            return dk_buffer, dv_buffer
-
-        def query_step(i, dq_buffer):
-            def key_step(j, dq):
-                _, _, _, d_logits = tile_grads(i, j, _take(k, j), _take(v, j))
-                return dq + ops.einsum("bhgqk,bhkd->bhgqd", d_logits, _take(k, j))
-
-            dq = ops.fori_loop(0, key_stop(i), key_step, ops.zeros_like(_take(q, i)))
-            return ops.slice_update(
+            dq_buffer = ops.slice_update(
                 dq_buffer, (i, 0, 0, 0, 0, 0), ops.expand_dims(dq, 0)
             )
+            return dq_buffer, dk_buffer, dv_buffer
 
-        dk, dv = ops.fori_loop(
-            0, num_k_blocks, key_step, (ops.zeros_like(k), ops.zeros_like(v))
+        return ops.fori_loop(
+            0,
+            num_q_blocks,
+            query_step,
+            (ops.zeros_like(q), ops.zeros_like(k), ops.zeros_like(v)),
         )
-        dq = ops.fori_loop(0, num_q_blocks, query_step, ops.zeros_like(q))
-        return dq, dk, dv
 
     @ops.custom_gradient
     def attend(q, k, v):
