@@ -6,8 +6,14 @@ from keras_attention.layers.base_attention import BaseAttention
 from keras_attention.layers.low_rank_attention import LowRankAttention
 from keras_attention.layers.luong_attention import LuongAttention
 from keras_attention.layers.capture import capture_attention
+from keras_attention.layers.cbam import CBAM
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.linformer_attention import LinformerAttention
 from keras_attention.layers.performer_attention import PerformerAttention
 from keras_attention.layers.performer_attention import RedrawFeatures
 from keras_attention.layers.sparse_attention import SparseAttention
+from keras_attention.layers.position_embedding import PositionEmbedding
+from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_attention.layers.squeeze_excitation import SqueezeExcitation
+from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
+from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock

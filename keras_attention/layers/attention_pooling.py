@@ -87,7 +87,7 @@ class AttentionPooling(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.attention = _score_layer(
-            score, units, dropout, seed, self.dtype_policy, "attention"
+            score, units, dropout, seed, self.dtype_policy, f"{self.name}_attention"
         )
         self.score_name = score if isinstance(score, str) else None
         self.units = units
@@ -110,7 +110,8 @@ class AttentionPooling(keras.layers.Layer):
         self.query = self.add_weight(
             name="query", shape=(1, 1, features), initializer=self.query_initializer
         )
-        self.attention.build((None, 1, features), inputs_shape)
+        if not self.attention.built:  # a deserialized layer may come built
+            self.attention.build((None, 1, features), inputs_shape)
         self.built = True
 
     def call(self, inputs, mask=None, return_attention_scores=False, training=None):

@@ -35,8 +35,13 @@ class capture_attention:
     ...                           keras_attention.LuongAttention(name="att")])
     >>> with keras_attention.layers.capture_attention(model) as captured:
     ...     _ = model(np.ones((2, 4, 8), "float32"))
-    >>> captured.scores["att"][0].shape
+    >>> captured.scores["sequential/att"][0].shape
     (2, 4, 4)
+    >>> captured["att"][0].shape  # a unique layer name works too
+    (2, 4, 4)
+
+    `scores` maps each layer's `path` (unique even when blocks reuse sublayer
+    names such as `self_attention`) to the list of weights of each call.
     """
 
     def __init__(self, model_or_layer):
@@ -58,7 +63,21 @@ class capture_attention:
         for layer in self.layers:
             recorder = layer._attention_recorder
             layer._attention_recorder = None
-            self.scores[layer.name] = [
+            self.scores[layer.path or layer.name] = [
                 np.asarray(w, dtype="float32") for w in recorder.weights
             ]
         return False
+
+    def __getitem__(self, name_or_path):
+        """The weights of the layer with this path, or this unique name."""
+        if name_or_path in self.scores:
+            return self.scores[name_or_path]
+        matches = [
+            path for path in self.scores if path.rsplit("/", 1)[-1] == name_or_path
+        ]
+        if len(matches) != 1:
+            raise KeyError(
+                f"capture_attention: {len(matches)} attention layers are named "
+                f"{name_or_path!r}; use one of the paths {sorted(self.scores)}"
+            )
+        return self.scores[matches[0]]

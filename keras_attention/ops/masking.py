@@ -92,10 +92,14 @@ def masked_softmax(scores, mask=None, axis=-1):
     """
     dtype = scores.dtype
     scores = ops.cast(scores, "float32")
-    if mask is None:
-        return ops.cast(ops.softmax(scores, axis=axis), dtype)
-    mask = to_bool_mask(mask)
-    scores = ops.where(mask, scores, _MASKED_SCORE)
-    weights = ops.softmax(scores, axis=axis)
-    weights = weights * ops.cast(mask, "float32")
+    if mask is not None:
+        mask = to_bool_mask(mask)
+        scores = ops.where(mask, scores, _MASKED_SCORE)
+    # Written out rather than ops.softmax, which warns on a length-1 axis,
+    # a legitimate case here (a single key).
+    exp = ops.exp(scores - ops.max(scores, axis=axis, keepdims=True))
+    if mask is not None:
+        exp = exp * ops.cast(mask, "float32")
+    total = ops.sum(exp, axis=axis, keepdims=True)
+    weights = exp / ops.maximum(total, 1e-30)
     return ops.cast(weights, dtype)

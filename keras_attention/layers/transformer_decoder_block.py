@@ -1,0 +1,440 @@
+import keras
+from keras import ops
+
+from keras_attention.layers.transformer_encoder_block import TransformerBlockBase
+from keras_attention.layers.transformer_encoder_block import attention_prototype
+from keras_attention.layers.transformer_encoder_block import check_mask
+from keras_attention.layers.transformer_encoder_block import check_sequence_shape
+from keras_attention.layers.transformer_encoder_block import keras_mask_of
+from keras_attention.layers.transformer_encoder_block import serialize_prototype
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerDecoderBlock(TransformerBlockBase):
+    """One Transformer decoder layer with cached decoding and visible scores.
+
+    From [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762): causal
+    multi-head self-attention, cross-attention over the encoder outputs, and
+    a position-wise feed-forward network, each wrapped in a residual
+    connection and layer normalization (post-norm `LN(x + f(x))`, or pre-norm
+    `x + f(LN(x))` with `norm_first=True`). Unlike KerasHub's decoder it
+    returns the self- and cross-attention scores of every head on request,
+    and its attention can be any keras_attention multi-head layer.
+
+    The cross-attention sublayer exists when the block is first called (or
+    built) with `encoder_outputs`; without them it is a decoder-only
+    (GPT-style) block.
+
+    Incremental decoding: `initial_self_attention_cache(batch, max_length)`
+    gives an empty self-attention cache and
+    `precompute_cross_attention_cache(encoder_outputs)` projects the encoder
+    keys/values once; then call the block on one step at a time with
+    `self_attention_cache`, `cache_update_index` and `cross_attention_cache`.
+    All shapes are fixed, so the loop compiles with XLA.
+
+    Args:
+        num_heads, key_dim, intermediate_dim, dropout, norm_first,
+        activation, layer_norm_epsilon, kernel_initializer, bias_initializer,
+        seed: as in `TransformerEncoderBlock`.
+        attention: the self-attention, `None` for `MultiHeadAttention`, or a
+            `MultiHeadAttention`-family instance (or its serialized dict) used
+            as a prototype, as in `TransformerEncoderBlock`.
+        cross_attention: the cross-attention, same forms; `None` uses the
+            same choice as `attention`.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(B, T, d)` decoder sequence (one or a few steps when
+            decoding with a cache).
+        encoder_outputs: `(B, S, e)`, or `None` for a decoder-only block or
+            when `cross_attention_cache` is given.
+        decoder_padding_mask: `(B, T)`, `True` for real tokens of `inputs`.
+            Defaults to the Keras mask of `inputs`. Without a cache it masks
+            both queries and keys; with a cache it masks the new steps only.
+        decoder_attention_mask: `(B, T, T)` (or `(B, T, T_max)` with a cache),
+            extra self-attention mask, combined with the others.
+        encoder_padding_mask: `(B, S)`, `True` for real encoder positions.
+            Defaults to the Keras mask of `encoder_outputs`.
+        use_causal_mask: whether step `i` sees only steps `<= i` (default).
+        self_attention_cache: `(B, 2, T_max, Hkv, key_dim)` from
+            `initial_self_attention_cache` or the previous step.
+        cache_update_index: where this step's keys/values go in the cache (an
+            int or an int scalar tensor, i.e. the position of `inputs[:, 0]`).
+        cross_attention_cache: `(B, 2, S, Hkv, key_dim)` from
+            `precompute_cross_attention_cache`, instead of `encoder_outputs`.
+        return_attention_scores: also return the attention weights.
+        training: whether dropout is active.
+
+    Returns:
+        `outputs (B, T, d)`; with `return_attention_scores=True` also
+        `self_scores (B, H, T, T or T_max)` and, if the block has
+        cross-attention, `cross_scores (B, H, T, S)`; with a self-attention
+        cache, last, the updated cache. So a cached decoding step with scores
+        returns `outputs, self_scores, cross_scores, cache`.
+
+    Example:
+
+    >>> import numpy as np, keras_attention
+    >>> block = keras_attention.TransformerDecoderBlock(
+    ...     num_heads=2, key_dim=4, intermediate_dim=16)
+    >>> target = np.random.rand(1, 3, 8).astype("float32")
+    >>> source = np.random.rand(1, 5, 8).astype("float32")
+    >>> outputs, self_scores, cross_scores = block(
+    ...     target, source, return_attention_scores=True)
+    >>> tuple(self_scores.shape), tuple(cross_scores.shape)
+    ((1, 2, 3, 3), (1, 2, 3, 5))
+    >>> cache = block.initial_self_attention_cache(batch_size=1, max_length=3)
+    >>> cross_cache = block.precompute_cross_attention_cache(source)
+    >>> step, cache = block(target[:, :1], self_attention_cache=cache,
+    ...                     cache_update_index=0, cross_attention_cache=cross_cache)
+    >>> tuple(step.shape), tuple(cache.shape)
+    ((1, 1, 8), (1, 2, 3, 2, 4))
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        intermediate_dim,
+        dropout=0.0,
+        norm_first=False,
+        attention=None,
+        cross_attention=None,
+        activation="relu",
+        layer_norm_epsilon=1e-5,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(
+            num_heads=num_heads,
+            key_dim=key_dim,
+            intermediate_dim=intermediate_dim,
+            dropout=dropout,
+            norm_first=norm_first,
+            attention=attention,
+            activation=activation,
+            layer_norm_epsilon=layer_norm_epsilon,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            seed=seed,
+            **kwargs,
+        )
+        self._cross_attention_prototype = attention_prototype(
+            type(self).__name__, "cross_attention", cross_attention, num_heads, key_dim
+        )
+        self.has_cross_attention = None  # decided in build
+
+    def build(self, inputs_shape, encoder_outputs_shape=None):
+        check_sequence_shape(self, "inputs", inputs_shape)
+        inputs_shape = tuple(inputs_shape)
+        self.self_attention = self._make_attention(
+            self._attention_prototype, "self_attention", 0
+        )
+        self._check_attention_output(self.self_attention, inputs_shape, inputs_shape)
+        self.self_attention.build(inputs_shape, inputs_shape)
+        self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm")
+        self.self_attention_layer_norm.build(inputs_shape)
+        self.self_attention_dropout = self._dropout("self_attention_dropout", 1)
+
+        self.has_cross_attention = encoder_outputs_shape is not None
+        if self.has_cross_attention:
+            check_sequence_shape(self, "encoder_outputs", encoder_outputs_shape)
+            encoder_outputs_shape = tuple(encoder_outputs_shape)
+            self.cross_attention = self._make_attention(
+                self._cross_attention_prototype or self._attention_prototype,
+                "cross_attention",
+                2,
+            )
+            self._check_attention_output(
+                self.cross_attention, inputs_shape, encoder_outputs_shape
+            )
+            self.cross_attention.build(inputs_shape, encoder_outputs_shape)
+            self.cross_attention_layer_norm = self._layer_norm(
+                "cross_attention_layer_norm"
+            )
+            self.cross_attention_layer_norm.build(inputs_shape)
+            self.cross_attention_dropout = self._dropout("cross_attention_dropout", 3)
+        self._build_feedforward(inputs_shape)
+        self.built = True
+
+    # ------------------------------------------------------------- decoding
+    def _require_built(self, method, cross=False):
+        if not self.built or (cross and not self.has_cross_attention):
+            raise ValueError(
+                f"TransformerDecoderBlock (layer '{self.name}'): `{method}` needs "
+                f"a block built{' with encoder outputs' if cross else ''}; call "
+                f"it once on (inputs, encoder_outputs) or `build` it first. "
+                f"Received: a block with built={self.built}, "
+                f"has_cross_attention={self.has_cross_attention}"
+            )
+
+    def initial_self_attention_cache(self, batch_size, max_length, dtype=None):
+        """Zeros `(batch_size, 2, max_length, Hkv, key_dim)` for decoding.
+
+        `dtype` defaults to the block's compute dtype.
+        """
+        self._require_built("initial_self_attention_cache")
+        attention = self.self_attention
+        return ops.zeros(
+            (
+                batch_size,
+                2,
+                max_length,
+                attention.num_key_value_heads,
+                attention.key_dim,
+            ),
+            dtype=dtype or self.compute_dtype,
+        )
+
+    def precompute_cross_attention_cache(self, encoder_outputs):
+        """Projects the encoder outputs once: `(B, 2, S, Hkv, key_dim)`."""
+        self._require_built("precompute_cross_attention_cache", cross=True)
+        check_sequence_shape(self, "encoder_outputs", encoder_outputs.shape)
+        return self.cross_attention.precompute_key_value(encoder_outputs)
+
+    # ----------------------------------------------------------------- call
+    def _error(self, message):
+        return f"TransformerDecoderBlock (layer '{self.name}'): {message}"
+
+    def _validate_call(
+        self,
+        inputs,
+        encoder_outputs,
+        decoder_padding_mask,
+        decoder_attention_mask,
+        encoder_padding_mask,
+        self_attention_cache,
+        cache_update_index,
+        cross_attention_cache,
+    ):
+        check_sequence_shape(self, "inputs", inputs.shape)
+        if encoder_outputs is not None:
+            check_sequence_shape(self, "encoder_outputs", encoder_outputs.shape)
+            if cross_attention_cache is not None:
+                raise ValueError(
+                    self._error(
+                        "pass `encoder_outputs` or `cross_attention_cache`, not "
+                        "both. Received: encoder_outputs with shape "
+                        f"{tuple(encoder_outputs.shape)} and cross_attention_cache "
+                        f"with shape {tuple(cross_attention_cache.shape)}"
+                    )
+                )
+        has_encoder = encoder_outputs is not None or cross_attention_cache is not None
+        if self.built and has_encoder != self.has_cross_attention:
+            raise ValueError(
+                self._error(
+                    "the block was built "
+                    + (
+                        "with cross-attention: pass `encoder_outputs` or "
+                        "`cross_attention_cache`"
+                        if self.has_cross_attention
+                        else "without cross-attention (decoder-only), so it "
+                        "takes no `encoder_outputs`/`cross_attention_cache`"
+                    )
+                    + f". Received: encoder_outputs={_shape_of(encoder_outputs)}, "
+                    f"cross_attention_cache={_shape_of(cross_attention_cache)}"
+                )
+            )
+        if (self_attention_cache is None) != (cache_update_index is None):
+            raise ValueError(
+                self._error(
+                    "`self_attention_cache` and `cache_update_index` go together. "
+                    f"Received: self_attention_cache="
+                    f"{_shape_of(self_attention_cache)}, "
+                    f"cache_update_index={cache_update_index!r}"
+                )
+            )
+        batch, length = inputs.shape[0], inputs.shape[1]
+        self_length = (
+            length if self_attention_cache is None else self_attention_cache.shape[2]
+        )
+        check_mask(self, "decoder_padding_mask", decoder_padding_mask, (batch, length))
+        check_mask(
+            self,
+            "decoder_attention_mask",
+            decoder_attention_mask,
+            (batch, length, self_length),
+        )
+        encoder_length = None
+        if encoder_outputs is not None:
+            encoder_length = encoder_outputs.shape[1]
+        elif cross_attention_cache is not None:
+            encoder_length = cross_attention_cache.shape[2]
+        if encoder_padding_mask is not None and not has_encoder:
+            raise ValueError(
+                self._error(
+                    "`encoder_padding_mask` needs `encoder_outputs` or "
+                    "`cross_attention_cache`. Received: encoder_padding_mask "
+                    f"with shape {tuple(encoder_padding_mask.shape)}"
+                )
+            )
+        check_mask(
+            self, "encoder_padding_mask", encoder_padding_mask, (batch, encoder_length)
+        )
+        return self_length, encoder_length
+
+    def call(
+        self,
+        inputs,
+        encoder_outputs=None,
+        *,
+        decoder_padding_mask=None,
+        decoder_attention_mask=None,
+        encoder_padding_mask=None,
+        use_causal_mask=True,
+        self_attention_cache=None,
+        cache_update_index=None,
+        cross_attention_cache=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        self._validate_call(
+            inputs,
+            encoder_outputs,
+            decoder_padding_mask,
+            decoder_attention_mask,
+            encoder_padding_mask,
+            self_attention_cache,
+            cache_update_index,
+            cross_attention_cache,
+        )
+        if decoder_padding_mask is None:
+            decoder_padding_mask = keras_mask_of(inputs)
+        if encoder_padding_mask is None:
+            encoder_padding_mask = keras_mask_of(encoder_outputs)
+        updated_cache = []
+
+        def self_attention(x):
+            if self_attention_cache is None:
+                extra = dict(value_mask=decoder_padding_mask)
+            else:
+                extra = dict(
+                    cache=self_attention_cache, cache_update_index=cache_update_index
+                )
+            result = self.self_attention(
+                x,
+                query_mask=decoder_padding_mask,
+                attention_mask=decoder_attention_mask,
+                use_causal_mask=use_causal_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+                **extra,
+            )
+            if self_attention_cache is not None:
+                *result, cache = result
+                updated_cache.append(cache)
+                result = result[0] if len(result) == 1 else tuple(result)
+            return result if return_attention_scores else (result, None)
+
+        def cross_attention(x):
+            if cross_attention_cache is None:
+                result = self.cross_attention(
+                    x,
+                    encoder_outputs,
+                    query_mask=decoder_padding_mask,
+                    value_mask=encoder_padding_mask,
+                    return_attention_scores=return_attention_scores,
+                    training=training,
+                )
+            else:
+                result = self.cross_attention(
+                    x,
+                    query_mask=decoder_padding_mask,
+                    value_mask=encoder_padding_mask,
+                    cache=cross_attention_cache,
+                    cache_update_index=None,
+                    return_attention_scores=return_attention_scores,
+                    training=training,
+                )[:-1]  # the read-only cache comes back unchanged
+                result = result[0] if len(result) == 1 else result
+            return result if return_attention_scores else (result, None)
+
+        outputs, self_scores = self._residual(
+            self_attention,
+            self.self_attention_layer_norm,
+            self.self_attention_dropout,
+            inputs,
+            training,
+        )
+        scores = (self_scores,)
+        if self.has_cross_attention:
+            outputs, cross_scores = self._residual(
+                cross_attention,
+                self.cross_attention_layer_norm,
+                self.cross_attention_dropout,
+                outputs,
+                training,
+            )
+            scores += (cross_scores,)
+        outputs = self._feedforward(outputs, training)
+
+        results = (outputs,)
+        if return_attention_scores:
+            results += scores
+        results += tuple(updated_cache)
+        return results[0] if len(results) == 1 else results
+
+    def compute_output_spec(
+        self,
+        inputs,
+        encoder_outputs=None,
+        *,
+        decoder_padding_mask=None,
+        decoder_attention_mask=None,
+        encoder_padding_mask=None,
+        use_causal_mask=True,
+        self_attention_cache=None,
+        cache_update_index=None,
+        cross_attention_cache=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        self_length, encoder_length = self._validate_call(
+            inputs,
+            encoder_outputs,
+            decoder_padding_mask,
+            decoder_attention_mask,
+            encoder_padding_mask,
+            self_attention_cache,
+            cache_update_index,
+            cross_attention_cache,
+        )
+        batch, length = inputs.shape[0], inputs.shape[1]
+        results = (keras.KerasTensor(inputs.shape, dtype=self.compute_dtype),)
+        if return_attention_scores:
+            results += (
+                keras.KerasTensor(
+                    (batch, self.num_heads, length, self_length),
+                    dtype=self.compute_dtype,
+                ),
+            )
+            has_encoder = (
+                encoder_outputs is not None or cross_attention_cache is not None
+            )
+            if has_encoder:
+                results += (
+                    keras.KerasTensor(
+                        (batch, self.num_heads, length, encoder_length),
+                        dtype=self.compute_dtype,
+                    ),
+                )
+        if self_attention_cache is not None:
+            results += (
+                keras.KerasTensor(
+                    self_attention_cache.shape, dtype=self_attention_cache.dtype
+                ),
+            )
+        return results[0] if len(results) == 1 else results
+
+    def get_config(self):
+        config = super().get_config()
+        config["cross_attention"] = serialize_prototype(
+            self._cross_attention_prototype
+        )
+        return config
+
+
+def _shape_of(value):
+    return None if value is None else f"<tensor of shape {tuple(value.shape)}>"

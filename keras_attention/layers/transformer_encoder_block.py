@@ -1,0 +1,399 @@
+import keras
+from keras.src.backend import get_keras_mask
+
+from keras_attention.layers.base_attention import validate_positive_int
+from keras_attention.layers.multi_head_attention import MultiHeadAttention
+
+
+def attention_prototype(block_name, argument, attention, num_heads, key_dim):
+    """Returns `(class, config)` of the attention layer a block should create.
+
+    `attention` is `None` (our `MultiHeadAttention`), a layer instance used as
+    a prototype (only its class and config are used, never its weights), or
+    its serialized form (`keras.saving.serialize_keras_object(layer)`, which
+    is what the blocks' `get_config` stores).
+    """
+    if attention is None:
+        return None
+    if isinstance(attention, dict):
+        attention = keras.saving.deserialize_keras_object(attention)
+    if not isinstance(attention, MultiHeadAttention):
+        raise TypeError(
+            f"{block_name}: `{argument}` must be None, a keras_attention "
+            "MultiHeadAttention (or subclass) instance, or its serialized "
+            f"config. Received: {argument}={attention!r}"
+        )
+    for name, expected in (("num_heads", num_heads), ("key_dim", key_dim)):
+        got = getattr(attention, name)
+        if got != expected:
+            raise ValueError(
+                f"{block_name}: the `{argument}` prototype has {name}={got} "
+                f"but the block has {name}={expected}. Received: "
+                f"{argument}={attention!r}"
+            )
+    config = attention.get_config()
+    for key in ("name", "dtype", "trainable"):
+        config.pop(key, None)
+    return type(attention), config
+
+
+def serialize_prototype(prototype):
+    if prototype is None:
+        return None
+    cls, config = prototype
+    return keras.saving.serialize_keras_object(cls.from_config(config))
+
+
+def keras_mask_of(tensor):
+    """The Keras mask attached to `tensor` (by `Embedding(mask_zero=True)`...)."""
+    return None if tensor is None else get_keras_mask(tensor)
+
+
+def check_sequence_shape(block, name, shape):
+    if len(shape) != 3 or shape[-1] is None:
+        raise ValueError(
+            f"{type(block).__name__} (layer '{block.name}'): `{name}` must have "
+            f"rank 3 (batch, time, features) with known features. Received: "
+            f"{name} with shape {tuple(shape)}"
+        )
+
+
+def check_mask(block, name, mask, expected_shape):
+    """Raises unless `mask` is a boolean/integer tensor of `expected_shape`."""
+    if mask is None:
+        return
+    prefix = f"{type(block).__name__} (layer '{block.name}'): "
+    dtype = str(getattr(mask, "dtype", ""))
+    if not hasattr(mask, "shape") or not ("bool" in dtype or "int" in dtype):
+        raise TypeError(
+            f"{prefix}`{name}` must be a boolean tensor, True for positions to "
+            f"attend. Received: {name}="
+            + (f"tensor with dtype {dtype}" if dtype else repr(mask))
+        )
+    shape = tuple(mask.shape)
+    if len(shape) != len(expected_shape) or any(
+        got is not None and want is not None and got != want
+        and not (axis == 0 and got == 1)
+        for axis, (got, want) in enumerate(zip(shape, expected_shape))
+    ):
+        raise ValueError(
+            f"{prefix}`{name}` must have shape {tuple(expected_shape)} "
+            f"(None = any, batch may be 1). Received: {name} with shape {shape}"
+        )
+
+
+class TransformerBlockBase(keras.layers.Layer):
+    """What the encoder and decoder blocks share: arguments and sublayers."""
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        intermediate_dim,
+        dropout=0.0,
+        norm_first=False,
+        attention=None,
+        activation="relu",
+        layer_norm_epsilon=1e-5,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        name = type(self).__name__
+        self.num_heads = validate_positive_int(name, "num_heads", num_heads)
+        self.key_dim = validate_positive_int(name, "key_dim", key_dim)
+        self.intermediate_dim = validate_positive_int(
+            name, "intermediate_dim", intermediate_dim
+        )
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (
+            0.0 <= dropout < 1.0
+        ):
+            raise ValueError(
+                f"{name}: `dropout` must be a float in [0, 1). "
+                f"Received: dropout={dropout!r}"
+            )
+        if not isinstance(norm_first, bool):
+            raise TypeError(
+                f"{name}: `norm_first` must be True or False. "
+                f"Received: norm_first={norm_first!r}"
+            )
+        if not isinstance(layer_norm_epsilon, (int, float)) or not (
+            layer_norm_epsilon > 0
+        ):
+            raise ValueError(
+                f"{name}: `layer_norm_epsilon` must be a positive number. "
+                f"Received: layer_norm_epsilon={layer_norm_epsilon!r}"
+            )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(
+                f"{name}: `seed` must be an integer or None. Received: seed={seed!r}"
+            )
+        self.dropout = float(dropout)
+        self.norm_first = norm_first
+        self.activation = keras.activations.get(activation)
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.seed = seed
+        self._attention_prototype = attention_prototype(
+            name, "attention", attention, num_heads, key_dim
+        )
+        self.supports_masking = True
+
+    # ------------------------------------------------------------- sublayers
+    def _seed(self, offset):
+        return None if self.seed is None else self.seed + offset
+
+    def _make_attention(self, prototype, name, seed_offset):
+        if prototype is None:
+            return MultiHeadAttention(
+                num_heads=self.num_heads,
+                key_dim=self.key_dim,
+                dropout=self.dropout,
+                seed=self._seed(seed_offset),
+                kernel_initializer=self.kernel_initializer,
+                bias_initializer=self.bias_initializer,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+        cls, config = prototype
+        return cls.from_config({**config, "name": name, "dtype": self.dtype_policy})
+
+    def _check_attention_output(self, attention, inputs_shape, other_shape):
+        output_shape = attention.compute_output_shape(inputs_shape, other_shape)
+        if tuple(output_shape[-1:]) != tuple(inputs_shape[-1:]) or len(
+            output_shape
+        ) != 3:
+            raise ValueError(
+                f"{type(self).__name__} (layer '{self.name}'): the attention "
+                f"output {tuple(output_shape)} cannot be added to the residual "
+                f"{tuple(inputs_shape)}; leave the attention's `output_shape` "
+                f"unset. Received: {attention.name}={attention!r}"
+            )
+
+    def _dense(self, units, name, activation=None):
+        return keras.layers.Dense(
+            units,
+            activation=activation,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _layer_norm(self, name):
+        return keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+
+    def _dropout(self, name, seed_offset):
+        return keras.layers.Dropout(
+            self.dropout, seed=self._seed(seed_offset), dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _build_feedforward(self, inputs_shape):
+        hidden = inputs_shape[-1]
+        self.feedforward_layer_norm = self._layer_norm("feedforward_layer_norm")
+        self.feedforward_layer_norm.build(inputs_shape)
+        self.feedforward_intermediate_dense = self._dense(
+            self.intermediate_dim,
+            "feedforward_intermediate_dense",
+            activation=self.activation,
+        )
+        self.feedforward_intermediate_dense.build(inputs_shape)
+        self.feedforward_output_dense = self._dense(hidden, "feedforward_output_dense")
+        self.feedforward_output_dense.build(
+            tuple(inputs_shape[:-1]) + (self.intermediate_dim,)
+        )
+        self.feedforward_dropout = self._dropout("feedforward_dropout", 100)
+
+    def _residual(self, sublayer, layer_norm, dropout, inputs, training):
+        """`LN(x + f(x))` (post-norm) or `x + f(LN(x))` (pre-norm)."""
+        normed = layer_norm(inputs) if self.norm_first else inputs
+        outputs, extras = sublayer(normed)
+        outputs = inputs + dropout(outputs, training=training)
+        if not self.norm_first:
+            outputs = layer_norm(outputs)
+        return outputs, extras
+
+    def _feedforward(self, inputs, training):
+        def feedforward(x):
+            hidden = self.feedforward_intermediate_dense(x)
+            return self.feedforward_output_dense(hidden), None
+
+        outputs, _ = self._residual(
+            feedforward,
+            self.feedforward_layer_norm,
+            self.feedforward_dropout,
+            inputs,
+            training,
+        )
+        return outputs
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return tuple(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "intermediate_dim": self.intermediate_dim,
+                "dropout": self.dropout,
+                "norm_first": self.norm_first,
+                "attention": serialize_prototype(self._attention_prototype),
+                "activation": keras.activations.serialize(self.activation),
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+                "seed": self.seed,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerEncoderBlock(TransformerBlockBase):
+    """One Transformer encoder layer that can return its attention scores.
+
+    From [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762): multi-head
+    self-attention, then a position-wise feed-forward network
+    `Dense(intermediate_dim, activation) -> Dense(d)`, each wrapped in a
+    residual connection and layer normalization: `LN(x + f(x))` (post-norm,
+    the paper's) or, with `norm_first=True`, `x + f(LN(x))` (pre-norm, easier
+    to train deep; add a final `LayerNormalization` after the last block).
+    The self-attention is any keras_attention multi-head layer, and the block
+    returns its scores `(B, H, T, T)` on request, for every head.
+
+    Args:
+        num_heads: number of attention heads `H`.
+        key_dim: size of each query/key head.
+        intermediate_dim: width of the feed-forward hidden layer.
+        dropout: dropout rate of the attention weights (for the default
+            attention) and of both residual branches.
+        norm_first: pre-norm (`True`) or post-norm (`False`, the default).
+        attention: the self-attention, `None` for `MultiHeadAttention`, or a
+            `MultiHeadAttention`-family instance (e.g. a `SparseAttention`)
+            used as a prototype: the block creates its own layer from the
+            instance's class and config (its weights are not shared). The
+            prototype's `num_heads` and `key_dim` must equal the block's; its
+            own `dropout` applies to its weights. A serialized layer dict is
+            accepted too.
+        activation: activation of the feed-forward hidden layer.
+        layer_norm_epsilon: epsilon of the layer normalizations.
+        kernel_initializer, bias_initializer: for the dense layers (and the
+            default attention's projections).
+        seed: seed of the dropout layers.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(B, T, d)`.
+        padding_mask: `(B, T)` boolean, `True` for real tokens. Defaults to
+            the Keras mask of `inputs` (e.g. from `Embedding(mask_zero=True)`).
+            Padded keys get no attention; padded positions' attention output
+            is zero.
+        attention_mask: `(B, T, T)` boolean, `True` where query `i` may
+            attend to key `j`; combined with `padding_mask`.
+        return_attention_scores: also return the attention weights.
+        training: whether dropout is active.
+
+    Returns:
+        `(B, T, d)`, and with `return_attention_scores=True` also the
+        weights `(B, H, T, T)`. The Keras mask of `inputs` is kept.
+
+    Example:
+
+    >>> import numpy as np, keras, keras_attention
+    >>> tokens = keras.Input((None,), dtype="int32")
+    >>> x = keras.layers.Embedding(100, 16, mask_zero=True)(tokens)
+    >>> x = keras.layers.Add()([x, keras_attention.SinusoidalPositionEncoding()(x)])
+    >>> block = keras_attention.TransformerEncoderBlock(
+    ...     num_heads=2, key_dim=8, intermediate_dim=32)
+    >>> x, scores = block(x, return_attention_scores=True)
+    >>> model = keras.Model(tokens, [x, scores])
+    >>> outputs, scores = model(np.array([[5, 7, 9, 0]]))
+    >>> tuple(outputs.shape), tuple(scores.shape)
+    ((1, 4, 16), (1, 2, 4, 4))
+    """
+
+    def build(self, inputs_shape):
+        check_sequence_shape(self, "inputs", inputs_shape)
+        inputs_shape = tuple(inputs_shape)
+        self.self_attention = self._make_attention(
+            self._attention_prototype, "self_attention", 0
+        )
+        self._check_attention_output(self.self_attention, inputs_shape, inputs_shape)
+        self.self_attention.build(inputs_shape, inputs_shape)
+        self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm")
+        self.self_attention_layer_norm.build(inputs_shape)
+        self.self_attention_dropout = self._dropout("self_attention_dropout", 1)
+        self._build_feedforward(inputs_shape)
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        *,
+        padding_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        check_sequence_shape(self, "inputs", inputs.shape)
+        batch, length = inputs.shape[0], inputs.shape[1]
+        check_mask(self, "padding_mask", padding_mask, (batch, length))
+        check_mask(self, "attention_mask", attention_mask, (batch, length, length))
+        if padding_mask is None:
+            padding_mask = keras_mask_of(inputs)
+
+        def self_attention(x):
+            result = self.self_attention(
+                x,
+                query_mask=padding_mask,
+                value_mask=padding_mask,
+                attention_mask=attention_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            return result if return_attention_scores else (result, None)
+
+        outputs, scores = self._residual(
+            self_attention,
+            self.self_attention_layer_norm,
+            self.self_attention_dropout,
+            inputs,
+            training,
+        )
+        outputs = self._feedforward(outputs, training)
+        if return_attention_scores:
+            return outputs, scores
+        return outputs
+
+    def compute_output_spec(
+        self,
+        inputs,
+        *,
+        padding_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        check_sequence_shape(self, "inputs", inputs.shape)
+        batch, length = inputs.shape[0], inputs.shape[1]
+        check_mask(self, "padding_mask", padding_mask, (batch, length))
+        check_mask(self, "attention_mask", attention_mask, (batch, length, length))
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return outputs
+        scores = keras.KerasTensor(
+            (batch, self.num_heads, length, length), dtype=self.compute_dtype
+        )
+        return outputs, scores

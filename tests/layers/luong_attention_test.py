@@ -1,0 +1,118 @@
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention.layers import LuongAttention
+from tests import reference
+from tests.testing import random_inputs
+from tests.testing import run_layer_contract_test
+
+
+def _numpy(x):
+    return ops.convert_to_numpy(x)
+
+
+def _masked_inputs(tq=4, tv=6, dim=8, batch=3, value_dim=None, seed=0):
+    rng = np.random.default_rng(seed)
+    query = random_inputs((batch, tq, dim), seed=seed)
+    value = random_inputs((batch, tv, value_dim or dim), seed=seed + 1)
+    query_mask = reference.random_mask(rng, batch, tq)
+    value_mask = reference.random_mask(rng, batch, tv)
+    return query, value, query_mask, value_mask
+
+
+def test_dot_matches_keras_attention():
+    query, value, query_mask, value_mask = _masked_inputs()
+    ours, our_weights = LuongAttention(score="dot")(
+        query,
+        value,
+        query_mask=query_mask,
+        value_mask=value_mask,
+        return_attention_scores=True,
+    )
+    theirs, their_weights = keras.layers.Attention()(
+        [query, value], mask=[query_mask, value_mask], return_attention_scores=True
+    )
+    np.testing.assert_allclose(_numpy(ours), _numpy(theirs), atol=1e-5)
+    # Keras leaves weights of padded query rows as they are; ours are zero.
+    rows = query_mask
+    np.testing.assert_allclose(
+        _numpy(our_weights)[rows], _numpy(their_weights)[rows], atol=1e-5
+    )
+    np.testing.assert_array_equal(_numpy(our_weights)[~rows], 0.0)
+
+
+def test_scaled_dot_matches_the_transformer_formula():
+    # softmax(Q K^T / sqrt(d)) V, the scaled dot-product of the seed.
+    query, value, query_mask, value_mask = _masked_inputs(dim=16)
+    key = random_inputs(value.shape, seed=7)
+    ours = LuongAttention(score="dot", scale=True)(
+        query, value, key, query_mask=query_mask, value_mask=value_mask
+    )
+    scores = np.einsum("bqd,bkd->bqk", query, key) / np.sqrt(16)
+    mask = reference.combined_mask(3, 4, 6, query_mask, value_mask)
+    expected, _ = reference.attend(scores, value, mask)
+    np.testing.assert_allclose(_numpy(ours), expected, atol=1e-5)
+
+
+def test_general_matches_numpy():
+    query, value, query_mask, value_mask = _masked_inputs(value_dim=5)
+    layer = LuongAttention(score="general")
+    ours = layer(query, value, query_mask=query_mask, value_mask=value_mask)
+    kernel = _numpy(layer.kernel)
+    assert kernel.shape == (8, 5)
+    scores = np.einsum("bqd,de,bke->bqk", query, kernel, value)
+    mask = reference.combined_mask(3, 4, 6, query_mask, value_mask)
+    expected, _ = reference.attend(scores, value, mask)
+    np.testing.assert_allclose(_numpy(ours), expected, atol=1e-5)
+
+
+def test_concat_matches_numpy():
+    query, value, query_mask, value_mask = _masked_inputs(value_dim=5)
+    layer = LuongAttention(score="concat", units=7, scale=True)
+    ours = layer(query, value, query_mask=query_mask, value_mask=value_mask)
+    kernel, vector = _numpy(layer.kernel), _numpy(layer.score_vector)
+    # v^T tanh(W [q; k]) with the concatenation spelled out.
+    tq, tv = query.shape[1], value.shape[1]
+    pairs = np.concatenate(
+        [
+            np.repeat(query[:, :, None, :], tv, axis=2),
+            np.repeat(value[:, None, :, :], tq, axis=1),
+        ],
+        axis=-1,
+    )
+    scores = np.tanh(pairs @ kernel) @ vector / np.sqrt(5)
+    mask = reference.combined_mask(3, tq, tv, query_mask, value_mask)
+    expected, _ = reference.attend(scores, value, mask)
+    np.testing.assert_allclose(_numpy(ours), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("score", ["dot", "general", "concat"])
+def test_layer_contract(score, tmp_path):
+    run_layer_contract_test(
+        lambda **kwargs: LuongAttention(score=score, dropout=0.1, seed=3, **kwargs),
+        tmp_path,
+        value_shape=(2, 7, 8) if score == "dot" else (2, 7, 6),
+    )
+
+
+def test_dot_with_different_dims_names_the_problem():
+    layer = LuongAttention(score="dot", name="luong")
+    with pytest.raises(ValueError, match=r"LuongAttention \(layer 'luong'\).*query features 4, key features 6"):
+        layer(np.ones((1, 2, 4), "float32"), np.ones((1, 3, 6), "float32"))
+
+
+def test_unknown_score_is_rejected():
+    with pytest.raises(ValueError, match=r"`score` must be one of .* Received: score='cosine'"):
+        LuongAttention(score="cosine")
+
+
+def test_units_without_concat_is_rejected():
+    with pytest.raises(ValueError, match=r"Received: units=4 with score='dot'"):
+        LuongAttention(score="dot", units=4)
+
+
+def test_non_positive_units_is_rejected():
+    with pytest.raises(ValueError, match=r"`units` must be a positive integer.*units=0"):
+        LuongAttention(score="concat", units=0)

@@ -1,0 +1,71 @@
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention.ops import masking
+from tests.reference import softmax_with_mask
+
+
+def test_masked_softmax_matches_numpy():
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((3, 4, 6)).astype("float32")
+    mask = rng.random((3, 4, 6)) > 0.3
+    mask[0, 1] = False  # one fully masked row
+    got = ops.convert_to_numpy(masking.masked_softmax(scores, mask))
+    np.testing.assert_allclose(got, softmax_with_mask(scores, mask), atol=1e-6)
+    np.testing.assert_array_equal(got[0, 1], np.zeros(6))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_fully_masked_rows_are_zero_not_nan(dtype):
+    scores = ops.cast(np.full((1, 2, 5), 60000.0, "float32"), dtype)
+    mask = np.array([[[False] * 5, [True, False, True, False, False]]])
+    weights = ops.convert_to_numpy(
+        ops.cast(masking.masked_softmax(scores, mask), "float32")
+    )
+    assert keras.backend.standardize_dtype(
+        masking.masked_softmax(scores, mask).dtype
+    ) == dtype
+    assert np.all(np.isfinite(weights))
+    np.testing.assert_array_equal(weights[0, 0], np.zeros(5))
+    np.testing.assert_allclose(weights[0, 1], [0.5, 0, 0.5, 0, 0], atol=1e-2)
+
+
+def test_half_precision_large_scores_do_not_overflow():
+    scores = np.array([[[65000.0, -65000.0, 64000.0]]], "float32")
+    weights = masking.masked_softmax(ops.cast(scores, "float16"))
+    weights = ops.convert_to_numpy(ops.cast(weights, "float32"))
+    assert np.all(np.isfinite(weights))
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-3)
+
+
+def test_attention_mask_from_combines_all_sources():
+    query_mask = np.array([[True, True, False]])
+    value_mask = np.array([[True, False, True, True]])
+    explicit = np.ones((1, 3, 4), bool)
+    explicit[0, 1, 0] = False
+    mask = masking.attention_mask_from(
+        query_mask=query_mask,
+        value_mask=value_mask,
+        attention_mask=explicit,
+        use_causal_mask=True,
+        query_length=3,
+        key_length=4,
+    )
+    expected = (
+        query_mask[:, :, None]
+        & value_mask[:, None, :]
+        & explicit
+        & np.tril(np.ones((3, 4), bool))[None]
+    )
+    np.testing.assert_array_equal(ops.convert_to_numpy(mask), expected)
+
+
+def test_no_mask_sources_gives_none():
+    assert masking.attention_mask_from() is None
+
+
+def test_integer_masks_are_accepted():
+    got = masking.to_bool_mask(np.array([[1, 0, 2]], "int32"))
+    np.testing.assert_array_equal(ops.convert_to_numpy(got), [[True, False, True]])
