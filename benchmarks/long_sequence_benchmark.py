@@ -12,8 +12,9 @@ Keras and the built layer). A step is the gradient of `sum(output^2)` with
 respect to the input and every trainable weight; after one warm-up step
 (tracing) we time `--repeats` steps and keep the fastest. Configurations whose
 dense `L x L` scores alone would exceed `--dense-budget-gb` are not started,
-and any run longer than `--timeout` seconds is stopped; both are reported as
-such.
+a run whose time, extrapolated from the two previous lengths, would exceed
+`--timeout` seconds is not started, and any run longer than that is stopped;
+all are reported as such.
 
 Usage:
     KERAS_BACKEND=tensorflow flock /tmp/heavy.lock \
@@ -25,6 +26,7 @@ writes `benchmarks/long_sequence.png` (log-log time and memory vs L).
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -84,10 +86,11 @@ def worker(kind, length, repeats):
         np.random.default_rng(0).standard_normal((1, length, NUM_HEADS * KEY_DIM)),
         dtype="float32",
     )
+    shape = (1, length, NUM_HEADS * KEY_DIM)
     if kind == "keras_exact":
-        layer(x, x)
+        layer.build(shape, shape)
     else:
-        layer(x)
+        layer.build(shape)
     weights = layer.trainable_variables
 
     @tf.function
@@ -105,7 +108,9 @@ def worker(kind, length, repeats):
     _ = float(loss)
     first = time.perf_counter() - start
     times = []
-    for _ in range(repeats):
+    # A slow configuration is timed once: the first call is already far
+    # longer than its tracing.
+    for _ in range(repeats if first < 60 else 1):
         start = time.perf_counter()
         loss, grads = step(x)
         _ = [g.numpy() for g in grads[:1]]
@@ -140,6 +145,18 @@ def run_one(kind, length, repeats, timeout):
         or "MemoryError" in done.stderr or "ResourceExhausted" in done.stderr \
         else f"failed: {tail[0][:120]}"
     return {"kind": kind, "length": length, "status": status}
+
+
+def predicted(results, kind, length, repeats):
+    """Wall time of a run at `length`, extrapolated from the last two lengths."""
+    done = sorted((r for r in results if r["kind"] == kind and r["status"] == "ok"),
+                  key=lambda r: r["length"])
+    if len(done) < 2:
+        return 0.0
+    (l0, t0), (l1, t1) = [(r["length"], r["seconds"]) for r in done[-2:]]
+    exponent = max(1.0, math.log(t1 / t0) / math.log(l1 / l0))
+    step = t1 * (length / l1) ** exponent
+    return step * (2 if step > 60 else 1 + repeats)
 
 
 def dense_gib(length):
@@ -241,6 +258,11 @@ def main():
             elif kind in skipped:
                 result = {"kind": kind, "length": length,
                           "status": "not run (shorter length timed out)"}
+            elif predicted(results, kind, length, args.repeats) > args.timeout:
+                result = {"kind": kind, "length": length,
+                          "status": "not run: predicted "
+                          f"{predicted(results, kind, length, args.repeats):.0f} s "
+                          f"> {args.timeout:.0f} s"}
             else:
                 result = run_one(kind, length, args.repeats, args.timeout)
                 if result["status"].startswith("timeout"):

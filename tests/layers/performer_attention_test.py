@@ -64,6 +64,7 @@ def test_matches_numpy_forward_pass_with_padding(causal):
 
 
 def test_approximates_exact_attention_with_the_same_weights():
+    keras.utils.set_random_seed(0)  # the exact layer's initial weights
     query = random_inputs((1, 12, 8), seed=1) * 0.5
     exact = MultiHeadAttention(2, 4, memory_efficient=False)
     expected = _np(exact(query))
@@ -74,7 +75,7 @@ def test_approximates_exact_attention_with_the_same_weights():
         for mine, theirs in zip(layer.trainable_weights, exact.trainable_weights):
             mine.assign(theirs)
         errors[num_features] = np.abs(_np(layer(query)) - expected).max()
-    assert errors[4096] < 0.02 < errors[2]
+    assert errors[4096] < 0.02 and errors[2] > 5 * errors[4096]
 
 
 def test_trainable_weights_are_those_of_multi_head_attention():
