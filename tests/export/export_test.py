@@ -1,3 +1,4 @@
+import inspect
 import os
 import subprocess
 import sys
@@ -5,6 +6,8 @@ import sys
 import keras
 import numpy as np
 import pytest
+
+import keras_attention as ka
 
 from translator_fixtures import trained_translator  # noqa: F401  (fixture)
 
@@ -212,20 +215,44 @@ def test_not_a_saved_model_errors_clearly(tmp_path):
 
 
 def _attention_layers():
-    """Every keras_attention single-input/cross attention layer to export.
+    """Every public keras_attention layer, as (name, factory, how it is called).
 
-    Other layers join this list: (name, factory, takes a separate value).
+    "cross": layer(query, value, value_mask=...); "self": layer(value,
+    mask=...); "plain": layer(value); "image": layer(image) on a channels-last
+    map.
     """
-    import keras_attention as ka
-
+    heads = dict(num_heads=2, key_dim=3)
     return [
-        ("additive", lambda: ka.AdditiveAttention(units=4), True),
-        ("luong_dot", lambda: ka.LuongAttention(score="dot", scale=True), True),
-        ("luong_general", lambda: ka.LuongAttention(score="general"), True),
-        ("luong_concat", lambda: ka.LuongAttention(score="concat", units=3), True),
-        ("low_rank", lambda: ka.LowRankAttention(rank=2), True),
-        ("pooling", lambda: ka.AttentionPooling(score="general"), False),
+        ("additive", lambda: ka.AdditiveAttention(units=4), "cross"),
+        ("luong_dot", lambda: ka.LuongAttention(score="dot", scale=True), "cross"),
+        ("luong_general", lambda: ka.LuongAttention(score="general"), "cross"),
+        ("luong_concat", lambda: ka.LuongAttention(score="concat", units=3), "cross"),
+        ("low_rank", lambda: ka.LowRankAttention(rank=2), "cross"),
+        ("pooling", lambda: ka.AttentionPooling(score="general"), "self"),
+        ("multi_head", lambda: ka.MultiHeadAttention(**heads), "cross"),
+        ("multi_head_gqa", lambda: ka.MultiHeadAttention(num_heads=4, key_dim=3, num_key_value_heads=2, use_gate=True), "self"),
+        ("sparse", lambda: ka.SparseAttention(**heads, block_size=2, window_blocks=3, global_blocks=1, random_blocks=1, seed=1), "self"),
+        ("performer", lambda: ka.PerformerAttention(**heads, num_features=8, seed=1), "cross"),
+        ("linformer", lambda: ka.LinformerAttention(**heads, projected_length=4, max_length=7), "self"),
+        ("encoder_block", lambda: ka.TransformerEncoderBlock(2, 3, 8), "self"),
+        ("decoder_block", lambda: ka.TransformerDecoderBlock(2, 3, 8), "cross"),
+        ("sinusoidal", lambda: ka.SinusoidalPositionEncoding(), "plain"),
+        ("position_embedding", lambda: ka.PositionEmbedding(sequence_length=7), "plain"),
+        ("squeeze_excitation", lambda: ka.SqueezeExcitation(ratio=4), "image"),
+        ("cbam", lambda: ka.CBAM(ratio=4, kernel_size=3), "image"),
     ]
+
+
+def test_every_public_layer_is_in_the_export_test():
+    public = {
+        name
+        for name, obj in vars(ka).items()
+        if inspect.isclass(obj)
+        and issubclass(obj, keras.layers.Layer)
+        and not name.startswith(("Base", "KernelVariant"))
+    }
+    exported = {type(make()).__name__ for _, make, _ in _attention_layers()}
+    assert public <= exported, sorted(public - exported)
 
 
 def test_models_with_our_layers_export_and_reload_without_keras_attention(tmp_path):
@@ -236,21 +263,34 @@ def test_models_with_our_layers_export_and_reload_without_keras_attention(tmp_pa
     query = keras.Input((5, 6), name="query")
     value = keras.Input((7, 6), name="value")
     value_mask = keras.Input((7,), dtype="bool", name="value_mask")
+    image = keras.Input((3, 4, 8), name="image")
     outputs = {}
-    for name, make_layer, cross in _attention_layers():
+    for name, make_layer, mode in _attention_layers():
         layer = make_layer()
-        if cross:
-            outputs[name] = layer(query, value, value_mask=value_mask)
+        if mode == "cross":
+            if isinstance(layer, ka.TransformerDecoderBlock):
+                outputs[name] = layer(query, value, encoder_padding_mask=value_mask)
+            else:
+                outputs[name] = layer(query, value, value_mask=value_mask)
+        elif mode == "self":
+            if isinstance(layer, ka.TransformerEncoderBlock):
+                outputs[name] = layer(value, padding_mask=value_mask)
+            else:
+                outputs[name] = layer(value, mask=value_mask)
+        elif mode == "plain":
+            outputs[name] = layer(value)
         else:
-            outputs[name] = layer(value, mask=value_mask)
+            outputs[name] = layer(image)
     model = keras.Model(
-        {"query": query, "value": value, "value_mask": value_mask}, outputs
+        {"query": query, "value": value, "value_mask": value_mask, "image": image},
+        outputs,
     )
     rng = np.random.default_rng(0)
     feed = {
         "query": rng.standard_normal((3, 5, 6)).astype("float32"),
         "value": rng.standard_normal((3, 7, 6)).astype("float32"),
         "value_mask": np.arange(7)[None, :] < np.array([[7], [3], [1]]),
+        "image": rng.standard_normal((3, 3, 4, 8)).astype("float32"),
     }
     expected = {k: keras.ops.convert_to_numpy(v) for k, v in model(feed).items()}
     path = str(tmp_path / "layers")
