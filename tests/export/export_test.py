@@ -6,6 +6,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_attention as ka
 
@@ -167,8 +168,8 @@ def _save_module(path, function):
 
 
 def test_py_function_and_xla_are_flagged(tmp_path):
-    import tensorflow as tf
-
+    # `tf` is a module global: autograph failed to resolve it as a closure
+    # variable in one xdist run.
     @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
     def with_py_function(x):
         return {"y": tf.py_function(lambda v: v * 2.0, [x], tf.float32)}

@@ -21,3 +21,9 @@ def fake_comm():
         yield utils.DummyComm
     finally:
         utils.teardown_test_comm()
+
+
+@pytest.fixture(autouse=True)
+def _run_in_tmp_path(tmp_path, monkeypatch):
+    """Widgets write snapshots relative to the working directory: keep them out of the repo."""
+    monkeypatch.chdir(tmp_path)
