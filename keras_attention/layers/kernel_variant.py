@@ -35,7 +35,7 @@ class KernelVariantAttention(MultiHeadAttention):
                     f"Received: {argument}={value!r}"
                 )
 
-    def _check_variant_call(
+    def _check_call_options(
         self, query, value, attention_mask, use_causal_mask, cache, cache_update_index
     ):
         """Raises for call options the kernel cannot honour. Override to add."""
@@ -48,71 +48,3 @@ class KernelVariantAttention(MultiHeadAttention):
                     f"cache_update_index={cache_update_index!r}"
                 )
             )
-
-    def call(
-        self,
-        query,
-        value=None,
-        key=None,
-        *,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
-        mask=None,
-        cache=None,
-        cache_update_index=None,
-    ):
-        self._check_variant_call(
-            query, value, attention_mask, use_causal_mask, cache, cache_update_index
-        )
-        return super().call(
-            query,
-            value,
-            key,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-            return_attention_scores=return_attention_scores,
-            training=training,
-            mask=mask,
-        )
-
-    def compute_output_spec(
-        self,
-        query,
-        value=None,
-        key=None,
-        *,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
-        mask=None,
-        cache=None,
-        cache_update_index=None,
-    ):
-        self._check_variant_call(
-            query, value, attention_mask, use_causal_mask, cache, cache_update_index
-        )
-        return super().compute_output_spec(
-            query,
-            value,
-            key,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-            return_attention_scores=return_attention_scores,
-            training=training,
-            mask=mask,
-        )

@@ -88,10 +88,10 @@ class LinformerAttention(KernelVariantAttention):
                 )
             )
 
-    def _check_variant_call(
+    def _check_call_options(
         self, query, value, attention_mask, use_causal_mask, cache, cache_update_index
     ):
-        super()._check_variant_call(
+        super()._check_call_options(
             query, value, attention_mask, use_causal_mask, cache, cache_update_index
         )
         if use_causal_mask or attention_mask is not None:

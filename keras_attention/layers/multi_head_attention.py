@@ -504,6 +504,15 @@ class MultiHeadAttention(BaseAttention):
                     )
                 )
 
+    def _check_call_options(
+        self, query, value, attention_mask, use_causal_mask, cache, cache_update_index
+    ):
+        """Hook: subclasses raise here for call options their kernel cannot honour.
+
+        Runs first in both `call` and `compute_output_spec`, so the error comes
+        eagerly and when a functional model is built.
+        """
+
     # ------------------------------------------------------------------- call
     def call(
         self,
@@ -522,6 +531,9 @@ class MultiHeadAttention(BaseAttention):
         cache=None,
         cache_update_index=None,
     ):
+        self._check_call_options(
+            query, value, attention_mask, use_causal_mask, cache, cache_update_index
+        )
         if query_mask is None:
             query_mask = mask
         if cache is not None:
@@ -654,6 +666,9 @@ class MultiHeadAttention(BaseAttention):
         cache=None,
         cache_update_index=None,
     ):
+        self._check_call_options(
+            query, value, attention_mask, use_causal_mask, cache, cache_update_index
+        )
         if cache is not None:
             self._check_cache(query, value, key, cache, cache_update_index)
             keys_shape = (cache.shape[0], cache.shape[2])

@@ -144,10 +144,10 @@ class PerformerAttention(KernelVariantAttention):
         self._redraws += 1
         self.projection.assign(self._draw_projection())
 
-    def _check_variant_call(
+    def _check_call_options(
         self, query, value, attention_mask, use_causal_mask, cache, cache_update_index
     ):
-        super()._check_variant_call(
+        super()._check_call_options(
             query, value, attention_mask, use_causal_mask, cache, cache_update_index
         )
         if (self.causal or use_causal_mask) and value is not None and value is not query:

@@ -168,10 +168,10 @@ class SparseAttention(KernelVariantAttention):
                 )
             )
 
-    def _check_variant_call(
+    def _check_call_options(
         self, query, value, attention_mask, use_causal_mask, cache, cache_update_index
     ):
-        super()._check_variant_call(
+        super()._check_call_options(
             query, value, attention_mask, use_causal_mask, cache, cache_update_index
         )
         keys = query if value is None else value
