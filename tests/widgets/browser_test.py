@@ -291,6 +291,79 @@ def test_live_attention_in_voila_redraws_while_the_kernel_trains(tmp_path):
         np.testing.assert_allclose(rows.sum(axis=1), 1.0, atol=1e-5)
 
 
+EXPLORER_CELLS = [
+    NOTEBOOK_CELLS[0],
+    f"""
+import keras, numpy as np
+import keras_attention
+from keras_attention.widgets import AttentionExplorer
+
+keras.utils.set_random_seed(0)
+inputs = keras.Input((5, 8))
+mixed = keras_attention.MultiHeadAttention(4, 2, name="mha")(inputs)
+outputs = keras_attention.LuongAttention(name="luong")(mixed)
+model = keras.Model(inputs, outputs)
+x = np.random.default_rng(0).normal(size=(1, 5, 8)).astype("float32")
+explorer = AttentionExplorer(model, x, query_tokens=["a", "b", {MALICIOUS!r}, "d", "e"])
+with open(os.environ["KA_EXPLORER_DUMP"], "w") as handle:
+    json.dump({{name: w.tolist() for name, w in explorer.weights.items()}}, handle)
+""",
+    "explorer.widget",
+]
+
+READ_DETAIL = """
+() => {
+  // The detail heatmap is the only figure titled "<layer>, <head>".
+  for (const doc of window.Bokeh.documents) {
+    const fig = doc.roots()[0];
+    if (fig && fig.title && fig.title.text.includes(", ")) {
+      const source = doc.get_model_by_name("heatmap_source");
+      const data = source.data;
+      const column = (name) => Array.from(data instanceof Map ? data.get(name) : data[name]);
+      return {title: fig.title.text, weight: column("weight"), x_token: column("x_token")};
+    }
+  }
+  return null;
+}
+"""
+
+
+@pytest.mark.tf_only
+def test_explorer_in_voila_shows_the_chosen_layer_and_head(tmp_path):
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.strip()) for c in EXPLORER_CELLS])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "explorer.ipynb"
+    nbformat.write(notebook, str(path))
+    dump = tmp_path / "kernel.json"
+    env = {**os.environ, "PYTHONPATH": ROOT, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "KA_EXPLORER_DUMP": str(dump)}
+
+    def shows(title, matrix):
+        return (f"(() => {{ const d = ({READ_DETAIL})(); const k = {json.dumps(np.ravel(matrix).tolist())};"
+                f" return d !== null && d.title === {json.dumps(title)} && d.weight.length === k.length"
+                " && d.weight.every((v, i) => Math.abs(v - k[i]) < 1e-6); })()")
+
+    with voila(str(path), env) as url, browser_page(tmp_path) as page:
+        page.goto(url, timeout=180_000)
+        page.wait_for_function(f"window.Bokeh && window.Bokeh.documents && ({READ_DETAIL})() !== null",
+                               timeout=120_000)
+        weights = {name: np.asarray(w) for name, w in json.loads(dump.read_text()).items()}
+        assert weights["mha"].shape == (4, 5, 5) and weights["luong"].shape == (1, 5, 5)
+        # Opens on the first layer, mean of its heads.
+        page.wait_for_function(shows("mha, mean of heads", weights["mha"].mean(axis=0)), timeout=30_000)
+
+        page.get_by_label("head").select_option("2")
+        page.wait_for_function(shows("mha, head 2", weights["mha"][2]), timeout=30_000)
+
+        page.get_by_label("layer").select_option("luong")
+        page.wait_for_function(shows("luong, head 0", weights["luong"][0]), timeout=30_000)
+        detail = page.evaluate(READ_DETAIL)
+        assert MALICIOUS in detail["x_token"]
+        page.wait_for_timeout(300)
+        assert page.alerts == []
+        assert page.evaluate("document.querySelectorAll('img[onerror]').length") == 0
+
+
 def test_exported_html_draws_offline_and_shows_tokens_as_text(tmp_path):
     from PIL import Image
 
