@@ -194,7 +194,10 @@ class SparseAttention(KernelVariantAttention):
         key = multi_head.repeat_key_value_heads(key, self.num_heads)
         value = multi_head.repeat_key_value_heads(value, self.num_heads)
         dropout = None
-        if self.dropout > 0:
+        # Only when dropout can act: without a dropout callable the kernel
+        # takes its recomputing, memory-linear path (dropout needs the same
+        # random mask in the backward, which that path does not replay).
+        if self.dropout > 0 and training is not None and training is not False:
 
             def dropout(weights):
                 return self._dropout_layer(weights, training=training)
