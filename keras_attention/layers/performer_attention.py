@@ -20,7 +20,11 @@ class PerformerAttention(KernelVariantAttention):
     `O(L^2)`. Features are computed in float32 under any dtype policy, with
     the usual stabilisation (inputs scaled by `key_dim^-1/4`, the largest
     exponent subtracted, a small epsilon added); see
-    `keras_attention.ops.favor`.
+    `keras_attention.ops.favor`. The non-causal softmax kernel (the default)
+    with static lengths never holds the whole `(L, num_features)` feature
+    maps: it runs over chunks of the sequence under a recomputing gradient
+    (`favor.chunked_softmax_attention`), so forward + backward memory is
+    `O(L * key_dim)`.
 
     The projections are those of `MultiHeadAttention` with the same
     arguments, in the same order, so `trainable_weights` move between the

@@ -42,7 +42,13 @@ class SparseAttention(KernelVariantAttention):
     dense matmul (as BigBird does): time and memory grow linearly with the
     length, never forming an `L x L` matrix. Any length works: inputs are
     padded to whole blocks internally and the padding is masked. See
-    `keras_attention.ops.block_sparse` for the exact pattern.
+    `keras_attention.ops.block_sparse` for the exact pattern. With static
+    lengths the block rows run in chunks of query blocks under a recomputing
+    gradient, so forward + backward keeps only `O(L * key_dim)` tensors (at
+    L = 16384, 8 heads of 64: about 1 GiB above TensorFlow's own); training
+    with `dropout > 0`, an explicit `attention_mask`, returned or captured
+    weights, or unknown lengths use autodiff over the gathered keys instead,
+    which holds `O(L * S * block_size)` (several times more).
 
     The projections are those of `MultiHeadAttention` with the same
     arguments, in the same order, so `trainable_weights` move between the
