@@ -4,7 +4,6 @@ from keras import ops
 from keras_attention.layers.base_attention import validate_positive_int
 from keras_attention.layers.kernel_variant import KernelVariantAttention
 from keras_attention.ops import favor
-from keras_attention.ops import multi_head
 
 KERNELS = ("softmax", "relu")
 
@@ -177,8 +176,7 @@ class PerformerAttention(KernelVariantAttention):
         training=None,
         return_attention_scores=False,
     ):
-        key = multi_head.repeat_key_value_heads(key, self.num_heads)
-        value = multi_head.repeat_key_value_heads(value, self.num_heads)
+        key, value, _ = self._kernel_inputs(key, value, training)
         result = favor.favor_attention(
             query,
             key,

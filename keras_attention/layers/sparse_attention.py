@@ -4,7 +4,6 @@ import numpy as np
 from keras_attention.layers.base_attention import validate_positive_int
 from keras_attention.layers.kernel_variant import KernelVariantAttention
 from keras_attention.ops import block_sparse
-from keras_attention.ops import multi_head
 
 # The random plan has at least this many rows (query blocks), so a layer
 # built on short sequences still draws distinct random blocks on long ones.
@@ -197,17 +196,10 @@ class SparseAttention(KernelVariantAttention):
         training=None,
         return_attention_scores=False,
     ):
-        key = multi_head.repeat_key_value_heads(key, self.num_heads)
-        value = multi_head.repeat_key_value_heads(value, self.num_heads)
-        dropout = None
-        # Only when dropout can act: without a dropout callable the kernel
-        # takes its recomputing, memory-linear path (dropout needs the same
-        # random mask in the backward, which that path does not replay).
-        if self.dropout > 0 and training is not None and training is not False:
-
-            def dropout(weights):
-                return self._dropout_layer(weights, training=training)
-
+        # Without a dropout callable (inference, or dropout=0) the kernel
+        # takes its recomputing, memory-linear path: dropout would need the
+        # same random mask in the backward, which that path does not replay.
+        key, value, dropout = self._kernel_inputs(key, value, training)
         result = block_sparse.block_sparse_attention(
             query,
             key,
