@@ -1,17 +1,23 @@
 """Forward+backward speed and peak memory: our MultiHeadAttention vs Keras'.
 
-Self-attention, batch 1, 8 heads, key_dim 64 (model width 512), float32,
-TensorFlow backend, in graph mode (`tf.function`) and with XLA
-(`tf.function(jit_compile=True)`). For every length and mode one child
-process builds both layers with the same weights, measures a large float32
-matmul first (the FLOP/s ceiling), then alternates ours / Keras steps so both
-see the same machine load; the ratio ours/Keras comes from that one process.
-Peak memory (ru_maxrss) is measured in separate child processes, one per
-layer, length and mode, because a process' peak covers everything it ran.
+Self-attention, batch 1, 8 heads, key_dim 64 (model width 512). By default
+float32 on the TensorFlow backend, in graph mode (`tf.function`) and with
+XLA (`tf.function(jit_compile=True)`); `--backend jax` runs `jax.jit`
+(mode "jit") and `--dtype bfloat16` runs both layers under the
+`mixed_bfloat16` policy (the GPU check of the issue: JAX and TF-XLA in bf16).
+For every length and mode one child process builds both layers with the same
+weights, measures a large matmul in the benchmark's dtype first (the FLOP/s
+ceiling), then alternates ours / Keras steps so both see the same machine
+load; the ratio ours/Keras comes from that one process. Peak memory is
+measured in separate child processes, one per layer, length and mode: on CPU
+the process' peak RSS (ru_maxrss covers everything it ran), on a GPU the
+device allocator's peak.
 
 Children cap their data segment (RLIMIT_DATA) so that an attempt that does
 not fit fails with an allocation error instead of waking the kernel's OOM
-killer on a shared machine; such a failure is reported as OOM.
+killer on a shared machine; such a failure is reported as OOM. Pass
+`--memory-cap-gib 0` on a GPU machine (the cap would also limit the CUDA
+driver's host mappings).
 
 FLOP/s counts useful work only: `12 L^2 H D` for attention forward+backward
 plus `24 L d^2` for the four projections forward+backward (`d = H D`),
@@ -21,6 +27,13 @@ Usage (from the repository root):
 
     flock /tmp/heavy.lock python benchmarks/mha_benchmark.py \
         --lengths 256,1024,4096,8192,16384,32768 --repeats 3
+
+On a GPU (bf16, JAX and TF with XLA):
+
+    python benchmarks/mha_benchmark.py --backend jax --dtype bfloat16 \
+        --memory-cap-gib 0
+    python benchmarks/mha_benchmark.py --modes xla --dtype bfloat16 \
+        --memory-cap-gib 0
 """
 
 import argparse
@@ -36,6 +49,8 @@ WIDTH = HEADS * KEY_DIM
 
 
 def _set_memory_cap(gib):
+    if not gib:
+        return
     limit = int(gib * 2**30)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
@@ -48,33 +63,97 @@ def _useful_flops(length):
     return 12 * length**2 * HEADS * KEY_DIM + 24 * length * WIDTH**2
 
 
-def _matmul_flops_per_second(tf, size=2048, repeats=5):
-    a = tf.random.normal((size, size))
-    b = tf.random.normal((size, size))
-    matmul = tf.function(lambda a, b: tf.reduce_sum(tf.matmul(a, b)))
-    matmul(a, b).numpy()
+def _best_time(run, repeats):
+    run()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        matmul(a, b).numpy()
+        run()
         best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return best
 
 
-def _make_step(tf, layer, keras_layer, xla):
+def _matmul_flops_per_second(backend, dtype, size=None, repeats=5):
+    """FLOP/s of a square matmul in `dtype` on the default device."""
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        size = size or (8192 if jax.default_backend() == "gpu" else 2048)
+        a = jnp.ones((size, size), dtype) / size
+        matmul = jax.jit(lambda a, b: jnp.sum(jnp.matmul(a, b), dtype="float32"))
+        seconds = _best_time(lambda: matmul(a, a).block_until_ready(), repeats)
+    else:
+        import tensorflow as tf
+
+        gpu = bool(tf.config.list_logical_devices("GPU"))
+        size = size or (8192 if gpu else 2048)
+        a = tf.cast(tf.random.normal((size, size)), dtype)
+        matmul = tf.function(
+            lambda a, b: tf.reduce_sum(tf.cast(tf.matmul(a, b), "float32"))
+        )
+        seconds = _best_time(lambda: matmul(a, a).numpy(), repeats)
+    return 2 * size**3 / seconds
+
+
+def _make_step(backend, layer, keras_layer, mode):
+    """One forward+backward step: gradients of `sum(y^2)` w.r.t. the input
+    and every trainable weight, reduced to a scalar that is fetched."""
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        def loss(trainable, non_trainable, x):
+            inputs = (x, x) if keras_layer else (x,)
+            y, _ = layer.stateless_call(trainable, non_trainable, *inputs)
+            return jnp.sum(jnp.square(y.astype("float32")))
+
+        grad = jax.jit(jax.grad(loss, argnums=(0, 2)))
+        trainable = [v.value for v in layer.trainable_variables]
+        non_trainable = [v.value for v in layer.non_trainable_variables]
+
+        def run(x):
+            weight_grads, input_grad = grad(trainable, non_trainable, x)
+            leaves = jax.tree_util.tree_leaves((weight_grads, input_grad))
+            return float(sum(jnp.sum(g.astype("float32")) for g in leaves))
+
+        return run
+
+    import tensorflow as tf
+
     def step(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
             y = layer(x, x) if keras_layer else layer(x)
-            loss = tf.reduce_sum(y * y)
+            loss = tf.reduce_sum(tf.square(tf.cast(y, "float32")))
         grads = tape.gradient(loss, [x] + layer.trainable_variables)
-        return tf.add_n([tf.reduce_sum(g) for g in grads])
+        return tf.add_n([tf.reduce_sum(tf.cast(g, "float32")) for g in grads])
 
-    return tf.function(step, jit_compile=xla)
+    compiled = tf.function(step, jit_compile=mode == "xla")
+    return lambda x: compiled(x).numpy()
 
 
-def _build_layers(length, which, memory_efficient, block_size):
+def _device_peak_mib(backend):
+    """Peak device-allocator memory on a GPU, or None on CPU."""
+    if backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        if device.platform != "gpu":
+            return None
+        return device.memory_stats()["peak_bytes_in_use"] / 2**20
+    import tensorflow as tf
+
+    if not tf.config.list_logical_devices("GPU"):
+        return None
+    return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+
+
+def _build_layers(length, which, memory_efficient, block_size, dtype):
     import keras
+
+    if dtype == "bfloat16":
+        keras.config.set_dtype_policy("mixed_bfloat16")
 
     from keras_attention.layers import MultiHeadAttention
 
@@ -96,41 +175,68 @@ def _build_layers(length, which, memory_efficient, block_size):
 def child(args):
     """Runs in a fresh process; prints one JSON line."""
     _set_memory_cap(args.memory_cap_gib)
-    os.environ["KERAS_BACKEND"] = "tensorflow"
-    import tensorflow as tf
+    if args.backend == "jax":
+        import jax
+        import jax.numpy as jnp
 
-    result = {"length": args.length, "mode": args.mode, "rss_start_mib": _rss_mib()}
-    xla = args.mode == "xla"
+        errors = (MemoryError, jax.errors.JaxRuntimeError)
+
+        def make_input():
+            key = jax.random.PRNGKey(0)
+            return jax.random.normal(key, (BATCH, args.length, WIDTH))
+    else:
+        import tensorflow as tf
+
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)
+        errors = (MemoryError, tf.errors.OpError)
+
+        def make_input():
+            return tf.random.normal((BATCH, args.length, WIDTH))
+
+    result = {
+        "length": args.length,
+        "mode": args.mode,
+        "backend": args.backend,
+        "dtype": args.dtype,
+        "rss_start_mib": _rss_mib(),
+    }
     which = args.which.split(",")
     if args.matmul:
-        result["matmul_gflops"] = _matmul_flops_per_second(tf) / 1e9
+        result["matmul_gflops"] = (
+            _matmul_flops_per_second(args.backend, args.dtype) / 1e9
+        )
     memory_efficient = {"auto": "auto", "true": True, "false": False}[args.memory_efficient]
-    layers = _build_layers(args.length, which, memory_efficient, args.block_size)
-    x = tf.random.normal((BATCH, args.length, WIDTH))
+    layers = _build_layers(
+        args.length, which, memory_efficient, args.block_size, args.dtype
+    )
+    x = make_input()
     result["rss_before_mib"] = _rss_mib()
     steps = {
-        name: _make_step(tf, layer, name == "keras", xla)
+        name: _make_step(args.backend, layer, name == "keras", args.mode)
         for name, layer in layers.items()
     }
     times = {name: [] for name in steps}
     failed = {}
     for name, step in steps.items():  # warm-up: tracing and compilation
         try:
-            step(x).numpy()
-        except (tf.errors.ResourceExhaustedError, MemoryError) as error:
-            failed[name] = f"OOM: {type(error).__name__}"
-        except tf.errors.OpError as error:  # allocation failures surface here too
-            failed[name] = f"failed: {type(error).__name__}: {str(error)[:120]}"
+            step(x)
+        except errors as error:  # allocation failures surface as OpErrors too
+            kind = "OOM" if "xhaust" in type(error).__name__ or "memory" in str(
+                error
+            ).lower() else "failed"
+            failed[name] = f"{kind}: {type(error).__name__}: {str(error)[:120]}"
     for _ in range(args.repeats):
         for name, step in steps.items():
             if name in failed:
                 continue
             start = time.perf_counter()
-            step(x).numpy()
+            step(x)
             times[name].append(time.perf_counter() - start)
     result["times"] = times
     result["failed"] = failed
     result["rss_peak_mib"] = _rss_mib()
+    result["device_peak_mib"] = _device_peak_mib(args.backend)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -141,13 +247,20 @@ def _run_child(args, length, mode, which, repeats, matmul):
         "--child",
         f"--length={length}",
         f"--mode={mode}",
+        f"--backend={args.backend}",
+        f"--dtype={args.dtype}",
         f"--which={which}",
         f"--repeats={repeats}",
         f"--memory-efficient={args.memory_efficient}",
         f"--block-size={args.block_size}",
         f"--memory-cap-gib={args.memory_cap_gib}",
     ] + (["--matmul"] if matmul else [])
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(
+        os.environ,
+        KERAS_BACKEND=args.backend,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        XLA_PYTHON_CLIENT_PREALLOCATE="false",
+    )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     start = time.perf_counter()
@@ -158,11 +271,15 @@ def _run_child(args, length, mode, which, repeats, matmul):
             result = json.loads(line[len("RESULT "):])
             result["wall_s"] = wall
             return result
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+    if proc.returncode < 0:  # e.g. SIGSEGV when an allocation hits the cap
+        why = f"killed by signal {-proc.returncode}"
+    else:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+        why = f"exit {proc.returncode}: {tail[0][:160]}"
     return {
         "length": length,
         "mode": mode,
-        "crashed": f"exit {proc.returncode}: {tail[0][:160]}",
+        "crashed": why,
         "wall_s": wall,
     }
 
@@ -175,7 +292,12 @@ def _median(values):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="256,1024,4096,8192,16384,32768")
-    parser.add_argument("--modes", default="graph,xla")
+    parser.add_argument("--backend", default="tensorflow", choices=["tensorflow", "jax"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--modes", default="",
+        help="tensorflow: graph,xla (default both); jax: jit",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--long-repeats", type=int, default=1,
@@ -208,11 +330,16 @@ def main():
         return child(args)
 
     lengths = [int(v) for v in args.lengths.split(",") if v]
-    modes = [m for m in args.modes.split(",") if m]
+    default_modes = "jit" if args.backend == "jax" else "graph,xla"
+    modes = [m for m in (args.modes or default_modes).split(",") if m]
+    allowed = {"jax": {"jit"}, "tensorflow": {"graph", "xla"}}[args.backend]
+    if set(modes) - allowed:
+        parser.error(f"--modes for {args.backend}: {sorted(allowed)}; got {modes}")
     records = {"timing": [], "memory": []}
     print(
         f"# MultiHeadAttention fwd+bwd, batch {BATCH}, {HEADS} heads x {KEY_DIM}, "
-        f"float32, TF backend; memory_efficient={args.memory_efficient}",
+        f"{args.dtype}, {args.backend} backend; "
+        f"memory_efficient={args.memory_efficient}",
         flush=True,
     )
     header = (
@@ -279,9 +406,15 @@ def main():
                         args, length, mode, which, 0, matmul=False
                     )
                     records["memory"].append(dict(result, impl=which))
-                    if "crashed" in result or result.get("failed"):
-                        why = result.get("crashed") or result["failed"]
+                    failure = result.get("crashed") or result.get("failed", {}).get(which)
+                    if failure:
+                        why = failure
                         print(f"{length:>6} {mode:>5} {which:>6}  OOM/failed: {why}", flush=True)
+                        continue
+                    device_peak = result.get("device_peak_mib")
+                    if device_peak is not None:  # GPU: the allocator's peak
+                        print(f"{length:>6} {mode:>5} {which:>6} {device_peak:8.0f} "
+                              f"{'(device)':>8}", flush=True)
                         continue
                     peak = result["rss_peak_mib"]
                     net = peak - result["rss_before_mib"]

@@ -134,3 +134,41 @@ def test_key_value_heads_must_divide_query_heads():
     q, k, v, _ = _inputs(1, 4, 4, 3, 2)
     with pytest.raises(ValueError, match="must divide"):
         memory_efficient_attention(q, k, v)
+
+
+@pytest.mark.tf_only
+def test_tf_graph_runs_one_query_block_at_a_time():
+    # In TF graph mode `tf.while_loop` defaults to 10 iterations in flight,
+    # each holding its own (block, block) tiles; the query loops (forward
+    # and backward) must be serial for memory to stay linear in practice.
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    q, k, v = (
+        tf.constant(rng.normal(size=(1, 16, 2, 4)).astype("float32"))
+        for _ in range(3)
+    )
+
+    @tf.function
+    def step(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            y = memory_efficient_attention(q, k, v, block_size=4)
+            loss = tf.reduce_sum(y * y)
+        return tape.gradient(loss, [q, k, v])
+
+    graph = step.get_concrete_function(q, k, v).graph
+    loops = []
+
+    def collect(graph):
+        for op in graph.get_operations():
+            if op.type in ("While", "StatelessWhile"):
+                loops.append(op.get_attr("parallel_iterations"))
+        for function in graph._functions.values():
+            collect(function.graph)
+
+    collect(graph)
+    # Forward and backward: one query loop and one key loop each.
+    assert len(loops) >= 4, loops
+    assert max(loops) <= 2, loops
+    assert loops.count(1) >= 2, loops
