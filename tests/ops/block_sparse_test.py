@@ -234,3 +234,23 @@ def test_recomputing_path_gives_zero_rows_and_gradients_without_keys():
         assert np.all(np.isfinite(grad))
         assert np.all(grad[1] == 0)
         assert np.any(grad[0] != 0)
+
+
+@pytest.mark.tf_only
+def test_recomputing_path_runs_its_chunks_one_at_a_time_in_tf_graphs():
+    # The memory-linear path is taken (it is the one with loops), and TF
+    # graph mode runs its chunks serially (the default of ten chunks in
+    # flight would hold ten chunks' scores); the global-row strip's exact
+    # kernel may overlap two key steps.
+    from tests.graph_loops import while_loop_parallelism
+
+    query, key, value = _inputs(1, 37, 37)
+
+    def attend(q, k, v):
+        return block_sparse.block_sparse_attention(
+            q, k, v, block_size=4, window_blocks=3, global_blocks=1,
+            global_tokens=(9,), chunk_blocks=3,
+        )
+
+    found = while_loop_parallelism(attend, [query, key, value])
+    assert len(found) >= 2 and max(found) <= 2, found

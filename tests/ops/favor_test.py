@@ -270,3 +270,19 @@ def test_chunked_softmax_path_matches_plain_outputs_and_gradients(tq, tv, chunk)
     for name, grad, want in zip("qkv", grads, expected_grads):
         assert np.any(want != 0)
         np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-5, err_msg=f"d{name}")
+
+
+@pytest.mark.tf_only
+def test_chunked_softmax_path_runs_its_chunks_one_at_a_time_in_tf_graphs():
+    from tests.graph_loops import while_loop_parallelism
+
+    query, key, value = _inputs(tq=23, tv=31)
+    projection = favor.random_projection(16, 4, seed=3)
+    found = while_loop_parallelism(
+        lambda q, k, v: favor.favor_attention(
+            q, k, v, projection, feature_chunk_size=8
+        ),
+        [query, key, value],
+    )
+    # Forward: key stabiliser, key sums, queries; backward: queries, keys.
+    assert len(found) >= 5 and set(found) == {1}, found
