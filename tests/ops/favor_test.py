@@ -233,7 +233,7 @@ def _plain_softmax_favor(query, key, value, projection, key_mask, epsilon=1e-6):
     return ops.transpose(numerator / denominator[..., None], (0, 2, 1, 3))
 
 
-@pytest.mark.parametrize("tq, tv, chunk", [(23, 31, 5), (17, 17, 64), (9, 40, 8)])
+@pytest.mark.parametrize("tq, tv, chunk", [(23, 31, 5), (17, 17, 64)])
 def test_chunked_softmax_path_matches_plain_outputs_and_gradients(tq, tv, chunk):
     # Odd and cross lengths, chunks that do not divide them (or exceed them),
     # padded keys: the chunked, recomputing kernel against autodiff of the
