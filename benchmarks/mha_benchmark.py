@@ -286,7 +286,10 @@ def _run_child(args, length, mode, which, repeats, matmul):
 
 def _median(values):
     values = sorted(values)
-    return values[len(values) // 2] if values else None
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def main():
@@ -375,7 +378,15 @@ def main():
             def frac(seconds):
                 return f"{100 * flops / seconds / rate:7.1f}%" if seconds else f"{'-':>8}"
 
-            ratio = f"{ours / theirs:6.2f}" if ours and theirs else f"{'-':>6}"
+            # Steps alternate ours / Keras: the median of the per-repeat
+            # ratios follows the machine's load drifting between repeats
+            # better than the ratio of the medians.
+            pairs = [
+                a / b for a, b in zip(
+                    result["times"].get("ours", []), result["times"].get("keras", [])
+                )
+            ]
+            ratio = f"{_median(pairs):6.2f}" if pairs else f"{'-':>6}"
             note = "; ".join(f"{k}: {v}" for k, v in result.get("failed", {}).items())
             if length > args.keras_max_length:
                 note = "keras: not attempted (needs > machine memory)"

@@ -11,11 +11,12 @@ from keras_attention.ops import multi_head
 from keras_attention.ops.memory_efficient import memory_efficient_attention
 
 # Keys at or beyond this length switch "auto" to the memory-efficient kernel.
-# Measured with benchmarks/mha_benchmark.py on a 2-core CPU (TF graph mode):
-# the recomputing backward does 7/6 of the exact kernel's matmul work, so it
-# is ~1.2x slower than exact attention at 4096-8192 while Keras' exact kernel
-# is still compute-bound; from 8192 on memory decides (the exact kernel needs
-# ~10 GiB there and runs out of memory at 16384).
+# Measured with benchmarks/mha_benchmark.py on a 2-core CPU (TF graph mode,
+# batch 1, 8 heads of 64): the recomputing backward does 7/6 of the exact
+# kernel's matmul work, and on a CPU the exact kernel's matmuls run at full
+# speed, so the memory-efficient kernel is ~1.1x slower at 8192; but there the
+# exact kernel (ours or Keras') peaks at 7.3 GiB against 1.3 GiB, and at 16384
+# it runs out of memory. See benchmarks/RESULTS.md.
 DEFAULT_MEMORY_EFFICIENT_THRESHOLD = 8192
 DEFAULT_BLOCK_SIZE = 1024
 

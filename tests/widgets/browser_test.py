@@ -187,6 +187,110 @@ def test_next_token_in_voila_adds_the_kernels_attention_row(tmp_path):
         assert page.evaluate("document.querySelectorAll('img[onerror]').length") == 0
 
 
+LIVE_CELLS = [
+    NOTEBOOK_CELLS[0],
+    """
+import time
+import ipywidgets, keras, numpy as np
+import keras_attention
+from keras_attention.widgets import LiveAttention
+
+keras.utils.set_random_seed(0)
+model = keras.Sequential([
+    keras.Input((6, 4)),
+    keras_attention.LuongAttention(score="general", name="att"),
+    keras.layers.GlobalAveragePooling1D(),
+    keras.layers.Dense(1),
+])
+model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+x = np.random.default_rng(0).normal(size=(32, 6, 4)).astype("float32")
+y = x[:, :, :1].sum(axis=1)
+live = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0)
+# Slow the batches down a little so the page has time to show each update.
+slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.15))
+train = ipywidgets.Button(description="Train")
+
+def on_train(_):
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=[live, slow], verbose=0)
+    # What the kernel drew last, for the test to compare with the page.
+    matrix = live._latest["att"][0]
+    with open(os.environ["KA_LIVE_DUMP"], "w") as handle:
+        json.dump({"weight": matrix.ravel().tolist(), "updates": live.updates}, handle)
+
+train.on_click(on_train)
+""",
+    "ipywidgets.VBox([train, live.widget])",
+]
+
+WATCH_HEATMAP = """
+() => {
+  // Record every distinct state of the heatmap the page shows.
+  window.__heatmaps = [];
+  const read = () => {
+    for (const doc of window.Bokeh.documents) {
+      const source = doc.get_model_by_name("heatmap_source");
+      if (source) {
+        const data = source.data;
+        return Array.from(data instanceof Map ? data.get("weight") : data.weight);
+      }
+    }
+    return null;
+  };
+  window.__readHeatmap = read;
+  let last = null;
+  window.__watch = setInterval(() => {
+    const now = read();
+    const key = JSON.stringify(now);
+    if (now && key !== last) { window.__heatmaps.push(now); last = key; }
+  }, 20);
+}
+"""
+
+
+@pytest.mark.tf_only
+def test_live_attention_in_voila_redraws_while_the_kernel_trains(tmp_path):
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.strip()) for c in LIVE_CELLS])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "live.ipynb"
+    nbformat.write(notebook, str(path))
+    dump = tmp_path / "kernel.json"
+    env = {**os.environ, "PYTHONPATH": ROOT, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "KA_LIVE_DUMP": str(dump)}
+    with voila(str(path), env) as url, browser_page(tmp_path) as page:
+        page.goto(url, timeout=180_000)
+        page.wait_for_function(
+            "window.Bokeh && window.Bokeh.documents && window.Bokeh.documents.some("
+            "d => d.get_model_by_name('heatmap_source'))", timeout=120_000)
+        page.evaluate(WATCH_HEATMAP)
+        page.wait_for_function("window.__heatmaps.length === 1", timeout=10_000)
+        before = page.evaluate("window.__heatmaps[0]")
+        assert len(before) == 36
+
+        page.get_by_role("button", name="Train").click()
+        deadline = time.monotonic() + 120
+        while not dump.exists() or not dump.read_text():
+            assert time.monotonic() < deadline, "training in the kernel never finished"
+            time.sleep(0.2)
+        time.sleep(0.2)  # the dump is written in one call; let it land
+        kernel = json.loads(dump.read_text())
+        page.wait_for_function(
+            f"(() => {{ const w = window.__readHeatmap(); const k = {json.dumps(kernel['weight'])};"
+            " return w.every((v, i) => Math.abs(v - k[i]) < 1e-6); })()", timeout=30_000)
+        page.evaluate("clearInterval(window.__watch)")
+        seen = page.evaluate("window.__heatmaps")
+
+    # 2 epochs of 8 batches: updates before batches 2..8 and at each epoch's end.
+    assert kernel["updates"] == 16
+    np.testing.assert_allclose(seen[-1], kernel["weight"], atol=1e-6)
+    # Training changed the attention, and the page showed states between the
+    # first and the last: it redrew during training, not only at the end.
+    assert not np.allclose(before, kernel["weight"], atol=1e-3)
+    assert len(seen) >= 4, len(seen)
+    for heatmap in seen:
+        rows = np.reshape(heatmap, (6, 6))
+        np.testing.assert_allclose(rows.sum(axis=1), 1.0, atol=1e-5)
+
+
 def test_exported_html_draws_offline_and_shows_tokens_as_text(tmp_path):
     from PIL import Image
 
