@@ -51,3 +51,25 @@ def reference_attention(query, key, value, allowed):
     total = exp.sum(-1, keepdims=True)
     weights = np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
     return (weights @ v).transpose(0, 2, 1, 3), weights
+
+
+def reference_gradients(query, key, value, allowed, cotangent):
+    """Gradients of `sum(out * cotangent)` for `reference_attention`.
+
+    Written out by hand in float64 (not by autodiff): with weights `P`,
+    `dV = P^T G`, `dP = G V^T`, `dS = P * (dP - rowsum(dP * P))`,
+    `dQ = dS K / sqrt(D)`, `dK = dS^T Q / sqrt(D)`. Rows with no allowed key
+    have `P = 0`, so they pass no gradient.
+    """
+    _, weights = reference_attention(query, key, value, allowed)
+    scale = 1.0 / math.sqrt(query.shape[-1])
+    q = query.astype(np.float64).transpose(0, 2, 1, 3)
+    k = key.astype(np.float64).transpose(0, 2, 1, 3)
+    v = value.astype(np.float64).transpose(0, 2, 1, 3)
+    g = cotangent.astype(np.float64).transpose(0, 2, 1, 3)
+    d_value = weights.transpose(0, 1, 3, 2) @ g
+    d_weights = g @ v.transpose(0, 1, 3, 2)
+    d_scores = weights * (d_weights - (d_weights * weights).sum(-1, keepdims=True))
+    d_query = d_scores @ k * scale
+    d_key = d_scores.transpose(0, 1, 3, 2) @ q * scale
+    return [x.transpose(0, 2, 1, 3) for x in (d_query, d_key, d_value)]

@@ -13,10 +13,30 @@ from keras_attention.layers.multi_head_attention import (
     DEFAULT_MEMORY_EFFICIENT_THRESHOLD,
 )
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.ops import multi_head
 
 
 class KernelVariantAttention(MultiHeadAttention):
     """Base of the multi-head layers with their own attention kernel."""
+
+    def _kernel_inputs(self, key, value, training):
+        """The common preamble of `_compute_attention` in the subclasses.
+
+        Returns `(key, value, dropout)`: key and value heads repeated up to
+        `num_heads` (grouped-query attention), and the attention dropout as a
+        callable on the weights, or `None` when it cannot act (`dropout=0`,
+        or not training). Kernels take `None` as "no dropout", which lets
+        block-sparse attention use its memory-linear recomputing path.
+        """
+        key = multi_head.repeat_key_value_heads(key, self.num_heads)
+        value = multi_head.repeat_key_value_heads(value, self.num_heads)
+        dropout = None
+        if self.dropout > 0 and training is not None and training is not False:
+
+            def dropout(weights):
+                return self._dropout_layer(weights, training=training)
+
+        return key, value, dropout
 
     def _reject_memory_efficient_options(self, default_block_size=None):
         for argument, value, default in (

@@ -3,7 +3,6 @@ import keras
 from keras_attention.layers.base_attention import validate_positive_int
 from keras_attention.layers.kernel_variant import KernelVariantAttention
 from keras_attention.ops import linformer
-from keras_attention.ops import multi_head
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -120,14 +119,7 @@ class LinformerAttention(KernelVariantAttention):
         training=None,
         return_attention_scores=False,
     ):
-        key = multi_head.repeat_key_value_heads(key, self.num_heads)
-        value = multi_head.repeat_key_value_heads(value, self.num_heads)
-        dropout = None
-        if self.dropout > 0:
-
-            def dropout(weights):
-                return self._dropout_layer(weights, training=training)
-
+        key, value, dropout = self._kernel_inputs(key, value, training)
         result = linformer.linformer_attention(
             query,
             key,

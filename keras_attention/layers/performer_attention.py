@@ -4,7 +4,6 @@ from keras import ops
 from keras_attention.layers.base_attention import validate_positive_int
 from keras_attention.layers.kernel_variant import KernelVariantAttention
 from keras_attention.ops import favor
-from keras_attention.ops import multi_head
 
 KERNELS = ("softmax", "relu")
 
@@ -20,7 +19,11 @@ class PerformerAttention(KernelVariantAttention):
     `O(L^2)`. Features are computed in float32 under any dtype policy, with
     the usual stabilisation (inputs scaled by `key_dim^-1/4`, the largest
     exponent subtracted, a small epsilon added); see
-    `keras_attention.ops.favor`.
+    `keras_attention.ops.favor`. The non-causal softmax kernel (the default)
+    with static lengths never holds the whole `(L, num_features)` feature
+    maps: it runs over chunks of the sequence under a recomputing gradient
+    (`favor.chunked_softmax_attention`), so forward + backward memory is
+    `O(L * key_dim)`.
 
     The projections are those of `MultiHeadAttention` with the same
     arguments, in the same order, so `trainable_weights` move between the
@@ -173,8 +176,7 @@ class PerformerAttention(KernelVariantAttention):
         training=None,
         return_attention_scores=False,
     ):
-        key = multi_head.repeat_key_value_heads(key, self.num_heads)
-        value = multi_head.repeat_key_value_heads(value, self.num_heads)
+        key, value, _ = self._kernel_inputs(key, value, training)
         result = favor.favor_attention(
             query,
             key,

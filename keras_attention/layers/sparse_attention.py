@@ -4,7 +4,6 @@ import numpy as np
 from keras_attention.layers.base_attention import validate_positive_int
 from keras_attention.layers.kernel_variant import KernelVariantAttention
 from keras_attention.ops import block_sparse
-from keras_attention.ops import multi_head
 
 # The random plan has at least this many rows (query blocks), so a layer
 # built on short sequences still draws distinct random blocks on long ones.
@@ -42,7 +41,13 @@ class SparseAttention(KernelVariantAttention):
     dense matmul (as BigBird does): time and memory grow linearly with the
     length, never forming an `L x L` matrix. Any length works: inputs are
     padded to whole blocks internally and the padding is masked. See
-    `keras_attention.ops.block_sparse` for the exact pattern.
+    `keras_attention.ops.block_sparse` for the exact pattern. With static
+    lengths the block rows run in chunks of query blocks under a recomputing
+    gradient, so forward + backward keeps only `O(L * key_dim)` tensors (at
+    L = 16384, 8 heads of 64: about 1 GiB above TensorFlow's own); training
+    with `dropout > 0`, an explicit `attention_mask`, returned or captured
+    weights, or unknown lengths use autodiff over the gathered keys instead,
+    which holds `O(L * S * block_size)` (several times more).
 
     The projections are those of `MultiHeadAttention` with the same
     arguments, in the same order, so `trainable_weights` move between the
@@ -191,14 +196,10 @@ class SparseAttention(KernelVariantAttention):
         training=None,
         return_attention_scores=False,
     ):
-        key = multi_head.repeat_key_value_heads(key, self.num_heads)
-        value = multi_head.repeat_key_value_heads(value, self.num_heads)
-        dropout = None
-        if self.dropout > 0:
-
-            def dropout(weights):
-                return self._dropout_layer(weights, training=training)
-
+        # Without a dropout callable (inference, or dropout=0) the kernel
+        # takes its recomputing, memory-linear path: dropout would need the
+        # same random mask in the backward, which that path does not replay.
+        key, value, dropout = self._kernel_inputs(key, value, training)
         result = block_sparse.block_sparse_attention(
             query,
             key,

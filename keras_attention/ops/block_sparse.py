@@ -26,7 +26,9 @@ import math
 
 from keras import ops
 
+from keras_attention.ops import loops
 from keras_attention.ops import masking
+from keras_attention.ops import memory_efficient
 
 
 def _length(x, axis):
@@ -121,6 +123,355 @@ def _pad_time(x, length, axis=1, value=0):
     return ops.pad(x, widths, constant_values=value)
 
 
+# Score of masked keys inside the recomputing kernel: finite, so that a row
+# with no visible key gives `exp(0)` (discarded) rather than NaN, and far
+# below every real score. Rows with no visible key store this huge
+# log-sum-exp, so `exp(score - lse)` is exactly 0 in the backward.
+_MASKED = -1e30
+_NO_KEY_LSE = 1e30
+
+# Query rows per chunk of the recomputing kernel (rounded to whole blocks).
+DEFAULT_CHUNK_ROWS = 1024
+
+
+def _recomputed_block_rows(
+    q,
+    k,
+    v,
+    index,
+    slot_valid,
+    key_valid,
+    *,
+    block_size,
+    chunk_blocks,
+    causal,
+    token_k=None,
+    token_v=None,
+    token_mask=None,
+):
+    """Block rows of block-sparse attention in memory linear in the length.
+
+    The query blocks are processed `chunk_blocks` at a time in a
+    `fori_loop`; each chunk gathers its key blocks, forms its scores and
+    softmax, and keeps only its output and the per-row log-sum-exp. The
+    gradient is custom: the backward recomputes each chunk's probabilities
+    from the stored log-sum-exp (as `memory_efficient_attention` does for
+    exact attention), accumulates `dQ` per chunk and scatter-adds the
+    gathered blocks' `dK`, `dV` with a segment sum. So neither the gathered
+    `(L, S * block_size, D)` keys and values nor the `(L, S * block_size)`
+    scores are ever held for the whole sequence.
+
+    Args:
+        q: float32 `(B, H, Tqp, D)`, already scaled, `Tqp = nq * block_size`.
+        k, v: float32 `(B, H, Tkp, D)` / `(B, H, Tkp, Dv)`.
+        index, slot_valid: the `(nq, S)` plan of `block_plan`.
+        key_valid: boolean `(B or 1, Tkp)`.
+        chunk_blocks: query blocks per chunk (need not divide `nq`).
+        causal: mask keys after each query inside the gathered blocks.
+        token_k, token_v, token_mask: Longformer global tokens as extra keys
+            of every row: `(B, H, G, D)`, `(B, H, G, Dv)` and boolean
+            `(B or 1, nq, 1 or block_size, G)`; or all `None`.
+
+    Returns:
+        float32 `(B, H, Tqp, Dv)`. Rows with no visible key are zero.
+    """
+    heads, head_dim, value_dim = q.shape[1], q.shape[-1], v.shape[-1]
+    nq, num_slots = index.shape
+    nk = k.shape[2] // block_size
+    bs = block_size
+    chunk_blocks = max(1, min(chunk_blocks, nq))
+    num_chunks = -(-nq // chunk_blocks)
+    padded_blocks = num_chunks * chunk_blocks
+    extra = padded_blocks - nq
+    keys_per_row = num_slots * bs
+    has_tokens = token_k is not None
+
+    # Chunk-major layouts, so each chunk is one `take` along axis 0.
+    if extra:
+        q = ops.pad(q, ((0, 0), (0, 0), (0, extra * bs), (0, 0)))
+        index = ops.pad(index, ((0, extra), (0, 0)))
+        slot_valid = ops.pad(slot_valid, ((0, extra), (0, 0)), constant_values=False)
+    q = ops.reshape(q, (-1, heads, num_chunks, chunk_blocks, bs, head_dim))
+    q = ops.transpose(q, (2, 0, 1, 3, 4, 5))  # (nc, B, H, C, bs, D)
+    index = ops.reshape(index, (num_chunks, chunk_blocks * num_slots))
+    slot_valid = ops.reshape(slot_valid, (num_chunks, chunk_blocks, num_slots))
+    key_valid_blocks = ops.reshape(key_valid, (-1, nk, bs))  # (Bm, nk, bs)
+    if has_tokens:
+        if extra:
+            token_mask = ops.pad(
+                token_mask,
+                ((0, 0), (0, extra), (0, 0), (0, 0)),
+                constant_values=False,
+            )
+        token_mask = ops.reshape(
+            token_mask,
+            (-1, num_chunks, chunk_blocks) + tuple(token_mask.shape[2:]),
+        )
+        token_mask = ops.transpose(token_mask, (1, 0, 2, 3, 4))
+        # (nc, Bm, C, 1 or bs, G)
+    block_offsets = ops.arange(bs, dtype="int32")
+
+    def chunk_mask(c, chunk_index):
+        """`(Bm, 1, C, 1 or bs, S * bs)` boolean mask of chunk `c`."""
+        slots = ops.repeat(ops.take(slot_valid, c, axis=0), bs, axis=1)
+        keys = ops.take(key_valid_blocks, chunk_index, axis=1)
+        keys = ops.reshape(keys, (-1, chunk_blocks, keys_per_row))
+        mask = ops.logical_and(slots[None], keys)[:, :, None, :]
+        if causal:
+            key_positions = ops.reshape(
+                chunk_index[:, None] * bs + block_offsets,
+                (chunk_blocks, keys_per_row),
+            )
+            first = (c * chunk_blocks + ops.arange(chunk_blocks, dtype="int32")) * bs
+            query_positions = first[:, None] + block_offsets  # (C, bs)
+            mask = ops.logical_and(
+                mask,
+                ops.less_equal(
+                    key_positions[:, None, :], query_positions[:, :, None]
+                )[None],
+            )
+        return mask[:, None]
+
+    def gather(x_blocks, chunk_index):
+        # (B, H, nk, bs, d) -> (B, H, C, S * bs, d)
+        picked = ops.take(x_blocks, chunk_index, axis=2)
+        return ops.reshape(
+            picked, (-1, heads, chunk_blocks, keys_per_row, picked.shape[-1])
+        )
+
+    def scores_of(c, q_chunk, k_blocks, token_k):
+        chunk_index = ops.take(index, c, axis=0)
+        k_chunk = gather(k_blocks, chunk_index)
+        scores = ops.einsum("bhiqd,bhikd->bhiqk", q_chunk, k_chunk)
+        mask = chunk_mask(c, chunk_index)
+        scores = ops.where(mask, scores, _MASKED)
+        attended = ops.any(mask, axis=-1)  # (Bm, 1, C, 1 or bs)
+        token_scores = None
+        if has_tokens:
+            t_mask = ops.take(token_mask, c, axis=0)[:, None]  # (Bm, 1, C, ., G)
+            token_scores = ops.einsum("bhiqd,bhgd->bhiqg", q_chunk, token_k)
+            token_scores = ops.where(t_mask, token_scores, _MASKED)
+            attended = ops.logical_or(attended, ops.any(t_mask, axis=-1))
+        return chunk_index, k_chunk, scores, token_scores, attended
+
+    def forward(q, k_blocks, v_blocks, token_k, token_v):
+        def step(c, buffers):
+            out_buffer, lse_buffer = buffers
+            q_chunk = ops.take(q, c, axis=0)
+            chunk_index, _, scores, token_scores, attended = scores_of(
+                c, q_chunk, k_blocks, token_k
+            )
+            row_max = ops.max(scores, axis=-1)
+            if has_tokens:
+                row_max = ops.maximum(row_max, ops.max(token_scores, axis=-1))
+            probs = ops.exp(scores - row_max[..., None])
+            total = ops.sum(probs, axis=-1)
+            out = ops.einsum(
+                "bhiqk,bhikd->bhiqd", probs, gather(v_blocks, chunk_index)
+            )
+            if has_tokens:
+                token_probs = ops.exp(token_scores - row_max[..., None])
+                total = total + ops.sum(token_probs, axis=-1)
+                out = out + ops.einsum("bhiqg,bhgd->bhiqd", token_probs, token_v)
+            attended = ops.broadcast_to(attended, ops.shape(total))
+            out = ops.where(attended[..., None], out / total[..., None], 0.0)
+            lse = ops.where(attended, row_max + ops.log(total), _NO_KEY_LSE)
+            out_buffer = ops.slice_update(
+                out_buffer, (c, 0, 0, 0, 0, 0), out[None]
+            )
+            lse_buffer = ops.slice_update(lse_buffer, (c, 0, 0, 0, 0), lse[None])
+            return out_buffer, lse_buffer
+
+        rows = (num_chunks, ops.shape(q)[1], heads, chunk_blocks, bs)
+        return loops.sequential_fori_loop(
+            0,
+            num_chunks,
+            step,
+            (
+                ops.zeros(rows + (value_dim,), dtype="float32"),
+                ops.zeros(rows, dtype="float32"),
+            ),
+        )
+
+    def backward(q, k_blocks, v_blocks, token_k, token_v, out, lse, d_out):
+        delta = ops.sum(d_out * out, axis=-1)  # (nc, B, H, C, bs)
+
+        def step(c, state):
+            dq_buffer, dk_blocks, dv_blocks, dtoken_k, dtoken_v = state
+            q_chunk = ops.take(q, c, axis=0)
+            d_out_chunk = ops.take(d_out, c, axis=0)
+            chunk_lse = ops.take(lse, c, axis=0)[..., None]
+            chunk_delta = ops.take(delta, c, axis=0)[..., None]
+            chunk_index, k_chunk, scores, token_scores, _ = scores_of(
+                c, q_chunk, k_blocks, token_k
+            )
+            probs = ops.exp(scores - chunk_lse)
+            d_probs = ops.einsum(
+                "bhiqd,bhikd->bhiqk", d_out_chunk, gather(v_blocks, chunk_index)
+            )
+            d_scores = probs * (d_probs - chunk_delta)
+            dq = ops.einsum("bhiqk,bhikd->bhiqd", d_scores, k_chunk)
+
+            def scatter(gathered):
+                # (B, H, C, S * bs, d) summed into (nk, B, H, bs, d).
+                gathered = ops.reshape(
+                    gathered,
+                    (-1, heads, chunk_blocks * num_slots, bs, gathered.shape[-1]),
+                )
+                return ops.segment_sum(
+                    ops.transpose(gathered, (2, 0, 1, 3, 4)),
+                    chunk_index,
+                    num_segments=nk,
+                )
+
+            dk_blocks = dk_blocks + scatter(
+                ops.einsum("bhiqk,bhiqd->bhikd", d_scores, q_chunk)
+            )
+            dv_blocks = dv_blocks + scatter(
+                ops.einsum("bhiqk,bhiqd->bhikd", probs, d_out_chunk)
+            )
+            if has_tokens:
+                token_probs = ops.exp(token_scores - chunk_lse)
+                d_token_probs = ops.einsum("bhiqd,bhgd->bhiqg", d_out_chunk, token_v)
+                d_token_scores = token_probs * (d_token_probs - chunk_delta)
+                dq = dq + ops.einsum("bhiqg,bhgd->bhiqd", d_token_scores, token_k)
+                dtoken_k = dtoken_k + ops.einsum(
+                    "bhiqg,bhiqd->bhgd", d_token_scores, q_chunk
+                )
+                dtoken_v = dtoken_v + ops.einsum(
+                    "bhiqg,bhiqd->bhgd", token_probs, d_out_chunk
+                )
+            dq_buffer = ops.slice_update(dq_buffer, (c, 0, 0, 0, 0, 0), dq[None])
+            return dq_buffer, dk_blocks, dv_blocks, dtoken_k, dtoken_v
+
+        batch = ops.shape(q)[1]
+        dq, dk_blocks, dv_blocks, dtoken_k, dtoken_v = loops.sequential_fori_loop(
+            0,
+            num_chunks,
+            step,
+            (
+                ops.zeros_like(q),
+                ops.zeros((nk, batch, heads, bs, head_dim), dtype="float32"),
+                ops.zeros((nk, batch, heads, bs, value_dim), dtype="float32"),
+                ops.zeros_like(token_k),
+                ops.zeros_like(token_v),
+            ),
+        )
+        # Back to the (B, H, nk, bs, d) layout of the key and value blocks.
+        dk_blocks = ops.transpose(dk_blocks, (1, 2, 0, 3, 4))
+        dv_blocks = ops.transpose(dv_blocks, (1, 2, 0, 3, 4))
+        return dq, dk_blocks, dv_blocks, dtoken_k, dtoken_v
+
+    @ops.custom_gradient
+    def attend(q, k_blocks, v_blocks, token_k, token_v):
+        out, lse = forward(q, k_blocks, v_blocks, token_k, token_v)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            return backward(
+                q, k_blocks, v_blocks, token_k, token_v, out, lse, upstream
+            )
+
+        return out, grad
+
+    if not has_tokens:
+        # Zero global tokens: (B, H, 0, d) placeholders keep one signature.
+        token_k = ops.zeros_like(k[:, :, :0])
+        token_v = ops.zeros_like(v[:, :, :0])
+    k_blocks = ops.reshape(k, (-1, heads, nk, bs, head_dim))
+    v_blocks = ops.reshape(v, (-1, heads, nk, bs, value_dim))
+    out = attend(q, k_blocks, v_blocks, token_k, token_v)  # (nc, B, H, C, bs, Dv)
+    out = ops.transpose(out, (1, 2, 0, 3, 4, 5))
+    out = ops.reshape(out, (-1, heads, padded_blocks * bs, value_dim))
+    return out[:, :, : nq * bs]
+
+
+def _gathered_block_rows(
+    q, k, v, index, slot_valid, key_valid, attention_mask, q_block_positions,
+    token_k, token_v, token_mask, *, block_size, causal, dropout,
+):
+    """Block rows by autodiff over gathered keys and values (the general path).
+
+    Holds the gathered `(L, S * block_size, D)` keys and values and the
+    `(L, S * block_size)` scores for the whole sequence; used with dropout,
+    an explicit attention mask, dense weights or dynamic lengths.
+    """
+    batch, heads, head_dim = ops.shape(q)[0], q.shape[1], q.shape[-1]
+    nq, num_slots = _length(index, 0), index.shape[1]
+    nk = _length(k, 2) // block_size
+    flat_index = ops.reshape(index, (-1,))
+    k_blocks = ops.reshape(k, (batch, heads, nk, block_size, head_dim))
+    v_blocks = ops.reshape(v, (batch, heads, nk, block_size, v.shape[-1]))
+    gathered_k = ops.reshape(
+        ops.take(k_blocks, flat_index, axis=2),
+        (batch, heads, nq, num_slots * block_size, head_dim),
+    )
+    gathered_v = ops.reshape(
+        ops.take(v_blocks, flat_index, axis=2),
+        (batch, heads, nq, num_slots * block_size, v.shape[-1]),
+    )
+    q_blocks = ops.reshape(q, (batch, heads, nq, block_size, head_dim))
+
+    # Mask (B or 1, nq, bs, S * bs) of the gathered keys.
+    key_positions = (
+        index[:, :, None] * block_size + ops.arange(block_size, dtype="int32")
+    )  # (nq, S, bs)
+    key_positions = ops.reshape(key_positions, (nq, num_slots * block_size))
+    slot_mask = ops.repeat(slot_valid, block_size, axis=1)  # (nq, S * bs)
+    block_key_valid = ops.take(
+        ops.reshape(key_valid, (-1, nk, block_size)), flat_index, axis=1
+    )  # (B or 1, nq * S, bs)
+    block_mask = ops.logical_and(
+        slot_mask[None],
+        ops.reshape(block_key_valid, (-1, nq, num_slots * block_size)),
+    )[:, :, None, :]
+    if causal:
+        block_mask = ops.logical_and(
+            block_mask,
+            ops.less_equal(
+                key_positions[:, None, :], q_block_positions[:, :, None]
+            )[None],
+        )
+    if attention_mask is not None:
+        # (B, nq, bs, nk, bs) gathered to (B, nq, bs, S, bs).
+        blocked = ops.reshape(
+            attention_mask, (-1, nq, block_size, nk, block_size)
+        )
+        gather_index = ops.broadcast_to(
+            index[None, :, None, :, None],
+            (ops.shape(blocked)[0], nq, block_size, num_slots, block_size),
+        )
+        picked = ops.take_along_axis(blocked, gather_index, axis=3)
+        block_mask = ops.logical_and(
+            block_mask,
+            ops.reshape(picked, (-1, nq, block_size, num_slots * block_size)),
+        )
+    scores = ops.einsum("bhiqd,bhikd->bhiqk", q_blocks, gathered_k)
+    mask = block_mask[:, None]  # (B or 1, 1, nq, bs, S * bs)
+    if token_k is not None:
+        token_scores = ops.einsum("bhiqd,bhgd->bhiqg", q_blocks, token_k)
+        scores = ops.concatenate([scores, token_scores], axis=-1)
+        full = (batch, nq, block_size)
+        mask = ops.concatenate(
+            [
+                ops.broadcast_to(block_mask, full + (num_slots * block_size,)),
+                ops.broadcast_to(token_mask, full + (token_k.shape[2],)),
+            ],
+            axis=-1,
+        )[:, None]
+    weights = masking.masked_softmax(scores, mask)
+    dropped = weights if dropout is None else dropout(weights)
+    block_weights = dropped[..., : num_slots * block_size]
+    output = ops.einsum("bhiqk,bhikd->bhiqd", block_weights, gathered_v)
+    if token_k is not None:
+        output = output + ops.einsum(
+            "bhiqg,bhgd->bhiqd", dropped[..., num_slots * block_size :], token_v
+        )
+    output = ops.reshape(output, (batch, heads, nq * block_size, v.shape[-1]))
+    return output, weights
+
+
 def block_sparse_attention(
     query,
     key,
@@ -138,6 +489,7 @@ def block_sparse_attention(
     scale=None,
     dropout=None,
     return_weights=False,
+    chunk_blocks=None,
 ):
     """Block-sparse softmax attention over projected multi-head tensors.
 
@@ -162,9 +514,22 @@ def block_sparse_attention(
             multiply the values (e.g. a `Dropout` layer), or `None`.
         return_weights: also return the weights scattered into a dense
             `(B, H, Tq, Tv)` array. This is `O(Tq * Tv)`: for visualisation.
+        chunk_blocks: query blocks per chunk of the recomputing kernel
+            (default: `1024 // block_size` blocks, at least 1); it need not
+            divide the number of blocks.
 
     Returns:
         `output (B, Tq, H, Dv)` and, with `return_weights`, the weights.
+
+    Memory: with static lengths, no dropout, no explicit `attention_mask`
+    and no dense weights asked for (the usual training and serving case),
+    the block rows run through `_recomputed_block_rows`: chunks of query
+    blocks in a loop under a custom gradient that recomputes each chunk's
+    probabilities in the backward, so forward + backward holds only
+    `O(L * D)` tensors plus one chunk's scores. Otherwise (dropout needs the
+    same random mask in the backward, which this kernel does not replay)
+    they go through autodiff over the gathered keys, `O(L * S * bs)`
+    memory. Both paths give the same result.
     """
     del query_mask  # Rows are independent; the caller zeroes masked rows.
     dtype = query.dtype
@@ -210,59 +575,11 @@ def block_sparse_attention(
         causal=causal,
     )
     num_slots = index.shape[1]
-    flat_index = ops.reshape(index, (-1,))
-    k_blocks = ops.reshape(k, (batch, heads, nk, block_size, head_dim))
-    v_blocks = ops.reshape(v, (batch, heads, nk, block_size, v.shape[-1]))
-    gathered_k = ops.reshape(
-        ops.take(k_blocks, flat_index, axis=2),
-        (batch, heads, nq, num_slots * block_size, head_dim),
-    )
-    gathered_v = ops.reshape(
-        ops.take(v_blocks, flat_index, axis=2),
-        (batch, heads, nq, num_slots * block_size, v.shape[-1]),
-    )
-    q_blocks = ops.reshape(q, (batch, heads, nq, block_size, head_dim))
-
-    # Mask (B or 1, nq, bs, S * bs) of the gathered keys.
-    key_positions = (
-        index[:, :, None] * block_size + ops.arange(block_size, dtype="int32")
-    )  # (nq, S, bs)
-    key_positions = ops.reshape(key_positions, (nq, num_slots * block_size))
-    slot_mask = ops.repeat(slot_valid, block_size, axis=1)  # (nq, S * bs)
-    block_key_valid = ops.take(
-        ops.reshape(key_valid, (-1, nk, block_size)), flat_index, axis=1
-    )  # (B or 1, nq * S, bs)
-    block_mask = ops.logical_and(
-        slot_mask[None],
-        ops.reshape(block_key_valid, (-1, nq, num_slots * block_size)),
-    )[:, :, None, :]
     q_block_positions = ops.reshape(query_positions, (nq, block_size))
-    if causal:
-        block_mask = ops.logical_and(
-            block_mask,
-            ops.less_equal(
-                key_positions[:, None, :], q_block_positions[:, :, None]
-            )[None],
-        )
-    if attention_mask is not None:
-        # (B, nq, bs, nk, bs) gathered to (B, nq, bs, S, bs).
-        blocked = ops.reshape(
-            attention_mask, (-1, nq, block_size, nk, block_size)
-        )
-        gather_index = ops.broadcast_to(
-            index[None, :, None, :, None],
-            (ops.shape(blocked)[0], nq, block_size, num_slots, block_size),
-        )
-        picked = ops.take_along_axis(blocked, gather_index, axis=3)
-        block_mask = ops.logical_and(
-            block_mask,
-            ops.reshape(picked, (-1, nq, block_size, num_slots * block_size)),
-        )
-    scores = ops.einsum("bhiqd,bhikd->bhiqk", q_blocks, gathered_k)
-    mask = block_mask[:, None]  # (B or 1, 1, nq, bs, S * bs)
 
     # Longformer global tokens as extra keys for every block row.
     tokens = tuple(sorted(set(global_tokens or ())))
+    token_k = token_v = token_mask = None
     if tokens:
         token_positions = ops.convert_to_tensor(tokens, dtype="int32")  # (G,)
         token_index = ops.minimum(token_positions, padded_key_length - 1)
@@ -295,25 +612,40 @@ def block_sparse_attention(
             )
         token_k = ops.take(k, token_index, axis=2)  # (B, H, G, D)
         token_v = ops.take(v, token_index, axis=2)
-        token_scores = ops.einsum("bhiqd,bhgd->bhiqg", q_blocks, token_k)
-        scores = ops.concatenate([scores, token_scores], axis=-1)
-        full = (batch, nq, block_size)
-        mask = ops.concatenate(
-            [
-                ops.broadcast_to(block_mask, full + (num_slots * block_size,)),
-                ops.broadcast_to(token_mask, full + (len(tokens),)),
-            ],
-            axis=-1,
-        )[:, None]
-    weights = masking.masked_softmax(scores, mask)
-    dropped = weights if dropout is None else dropout(weights)
-    block_weights = dropped[..., : num_slots * block_size]
-    output = ops.einsum("bhiqk,bhikd->bhiqd", block_weights, gathered_v)
-    if tokens:
-        output = output + ops.einsum(
-            "bhiqg,bhgd->bhiqd", dropped[..., num_slots * block_size :], token_v
+
+    # The recomputing kernel needs static lengths and a deterministic
+    # softmax: dropout (a fresh mask per call), dense weights and explicit
+    # (already O(Tq * Tv)) attention masks take the gathered path below.
+    recompute = (
+        isinstance(nq, int)
+        and isinstance(nk, int)
+        and dropout is None
+        and attention_mask is None
+        and not return_weights
+    )
+    if recompute:
+        as_float = lambda x: None if x is None else ops.cast(x, "float32")  # noqa: E731
+        output = _recomputed_block_rows(
+            as_float(q),
+            as_float(k),
+            as_float(v),
+            index,
+            slot_valid,
+            key_valid,
+            block_size=block_size,
+            chunk_blocks=chunk_blocks or max(1, DEFAULT_CHUNK_ROWS // block_size),
+            causal=causal,
+            token_k=as_float(token_k),
+            token_v=as_float(token_v),
+            token_mask=token_mask,
         )
-    output = ops.reshape(output, (batch, heads, padded_query_length, v.shape[-1]))
+        output = ops.cast(output, dtype)
+    else:
+        output, weights = _gathered_block_rows(
+            q, k, v, index, slot_valid, key_valid, attention_mask,
+            q_block_positions, token_k, token_v, token_mask,
+            block_size=block_size, causal=causal, dropout=dropout,
+        )
 
     # ---------------------------------------------------- global query rows
     # Queries in the first `global_blocks` blocks and at `global_tokens`
@@ -324,7 +656,6 @@ def block_sparse_attention(
         row_positions = ops.convert_to_tensor(rows, dtype="int32")  # (R,)
         row_index = ops.minimum(row_positions, padded_query_length - 1)
         row_q = ops.take(q, row_index, axis=2)  # (B, H, R, D)
-        row_scores = ops.einsum("bhrd,bhkd->bhrk", row_q, k)
         row_mask = key_valid[:, None, :]  # (B or 1, 1, Tkp)
         if causal:
             row_mask = ops.logical_and(
@@ -338,9 +669,24 @@ def block_sparse_attention(
             row_mask = ops.logical_and(
                 row_mask, ops.take(attention_mask, row_index, axis=1)
             )
-        row_weights = masking.masked_softmax(row_scores, row_mask[:, None])
-        row_dropped = row_weights if dropout is None else dropout(row_weights)
-        row_output = ops.einsum("bhrk,bhkd->bhrd", row_dropped, v)
+        if recompute:
+            # Exact attention of R rows over all keys, blockwise with a
+            # recomputing gradient: the (B, H, R, Tv) strip is never held.
+            row_output = memory_efficient.memory_efficient_attention(
+                ops.transpose(row_q, (0, 2, 1, 3)),
+                ops.transpose(k, (0, 2, 1, 3)),
+                ops.transpose(v, (0, 2, 1, 3)),
+                scale=1.0,
+                attention_mask=ops.broadcast_to(
+                    row_mask, (ops.shape(row_mask)[0], len(rows), padded_key_length)
+                ),
+            )
+            row_output = ops.transpose(row_output, (0, 2, 1, 3))
+        else:
+            row_scores = ops.einsum("bhrd,bhkd->bhrk", row_q, k)
+            row_weights = masking.masked_softmax(row_scores, row_mask[:, None])
+            row_dropped = row_weights if dropout is None else dropout(row_weights)
+            row_output = ops.einsum("bhrk,bhkd->bhrd", row_dropped, v)
         # Scatter the rows back with a one-hot matrix (rows past the end of
         # the sequence one-hot to nothing).
         scatter = ops.one_hot(row_positions, padded_query_length, dtype=dtype)

@@ -21,6 +21,8 @@ import math
 import numpy as np
 from keras import ops
 
+from keras_attention.ops import loops
+
 # Layout used inside this module: (B, H, T, m) features, (B, H, T, Dv) values.
 
 
@@ -75,22 +77,56 @@ def softmax_features(x, projection, *, is_query, mask=None, epsilon=1e-6):
 
     Returns:
         float32 `(B, H, T, m)`.
+
+    The gradient with respect to `x` is custom and formed from the output
+    alone: with `z = W x - |x|^2 / 2 - c` and `f = (exp(z) + eps) / sqrt(m)`,
+    `df/dz = f - eps / sqrt(m)` and `dz/dx = W^T - x` (the stabiliser `c`
+    is a constant: it cancels in the normalisation). So the backward keeps
+    only `x` and the features, not the projected `(B, H, T, m)` logits and
+    the several float32 copies autodiff would store; this is what keeps
+    the Performer's forward + backward at L = 16384 under 2 GiB. No
+    gradient flows to `projection` (it is a fixed, non-trainable draw).
     """
-    x, projected = _scaled(x, projection)
-    half_norm = ops.sum(ops.square(x), axis=-1, keepdims=True) / 2.0
-    if is_query:
-        shift = ops.max(projected, axis=-1, keepdims=True)
-    else:
-        valid = projected
-        if mask is not None:
-            valid = ops.where(ops.cast(mask, "bool")[:, None, :, None], projected, -1e30)
-        shift = ops.max(valid, axis=(2, 3), keepdims=True)
-    shift = ops.stop_gradient(shift)
     num_features = projection.shape[0]
-    features = (ops.exp(projected - half_norm - shift) + epsilon) / math.sqrt(
-        num_features
-    )
-    return _apply_mask(features, mask)
+    root = math.sqrt(num_features)
+    scale = x.shape[-1] ** -0.25
+    projection = ops.stop_gradient(ops.cast(projection, "float32"))
+    valid = None if mask is None else ops.cast(mask, "bool")[:, None, :, None]
+
+    @ops.custom_gradient
+    def features_of(x):
+        dtype = x.dtype
+        scaled = ops.cast(x, "float32") * scale
+        projected = ops.einsum("bhtd,md->bhtm", scaled, projection)
+        half_norm = ops.sum(ops.square(scaled), axis=-1, keepdims=True) / 2.0
+        if is_query:
+            shift = ops.max(projected, axis=-1, keepdims=True)
+        elif valid is not None:
+            shift = ops.max(
+                ops.where(valid, projected, -1e30), axis=(2, 3), keepdims=True
+            )
+        else:
+            shift = ops.max(projected, axis=(2, 3), keepdims=True)
+        features = (ops.exp(projected - (half_norm + shift)) + epsilon) / root
+        if valid is not None:
+            features = ops.where(valid, features, 0.0)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            d_logits = upstream * (features - epsilon / root)
+            if valid is not None:
+                d_logits = ops.where(valid, d_logits, 0.0)
+            d_scaled = ops.einsum(
+                "bhtm,md->bhtd", d_logits, projection
+            ) - ops.cast(x, "float32") * scale * ops.sum(
+                d_logits, axis=-1, keepdims=True
+            )
+            return ops.cast(d_scaled * scale, dtype)
+
+        return features, grad
+
+    return features_of(x)
 
 
 def relu_features(x, projection, *, mask=None, epsilon=1e-3):
@@ -211,6 +247,223 @@ def kernel_attention_weights(query_features, key_features, causal=False, mask=No
     return _safe_divide(kernel, ops.sum(kernel, axis=-1))
 
 
+# Rows per chunk of the chunked non-causal softmax-kernel path.
+DEFAULT_FEATURE_CHUNK = 1024
+
+
+def _to_chunks(x, num_chunks, chunk):
+    """`(B, T, H, d)` -> `(n, B, H, chunk, d)`, the time axis zero-padded."""
+    pad = num_chunks * chunk - x.shape[1]
+    if pad:
+        x = ops.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    x = ops.reshape(x, (-1, num_chunks, chunk, x.shape[2], x.shape[3]))
+    return ops.transpose(x, (1, 0, 3, 2, 4))
+
+
+def chunked_softmax_attention(
+    query, key, value, projection, *, key_mask=None, chunk_size=None, epsilon=1e-6
+):
+    """Non-causal FAVOR+ softmax-kernel attention, chunked over the length.
+
+    The same result as `linear_attention(softmax_features(q), softmax_features(k),
+    v)` (same stabilisers, same epsilon), but the `(B, H, T, m)` feature maps
+    are never held whole: one `fori_loop` over key chunks accumulates
+    `phi(K)^T V` and `phi(K)^T 1` (after a first pass for the key
+    stabiliser, the max over all valid keys), one over query chunks applies
+    them. The gradient is custom: the backward recomputes each chunk's
+    features (their gradient is formed from the features, see
+    `softmax_features`), so forward + backward keeps only `O(T * D)`
+    tensors, `O(m * Dv)` sums and one chunk's features.
+
+    Args:
+        query: `(B, Tq, H, D)`; key: `(B, Tv, H, D)`; value: `(B, Tv, H, Dv)`,
+            with static lengths.
+        projection: `(m, D)`.
+        key_mask: `(B, Tv)` boolean or `None`.
+        chunk_size: rows per chunk (default 1024); need not divide the length.
+
+    Returns:
+        float32 `(B, Tq, H, Dv)`.
+    """
+    q_len, heads, dim = query.shape[1], query.shape[2], query.shape[3]
+    k_len = key.shape[1]
+    value_dim = value.shape[-1]
+    num_features = projection.shape[0]
+    root = math.sqrt(num_features)
+    scale = dim ** -0.25
+    projection = ops.stop_gradient(ops.cast(projection, "float32"))
+    chunk = chunk_size or DEFAULT_FEATURE_CHUNK
+    q_chunk, k_chunk = min(chunk, q_len), min(chunk, k_len)
+    nq, nk = -(-q_len // q_chunk), -(-k_len // k_chunk)
+
+    valid = None
+    if key_mask is not None or nk * k_chunk != k_len:
+        valid = ops.ones((1, k_len), "bool") if key_mask is None else key_mask
+        valid = ops.cast(valid, "bool")
+        if nk * k_chunk != k_len:
+            valid = ops.pad(
+                valid, ((0, 0), (0, nk * k_chunk - k_len)), constant_values=False
+            )
+        valid = ops.reshape(valid, (-1, nk, 1, k_chunk, 1))
+        valid = ops.transpose(valid, (1, 0, 2, 3, 4))  # (nk, Bm, 1, Tc, 1)
+
+    def chunk_valid(j):
+        return None if valid is None else ops.take(valid, j, axis=0)
+
+    def projected_of(x):
+        scaled = x * scale
+        return scaled, ops.einsum("bhtd,md->bhtm", scaled, projection)
+
+    def features_of(x, shift, mask):
+        scaled, projected = projected_of(x)
+        half_norm = ops.sum(ops.square(scaled), axis=-1, keepdims=True) / 2.0
+        if shift is None:  # queries: per row
+            shift = ops.max(projected, axis=-1, keepdims=True)
+        features = (ops.exp(projected - (half_norm + shift)) + epsilon) / root
+        if mask is not None:
+            features = ops.where(mask, features, 0.0)
+        return features
+
+    def features_grad(d_features, features, x, mask):
+        d_logits = d_features * (features - epsilon / root)
+        if mask is not None:
+            d_logits = ops.where(mask, d_logits, 0.0)
+        d_scaled = ops.einsum("bhtm,md->bhtd", d_logits, projection) - (
+            x * scale
+        ) * ops.sum(d_logits, axis=-1, keepdims=True)
+        return d_scaled * scale
+
+    def key_shift(k):
+        def step(j, shift):
+            _, projected = projected_of(ops.take(k, j, axis=0))
+            mask = chunk_valid(j)
+            if mask is not None:
+                projected = ops.where(mask, projected, -1e30)
+            return ops.maximum(shift, ops.max(projected, axis=(2, 3), keepdims=True))
+
+        batch = ops.shape(k)[1]
+        init = ops.full((batch, heads, 1, 1), -1e30, dtype="float32")
+        return loops.sequential_fori_loop(0, nk, step, init)
+
+    def forward(q, k, v):
+        shift = key_shift(k)
+        batch = ops.shape(k)[1]
+
+        def key_step(j, sums):
+            context, key_sum = sums
+            features = features_of(ops.take(k, j, axis=0), shift, chunk_valid(j))
+            context = context + ops.einsum(
+                "bhtm,bhtd->bhmd", features, ops.take(v, j, axis=0)
+            )
+            return context, key_sum + ops.sum(features, axis=2)
+
+        context, key_sum = loops.sequential_fori_loop(
+            0,
+            nk,
+            key_step,
+            (
+                ops.zeros((batch, heads, num_features, value_dim), "float32"),
+                ops.zeros((batch, heads, num_features), "float32"),
+            ),
+        )
+
+        def query_step(i, buffers):
+            out_buffer, den_buffer = buffers
+            features = features_of(ops.take(q, i, axis=0), None, None)
+            numerator = ops.einsum("bhtm,bhmd->bhtd", features, context)
+            denominator = ops.einsum("bhtm,bhm->bht", features, key_sum)
+            out = _safe_divide(numerator, denominator)
+            out_buffer = ops.slice_update(out_buffer, (i, 0, 0, 0, 0), out[None])
+            den_buffer = ops.slice_update(
+                den_buffer, (i, 0, 0, 0), denominator[None]
+            )
+            return out_buffer, den_buffer
+
+        rows = (nq, batch, heads, q_chunk)
+        out, denominator = loops.sequential_fori_loop(
+            0,
+            nq,
+            query_step,
+            (ops.zeros(rows + (value_dim,), "float32"), ops.zeros(rows, "float32")),
+        )
+        return out, denominator, context, key_sum, shift
+
+    def backward(q, k, v, out, denominator, context, key_sum, shift, d_out):
+        no_key = ops.equal(denominator, 0)
+        inverse = ops.where(no_key, 0.0, 1.0 / ops.where(no_key, 1.0, denominator))
+        batch = ops.shape(k)[1]
+
+        def query_step(i, state):
+            dq_buffer, d_context, d_key_sum = state
+            q_i = ops.take(q, i, axis=0)
+            features = features_of(q_i, None, None)
+            inverse_i = ops.take(inverse, i, axis=0)
+            d_numerator = ops.take(d_out, i, axis=0) * inverse_i[..., None]
+            d_denominator = -ops.sum(
+                d_numerator * ops.take(out, i, axis=0), axis=-1
+            )  # (B, H, Tc)
+            d_features = ops.einsum(
+                "bhtd,bhmd->bhtm", d_numerator, context
+            ) + d_denominator[..., None] * key_sum[:, :, None, :]
+            d_context = d_context + ops.einsum(
+                "bhtm,bhtd->bhmd", features, d_numerator
+            )
+            d_key_sum = d_key_sum + ops.einsum(
+                "bhtm,bht->bhm", features, d_denominator
+            )
+            dq = features_grad(d_features, features, q_i, None)
+            dq_buffer = ops.slice_update(dq_buffer, (i, 0, 0, 0, 0), dq[None])
+            return dq_buffer, d_context, d_key_sum
+
+        dq, d_context, d_key_sum = loops.sequential_fori_loop(
+            0,
+            nq,
+            query_step,
+            (ops.zeros_like(q), ops.zeros_like(context), ops.zeros_like(key_sum)),
+        )
+
+        def key_step(j, buffers):
+            dk_buffer, dv_buffer = buffers
+            k_j, v_j, mask = ops.take(k, j, axis=0), ops.take(v, j, axis=0), chunk_valid(j)
+            features = features_of(k_j, shift, mask)
+            d_features = ops.einsum(
+                "bhtd,bhmd->bhtm", v_j, d_context
+            ) + d_key_sum[:, :, None, :]
+            dv = ops.einsum("bhtm,bhmd->bhtd", features, d_context)
+            dk = features_grad(d_features, features, k_j, mask)
+            dk_buffer = ops.slice_update(dk_buffer, (j, 0, 0, 0, 0), dk[None])
+            dv_buffer = ops.slice_update(dv_buffer, (j, 0, 0, 0, 0), dv[None])
+            return dk_buffer, dv_buffer
+
+        del batch
+        dk, dv = loops.sequential_fori_loop(
+            0, nk, key_step, (ops.zeros_like(k), ops.zeros_like(v))
+        )
+        return dq, dk, dv
+
+    @ops.custom_gradient
+    def attend(q, k, v):
+        out, denominator, context, key_sum, shift = forward(q, k, v)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            return backward(
+                q, k, v, out, denominator, context, key_sum, shift, upstream
+            )
+
+        return out, grad
+
+    out = attend(
+        _to_chunks(ops.cast(query, "float32"), nq, q_chunk),
+        _to_chunks(ops.cast(key, "float32"), nk, k_chunk),
+        _to_chunks(ops.cast(value, "float32"), nk, k_chunk),
+    )  # (nq, B, H, Tc, Dv)
+    out = ops.transpose(out, (1, 0, 3, 2, 4))
+    out = ops.reshape(out, (-1, nq * q_chunk, heads, value_dim))
+    return out[:, :q_len]
+
+
 def favor_attention(
     query,
     key,
@@ -223,6 +476,7 @@ def favor_attention(
     attention_mask=None,
     chunk_size=128,
     return_weights=False,
+    feature_chunk_size=None,
 ):
     """Performer attention over projected multi-head tensors.
 
@@ -240,12 +494,31 @@ def favor_attention(
         chunk_size: chunk length of the causal prefix sums.
         return_weights: also return the implied `(B, H, Tq, Tv)` weights
             (`O(Tq * Tv)`; the output is then computed from them).
+        feature_chunk_size: rows per chunk of the non-causal softmax path.
+
+    The non-causal softmax kernel with static lengths, no explicit mask and
+    no weights asked for (the usual case) runs through
+    `chunked_softmax_attention`, which never holds the whole feature maps;
+    the other cases compute the `(B, H, T, m)` features at once.
 
     Returns:
         `output (B, Tq, H, Dv)` in the dtype of `value`, and with
         `return_weights` the float32 weights.
     """
     dtype = value.dtype
+    if (
+        kernel == "softmax"
+        and not causal
+        and attention_mask is None
+        and not return_weights
+        and query.shape[1] is not None
+        and key.shape[1] is not None
+    ):
+        output = chunked_softmax_attention(
+            query, key, value, projection, key_mask=key_mask,
+            chunk_size=feature_chunk_size,
+        )
+        return ops.cast(output, dtype)
     q = ops.transpose(query, (0, 2, 1, 3))
     k = ops.transpose(key, (0, 2, 1, 3))
     v = ops.cast(ops.transpose(value, (0, 2, 1, 3)), "float32")

@@ -1,0 +1,33 @@
+"""Loops for the chunked kernels: one iteration at a time, on every backend.
+
+`keras.ops.fori_loop` is a `tf.while_loop` on TensorFlow with the default
+`parallel_iterations=10`: iterations whose work does not depend on the loop
+state (each chunk of a chunked kernel reads its own slice of the inputs) are
+started up to ten at a time, so ten chunks' intermediates are alive together
+and a kernel chunked to save memory keeps most of what it meant to avoid
+(measured: 1.4 GiB instead of 0.95 GiB above the baseline for block-sparse
+attention at L = 16384 with 16-block chunks; more with bigger chunks).
+`sequential_fori_loop` runs the iterations one after another (the exact
+kernel, `memory_efficient.py`, has the same fix as its own `_fori_loop`). JAX's
+`lax.fori_loop` is sequential already; other backends use `ops.fori_loop`.
+"""
+
+import keras
+from keras import ops
+
+
+def sequential_fori_loop(lower, upper, body_fun, init_val, parallel_iterations=1):
+    """`ops.fori_loop(lower, upper, body_fun, init_val)`, one step at a time.
+
+    `parallel_iterations` (TensorFlow only) allows a few steps in flight.
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.while_loop(
+            lambda i, val: i < upper,
+            lambda i, val: (i + 1, body_fun(i, val)),
+            (lower, init_val),
+            parallel_iterations=parallel_iterations,
+        )[1]
+    return ops.fori_loop(lower, upper, body_fun, init_val)
