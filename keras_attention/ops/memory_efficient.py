@@ -28,8 +28,9 @@ Sequence lengths must be static.
 
 import math
 
-import keras
 from keras import ops
+
+from keras_attention.ops.loops import sequential_fori_loop
 
 # Running maximum before any key is seen: finite, so `exp(m_old - m_new)`
 # is never `exp(-inf + inf)`, and below every real score.
@@ -81,25 +82,6 @@ def _mask_blocks(mask, num_blocks, block, axis_length):
     if pad:
         mask = ops.pad(mask, ((0, 0), (0, pad)), constant_values=False)
     return ops.transpose(ops.reshape(mask, (-1, num_blocks, block)), (1, 0, 2))
-
-
-def _fori_loop(lower, upper, body, init, parallel_iterations):
-    """`ops.fori_loop` with at most `parallel_iterations` in flight.
-
-    `tf.while_loop` in TF graph mode runs up to 10 iterations at once by
-    default, each holding its own tiles: at L = 8192 that took the kernel's
-    peak from 1.2 to 2.1 GiB. XLA and JAX run loops serially anyway.
-    """
-    if keras.backend.backend() != "tensorflow":
-        return ops.fori_loop(lower, upper, body, init)
-    import tensorflow as tf
-
-    return tf.while_loop(
-        lambda i, _: i < upper,
-        lambda i, value: (i + 1, body(i, value)),
-        (lower, init),
-        parallel_iterations=parallel_iterations,
-    )[1]
 
 
 def _take(x, index):
@@ -255,8 +237,8 @@ def memory_efficient_attention(
                 ops.zeros(row_shape, dtype="float32"),
                 ops.zeros(row_shape + (value_dim,), dtype="float32"),
             )
-            running_max, running_sum, acc = _fori_loop(
-                0, key_stop(i), key_step, init, _KEY_PARALLEL
+            running_max, running_sum, acc = sequential_fori_loop(
+                0, key_stop(i), key_step, init, parallel_iterations=_KEY_PARALLEL
             )
             attended = running_sum > 0
             safe_sum = ops.where(attended, running_sum, 1.0)
@@ -280,7 +262,9 @@ def memory_efficient_attention(
             ops.zeros((num_q_blocks,) + row_shape + (value_dim,), dtype="float32"),
             ops.zeros((num_q_blocks,) + row_shape, dtype="float32"),
         )
-        return _fori_loop(0, num_q_blocks, query_step, buffers, _QUERY_PARALLEL)
+        return sequential_fori_loop(
+            0, num_q_blocks, query_step, buffers, parallel_iterations=_QUERY_PARALLEL
+        )
 
     def backward(q, k, v, out, lse, d_out):
         delta = ops.sum(d_out * out, axis=-1)  # rowsum(dO * O), (nq, B, Hkv, G, bq)
@@ -319,22 +303,22 @@ def memory_efficient_attention(
                 )
                 return dq, dk_buffer, dv_buffer
 
-            dq, dk_buffer, dv_buffer = _fori_loop(
+            dq, dk_buffer, dv_buffer = sequential_fori_loop(
                 0,
                 key_stop(i),
                 key_step,
-                (ops.zeros_like(q_tile), dk_buffer, dv_buffer), _KEY_PARALLEL
+                (ops.zeros_like(q_tile), dk_buffer, dv_buffer), parallel_iterations=_KEY_PARALLEL
             )
             dq_buffer = ops.slice_update(
                 dq_buffer, (i, 0, 0, 0, 0, 0), ops.expand_dims(dq, 0)
             )
             return dq_buffer, dk_buffer, dv_buffer
 
-        return _fori_loop(
+        return sequential_fori_loop(
             0,
             num_q_blocks,
             query_step,
-            (ops.zeros_like(q), ops.zeros_like(k), ops.zeros_like(v)), _QUERY_PARALLEL
+            (ops.zeros_like(q), ops.zeros_like(k), ops.zeros_like(v)), parallel_iterations=_QUERY_PARALLEL
         )
 
     @ops.custom_gradient

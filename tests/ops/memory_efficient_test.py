@@ -141,33 +141,13 @@ def test_tf_graph_runs_one_query_block_at_a_time():
     # In TF graph mode `tf.while_loop` defaults to 10 iterations in flight,
     # each holding its own (block, block) tiles; the query loops (forward
     # and backward) must be serial for memory to stay linear in practice.
-    import tensorflow as tf
+    from tests.graph_loops import while_loop_parallelism
 
     rng = np.random.default_rng(0)
-    q, k, v = (
-        tf.constant(rng.normal(size=(1, 16, 2, 4)).astype("float32"))
-        for _ in range(3)
+    arrays = [rng.normal(size=(1, 16, 2, 4)).astype("float32") for _ in range(3)]
+    loops = while_loop_parallelism(
+        lambda q, k, v: memory_efficient_attention(q, k, v, block_size=4), arrays
     )
-
-    @tf.function
-    def step(q, k, v):
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            y = memory_efficient_attention(q, k, v, block_size=4)
-            loss = tf.reduce_sum(y * y)
-        return tape.gradient(loss, [q, k, v])
-
-    graph = step.get_concrete_function(q, k, v).graph
-    loops = []
-
-    def collect(graph):
-        for op in graph.get_operations():
-            if op.type in ("While", "StatelessWhile"):
-                loops.append(op.get_attr("parallel_iterations"))
-        for function in graph._functions.values():
-            collect(function.graph)
-
-    collect(graph)
     # Forward and backward: one query loop and one key loop each.
     assert len(loops) >= 4, loops
     assert max(loops) <= 2, loops
