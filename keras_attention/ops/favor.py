@@ -251,15 +251,6 @@ def kernel_attention_weights(query_features, key_features, causal=False, mask=No
 DEFAULT_FEATURE_CHUNK = 1024
 
 
-def _to_chunks(x, num_chunks, chunk):
-    """`(B, T, H, d)` -> `(n, B, H, chunk, d)`, the time axis zero-padded."""
-    pad = num_chunks * chunk - x.shape[1]
-    if pad:
-        x = ops.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    x = ops.reshape(x, (-1, num_chunks, chunk, x.shape[2], x.shape[3]))
-    return ops.transpose(x, (1, 0, 3, 2, 4))
-
-
 def chunked_softmax_attention(
     query, key, value, projection, *, key_mask=None, chunk_size=None, epsilon=1e-6
 ):
@@ -455,9 +446,9 @@ def chunked_softmax_attention(
         return out, grad
 
     out = attend(
-        _to_chunks(ops.cast(query, "float32"), nq, q_chunk),
-        _to_chunks(ops.cast(key, "float32"), nk, k_chunk),
-        _to_chunks(ops.cast(value, "float32"), nk, k_chunk),
+        loops.to_time_blocks(ops.cast(query, "float32"), nq, q_chunk),
+        loops.to_time_blocks(ops.cast(key, "float32"), nk, k_chunk),
+        loops.to_time_blocks(ops.cast(value, "float32"), nk, k_chunk),
     )  # (nq, B, H, Tc, Dv)
     out = ops.transpose(out, (1, 0, 3, 2, 4))
     out = ops.reshape(out, (-1, nq * q_chunk, heads, value_dim))

@@ -32,3 +32,16 @@ def sequential_fori_loop(lower, upper, body_fun, init_val, parallel_iterations=1
             parallel_iterations=parallel_iterations,
         )[1]
     return ops.fori_loop(lower, upper, body_fun, init_val)
+
+
+def to_time_blocks(x, num_blocks, block):
+    """`(B, T, H, D)` -> `(num_blocks, B, H, block, D)`, time zero-padded.
+
+    The chunk-major layout the chunked kernels loop over: step `i` takes
+    block `i` with one `ops.take(..., i, axis=0)`.
+    """
+    pad = num_blocks * block - x.shape[1]
+    if pad:
+        x = ops.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    x = ops.reshape(x, (-1, num_blocks, block, x.shape[2], x.shape[3]))
+    return ops.transpose(x, (1, 0, 3, 2, 4))

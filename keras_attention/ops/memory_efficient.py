@@ -31,6 +31,7 @@ import math
 from keras import ops
 
 from keras_attention.ops.loops import sequential_fori_loop
+from keras_attention.ops.loops import to_time_blocks
 
 # Running maximum before any key is seen: finite, so `exp(m_old - m_new)`
 # is never `exp(-inf + inf)`, and below every real score.
@@ -65,15 +66,6 @@ def _from_query_blocks(x, length):
     x = ops.transpose(x, (1, 0, 4, 2, 3, 5))
     x = ops.reshape(x, (-1, num_blocks * block, num_kv_heads * groups, dim))
     return x[:, :length]
-
-
-def _to_key_blocks(x, num_blocks, block):
-    # (B, T, Hkv, D) -> (nk, B, Hkv, bk, D)
-    pad = num_blocks * block - x.shape[1]
-    if pad:
-        x = ops.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    x = ops.reshape(x, (-1, num_blocks, block, x.shape[2], x.shape[3]))
-    return ops.transpose(x, (1, 0, 3, 2, 4))
 
 
 def _mask_blocks(mask, num_blocks, block, axis_length):
@@ -146,8 +138,8 @@ def memory_efficient_attention(
     q = _to_query_blocks(
         ops.cast(query, "float32") * scale, num_q_blocks, q_block, num_kv_heads
     )
-    k = _to_key_blocks(ops.cast(key, "float32"), num_k_blocks, k_block)
-    v = _to_key_blocks(ops.cast(value, "float32"), num_k_blocks, k_block)
+    k = to_time_blocks(ops.cast(key, "float32"), num_k_blocks, k_block)
+    v = to_time_blocks(ops.cast(value, "float32"), num_k_blocks, k_block)
 
     # Masks, cut into blocks once; each tile picks its slice.
     if key_mask is None and pads_keys:

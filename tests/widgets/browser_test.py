@@ -144,16 +144,23 @@ def browser_page(tmp_path):
             browser.close()
 
 
-@pytest.mark.tf_only
-def test_next_token_in_voila_adds_the_kernels_attention_row(tmp_path):
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.strip()) for c in NOTEBOOK_CELLS])
+def write_notebook(tmp_path, name, cells, dump_variable):
+    """Writes `cells` as `<name>.ipynb`; returns its path, the kernel's
+    environment and the file the notebook dumps its state to."""
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.strip()) for c in cells])
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = tmp_path / "stepper.ipynb"
+    path = tmp_path / f"{name}.ipynb"
     nbformat.write(notebook, str(path))
     dump = tmp_path / "kernel.json"
     env = {**os.environ, "PYTHONPATH": ROOT, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "KA_STEPPER_DUMP": str(dump)}
-    with voila(str(path), env) as url, browser_page(tmp_path) as page:
+           dump_variable: str(dump)}
+    return str(path), env, dump
+
+
+@pytest.mark.tf_only
+def test_next_token_in_voila_adds_the_kernels_attention_row(tmp_path):
+    path, env, dump = write_notebook(tmp_path, "stepper", NOTEBOOK_CELLS, "KA_STEPPER_DUMP")
+    with voila(path, env) as url, browser_page(tmp_path) as page:
         page.goto(url, timeout=180_000)
         page.wait_for_function(f"({READ_ALIGNMENT})() !== null", timeout=120_000)
         before = page.evaluate(READ_ALIGNMENT)
@@ -249,14 +256,8 @@ WATCH_HEATMAP = """
 
 @pytest.mark.tf_only
 def test_live_attention_in_voila_redraws_while_the_kernel_trains(tmp_path):
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.strip()) for c in LIVE_CELLS])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = tmp_path / "live.ipynb"
-    nbformat.write(notebook, str(path))
-    dump = tmp_path / "kernel.json"
-    env = {**os.environ, "PYTHONPATH": ROOT, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "KA_LIVE_DUMP": str(dump)}
-    with voila(str(path), env) as url, browser_page(tmp_path) as page:
+    path, env, dump = write_notebook(tmp_path, "live", LIVE_CELLS, "KA_LIVE_DUMP")
+    with voila(path, env) as url, browser_page(tmp_path) as page:
         page.goto(url, timeout=180_000)
         page.wait_for_function(
             "window.Bokeh && window.Bokeh.documents && window.Bokeh.documents.some("
@@ -330,20 +331,14 @@ READ_DETAIL = """
 
 @pytest.mark.tf_only
 def test_explorer_in_voila_shows_the_chosen_layer_and_head(tmp_path):
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.strip()) for c in EXPLORER_CELLS])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = tmp_path / "explorer.ipynb"
-    nbformat.write(notebook, str(path))
-    dump = tmp_path / "kernel.json"
-    env = {**os.environ, "PYTHONPATH": ROOT, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "KA_EXPLORER_DUMP": str(dump)}
+    path, env, dump = write_notebook(tmp_path, "explorer", EXPLORER_CELLS, "KA_EXPLORER_DUMP")
 
     def shows(title, matrix):
         return (f"(() => {{ const d = ({READ_DETAIL})(); const k = {json.dumps(np.ravel(matrix).tolist())};"
                 f" return d !== null && d.title === {json.dumps(title)} && d.weight.length === k.length"
                 " && d.weight.every((v, i) => Math.abs(v - k[i]) < 1e-6); })()")
 
-    with voila(str(path), env) as url, browser_page(tmp_path) as page:
+    with voila(path, env) as url, browser_page(tmp_path) as page:
         page.goto(url, timeout=180_000)
         page.wait_for_function(f"window.Bokeh && window.Bokeh.documents && ({READ_DETAIL})() !== null",
                                timeout=120_000)
