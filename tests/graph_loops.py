@@ -8,7 +8,10 @@ def while_loop_parallelism(fn, arrays):
 
     tensors = [tf.constant(a) for a in arrays]
 
-    @tf.function
+    # No AutoGraph: the kernels need none (their loops are ops.fori_loop),
+    # and converting library code recursively once mapped `favor_attention`
+    # to another function's converted code in a long-running test worker.
+    @tf.function(autograph=False)
     def step(*xs):
         with tf.GradientTape() as tape:
             tape.watch(xs)

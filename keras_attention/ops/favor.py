@@ -83,9 +83,10 @@ def softmax_features(x, projection, *, is_query, mask=None, epsilon=1e-6):
     `df/dz = f - eps / sqrt(m)` and `dz/dx = W^T - x` (the stabiliser `c`
     is a constant: it cancels in the normalisation). So the backward keeps
     only `x` and the features, not the projected `(B, H, T, m)` logits and
-    the several float32 copies autodiff would store; this is what keeps
-    the Performer's forward + backward at L = 16384 under 2 GiB. No
-    gradient flows to `projection` (it is a fixed, non-trainable draw).
+    the several float32 copies autodiff would store (the causal path relies
+    on this; the non-causal default goes further and never holds whole
+    feature maps, see `chunked_softmax_attention`). No gradient flows to
+    `projection` (it is a fixed, non-trainable draw).
     """
     num_features = projection.shape[0]
     root = math.sqrt(num_features)

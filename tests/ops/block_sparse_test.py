@@ -146,7 +146,7 @@ def test_compiles_and_differentiates():
     else:
         import tensorflow as tf
 
-        @tf.function(jit_compile=True)
+        @tf.function(jit_compile=True, autograph=False)
         def grad_fn(q):
             with tf.GradientTape() as tape:
                 tape.watch(q)

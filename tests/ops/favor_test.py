@@ -187,7 +187,7 @@ def test_causal_path_compiles_and_differentiates():
     else:
         import tensorflow as tf
 
-        @tf.function(jit_compile=True)
+        @tf.function(jit_compile=True, autograph=False)
         def grad_fn(q):
             with tf.GradientTape() as tape:
                 tape.watch(q)
