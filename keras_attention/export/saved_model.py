@@ -68,7 +68,10 @@ def export_translator(translator, path, beam_width=1, max_length=None,
     # The vocabulary tables are resources the signature captures; track them.
     module.tables = [translator.source_text.table, translator.target_text.table]
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    @tf.function(
+        input_signature=[tf.TensorSpec([None], tf.string, name="text")],
+        autograph=False,  # the search uses explicit tf.while_loops
+    )
     def serve(text):
         outputs = translator._search_outputs(
             text, beam_width, max_length, tf.constant(length_penalty, tf.float32)

@@ -439,8 +439,12 @@ class Translator(keras.Model):
                     texts, beam_width, max_length, length_penalty, method
                 )
 
+            # No AutoGraph: the search is written with explicit
+            # `tf.while_loop`s, and converting our code recursively is slow
+            # and once mis-resolved a function in a long-running process.
             functions[key] = tf.function(
                 decode,
+                autograph=False,
                 input_signature=[
                     tf.TensorSpec([None], tf.string),
                     tf.TensorSpec([], tf.float32),
