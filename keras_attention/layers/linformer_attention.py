@@ -106,21 +106,9 @@ class LinformerAttention(KernelVariantAttention):
         if hasattr(keys, "shape"):
             self._check_length(tuple(keys.shape))
 
-    def _compute_attention(
-        self,
-        query,
-        key,
-        value,
-        *,
-        query_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        training=None,
-        return_attention_scores=False,
-    ):
-        key, value, dropout = self._kernel_inputs(key, value, training)
-        result = linformer.linformer_attention(
+    def _attend(self, query, key, value, *, key_mask, dropout, return_weights, **_):
+        # Causal and explicit masks are rejected by `_check_call_options`.
+        return linformer.linformer_attention(
             query,
             key,
             value,
@@ -129,11 +117,8 @@ class LinformerAttention(KernelVariantAttention):
             key_mask=key_mask,
             scale=self._scale,
             dropout=dropout,
-            return_weights=return_attention_scores or self._capturing_attention,
+            return_weights=return_weights,
         )
-        if isinstance(result, tuple):
-            return result
-        return result, None
 
     def get_config(self):
         config = super().get_config()

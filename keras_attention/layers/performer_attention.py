@@ -163,21 +163,20 @@ class PerformerAttention(KernelVariantAttention):
                 )
             )
 
-    def _compute_attention(
+    def _attend(
         self,
         query,
         key,
         value,
         *,
-        query_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        training=None,
-        return_attention_scores=False,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        return_weights,
+        **_,
     ):
-        key, value, _ = self._kernel_inputs(key, value, training)
-        result = favor.favor_attention(
+        # `dropout > 0` is rejected at construction.
+        return favor.favor_attention(
             query,
             key,
             value,
@@ -187,11 +186,8 @@ class PerformerAttention(KernelVariantAttention):
             key_mask=key_mask,
             attention_mask=attention_mask,
             chunk_size=self.block_size,
-            return_weights=return_attention_scores or self._capturing_attention,
+            return_weights=return_weights,
         )
-        if isinstance(result, tuple):
-            return result
-        return result, None
 
     def get_config(self):
         config = super().get_config()

@@ -183,23 +183,22 @@ class SparseAttention(KernelVariantAttention):
         if hasattr(keys, "shape") and len(keys.shape) == 3:
             self._check_lengths(keys.shape[1])
 
-    def _compute_attention(
+    def _attend(
         self,
         query,
         key,
         value,
         *,
-        query_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        training=None,
-        return_attention_scores=False,
+        query_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        dropout,
+        return_weights,
     ):
         # Without a dropout callable (inference, or dropout=0) the kernel
         # takes its recomputing, memory-linear path: dropout would need the
         # same random mask in the backward, which that path does not replay.
-        key, value, dropout = self._kernel_inputs(key, value, training)
         result = block_sparse.block_sparse_attention(
             query,
             key,
@@ -215,12 +214,12 @@ class SparseAttention(KernelVariantAttention):
             attention_mask=attention_mask,
             scale=self._scale,
             dropout=dropout,
-            return_weights=return_attention_scores or self._capturing_attention,
+            return_weights=return_weights,
         )
-        if isinstance(result, tuple):
+        if return_weights:
             output, weights = result
             return output, keras.ops.cast(weights, query.dtype)
-        return result, None
+        return result
 
     def get_config(self):
         config = super().get_config()
