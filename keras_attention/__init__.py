@@ -10,3 +10,5 @@ from keras_attention import ops
 from keras_attention.layers import *  # noqa: F401,F403
 
 __version__ = "0.1.0"
+
+__all__ = list(layers.__all__) + ["layers", "ops"]

@@ -1,12 +1,14 @@
 import keras
 
-from keras_attention.layers.base_attention import BaseAttention
-from keras_attention.layers.base_attention import validate_positive_int
+from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.score_attention import ScoreAttention
+from keras_attention.layers.utils import clone_initializer
+from keras_attention.layers.utils import validate_positive_int
 from keras_attention.ops import scores as score_ops
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
-class AdditiveAttention(BaseAttention):
+@keras_attention_export("layers")
+class AdditiveAttention(ScoreAttention):
     """Additive (Bahdanau) attention: `score(q, k) = v^T tanh(Wq q + Wk k + b)`.
 
     Bahdanau, Cho and Bengio, "Neural Machine Translation by Jointly Learning
@@ -25,7 +27,7 @@ class AdditiveAttention(BaseAttention):
             `v` and for `b`.
         kernel_regularizer: regularizer for `Wq`, `Wk` and `v`.
 
-    Call arguments and returns: see `BaseAttention`. Shapes: query
+    Call arguments and returns: see `ScoreAttention`. Shapes: query
     `(B, Tq, dq)`, value `(B, Tv, dv)` -> output `(B, Tq, dv)`, weights
     `(B, Tq, Tv)`.
 
@@ -66,18 +68,18 @@ class AdditiveAttention(BaseAttention):
         self.query_kernel = self.add_weight(
             name="query_kernel",
             shape=(query_shape[-1], units),
-            initializer=self.kernel_initializer,
+            initializer=clone_initializer(self.kernel_initializer),
             regularizer=self.kernel_regularizer,
         )
         self.key_kernel = self.add_weight(
             name="key_kernel",
             shape=(key_shape[-1], units),
-            initializer=self.kernel_initializer,
+            initializer=clone_initializer(self.kernel_initializer),
             regularizer=self.kernel_regularizer,
         )
         self.bias = (
             self.add_weight(
-                name="bias", shape=(units,), initializer=self.bias_initializer
+                name="bias", shape=(units,), initializer=clone_initializer(self.bias_initializer)
             )
             if self.use_bias
             else None
@@ -85,7 +87,7 @@ class AdditiveAttention(BaseAttention):
         self.score_vector = self.add_weight(
             name="score_vector",
             shape=(units,),
-            initializer=self.kernel_initializer,
+            initializer=clone_initializer(self.kernel_initializer),
             regularizer=self.kernel_regularizer,
         )
 

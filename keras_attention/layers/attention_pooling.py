@@ -1,15 +1,16 @@
 import keras
 from keras import ops
 
+from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.additive_attention import AdditiveAttention
-from keras_attention.layers.base_attention import BaseAttention
+from keras_attention.layers.score_attention import ScoreAttention
 from keras_attention.layers.luong_attention import LuongAttention
 
 _SCORE_NAMES = ("additive", "dot", "scaled_dot", "general", "concat")
 
 
 def _score_layer(score, units, dropout, seed, dtype, name):
-    if isinstance(score, BaseAttention):
+    if isinstance(score, ScoreAttention):
         return score
     if isinstance(score, dict):
         return keras.saving.deserialize_keras_object(score)
@@ -32,7 +33,7 @@ def _score_layer(score, units, dropout, seed, dtype, name):
     return LuongAttention(score=score, units=units, **common)
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
+@keras_attention_export("layers")
 class AttentionPooling(keras.layers.Layer):
     """Pools a sequence into one vector with a learned attention query.
 

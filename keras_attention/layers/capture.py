@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from keras_attention.api_export import keras_attention_export
+
 
 class _Recorder:
     """Plain holder, so that Keras' attribute tracking leaves it alone."""
@@ -19,6 +21,7 @@ def attention_layers(model_or_layer):
     return found
 
 
+@keras_attention_export("layers", serializable=False)
 class capture_attention:
     """Context manager that records attention weights during eager calls.
 

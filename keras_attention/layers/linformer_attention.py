@@ -1,12 +1,14 @@
 import keras
 
-from keras_attention.layers.base_attention import validate_positive_int
-from keras_attention.layers.kernel_variant import KernelVariantAttention
+from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.utils import validate_positive_int
+from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.layers.utils import clone_initializer
 from keras_attention.ops import linformer
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
-class LinformerAttention(KernelVariantAttention):
+@keras_attention_export("layers")
+class LinformerAttention(BaseMultiHeadAttention):
     """Multi-head attention over keys and values projected along time.
 
     Wang et al. 2020, "Linformer: Self-Attention with Linear Complexity"
@@ -25,11 +27,10 @@ class LinformerAttention(KernelVariantAttention):
         num_heads, key_dim: as `MultiHeadAttention`.
         projected_length: number `k` of projected key/value positions.
         max_length: the longest key sequence the layer accepts.
-        **kwargs: the other `MultiHeadAttention` arguments (the kernel
+        **kwargs: the other `BaseMultiHeadAttention` arguments (the kernel
             initializer/regularizer/constraint also apply to `E` and `F`).
-            The parent's `memory_efficient` switches do not apply.
 
-    Call arguments: as `MultiHeadAttention`, without `cache`,
+    Call arguments: as `BaseMultiHeadAttention` (no decoding `cache`), without
     `use_causal_mask` or `attention_mask` (projection mixes positions, so
     neither has a meaning). Masked keys/values are zeroed before the
     projection and contribute nothing.
@@ -54,7 +55,6 @@ class LinformerAttention(KernelVariantAttention):
         validate_positive_int(name, "projected_length", projected_length)
         validate_positive_int(name, "max_length", max_length)
         super().__init__(num_heads, key_dim, **kwargs)
-        self._reject_memory_efficient_options()
         self.projected_length = projected_length
         self.max_length = max_length
 
@@ -69,9 +69,7 @@ class LinformerAttention(KernelVariantAttention):
                 self.add_weight(
                     name=name,
                     shape=shape,
-                    initializer=self.kernel_initializer.__class__.from_config(
-                        self.kernel_initializer.get_config()
-                    ),
+                    initializer=clone_initializer(self.kernel_initializer),
                     regularizer=self.kernel_regularizer,
                     constraint=self.kernel_constraint,
                 ),
@@ -87,12 +85,7 @@ class LinformerAttention(KernelVariantAttention):
                 )
             )
 
-    def _check_call_options(
-        self, query, value, attention_mask, use_causal_mask, cache, cache_update_index
-    ):
-        super()._check_call_options(
-            query, value, attention_mask, use_causal_mask, cache, cache_update_index
-        )
+    def _check_call_options(self, query, value, attention_mask, use_causal_mask):
         if use_causal_mask or attention_mask is not None:
             raise ValueError(
                 self._error(

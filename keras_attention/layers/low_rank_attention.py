@@ -1,12 +1,14 @@
 import keras
 
-from keras_attention.layers.base_attention import BaseAttention
-from keras_attention.layers.base_attention import validate_positive_int
+from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.score_attention import ScoreAttention
+from keras_attention.layers.utils import clone_initializer
+from keras_attention.layers.utils import validate_positive_int
 from keras_attention.ops import scores as score_ops
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
-class LowRankAttention(BaseAttention):
+@keras_attention_export("layers")
+class LowRankAttention(ScoreAttention):
     """Low-rank multiplicative attention: `score(q, k) = (U q) . (V k)`.
 
     The bilinear score `q^T W k` with `W = U^T V` of rank `rank`: far fewer
@@ -19,7 +21,7 @@ class LowRankAttention(BaseAttention):
         kernel_initializer: initializer for `U` and `V`.
         kernel_regularizer: regularizer for `U` and `V`.
 
-    Call arguments and returns: see `BaseAttention`.
+    Call arguments and returns: see `ScoreAttention`.
 
     Example:
 
@@ -47,13 +49,13 @@ class LowRankAttention(BaseAttention):
         self.query_kernel = self.add_weight(
             name="query_kernel",
             shape=(query_shape[-1], self.rank),
-            initializer=self.kernel_initializer,
+            initializer=clone_initializer(self.kernel_initializer),
             regularizer=self.kernel_regularizer,
         )
         self.key_kernel = self.add_weight(
             name="key_kernel",
             shape=(key_shape[-1], self.rank),
-            initializer=self.kernel_initializer,
+            initializer=clone_initializer(self.kernel_initializer),
             regularizer=self.kernel_regularizer,
         )
 

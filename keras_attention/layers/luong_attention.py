@@ -1,16 +1,18 @@
 import keras
 from keras import ops
 
-from keras_attention.layers.base_attention import BaseAttention
-from keras_attention.layers.base_attention import inverse_sqrt
-from keras_attention.layers.base_attention import validate_positive_int
+from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.score_attention import ScoreAttention
+from keras_attention.layers.utils import clone_initializer
+from keras_attention.layers.utils import inverse_sqrt
+from keras_attention.layers.utils import validate_positive_int
 from keras_attention.ops import scores as score_ops
 
 SCORES = ("dot", "general", "concat")
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
-class LuongAttention(BaseAttention):
+@keras_attention_export("layers")
+class LuongAttention(ScoreAttention):
     """Multiplicative (Luong) attention with the three scores of the paper.
 
     Luong, Pham and Manning, "Effective Approaches to Attention-based Neural
@@ -34,7 +36,7 @@ class LuongAttention(BaseAttention):
         kernel_initializer: initializer for `W` (and `v`).
         kernel_regularizer: regularizer for `W` (and `v`).
 
-    Call arguments and returns: see `BaseAttention`.
+    Call arguments and returns: see `ScoreAttention`.
 
     Example:
 
@@ -92,7 +94,7 @@ class LuongAttention(BaseAttention):
             self.kernel = self.add_weight(
                 name="kernel",
                 shape=(query_dim, key_dim),
-                initializer=self.kernel_initializer,
+                initializer=clone_initializer(self.kernel_initializer),
                 regularizer=self.kernel_regularizer,
             )
         else:
@@ -100,13 +102,13 @@ class LuongAttention(BaseAttention):
             self.kernel = self.add_weight(
                 name="kernel",
                 shape=(query_dim + key_dim, units),
-                initializer=self.kernel_initializer,
+                initializer=clone_initializer(self.kernel_initializer),
                 regularizer=self.kernel_regularizer,
             )
             self.score_vector = self.add_weight(
                 name="score_vector",
                 shape=(units,),
-                initializer=self.kernel_initializer,
+                initializer=clone_initializer(self.kernel_initializer),
                 regularizer=self.kernel_regularizer,
             )
             self._query_dim = query_dim

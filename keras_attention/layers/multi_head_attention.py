@@ -3,12 +3,16 @@ import numbers
 import keras
 from keras import ops
 
-from keras_attention.layers.base_attention import BaseAttention
-from keras_attention.layers.base_attention import inverse_sqrt
-from keras_attention.layers.base_attention import validate_positive_int
+from keras_attention.api_export import keras_attention_export
+from keras_attention.layers import utils
+from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.layers.base_multi_head_attention import _Layout
 from keras_attention.ops import masking
 from keras_attention.ops import multi_head
 from keras_attention.ops.memory_efficient import memory_efficient_attention
+
+# The fused kernel, looked up here so that tests can prove it ran.
+dot_product_attention = ops.dot_product_attention
 
 # Keys at or beyond this length switch "auto" to the memory-efficient kernel.
 # Measured with benchmarks/mha_benchmark.py on a 2-core CPU (TF graph mode,
@@ -22,12 +26,12 @@ DEFAULT_BLOCK_SIZE = 1024
 
 
 def _fused_kernel_available():
-    """Whether `keras.ops.dot_product_attention` has a fused GPU kernel here."""
+    """Whether `keras.ops.dot_product_attention` has a fused kernel here."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
-        return jax.default_backend() == "gpu"
+        return jax.default_backend() in ("gpu", "tpu")
     if backend == "torch":
         import torch
 
@@ -45,90 +49,204 @@ def _softmax(logits, mask):
     if logits.shape[-1] is None or logits.shape[-1] < 2:
         return masking.masked_softmax(logits, mask)
     dtype = logits.dtype
-    logits = ops.cast(logits, "float32")
     if mask is None:
-        return ops.cast(ops.softmax(logits, axis=-1), dtype)
-    weights = ops.softmax(ops.where(mask, logits, -1e9), axis=-1)
+        return ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), dtype)
+    weights = ops.softmax(ops.where(mask, ops.cast(logits, "float32"), -1e9), axis=-1)
     # A row with no allowed key would be uniform: zero it.
-    return ops.cast(weights * ops.cast(mask, "float32"), dtype)
+    return ops.cast(ops.where(mask, weights, 0.0), dtype)
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
-class MultiHeadAttention(BaseAttention):
+class _ScoresSelection:
+    """Which heads and query rows `return_attention_scores` returns."""
+
+    def __init__(self, layer, heads, query_range):
+        self.heads = None
+        if heads is not None:
+            if isinstance(heads, numbers.Integral) and not isinstance(heads, bool):
+                heads = [heads]
+            try:
+                heads = [int(h) for h in heads if not isinstance(h, bool)] if all(
+                    isinstance(h, numbers.Integral) and not isinstance(h, bool)
+                    for h in heads
+                ) else None
+            except TypeError:
+                heads = None
+            if not heads or any(not 0 <= h < layer.num_heads for h in heads):
+                raise ValueError(
+                    layer._error(
+                        "`attention_scores_heads` must be a head index or a "
+                        f"non-empty list of indices in [0, {layer.num_heads}). "
+                        f"Received: attention_scores_heads={heads!r}"
+                    )
+                )
+            self.heads = heads
+        self.query_range = None
+        if query_range is not None:
+            ok = (
+                isinstance(query_range, (tuple, list))
+                and len(query_range) == 2
+                and all(
+                    isinstance(x, numbers.Integral) and not isinstance(x, bool)
+                    for x in query_range
+                )
+                and 0 <= query_range[0] < query_range[1]
+            )
+            if not ok:
+                raise ValueError(
+                    layer._error(
+                        "`attention_scores_query_range` must be (start, stop) "
+                        "with 0 <= start < stop. Received: "
+                        f"attention_scores_query_range={query_range!r}"
+                    )
+                )
+            self.query_range = (int(query_range[0]), int(query_range[1]))
+
+    def check_length(self, layer, query_length):
+        if self.query_range and query_length is not None:
+            if self.query_range[1] > query_length:
+                raise ValueError(
+                    layer._error(
+                        "`attention_scores_query_range` must lie inside the "
+                        f"query of length {query_length}. Received: "
+                        f"attention_scores_query_range={self.query_range}"
+                    )
+                )
+
+    def shape(self, full):
+        """The selected scores' shape given the full `(B, H, Tq, Tv)`."""
+        batch, heads, rows, keys = full
+        if self.heads is not None:
+            heads = len(self.heads)
+        if self.query_range is not None:
+            rows = self.query_range[1] - self.query_range[0]
+        return (batch, heads, rows, keys)
+
+
+def _validate_attention_axes(attention_axes):
+    if attention_axes is None:
+        return None
+    if isinstance(attention_axes, numbers.Integral) and not isinstance(
+        attention_axes, bool
+    ):
+        return (int(attention_axes),)
+    if not isinstance(attention_axes, (list, tuple)) or not all(
+        isinstance(a, numbers.Integral) and not isinstance(a, bool)
+        for a in attention_axes
+    ) or not attention_axes:
+        raise ValueError(
+            "MultiHeadAttention: `attention_axes` must be an int, list, or "
+            f"tuple of ints. Received: attention_axes={attention_axes!r}"
+        )
+    return tuple(int(a) for a in attention_axes)
+
+
+@keras_attention_export("layers")
+class MultiHeadAttention(BaseMultiHeadAttention):
     """Multi-head attention (Vaswani et al., 2017, https://arxiv.org/abs/1706.03762).
 
-    Projects the query, key and value into `num_heads` heads, attends with
-    scaled dot products, and projects the concatenated heads back. Given the
-    same weights it computes what `keras.layers.MultiHeadAttention` computes
-    (see `from_keras`), and adds:
+    A drop-in for `keras.layers.MultiHeadAttention`: the same constructor
+    (argument names and positional order), call, sublayer names and weight
+    order, so a Keras layer's config (`from_config`) and weights
+    (`set_weights`, `load_weights`, `from_keras`) give the same outputs. It
+    adds, as keyword-only arguments:
 
     - grouped-query attention (`num_key_value_heads < num_heads`, Ainslie et
       al., 2023): query head `h` uses key/value head `h // (num_heads //
-      num_key_value_heads)`, as in `keras.layers.GroupedQueryAttention`;
+      num_key_value_heads)`, as `keras.layers.GroupedQueryAttention`;
     - exact attention in memory linear in the sequence length (blockwise,
       online softmax, recomputing backward pass; see
-      `keras_attention.ops.memory_efficient`), switched on automatically for
-      long keys when the weights are not needed;
+      `keras_attention.ops.memory_efficient`), on every backend, switched on
+      for long keys when the weights are not needed;
+    - attention weights of selected heads and query rows on demand, exact,
+      without the memory of the full weights (`attention_scores_heads`,
+      `attention_scores_query_range`), also where Keras refuses weights;
     - incremental decoding with a key/value cache usable in a compiled loop;
-    - the scores `(B, H, Tq, Tv)` with the right symbolic shape for
-      cross-attention, and zero output for fully masked rows in any dtype.
+    - the scores with the right symbolic shape for cross-attention, masks of
+      any shape Keras accepts, and zero output for fully masked rows in any
+      dtype.
+
+    Kernels: `flash_attention=True` runs the backend's fused kernel where one
+    exists (`keras.ops.dot_product_attention` on JAX GPU/TPU and torch CUDA)
+    and our blockwise kernel elsewhere (TensorFlow, CPUs), where Keras would
+    raise; `flash_attention=False` always materialises the weights;
+    `flash_attention=None` (default) follows `memory_efficient`. Weights that
+    must be stored (returned, captured, or dropped out in training) always
+    come from the materialised path.
 
     Args:
         num_heads: number of query heads `H`.
         key_dim: size `D` of each query/key head.
         value_dim: size `Dv` of each value head; defaults to `key_dim`.
-        num_key_value_heads: number of key/value heads `Hkv`; must divide
-            `num_heads`. Defaults to `num_heads` (ordinary multi-head).
         dropout: fraction of attention weights dropped during training.
         use_bias: whether the projections have biases.
         output_shape: output feature shape (int or tuple) besides batch and
             time; defaults to the query's last dimension.
-        use_gate: multiply the attention output of each head by a sigmoid
-            gate projected from the query (Qiu et al., 2025), as Keras does.
-        seed: seed of the dropout.
-        memory_efficient: `"auto"` (default), `True` or `False`. `"auto"` uses
-            the memory-efficient kernel when the key length is at least
-            `memory_efficient_threshold`, no weights are requested or captured,
-            dropout is inactive and lengths are static. `True` uses it whenever
-            weights are not needed and lengths are static (dropout during
-            training falls back to the exact kernel, since the dropped weights
-            would have to be stored; so do unknown lengths, which only occur
-            in TF graph mode without XLA). `False`
-            always computes the full weights.
-        memory_efficient_threshold: key length from which `"auto"` switches;
-            defaults to 8192: below it the exact kernel is faster on CPU and
-            fits in memory (see benchmarks/RESULTS.md).
-        block_size: query and key block length of the memory-efficient kernel.
+        attention_axes: axes over which attention is applied (`None`: every
+            axis between batch and features, as Keras), e.g. `(1, 2)` for
+            attention over the pixels of `(B, H, W, C)` images.
+        sliding_window: if set, query `i` sees only keys with
+            `|i - j| < sliding_window` (with `use_causal_mask`, the previous
+            `sliding_window - 1` keys and itself), as Keras.
+        flash_attention: `None`, `True` or `False` (see Kernels above).
         kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer, kernel_constraint, bias_constraint: for the
-            projections, as in Keras.
+        bias_regularizer, activity_regularizer, kernel_constraint,
+        bias_constraint: for the projections, as in Keras.
+        use_gate: multiply each head's attention output by a sigmoid gate
+            projected from the query (Qiu et al., 2025), as Keras does.
+        seed: seed of the dropout.
+        num_key_value_heads: (keyword-only) number of key/value heads `Hkv`;
+            must divide `num_heads`. Defaults to `num_heads`.
+        memory_efficient: (keyword-only) `"auto"` (default), `True` or
+            `False`. `"auto"` uses the blockwise kernel when the key length is
+            at least `memory_efficient_threshold` and the weights need not be
+            stored; `True` whenever they need not be stored and lengths are
+            static; `False` never (the documented way back to speed at
+            L = 8192 on CPU, see benchmarks/RESULTS.md).
+        memory_efficient_threshold: (keyword-only) key length from which
+            `"auto"` switches; defaults to 8192.
+        block_size: (keyword-only) query and key tile length of the blockwise
+            kernel.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        query: `(B, Tq, dq)`.
-        value: `(B, Tv, dv)`; `None` means self-attention.
+        query: `(B, Tq, dq)` (or `(B, ..., dq)` with `attention_axes`).
+        value: `(B, Tv, dv)`; `None` means self-attention (`model.add`).
         key: `(B, Tv, dk)`; `None` means `key = value`.
-        query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
-        return_attention_scores, training, mask: see `BaseAttention`.
-        cache: `(B, 2, T_max, Hkv, D)` keys (`[:, 0]`) and values (`[:, 1]`).
-            With `cache_update_index`, the keys/values of `query` (self-
-            attention) are written at that index and the layer attends over
-            the whole cache: query step `t`, at absolute position
-            `cache_update_index + t`, sees cache positions up to its own
-            with `use_causal_mask=True`, and positions before
+        query_mask, value_mask, key_mask: `(B, Tq)` / `(B, Tv)`, `True` (or
+            1) at real positions; filled in from Keras masks.
+        attention_mask: broadcastable to `(B, Tq, Tv)` (e.g. `(Tq, Tv)`,
+            `(B, 1, Tv)`) or `(B, H, Tq, Tv)`; boolean or 0/1.
+        return_attention_scores: also return the weights `(B, H, Tq, Tv)`.
+        training: whether dropout is active.
+        use_causal_mask: query `i` sees only keys `j <= i`.
+        attention_scores_heads: (keyword-only) with
+            `return_attention_scores=True`, return only these heads' weights
+            (an index or a list).
+        attention_scores_query_range: (keyword-only) `(start, stop)`: return
+            only these query rows. With either selection the output comes from
+            the kernel the layer would use without weights (the blockwise one
+            on long inputs) and the selected weights are computed exactly, in
+            `O(heads x rows x Tv)` memory.
+        cache: (keyword-only) `(B, 2, T_max, Hkv, D)` keys (`[:, 0]`) and
+            values (`[:, 1]`). With `cache_update_index`, the keys/values of
+            `query` (self-attention) are written at that index and the layer
+            attends over the whole cache: query step `t`, at absolute position
+            `cache_update_index + t`, sees cache positions up to its own with
+            `use_causal_mask=True`, and positions before
             `cache_update_index + Tq` otherwise. With
             `cache_update_index=None`, the cache is read-only (cross-attention
             keys/values from `precompute_key_value`) and `value`/`key` must
             not be given.
-        cache_update_index: int or scalar int tensor. A Python int is
-            checked (`0 <= index <= T_max - Tq`). A tensor cannot be checked
-            inside a compiled loop: an index beyond the cache is clamped to
-            `T_max - Tq` by the dynamic update slice, as XLA does.
+        cache_update_index: (keyword-only) int or scalar int tensor. A Python
+            int is checked (`0 <= index <= T_max - Tq`). A tensor cannot be
+            checked inside a compiled loop: an index beyond the cache is
+            clamped to `T_max - Tq` by the dynamic update slice, as XLA does.
 
     Returns:
         `(B, Tq, *output_shape)`; with `return_attention_scores=True` also the
-        weights `(B, H, Tq, Tv)`; with a cache also the (updated) cache, last.
-        Query rows masked by `query_mask` (or the Keras mask) are zero.
+        weights (`(B, H, Tq, Tv)`, or the selection); with a cache also the
+        (updated) cache, last. Query rows masked by `query_mask` (or the
+        Keras mask) are zero.
 
     Example:
 
@@ -146,205 +264,169 @@ class MultiHeadAttention(BaseAttention):
         num_heads,
         key_dim,
         value_dim=None,
-        num_key_value_heads=None,
         dropout=0.0,
         use_bias=True,
         output_shape=None,
-        use_gate=False,
-        seed=None,
-        memory_efficient="auto",
-        memory_efficient_threshold=DEFAULT_MEMORY_EFFICIENT_THRESHOLD,
-        block_size=DEFAULT_BLOCK_SIZE,
+        attention_axes=None,
+        sliding_window=None,
+        flash_attention=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         kernel_regularizer=None,
         bias_regularizer=None,
+        activity_regularizer=None,
         kernel_constraint=None,
         bias_constraint=None,
+        use_gate=False,
+        seed=None,
+        *,
+        num_key_value_heads=None,
+        memory_efficient="auto",
+        memory_efficient_threshold=DEFAULT_MEMORY_EFFICIENT_THRESHOLD,
+        block_size=DEFAULT_BLOCK_SIZE,
         **kwargs,
     ):
-        name = "MultiHeadAttention"
-        validate_positive_int(name, "num_heads", num_heads)
-        validate_positive_int(name, "key_dim", key_dim)
-        validate_positive_int(name, "value_dim", value_dim, allow_none=True)
-        validate_positive_int(
-            name, "num_key_value_heads", num_key_value_heads, allow_none=True
+        name = type(self).__name__
+        super().__init__(
+            num_heads,
+            key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            use_bias=use_bias,
+            output_shape=output_shape,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint,
+            use_gate=use_gate,
+            seed=seed,
+            num_key_value_heads=num_key_value_heads,
+            **kwargs,
         )
-        if num_key_value_heads is not None and num_heads % num_key_value_heads:
+        self._attention_axes = _validate_attention_axes(attention_axes)
+        if sliding_window is not None and (
+            isinstance(sliding_window, bool)
+            or not isinstance(sliding_window, numbers.Integral)
+            or sliding_window <= 0
+        ):
             raise ValueError(
-                f"{name}: `num_key_value_heads` must divide `num_heads` "
-                f"({num_heads}). Received: num_key_value_heads="
-                f"{num_key_value_heads!r}"
+                f"{name}: `sliding_window` must be `None` or a positive "
+                f"integer. Received: sliding_window={sliding_window!r}"
             )
-        super().__init__(dropout=dropout, seed=seed, **kwargs)
-        self.num_heads = num_heads
-        self.key_dim = key_dim
-        self.value_dim = value_dim or key_dim
-        self.num_key_value_heads = num_key_value_heads or num_heads
-        self.use_bias = bool(use_bias)
-        self.use_gate = bool(use_gate)
-        self._output_shape = self._standardize_output_shape(output_shape)
+        self._sliding_window = sliding_window
+        if flash_attention not in (None, True, False):
+            raise ValueError(
+                f"{name}: `flash_attention` must be None, True or False. "
+                f"Received: flash_attention={flash_attention!r}"
+            )
+        self.flash_attention = flash_attention
+        if flash_attention and self.dropout > 0.0:
+            raise ValueError(
+                f"{name}: Dropout is not supported when flash attention is "
+                "enabled. Please set dropout to 0.0 to use flash attention. "
+                f"Received: dropout={dropout!r}, flash_attention=True"
+            )
         if memory_efficient not in (True, False, "auto"):
             raise ValueError(
                 f"{name}: `memory_efficient` must be True, False or 'auto'. "
                 f"Received: memory_efficient={memory_efficient!r}"
             )
+        if flash_attention is not None and memory_efficient is (not flash_attention):
+            raise ValueError(
+                f"{name}: flash_attention={flash_attention} contradicts "
+                f"memory_efficient={memory_efficient}; set only one. Received: "
+                f"flash_attention={flash_attention!r}, "
+                f"memory_efficient={memory_efficient!r}"
+            )
         self.memory_efficient = memory_efficient
-        self.memory_efficient_threshold = validate_positive_int(
+        self.memory_efficient_threshold = utils.validate_positive_int(
             name, "memory_efficient_threshold", memory_efficient_threshold
         )
-        self.block_size = validate_positive_int(name, "block_size", block_size)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.kernel_constraint = keras.constraints.get(kernel_constraint)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
-        self._scale = inverse_sqrt(self.key_dim)
+        self.block_size = utils.validate_positive_int(name, "block_size", block_size)
 
-    @staticmethod
-    def _standardize_output_shape(output_shape):
-        if output_shape is None:
-            return None
-        dims = (output_shape,) if isinstance(output_shape, int) else output_shape
-        try:
-            dims = tuple(dims)
-        except TypeError:
-            dims = None
-        if not dims or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims
-        ):
-            raise ValueError(
-                "MultiHeadAttention: `output_shape` must be a positive integer "
-                "or a tuple of positive integers. Received: "
-                f"output_shape={output_shape!r}"
-            )
-        return dims
+    @property
+    def attention_axes(self):
+        return self._attention_axes
 
-    # ------------------------------------------------------------------ build
-    def _dense(self, equation, output_shape, bias_axes, name, activation=None):
-        # Fresh initializer objects so that no two kernels start identical.
-        initializers = {
-            key: init.__class__.from_config(init.get_config())
-            for key, init in (
-                ("kernel_initializer", self.kernel_initializer),
-                ("bias_initializer", self.bias_initializer),
-            )
-        }
-        return keras.layers.EinsumDense(
-            equation,
-            output_shape=output_shape,
-            bias_axes=bias_axes if self.use_bias else None,
-            activation=activation,
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            kernel_constraint=self.kernel_constraint,
-            bias_constraint=self.bias_constraint,
-            dtype=self.dtype_policy,
-            name=name,
-            **initializers,
-        )
+    @property
+    def sliding_window(self):
+        return self._sliding_window
 
-    def build(self, query_shape, value_shape=None, key_shape=None):
-        value_shape = query_shape if value_shape is None else value_shape
-        key_shape = value_shape if key_shape is None else key_shape
-        self._check_input_shapes(query_shape, value_shape, key_shape)
-        heads, kv_heads = self.num_heads, self.num_key_value_heads
-        self.query_dense = self._dense(
-            "abc,cde->abde", (None, heads, self.key_dim), "de", "query_dense"
-        )
-        self.query_dense.build(query_shape)
-        self.key_dense = self._dense(
-            "abc,cde->abde", (None, kv_heads, self.key_dim), "de", "key_dense"
-        )
-        self.key_dense.build(key_shape)
-        self.value_dense = self._dense(
-            "abc,cde->abde", (None, kv_heads, self.value_dim), "de", "value_dense"
-        )
-        self.value_dense.build(value_shape)
-        if self.use_gate:
-            self.gate_dense = self._dense(
-                "abc,cde->abde",
-                (None, heads, self.value_dim),
-                "de",
-                "gate_dense",
-                activation="sigmoid",
-            )
-            self.gate_dense.build(query_shape)
-        out_dims = self._output_shape or (query_shape[-1],)
-        letters = "efghijklmnop"[: len(out_dims)]
-        self.output_dense = self._dense(
-            f"abcd,cd{letters}->ab{letters}",
-            (None,) + tuple(out_dims),
-            letters,
-            "output_dense",
-        )
-        self.output_dense.build(
-            (query_shape[0], query_shape[1], heads, self.value_dim)
-        )
-        self._built_feature_dims = (query_shape[-1], value_shape[-1], key_shape[-1])
-        self.built = True
+    @property
+    def _flash_attention(self):
+        """Keras' name: whether the fused path is forced."""
+        return bool(self.flash_attention)
 
-    # ------------------------------------------------------------ kernel hook
-    def _weights_optional(self, training, return_attention_scores):
-        """Whether a kernel that never forms the weights may run."""
+    # ------------------------------------------------------ kernel selection
+    def _weights_must_be_stored(self, training, return_attention_scores):
         if return_attention_scores or self._capturing_attention:
-            return False
+            return True
+        return self.dropout > 0 and training is not None and training is not False
+
+    def _kernel_for(self, query, key, training, weights_needed):
+        """`"fused"`, `"blockwise"` or `"dense"` for this call."""
+        if weights_needed or self.flash_attention is False:
+            return "dense"
         if self.memory_efficient is False:
-            return False
-        return not (self.dropout > 0 and training)
-
-    def _use_fused(self, training, return_attention_scores):
-        return self._weights_optional(
-            training, return_attention_scores
-        ) and _fused_kernel_available()
-
-    def _use_memory_efficient(self, query, key, training, return_attention_scores):
-        if not self._weights_optional(training, return_attention_scores):
-            return False
-        if query.shape[1] is None or key.shape[1] is None:
-            return False
+            return "dense"
+        static = query.shape[1] is not None and key.shape[1] is not None
+        fused_allowed = keras.config.is_flash_attention_enabled() is not False
+        if self.flash_attention:
+            return "fused" if _fused_kernel_available() else (
+                "blockwise" if static else "dense"
+            )
+        if fused_allowed and _fused_kernel_available():
+            return "fused"
+        if not static:
+            return "dense"
         if self.memory_efficient == "auto":
-            return key.shape[1] >= self.memory_efficient_threshold and query.shape[1] > 1
-        return True
+            long = key.shape[1] >= self.memory_efficient_threshold
+            return "blockwise" if long and query.shape[1] > 1 else "dense"
+        return "blockwise"
 
     def _compute_attention(
         self,
         query,
         key,
         value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
         *,
         query_mask=None,
         key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        training=None,
-        return_attention_scores=False,
+        scores_selection=None,
     ):
-        """The attention kernel over projected heads; override for variants.
+        """The exact kernels over projected heads (see `BaseMultiHeadAttention`).
 
-        Args:
-            query: `(B, Tq, H, D)` projected queries (not yet scaled).
-            key: `(B, Tv, Hkv, D)` projected keys. Grouped heads are NOT
-                repeated by the caller: a kernel that needs one key/value head
-                per query head calls
-                `keras_attention.ops.multi_head.repeat_key_value_heads`.
-            value: `(B, Tv, Hkv, Dv)` projected values.
-            query_mask: `(B, Tq)` boolean or None.
-            key_mask: `(B, Tv)` boolean or None (value and key masks merged).
-            attention_mask: `(B, Tq, Tv)` boolean or None (already includes
-                the decoding cache's positions when a cache is used).
-            use_causal_mask: query `i` sees keys `j <= i`.
-            training: whether dropout is active.
-            return_attention_scores: whether the caller needs the weights;
-                when False a kernel may return `None` for them.
-
-        Returns:
-            `(output (B, Tq, H, Dv), weights (B, H, Tq, Tv) or None)`. The
-            caller applies the gate, the output projection, zeroes masked
-            query rows and records the weights for `capture_attention`.
+        Also takes `scores_selection` (the heads/rows to return weights for).
         """
-        if self._use_memory_efficient(query, key, training, return_attention_scores):
+        full_weights = return_attention_scores and scores_selection is None
+        if full_weights and self.flash_attention:
+            raise ValueError(
+                self._error(
+                    "Returning attention scores is not supported when flash "
+                    "attention is enabled. Please disable flash attention to "
+                    "access attention scores, or select heads/rows with "
+                    "`attention_scores_heads` / `attention_scores_query_range`."
+                )
+            )
+        weights_needed = self._weights_must_be_stored(training, full_weights)
+        if scores_selection is not None and self._capturing_attention:
+            weights_needed = False
+        kernel = self._kernel_for(query, key, training, weights_needed)
+        self._last_kernel = kernel  # read by tests and benchmarks
+        if kernel == "fused":
+            output = self._fused_attention(
+                query, key, value, query_mask, key_mask, attention_mask,
+                use_causal_mask,
+            )
+            weights = None
+        elif kernel == "blockwise":
             output = memory_efficient_attention(
                 query,
                 key,
@@ -354,60 +436,115 @@ class MultiHeadAttention(BaseAttention):
                 key_mask=key_mask,
                 attention_mask=attention_mask,
                 use_causal_mask=use_causal_mask,
+                sliding_window=self._sliding_window,
                 block_size=self.block_size,
             )
-            return output, None
-        mask = masking.attention_mask_from(
-            query_mask=query_mask,
-            value_mask=key_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-            query_length=ops.shape(query)[1],
-            key_length=ops.shape(key)[1],
+            weights = None
+        else:
+            output, weights = self._dense_attention(
+                query, key, value, query_mask, key_mask, attention_mask,
+                use_causal_mask, training,
+            )
+        if scores_selection is not None:
+            weights = self._selected_weights(
+                query, key, query_mask, key_mask, attention_mask, use_causal_mask,
+                scores_selection,
+            )
+        return output, weights
+
+    def _mask_for(self, query_mask, key_mask, attention_mask, use_causal_mask,
+                  query_length, key_length, row_offset=0):
+        """The merged boolean mask `(B|1, 1|H, Tq, Tv)`, or None."""
+        if attention_mask is not None and len(attention_mask.shape) == 3:
+            attention_mask = ops.expand_dims(attention_mask, 1)
+        parts = []
+        if query_mask is not None:
+            parts.append(query_mask[:, None, :, None])
+        if key_mask is not None:
+            parts.append(key_mask[:, None, None, :])
+        if attention_mask is not None:
+            parts.append(attention_mask)
+        rows = row_offset + ops.arange(query_length)[:, None]
+        cols = ops.arange(key_length)[None, :]
+        if use_causal_mask:
+            parts.append((rows >= cols)[None, None])
+        if self._sliding_window is not None:
+            parts.append((ops.abs(rows - cols) < self._sliding_window)[None, None])
+        return masking.merge_masks(*parts)
+
+    def _dense_attention(self, query, key, value, query_mask, key_mask,
+                         attention_mask, use_causal_mask, training):
+        mask = self._mask_for(
+            query_mask, key_mask, attention_mask, use_causal_mask,
+            ops.shape(query)[1], ops.shape(key)[1],
         )
         query = query * ops.cast(self._scale, query.dtype)
         logits = multi_head.multi_head_logits(query, key)  # (B, H, Tq, Tv)
-        if mask is not None:
-            mask = ops.expand_dims(mask, 1)  # (B, 1, Tq, Tv)
         weights = _softmax(logits, mask)
         dropped = self._dropout_layer(weights, training=training)
         return multi_head.multi_head_weighted_sum(dropped, value), weights
 
-    def _fused_attention(
-        self, query, key, value, query_mask, key_mask, attention_mask, use_causal_mask
-    ):
-        mask = masking.attention_mask_from(
-            query_mask=query_mask,
-            value_mask=key_mask,
-            attention_mask=attention_mask,
-            query_length=ops.shape(query)[1],
-            key_length=ops.shape(key)[1],
+    def _selected_weights(self, query, key, query_mask, key_mask, attention_mask,
+                          use_causal_mask, selection):
+        """Exact weights of the selected heads and query rows only.
+
+        Each selected row's softmax is over all keys, so only
+        `(B, heads, rows, Tv)` is ever formed.
+        """
+        start = 0
+        if selection.query_range is not None:
+            start, stop = selection.query_range
+            query = query[:, start:stop]
+            query_mask = None if query_mask is None else query_mask[:, start:stop]
+            if attention_mask is not None:
+                attention_mask = attention_mask[..., start:stop, :]
+        groups = self.num_heads // self.num_key_value_heads
+        if selection.heads is not None:
+            query = ops.take(query, selection.heads, axis=2)
+            key = ops.take(key, [h // groups for h in selection.heads], axis=2)
+            if attention_mask is not None and len(attention_mask.shape) == 4:
+                if attention_mask.shape[1] != 1:
+                    attention_mask = ops.take(attention_mask, selection.heads, axis=1)
+        else:
+            key = multi_head.repeat_key_value_heads(key, self.num_heads)
+        mask = self._mask_for(
+            query_mask, key_mask, attention_mask, use_causal_mask,
+            ops.shape(query)[1], ops.shape(key)[1], row_offset=start,
         )
+        query = ops.cast(query, "float32") * self._scale
+        logits = ops.einsum("bqhd,bkhd->bhqk", query, ops.cast(key, "float32"))
+        return ops.cast(masking.masked_softmax(logits, mask), self.compute_dtype)
+
+    def _fused_attention(self, query, key, value, query_mask, key_mask,
+                         attention_mask, use_causal_mask):
         if keras.backend.backend() != "jax":  # only JAX takes grouped heads
             key = multi_head.repeat_key_value_heads(key, self.num_heads)
             value = multi_head.repeat_key_value_heads(value, self.num_heads)
-        if mask is not None:
-            mask = ops.broadcast_to(
-                mask, (ops.shape(query)[0], ops.shape(query)[1], ops.shape(key)[1])
-            )
-        output = ops.dot_product_attention(
-            query,
-            key,
-            value,
-            mask=None if mask is None else ops.expand_dims(mask, 1),
-            scale=self._scale,
-            is_causal=use_causal_mask,
+        mask = self._mask_for(
+            query_mask, key_mask, attention_mask, False,
+            ops.shape(query)[1], ops.shape(key)[1],
         )
-        if mask is not None:
-            # The fused kernels spread a row with no allowed key uniformly.
-            if use_causal_mask:
-                mask = ops.logical_and(
-                    mask,
-                    masking.causal_mask(ops.shape(query)[1], ops.shape(key)[1]),
-                )
-            attended = ops.any(mask, axis=-1)  # (B, Tq)
-            output = output * ops.cast(attended[:, :, None, None], output.dtype)
-        return output
+        if mask is None:  # causal alone: the kernel's own causal mode
+            return dot_product_attention(
+                query, key, value, scale=self._scale, is_causal=use_causal_mask,
+                flash_attention=True if self.flash_attention else None,
+            )
+        if use_causal_mask:
+            mask = self._mask_for(
+                query_mask, key_mask, attention_mask, True,
+                ops.shape(query)[1], ops.shape(key)[1],
+            )
+        heads = 1 if mask.shape[1] == 1 else self.num_heads
+        mask = ops.broadcast_to(
+            mask, (ops.shape(query)[0], heads, ops.shape(query)[1], ops.shape(key)[1])
+        )
+        output = dot_product_attention(
+            query, key, value, mask=mask, scale=self._scale,
+            flash_attention=True if self.flash_attention else None,
+        )
+        # The fused kernels spread a row with no allowed key uniformly: zero it.
+        attended = ops.transpose(ops.any(mask, axis=-1), (0, 2, 1))  # (B, Tq, H|1)
+        return output * ops.cast(attended[..., None], output.dtype)
 
     # ---------------------------------------------------------------- caching
     def precompute_key_value(self, value, key=None):
@@ -430,7 +567,7 @@ class MultiHeadAttention(BaseAttention):
                 )
             )
         self._check_cacheable()
-        return ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)
+        return ops.stack([self._key_dense(key), self._value_dense(value)], axis=1)
 
     def _check_cacheable(self):
         if self.value_dim != self.key_dim:
@@ -505,130 +642,67 @@ class MultiHeadAttention(BaseAttention):
                     )
                 )
 
-    def _check_call_options(
-        self, query, value, attention_mask, use_causal_mask, cache, cache_update_index
-    ):
-        """Hook: subclasses raise here for call options their kernel cannot honour.
 
-        Runs first in both `call` and `compute_output_spec`, so the error comes
-        eagerly and when a functional model is built.
-        """
-
-    # ------------------------------------------------------------------- call
-    def call(
-        self,
-        query,
-        value=None,
-        key=None,
-        *,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
-        mask=None,
-        cache=None,
-        cache_update_index=None,
-    ):
-        self._check_call_options(
-            query, value, attention_mask, use_causal_mask, cache, cache_update_index
-        )
-        if query_mask is None:
-            query_mask = mask
-        if cache is not None:
-            self._check_cache(query, value, key, cache, cache_update_index)
-        elif cache_update_index is not None:
-            raise ValueError(
-                self._error(
-                    "`cache_update_index` needs a `cache`. Received: "
-                    f"cache_update_index={cache_update_index!r}, cache=None"
-                )
-            )
-        self_attention = value is None
-        if self_attention and value_mask is None and cache is None:
-            value_mask = query_mask
-        if cache is not None:
-            # Keys/values come from the cache: validate masks against it.
-            self._check_input_shapes(tuple(query.shape), None, None)
-            cache_length = cache.shape[2]
-            batch, steps = query.shape[0], query.shape[1]
-            for name, m, expected in (
-                ("query_mask", query_mask, (batch, steps)),
-                ("value_mask", value_mask, (batch, cache_length)),
-                ("key_mask", key_mask, (batch, cache_length)),
-                ("attention_mask", attention_mask, (batch, steps, cache_length)),
-            ):
-                self._check_mask(name, m, expected)
-        else:
-            query, value, key = self._validate_call(
-                query, value, key, query_mask, value_mask, key_mask, attention_mask
-            )
-
-        # Copies without the Keras mask: the projections do not take masks,
-        # which are handled here (Keras clears the caller's tensors instead).
-        query = ops.copy(query)
-        value = None if value is None else ops.copy(value)
-        key = None if key is None else ops.copy(key)
-        projected_query = self.query_dense(query)  # (B, Tq, H, D)
-        gate = self.gate_dense(query) if self.use_gate else None
+    def _prepare_or_cache(self, query, value, key, query_mask, value_mask, key_mask,
+                          attention_mask, use_causal_mask, cache, cache_update_index):
         if cache is None:
-            projected_key = self.key_dense(key)  # (B, Tv, Hkv, D)
-            projected_value = self.value_dense(value)  # (B, Tv, Hkv, Dv)
-        elif cache_update_index is None:
-            projected_key, projected_value = cache[:, 0], cache[:, 1]
-        else:
-            step = ops.stack(
-                [self.key_dense(query), self.value_dense(query)], axis=1
-            )  # (B, 2, Tq, Hkv, D)
-            index = ops.cast(cache_update_index, "int32")
-            cache = ops.slice_update(
-                cache, (0, 0, index, 0, 0), ops.cast(step, cache.dtype)
+            if cache_update_index is not None:
+                raise ValueError(
+                    self._error(
+                        "`cache_update_index` needs a `cache`. Received: "
+                        f"cache_update_index={cache_update_index!r}, cache=None"
+                    )
+                )
+            return super()._prepare_or_cache(
+                query, value, key, query_mask, value_mask, key_mask,
+                attention_mask, use_causal_mask, cache, cache_update_index,
             )
-            projected_key, projected_value = cache[:, 0], cache[:, 1]
-            attention_mask = masking.merge_masks(
-                attention_mask,
-                self._decoding_mask(
-                    index, ops.shape(query)[1], ops.shape(cache)[2], use_causal_mask
-                ),
-            )
-            use_causal_mask = False
-
-        output, weights = self._compute_attention(
-            projected_query,
-            projected_key,
-            projected_value,
-            query_mask=masking.to_bool_mask(query_mask),
-            key_mask=masking.merge_masks(value_mask, key_mask),
-            attention_mask=masking.to_bool_mask(attention_mask),
-            use_causal_mask=use_causal_mask,
-            training=training,
-            return_attention_scores=return_attention_scores,
-        )
-        if return_attention_scores and weights is None:
+        self._check_tensor("query", query)
+        self._check_rank("query", tuple(query.shape))
+        self._check_cache(query, value, key, cache, cache_update_index)
+        built = getattr(self, "_built_feature_dims", None)
+        if built is not None and query.shape[-1] not in (None, built[0]):
             raise ValueError(
                 self._error(
-                    "this attention kernel does not compute attention weights; "
-                    "call with return_attention_scores=False"
+                    f"`query` has {query.shape[-1]} features but the layer was "
+                    f"built for {built[0]}. Received: query with shape "
+                    f"{tuple(query.shape)}"
                 )
             )
-        if weights is not None:
-            self._record_attention(weights)
-        if gate is not None:
-            output = output * gate
-        output = self.output_dense(output)
-        if query_mask is not None:
-            keep = ops.cast(masking.to_bool_mask(query_mask), output.dtype)
-            for _ in range(len(output.shape) - 2):
-                keep = ops.expand_dims(keep, -1)
-            output = output * keep
-        results = (output,)
-        if return_attention_scores:
-            results += (weights,)
-        if cache is not None:
-            results += (cache,)
-        return results[0] if len(results) == 1 else results
+        batch, steps, cache_length = query.shape[0], query.shape[1], cache.shape[2]
+        for name, mask, expected in (
+            ("query_mask", query_mask, (batch, steps)),
+            ("value_mask", value_mask, (batch, cache_length)),
+            ("key_mask", key_mask, (batch, cache_length)),
+        ):
+            self._check_mask(name, mask, expected)
+        self._check_mask(
+            "attention_mask", attention_mask, (batch, steps, cache_length),
+            broadcast=True,
+        )
+        return query, None, None, query_mask, value_mask, _Layout(3, (1,))
+
+    def _project_keys(self, query, value, key, cache, cache_update_index,
+                      attention_mask, use_causal_mask):
+        if cache is None:
+            return super()._project_keys(
+                query, value, key, cache, cache_update_index, attention_mask,
+                use_causal_mask,
+            )
+        if cache_update_index is None:  # read-only: cross-attention keys
+            return cache[:, 0], cache[:, 1], attention_mask, use_causal_mask, cache
+        step = ops.stack(
+            [self._key_dense(query), self._value_dense(query)], axis=1
+        )  # (B, 2, Tq, Hkv, D)
+        index = ops.cast(cache_update_index, "int32")
+        cache = ops.slice_update(
+            cache, (0, 0, index, 0, 0), ops.cast(step, cache.dtype)
+        )
+        decoding = self._decoding_mask(
+            index, ops.shape(query)[1], ops.shape(cache)[2], use_causal_mask
+        )
+        attention_mask = masking.merge_masks(attention_mask, decoding)
+        return cache[:, 0], cache[:, 1], attention_mask, False, cache
 
     @staticmethod
     def _decoding_mask(index, steps, cache_length, use_causal_mask):
@@ -642,76 +716,106 @@ class MultiHeadAttention(BaseAttention):
             allowed = ops.broadcast_to(allowed, (steps, cache_length))
         return ops.expand_dims(allowed, 0)
 
-    # ------------------------------------------------------------ shapes etc.
-    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
-        dims = self._output_shape or (query_shape[-1],)
-        return tuple(query_shape[:-1]) + tuple(dims)
 
-    def _scores_shape(self, query_shape, value_shape):
-        return (query_shape[0], self.num_heads, query_shape[1], value_shape[1])
+    # ------------------------------------------------------------------- call
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        *,
+        mask=None,
+        attention_scores_heads=None,
+        attention_scores_query_range=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        selection = self._selection(
+            query, return_attention_scores, attention_scores_heads,
+            attention_scores_query_range,
+        )
+        return self._attention_call(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask,
+            return_attention_scores, training, use_causal_mask, mask,
+            cache=cache, cache_update_index=cache_update_index,
+            scores_selection=selection,
+        )
 
     def compute_output_spec(
         self,
         query,
         value=None,
         key=None,
-        *,
         query_mask=None,
         value_mask=None,
         key_mask=None,
         attention_mask=None,
-        use_causal_mask=False,
         return_attention_scores=False,
         training=None,
+        use_causal_mask=False,
+        *,
         mask=None,
+        attention_scores_heads=None,
+        attention_scores_query_range=None,
         cache=None,
         cache_update_index=None,
     ):
-        self._check_call_options(
-            query, value, attention_mask, use_causal_mask, cache, cache_update_index
+        selection = self._selection(
+            query, return_attention_scores, attention_scores_heads,
+            attention_scores_query_range,
         )
-        if cache is not None:
-            self._check_cache(query, value, key, cache, cache_update_index)
-            keys_shape = (cache.shape[0], cache.shape[2])
-        else:
-            query, value, key = self._validate_call(
-                query, value, key, query_mask, value_mask, key_mask, attention_mask
-            )
-            keys_shape = value.shape
-        results = (
-            keras.KerasTensor(
-                self.compute_output_shape(query.shape), dtype=self.compute_dtype
-            ),
+        return self._output_spec(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask,
+            return_attention_scores, use_causal_mask, cache=cache,
+            cache_update_index=cache_update_index, scores_selection=selection,
         )
-        if return_attention_scores:
-            results += (
-                keras.KerasTensor(
-                    self._scores_shape(query.shape, keys_shape),
-                    dtype=self.compute_dtype,
-                ),
-            )
-        if cache is not None:
-            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
-        return results[0] if len(results) == 1 else results
 
-    def compute_mask(self, inputs, previous_mask=None):
-        return previous_mask
+    def _selection(self, query, return_attention_scores, heads, query_range):
+        if heads is None and query_range is None:
+            return None
+        if not return_attention_scores:
+            raise ValueError(
+                self._error(
+                    "`attention_scores_heads` / `attention_scores_query_range` "
+                    "select returned weights: pass return_attention_scores=True. "
+                    f"Received: attention_scores_heads={heads!r}, "
+                    f"attention_scores_query_range={query_range!r}"
+                )
+            )
+        if hasattr(query, "shape") and len(query.shape) != 3:
+            raise ValueError(
+                self._error(
+                    "selected attention scores need rank-3 inputs. Received: "
+                    f"query with shape {tuple(query.shape)}"
+                )
+            )
+        selection = _ScoresSelection(self, heads, query_range)
+        if hasattr(query, "shape"):
+            selection.check_length(self, query.shape[1])
+        return selection
 
     # ------------------------------------------------------------ conversion
     @classmethod
     def from_keras(cls, layer, **kwargs):
-        """Builds a `MultiHeadAttention` from a built `keras.layers.MultiHeadAttention`.
+        """Builds ours from a built `keras.layers.MultiHeadAttention` or
+        `keras.layers.GroupQueryAttention`, with the same weights.
 
-        Copies the configuration and the projection weights, so outputs match
-        (to float rounding) without retraining. Keras layers with
-        `attention_axes` other than the time axis or with `sliding_window` are
-        not supported. `kwargs` override constructor arguments (for example
-        `memory_efficient=False`).
+        Outputs match to float rounding without retraining. `kwargs` override
+        constructor arguments (for example `memory_efficient=False`).
         """
-        if not isinstance(layer, keras.layers.MultiHeadAttention):
+        grouped = isinstance(layer, keras.layers.GroupQueryAttention)
+        if not (grouped or isinstance(layer, keras.layers.MultiHeadAttention)):
             raise TypeError(
                 "MultiHeadAttention.from_keras expects a "
-                "keras.layers.MultiHeadAttention. Received: "
+                "keras.layers.MultiHeadAttention or "
+                "keras.layers.GroupQueryAttention. Received: "
                 f"{type(layer).__name__}"
             )
         if not layer.built:
@@ -719,92 +823,32 @@ class MultiHeadAttention(BaseAttention):
                 "MultiHeadAttention.from_keras needs a built layer (call it "
                 f"once). Received: unbuilt layer '{layer.name}'"
             )
-        keras_config = layer.get_config()
-        if keras_config.get("sliding_window") is not None:
-            raise ValueError(
-                "MultiHeadAttention.from_keras does not support sliding_window. "
-                f"Received: sliding_window={keras_config['sliding_window']!r}"
-            )
-        query_kernel = layer.query_dense.kernel
-        if len(query_kernel.shape) != 3:
-            raise ValueError(
-                "MultiHeadAttention.from_keras supports rank-3 inputs "
-                "(batch, time, features) only. Received: query kernel with "
-                f"shape {tuple(query_kernel.shape)}"
-            )
-        config = {
-            key: keras_config[key]
-            for key in (
-                "num_heads",
-                "key_dim",
-                "value_dim",
-                "dropout",
-                "use_bias",
-                "output_shape",
-                "seed",
-                "kernel_initializer",
-                "bias_initializer",
-                "kernel_regularizer",
-                "bias_regularizer",
-                "kernel_constraint",
-                "bias_constraint",
-                "name",
-                "trainable",
-                "dtype",
-            )
-            if key in keras_config
-        }
-        config["use_gate"] = keras_config.get("use_gate", False)
+        config = layer.get_config()
+        if grouped:
+            config["num_heads"] = config.pop("num_query_heads")
+            config["key_dim"] = config.pop("head_dim")
+            config["value_dim"] = config["key_dim"]
+            config.pop("flash_attention", None)
         config.update(kwargs)
-        new = cls(**config)
-        query_shape = (None, None, query_kernel.shape[0])
-        key_shape = (None, None, layer.key_dense.kernel.shape[0])
-        value_shape = (None, None, layer.value_dense.kernel.shape[0])
-        new.build(query_shape, value_shape, key_shape)
-        pairs = [
-            (new.query_dense, layer.query_dense),
-            (new.key_dense, layer.key_dense),
-            (new.value_dense, layer.value_dense),
-            (new.output_dense, layer.output_dense),
+        new = cls.from_config(config)
+        features = [
+            tuple(dense.kernel.shape)[0]
+            for dense in (layer._query_dense, layer._value_dense, layer._key_dense)
         ]
-        if new.use_gate:
-            pairs.append((new.gate_dense, layer._gate_dense))
-        for ours, theirs in pairs:
-            ours.set_weights(theirs.get_weights())
+        new.build(*[(None, None, f) for f in features])
+        new.set_weights(layer.get_weights())
         return new
 
     def get_config(self):
         config = super().get_config()
         config.update(
             {
-                "num_heads": self.num_heads,
-                "key_dim": self.key_dim,
-                "value_dim": self.value_dim,
-                "num_key_value_heads": self.num_key_value_heads,
-                "use_bias": self.use_bias,
-                "output_shape": self._output_shape,
-                "use_gate": self.use_gate,
+                "attention_axes": self._attention_axes,
+                "sliding_window": self._sliding_window,
+                "flash_attention": self.flash_attention,
                 "memory_efficient": self.memory_efficient,
                 "memory_efficient_threshold": self.memory_efficient_threshold,
                 "block_size": self.block_size,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "bias_regularizer": keras.regularizers.serialize(
-                    self.bias_regularizer
-                ),
-                "kernel_constraint": keras.constraints.serialize(
-                    self.kernel_constraint
-                ),
-                "bias_constraint": keras.constraints.serialize(
-                    self.bias_constraint
-                ),
             }
         )
         return config

@@ -1,15 +1,16 @@
 import keras
 from keras import ops
 
-from keras_attention.layers.base_attention import validate_positive_int
-from keras_attention.layers.kernel_variant import KernelVariantAttention
+from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.utils import validate_positive_int
+from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.ops import favor
 
 KERNELS = ("softmax", "relu")
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
-class PerformerAttention(KernelVariantAttention):
+@keras_attention_export("layers")
+class PerformerAttention(BaseMultiHeadAttention):
     """Multi-head attention in linear time with FAVOR+ random features.
 
     Choromanski et al. 2021, "Rethinking Attention with Performers"
@@ -45,13 +46,15 @@ class PerformerAttention(KernelVariantAttention):
             at call time does the same for one call.
         seed: seed of the projection and its redraws; `None` draws a fresh
             one (saved with the model all the same).
-        **kwargs: the other `MultiHeadAttention` arguments. `block_size`
-            (default 128) is the chunk length of the causal prefix sums.
-            `dropout` must be 0: dropping entries of an attention matrix that
-            is never formed has no linear-time equivalent. The parent's
-            `memory_efficient` switches do not apply and must stay default.
+        chunk_size: sequence chunk length of the chunked kernels (the causal
+            prefix sums and the memory-linear non-causal kernel).
+        **kwargs: the other `BaseMultiHeadAttention` arguments (`value_dim`,
+            `num_key_value_heads`, `use_bias`, `output_shape`, `use_gate`,
+            initializers, ...). `dropout` must be 0: dropping entries of an
+            attention matrix that is never formed has no linear-time
+            equivalent.
 
-    Call arguments: as `MultiHeadAttention`, without `cache`. Masked keys
+    Call arguments: as `BaseMultiHeadAttention` (no decoding `cache`). Masked keys
     contribute nothing. An explicit `attention_mask` has no linear-time form:
     giving one computes the `(B, H, Tq, Tv)` kernel matrix of the same
     features (quadratic, but the same approximation).
@@ -79,6 +82,7 @@ class PerformerAttention(KernelVariantAttention):
         orthogonal=True,
         causal=False,
         seed=None,
+        chunk_size=128,
         **kwargs,
     ):
         name = "PerformerAttention"
@@ -101,9 +105,8 @@ class PerformerAttention(KernelVariantAttention):
                 "form (the weights are never formed); apply dropout to the "
                 f"layer's output instead. Received: dropout={dropout!r}"
             )
-        kwargs.setdefault("block_size", 128)
         super().__init__(num_heads, key_dim, seed=seed, **kwargs)
-        self._reject_memory_efficient_options()
+        self.chunk_size = validate_positive_int(name, "chunk_size", chunk_size)
         self.num_features = num_features
         self.kernel = kernel
         self.orthogonal = orthogonal
@@ -147,12 +150,8 @@ class PerformerAttention(KernelVariantAttention):
         self._redraws += 1
         self.projection.assign(self._draw_projection())
 
-    def _check_call_options(
-        self, query, value, attention_mask, use_causal_mask, cache, cache_update_index
-    ):
-        super()._check_call_options(
-            query, value, attention_mask, use_causal_mask, cache, cache_update_index
-        )
+    def _check_call_options(self, query, value, attention_mask, use_causal_mask):
+        self._reject_per_head_mask(attention_mask)
         if (self.causal or use_causal_mask) and value is not None and value is not query:
             raise ValueError(
                 self._error(
@@ -185,7 +184,7 @@ class PerformerAttention(KernelVariantAttention):
             causal=self.causal or use_causal_mask,
             key_mask=key_mask,
             attention_mask=attention_mask,
-            chunk_size=self.block_size,
+            chunk_size=self.chunk_size,
             return_weights=return_weights,
         )
 
@@ -197,12 +196,13 @@ class PerformerAttention(KernelVariantAttention):
                 "kernel": self.kernel,
                 "orthogonal": self.orthogonal,
                 "causal": self.causal,
+                "chunk_size": self.chunk_size,
             }
         )
         return config
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
+@keras_attention_export("layers")
 class RedrawFeatures(keras.callbacks.Callback):
     """Redraws the random features of every `PerformerAttention` in the model.
 

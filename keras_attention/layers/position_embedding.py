@@ -3,12 +3,13 @@ import numbers
 import keras
 from keras import ops
 
-from keras_attention.layers.base_attention import validate_positive_int
+from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.utils import validate_positive_int
 from keras_attention.layers.sinusoidal_position_encoding import check_sequence_rank
 from keras_attention.layers.sinusoidal_position_encoding import check_start_index
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
+@keras_attention_export("layers")
 class PositionEmbedding(keras.layers.Layer):
     """A learned embedding per position, as in BERT and GPT.
 

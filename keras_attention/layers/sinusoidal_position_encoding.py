@@ -3,6 +3,8 @@ import numbers
 import keras
 from keras import ops
 
+from keras_attention.api_export import keras_attention_export
+
 
 def check_start_index(layer, start_index):
     """Rejects negative Python start indices; tensors pass through unchecked."""
@@ -32,7 +34,7 @@ def check_sequence_rank(layer, shape):
         )
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
+@keras_attention_export("layers")
 class SinusoidalPositionEncoding(keras.layers.Layer):
     """The fixed sine/cosine position encoding of the Transformer.
 

@@ -1,8 +1,10 @@
 import keras
 import numpy as np
 
-from keras_attention.layers.base_attention import validate_positive_int
-from keras_attention.layers.kernel_variant import KernelVariantAttention
+from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.utils import validate_non_negative_int
+from keras_attention.layers.utils import validate_positive_int
+from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.ops import block_sparse
 
 # The random plan has at least this many rows (query blocks), so a layer
@@ -11,17 +13,8 @@ MIN_PLAN_ROWS = 64
 _PLAN_HIGH = 2**31 - 1
 
 
-def _validate_non_negative_int(argument, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"SparseAttention: `{argument}` must be a non-negative integer. "
-            f"Received: {argument}={value!r}"
-        )
-    return value
-
-
-@keras.saving.register_keras_serializable(package="keras_attention")
-class SparseAttention(KernelVariantAttention):
+@keras_attention_export("layers")
+class SparseAttention(BaseMultiHeadAttention):
     """Block-sparse multi-head attention: BigBird and Longformer patterns.
 
     Zaheer et al. 2020, "Big Bird: Transformers for Longer Sequences"
@@ -49,9 +42,9 @@ class SparseAttention(KernelVariantAttention):
     weights, or unknown lengths use autodiff over the gathered keys instead,
     which holds `O(L * S * block_size)` (several times more).
 
-    The projections are those of `MultiHeadAttention` with the same
-    arguments, in the same order, so `trainable_weights` move between the
-    two with `set_weights`. The random plan is a non-trainable int32 weight
+    The projections are those of `MultiHeadAttention` (both are
+    `BaseMultiHeadAttention`), so `trainable_weights` move between the two
+    with `set_weights`. The random plan is a non-trainable int32 weight
     `(rows, random_blocks)` drawn from `seed` in `build` and saved with the
     model: a loaded model attends exactly as it did in training. Query block
     `i` uses row `i mod rows` (`rows = max(query blocks at build, 64)`).
@@ -69,10 +62,10 @@ class SparseAttention(KernelVariantAttention):
             fresh plan, which is then saved with the model.
         **kwargs: the other `MultiHeadAttention` arguments (`value_dim`,
             `num_key_value_heads`, `dropout`, `use_bias`, `output_shape`,
-            `use_gate`, initializers, ..., `name`, `dtype`). The parent's
-            `memory_efficient` switches do not apply and must stay default.
+            `use_gate`, initializers, ..., `name`, `dtype`) of
+            `BaseMultiHeadAttention`.
 
-    Call arguments: as `MultiHeadAttention`, without `cache`. An explicit
+    Call arguments: as `BaseMultiHeadAttention` (no decoding `cache`). An explicit
     `attention_mask` is honoured inside the pattern (it is itself
     `(B, Tq, Tv)`).
 
@@ -107,8 +100,8 @@ class SparseAttention(KernelVariantAttention):
         name = "SparseAttention"
         validate_positive_int(name, "block_size", block_size)
         validate_positive_int(name, "window_blocks", window_blocks)
-        _validate_non_negative_int("global_blocks", global_blocks)
-        _validate_non_negative_int("random_blocks", random_blocks)
+        validate_non_negative_int(name, "global_blocks", global_blocks)
+        validate_non_negative_int(name, "random_blocks", random_blocks)
         if global_tokens is not None:
             if isinstance(global_tokens, (str, bytes)) or not hasattr(
                 global_tokens, "__iter__"
@@ -119,10 +112,10 @@ class SparseAttention(KernelVariantAttention):
                 )
             global_tokens = list(global_tokens)
             for position in global_tokens:
-                _validate_non_negative_int("global_tokens", position)
+                validate_non_negative_int(name, "global_tokens", position)
             global_tokens = sorted(set(global_tokens))
-        super().__init__(num_heads, key_dim, seed=seed, block_size=block_size, **kwargs)
-        self._reject_memory_efficient_options()
+        super().__init__(num_heads, key_dim, seed=seed, **kwargs)
+        self.block_size = block_size
         self.window_blocks = window_blocks
         self.global_blocks = global_blocks
         self.random_blocks = random_blocks
@@ -173,12 +166,8 @@ class SparseAttention(KernelVariantAttention):
                 )
             )
 
-    def _check_call_options(
-        self, query, value, attention_mask, use_causal_mask, cache, cache_update_index
-    ):
-        super()._check_call_options(
-            query, value, attention_mask, use_causal_mask, cache, cache_update_index
-        )
+    def _check_call_options(self, query, value, attention_mask, use_causal_mask):
+        self._reject_per_head_mask(attention_mask)
         keys = query if value is None else value
         if hasattr(keys, "shape") and len(keys.shape) == 3:
             self._check_lengths(keys.shape[1])
@@ -225,6 +214,7 @@ class SparseAttention(KernelVariantAttention):
         config = super().get_config()
         config.update(
             {
+                "block_size": self.block_size,
                 "window_blocks": self.window_blocks,
                 "global_blocks": self.global_blocks,
                 "random_blocks": self.random_blocks,

@@ -1,7 +1,9 @@
 import keras
 from keras import ops
 
-from keras_attention.layers.base_attention import validate_positive_int
+from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.utils import clone_initializer
+from keras_attention.layers.utils import validate_positive_int
 
 
 def check_feature_map_shape(layer, shape, ratio):
@@ -29,7 +31,7 @@ def check_feature_map_shape(layer, shape, ratio):
     return channels
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
+@keras_attention_export("layers")
 class SqueezeExcitation(keras.layers.Layer):
     """Channel attention of Squeeze-and-Excitation networks.
 
@@ -77,17 +79,20 @@ class SqueezeExcitation(keras.layers.Layer):
 
     def build(self, inputs_shape):
         channels = check_feature_map_shape(self, inputs_shape, self.ratio)
-        common = dict(
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
-            dtype=self.dtype_policy,
-        )
+
+        def common():  # fresh initializers for every sublayer
+            return dict(
+                kernel_initializer=clone_initializer(self.kernel_initializer),
+                bias_initializer=clone_initializer(self.bias_initializer),
+                dtype=self.dtype_policy,
+            )
+
         self.squeeze_dense = keras.layers.Dense(
-            channels // self.ratio, activation="relu", name="squeeze_dense", **common
+            channels // self.ratio, activation="relu", name="squeeze_dense", **common()
         )
         self.squeeze_dense.build((None, channels))
         self.excite_dense = keras.layers.Dense(
-            channels, activation="sigmoid", name="excite_dense", **common
+            channels, activation="sigmoid", name="excite_dense", **common()
         )
         self.excite_dense.build((None, channels // self.ratio))
         self.built = True

@@ -1,6 +1,7 @@
 import keras
 from keras import ops
 
+from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.transformer_encoder_block import TransformerBlockBase
 from keras_attention.layers.transformer_encoder_block import attention_prototype
 from keras_attention.layers.transformer_encoder_block import check_mask
@@ -9,7 +10,7 @@ from keras_attention.layers.transformer_encoder_block import keras_mask_of
 from keras_attention.layers.transformer_encoder_block import serialize_prototype
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
+@keras_attention_export("layers")
 class TransformerDecoderBlock(TransformerBlockBase):
     """One Transformer decoder layer with cached decoding and visible scores.
 

@@ -1,7 +1,10 @@
 import keras
 from keras.src.backend import get_keras_mask
 
-from keras_attention.layers.base_attention import validate_positive_int
+from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.utils import clone_initializer
+from keras_attention.layers.utils import validate_positive_int
+from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 
 
@@ -17,10 +20,11 @@ def attention_prototype(block_name, argument, attention, num_heads, key_dim):
         return None
     if isinstance(attention, dict):
         attention = keras.saving.deserialize_keras_object(attention)
-    if not isinstance(attention, MultiHeadAttention):
+    if not isinstance(attention, BaseMultiHeadAttention):
         raise TypeError(
             f"{block_name}: `{argument}` must be None, a keras_attention "
-            "MultiHeadAttention (or subclass) instance, or its serialized "
+            "multi-head layer (MultiHeadAttention, SparseAttention, "
+            "PerformerAttention, LinformerAttention, ...), or its serialized "
             f"config. Received: {argument}={attention!r}"
         )
     for name, expected in (("num_heads", num_heads), ("key_dim", key_dim)):
@@ -153,8 +157,8 @@ class TransformerBlockBase(keras.layers.Layer):
                 key_dim=self.key_dim,
                 dropout=self.dropout,
                 seed=self._seed(seed_offset),
-                kernel_initializer=self.kernel_initializer,
-                bias_initializer=self.bias_initializer,
+                kernel_initializer=clone_initializer(self.kernel_initializer),
+                bias_initializer=clone_initializer(self.bias_initializer),
                 dtype=self.dtype_policy,
                 name=name,
             )
@@ -177,8 +181,8 @@ class TransformerBlockBase(keras.layers.Layer):
         return keras.layers.Dense(
             units,
             activation=activation,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -260,7 +264,7 @@ class TransformerBlockBase(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package="keras_attention")
+@keras_attention_export("layers")
 class TransformerEncoderBlock(TransformerBlockBase):
     """One Transformer encoder layer that can return its attention scores.
 

@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from keras_attention.layers.additive_attention import AdditiveAttention
-from keras_attention.layers.base_attention import BaseAttention
+from keras_attention.layers.score_attention import ScoreAttention
 from keras_attention.layers.low_rank_attention import LowRankAttention
 from keras_attention.layers.luong_attention import LuongAttention
 from keras_attention.models.text_processing import PAD_ID
@@ -24,11 +24,11 @@ def make_attention(attention, units, name="attention"):
     - `"concat"`: `LuongAttention(score="concat", units)`.
     - `"low_rank"`: `LowRankAttention(rank=max(1, units // 4))`.
     """
-    if isinstance(attention, BaseAttention):
+    if isinstance(attention, ScoreAttention):
         return attention
     if isinstance(attention, dict):
         layer = keras.saving.deserialize_keras_object(attention)
-        if isinstance(layer, BaseAttention):
+        if isinstance(layer, ScoreAttention):
             return layer
     if attention == "additive":
         return AdditiveAttention(units=units, name=name)

@@ -90,6 +90,7 @@ def memory_efficient_attention(
     key_mask=None,
     attention_mask=None,
     use_causal_mask=False,
+    sliding_window=None,
     block_size=512,
     key_block_size=None,
 ):
@@ -103,8 +104,13 @@ def memory_efficient_attention(
         scale: multiplies the logits; defaults to `1 / sqrt(D)`.
         query_mask: `(B, Tq)` boolean, `False` rows get zero output.
         key_mask: `(B, Tk)` boolean, `False` keys are never attended.
-        attention_mask: `(B, Tq, Tk)` boolean, `True` where attention is allowed.
+        attention_mask: `(B, Tq, Tk)` or per head `(B, H, Tq, Tk)` boolean,
+            `True` where attention is allowed (a batch dimension of 1
+            broadcasts).
         use_causal_mask: query `i` attends keys `j <= i` only.
+        sliding_window: if set, query `i` attends keys with
+            `|i - j| < sliding_window` only (as `keras.layers.
+            MultiHeadAttention`); formed per tile, never as a `(Tq, Tk)` array.
         block_size: queries per tile.
         key_block_size: keys per tile; defaults to `block_size`.
 
@@ -157,13 +163,23 @@ def memory_efficient_attention(
         )
     )
     pair_blocks = None
+    pair_heads = (1, 1)  # the mask's (Hkv, G): per-head masks split like q
     if attention_mask is not None:
         mask = ops.cast(attention_mask, "bool")
+        if len(mask.shape) == 3:
+            mask = ops.expand_dims(mask, 1)  # (Bm, 1, Tq, Tk)
+        if mask.shape[1] != 1:
+            pair_heads = (num_kv_heads, num_heads // num_kv_heads)
         pad_q, pad_k = num_q_blocks * q_block - q_len, num_k_blocks * k_block - k_len
         if pad_q or pad_k:
-            mask = ops.pad(mask, ((0, 0), (0, pad_q), (0, pad_k)), constant_values=False)
-        mask = ops.reshape(mask, (-1, num_q_blocks, q_block, num_k_blocks, k_block))
-        pair_blocks = ops.transpose(mask, (1, 3, 0, 2, 4))  # (nq, nk, Bm, bq, bk)
+            mask = ops.pad(
+                mask, ((0, 0), (0, 0), (0, pad_q), (0, pad_k)), constant_values=False
+            )
+        mask = ops.reshape(
+            mask, (-1,) + pair_heads + (num_q_blocks, q_block, num_k_blocks, k_block)
+        )
+        # (nq, nk, Bm, Hkv|1, G|1, bq, bk)
+        pair_blocks = ops.transpose(mask, (3, 5, 0, 1, 2, 4, 6))
 
     def tile_mask(i, j):
         """`(Bm, 1, 1, bq, bk)` boolean mask of tile (i, j), or None."""
@@ -174,14 +190,16 @@ def memory_efficient_attention(
             parts.append(ops.reshape(_take(query_blocks, i), (-1, 1, 1, q_block, 1)))
         if pair_blocks is not None:
             tile = _take(_take(pair_blocks, i), j)
-            parts.append(ops.reshape(tile, (-1, 1, 1, q_block, k_block)))
+            parts.append(ops.reshape(tile, (-1,) + pair_heads + (q_block, k_block)))
+        if use_causal_mask or sliding_window is not None:
+            rows = ops.expand_dims(i * q_block + ops.arange(q_block), 1)
+            cols = ops.expand_dims(j * k_block + ops.arange(k_block), 0)
         if use_causal_mask:
-            rows = i * q_block + ops.arange(q_block)
-            cols = j * k_block + ops.arange(k_block)
-            causal = ops.greater_equal(
-                ops.expand_dims(rows, 1), ops.expand_dims(cols, 0)
-            )
+            causal = ops.greater_equal(rows, cols)
             parts.append(ops.reshape(causal, (1, 1, 1, q_block, k_block)))
+        if sliding_window is not None:
+            band = ops.less(ops.abs(rows - cols), sliding_window)
+            parts.append(ops.reshape(band, (1, 1, 1, q_block, k_block)))
         if not parts:
             return None
         mask = parts[0]

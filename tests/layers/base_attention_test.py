@@ -187,7 +187,7 @@ def test_feature_size_change_after_build():
         ("value_mask", np.ones((1, 4), bool), r"`value_mask` must have shape \(1, 5\).*\(1, 4\)"),
         ("query_mask", np.ones((1, 3, 1), bool), r"`query_mask` must have shape \(1, 3\).*\(1, 3, 1\)"),
         ("attention_mask", np.ones((1, 3, 4), bool), r"`attention_mask` must have shape \(1, 3, 5\)"),
-        ("value_mask", np.ones((1, 5), "float32"), r"`value_mask` must be boolean.*float32"),
+        ("value_mask", np.array([["yes"] * 5]), r"`value_mask` must be boolean.*string"),
         ("value_mask", [[True] * 5], r"`value_mask` must be a boolean tensor.*\[\[True"),
     ],
 )
@@ -197,6 +197,18 @@ def test_bad_masks_are_rejected_before_the_backend(argument, mask, error):
     value = np.ones((1, 5, 2), "float32")
     with pytest.raises((ValueError, TypeError), match=rf"LuongAttention \(layer 'luong'\): {error}"):
         layer(query, value, **{argument: mask})
+
+
+def test_float_and_integer_masks_act_like_boolean_masks():
+    # Keras accepts 0/1 masks of any number type; so do we.
+    layer = LuongAttention()
+    query = np.random.default_rng(0).normal(size=(2, 3, 2)).astype("float32")
+    value = np.random.default_rng(1).normal(size=(2, 5, 2)).astype("float32")
+    valid = np.arange(5)[None, :] < np.array([[5], [2]])
+    reference = ops.convert_to_numpy(layer(query, value, value_mask=valid))
+    for dtype in ("float32", "int32"):
+        got = layer(query, value, value_mask=valid.astype(dtype))
+        np.testing.assert_allclose(ops.convert_to_numpy(got), reference, atol=1e-6)
 
 
 def test_bad_mask_is_rejected_in_functional_construction():

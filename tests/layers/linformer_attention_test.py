@@ -50,7 +50,8 @@ def test_masked_keys_do_not_change_the_output():
         (dict(projected_length=0, max_length=8), "projected_length=0"),
         (dict(projected_length=2, max_length=None), "max_length=None"),
         (dict(projected_length=2, max_length=8, memory_efficient=False),
-         "memory_efficient=False"),
+         "'memory_efficient': False"),
+        (dict(projected_length=2, max_length=8, block_size=4), "'block_size': 4"),
     ],
 )
 def test_invalid_constructor_arguments_are_named(kwargs, message):

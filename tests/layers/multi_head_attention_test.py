@@ -71,13 +71,11 @@ def test_outputs_and_scores_match_keras_with_same_weights(cross, masks):
 def test_from_keras_copies_configuration_and_weights(options):
     reference, ours = _keras_and_ours(**options)
     assert ours.num_heads == 2 and ours.key_dim == 4
-    assert [w.shape for w in ours.weights] == [
-        w.shape for w in reference.query_dense.weights
-    ] + [w.shape for w in reference.key_dense.weights] + [
-        w.shape for w in reference.value_dense.weights
-    ] + [
-        w.shape for w in (reference._gate_dense.weights if options.get("use_gate") else [])
-    ] + [w.shape for w in reference.output_dense.weights]
+    # Keras' sublayer names and order (query, key, gate, value, output).
+    def sublayer_paths(layer):
+        return [(w.path.split("/", 1)[1], tuple(w.shape)) for w in layer.weights]
+
+    assert sublayer_paths(ours) == sublayer_paths(reference)
     query = random_inputs((2, 5, 8), seed=4)
     value = random_inputs((2, 7, 6), seed=5)
     # Scores requested: Keras' fused path rejects value_dim != key_dim on JAX.
@@ -85,6 +83,53 @@ def test_from_keras_copies_configuration_and_weights(options):
     np.testing.assert_allclose(
         _np(ours(query, value)), _np(expected), atol=1e-5, rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("use_gate", [False, True], ids=["plain", "gated"])
+def test_keras_weights_file_and_set_weights_give_identical_outputs(tmp_path, use_gate):
+    # A user switching from Keras: same config, Keras' checkpoint, same outputs.
+    query = random_inputs((2, 5, 8), seed=4)
+    value = random_inputs((2, 7, 6), seed=5)
+
+    def model_of(layer):
+        q, v = keras.Input((5, 8)), keras.Input((7, 6))
+        return keras.Model([q, v], layer(q, v))
+
+    reference = keras.layers.MultiHeadAttention(2, 4, use_gate=use_gate, name="mha")
+    keras_model = model_of(reference)
+    path = str(tmp_path / "keras.weights.h5")
+    keras_model.save_weights(path)
+    expected = _np(keras_model([query, value]))
+
+    ours = MultiHeadAttention.from_config(reference.get_config())
+    our_model = model_of(ours)
+    our_model.load_weights(path)
+    np.testing.assert_allclose(_np(our_model([query, value])), expected, atol=1e-5)
+    ours_again = MultiHeadAttention(2, 4, use_gate=use_gate)
+    model_of(ours_again).set_weights(keras_model.get_weights())
+    np.testing.assert_allclose(_np(ours_again(query, value)), expected, atol=1e-5)
+
+
+def test_from_keras_takes_group_query_attention():
+    reference = keras.layers.GroupQueryAttention(
+        head_dim=4, num_query_heads=4, num_key_value_heads=2, use_gate=True
+    )
+    query, value = random_inputs((2, 5, 8), seed=6), random_inputs((2, 7, 8), seed=7)
+    expected = _np(reference(query, value))
+    ours = MultiHeadAttention.from_keras(reference)
+    assert (ours.num_heads, ours.num_key_value_heads, ours.key_dim) == (4, 2, 4)
+    np.testing.assert_allclose(_np(ours(query, value)), expected, atol=1e-5)
+
+
+def test_keras_positional_order_and_extras_keyword_only():
+    layer = MultiHeadAttention(2, 4, 8, 0.1, False, 6, 2, 3, False)
+    assert (layer.value_dim, layer.dropout, layer.use_bias) == (8, 0.1, False)
+    assert layer._output_shape == (6,) and layer.attention_axes == (2,)
+    assert layer.sliding_window == 3 and layer.flash_attention is False
+    with pytest.raises(TypeError):
+        MultiHeadAttention(2, 4, None, 0.0, True, None, None, None, None,
+                           "glorot_uniform", "zeros", None, None, None, None, None,
+                           False, None, 2)  # num_key_value_heads is keyword-only
 
 
 def test_from_keras_rejects_other_layers_and_unbuilt_layers():
@@ -444,7 +489,7 @@ def test_invalid_constructor_arguments_are_named(kwargs, message):
 
 def test_key_and_value_length_mismatch_is_rejected():
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
-    with pytest.raises(ValueError, match="`key` and `value` must have the same length"):
+    with pytest.raises(ValueError, match="All dimensions of `value` and `key`, except the last one, must be equal"):
         layer(random_inputs((1, 3, 8)), random_inputs((1, 5, 8)), random_inputs((1, 4, 8)))
 
 

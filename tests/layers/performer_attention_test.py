@@ -57,7 +57,7 @@ def test_matches_numpy_forward_pass_with_padding(causal):
     query = random_inputs((2, 19, 8), seed=1) * 0.5
     key_mask = np.arange(19)[None, :] < np.array([[19], [12]])
     layer = PerformerAttention(2, 4, num_features=16, causal=causal, seed=0,
-                               block_size=5)
+                               chunk_size=5)
     output = layer(query, query_mask=key_mask)
     expected = numpy_performer(layer, query, key_mask, causal)
     np.testing.assert_allclose(_np(output), expected, rtol=2e-3, atol=2e-4)
@@ -168,7 +168,9 @@ def test_half_precision_training_stays_finite(policy):
         (dict(kernel="cosine"), "kernel='cosine'"),
         (dict(orthogonal="yes"), "orthogonal='yes'"),
         (dict(dropout=0.1), "dropout=0.1"),
-        (dict(memory_efficient=True), "memory_efficient=True"),
+        (dict(memory_efficient=True), "'memory_efficient': True"),
+        (dict(block_size=16), "'block_size': 16"),
+        (dict(chunk_size=0), "chunk_size=0"),
     ],
 )
 def test_invalid_constructor_arguments_are_named(kwargs, message):
@@ -200,7 +202,7 @@ def test_layer_contract(tmp_path, options):
 def test_layer_contract_causal(tmp_path):
     run_layer_contract_test(
         lambda **kwargs: PerformerAttention(2, 4, num_features=8, causal=True,
-                                            block_size=2, seed=0, **kwargs),
+                                            chunk_size=2, seed=0, **kwargs),
         tmp_path,
         cross_attention=False,
     )

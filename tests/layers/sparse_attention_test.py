@@ -129,7 +129,8 @@ def test_dropout_only_in_training():
         (dict(random_blocks=1.5), "random_blocks=1.5"),
         (dict(global_tokens=[1, -2]), "global_tokens=-2"),
         (dict(global_tokens="0"), "global_tokens='0'"),
-        (dict(memory_efficient=False), "memory_efficient=False"),
+        # MultiHeadAttention's kernel switches are not SparseAttention's.
+        (dict(memory_efficient=False), "'memory_efficient': False"),
     ],
 )
 def test_invalid_constructor_arguments_are_named(kwargs, message):
@@ -151,7 +152,7 @@ def test_global_token_outside_the_sequence_and_cache_are_rejected():
             random_inputs((1, 7, 8)))
     layer = SparseAttention(2, 4, block_size=4, global_blocks=1)
     layer(random_inputs((1, 8, 8)))
-    with pytest.raises(ValueError, match="cache"):
+    with pytest.raises((TypeError, ValueError), match="cache"):
         layer(random_inputs((1, 1, 8)), cache=np.zeros((1, 2, 8, 2, 4), "float32"),
               cache_update_index=0)
 
