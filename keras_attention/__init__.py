@@ -9,6 +9,6 @@ from keras_attention import layers
 from keras_attention import ops
 from keras_attention.layers import *  # noqa: F401,F403
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = list(layers.__all__) + ["layers", "ops"]

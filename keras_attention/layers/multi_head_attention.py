@@ -367,7 +367,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         return self.dropout > 0 and training is not None and training is not False
 
     def _kernel_for(self, query, key, training, weights_needed):
-        """`"fused"`, `"blockwise"` or `"dense"` for this call."""
+        """`"fused"`, `"blockwise"` or `"dense"` (materialised) for this call."""
         if weights_needed or self.flash_attention is False:
             return "dense"
         if self.memory_efficient is False:
@@ -423,7 +423,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         if kernel == "fused":
             output = self._fused_attention(
                 query, key, value, query_mask, key_mask, attention_mask,
-                use_causal_mask,
+                use_causal_mask, flash_attention=True if self.flash_attention else None,
             )
             weights = None
         elif kernel == "blockwise":
@@ -440,11 +440,19 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 block_size=self.block_size,
             )
             weights = None
-        else:
+        elif weights_needed:
             output, weights = self._dense_attention(
                 query, key, value, query_mask, key_mask, attention_mask,
                 use_causal_mask, training,
             )
+        else:
+            # What Keras runs when no weights are needed: the backend's
+            # composite kernel, materialised but never kept for the caller.
+            output = self._fused_attention(
+                query, key, value, query_mask, key_mask, attention_mask,
+                use_causal_mask, flash_attention=False,
+            )
+            weights = None
         if scores_selection is not None:
             weights = self._selected_weights(
                 query, key, query_mask, key_mask, attention_mask, use_causal_mask,
@@ -516,7 +524,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         return ops.cast(masking.masked_softmax(logits, mask), self.compute_dtype)
 
     def _fused_attention(self, query, key, value, query_mask, key_mask,
-                         attention_mask, use_causal_mask):
+                         attention_mask, use_causal_mask, flash_attention):
         if keras.backend.backend() != "jax":  # only JAX takes grouped heads
             key = multi_head.repeat_key_value_heads(key, self.num_heads)
             value = multi_head.repeat_key_value_heads(value, self.num_heads)
@@ -527,7 +535,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         if mask is None:  # causal alone: the kernel's own causal mode
             return dot_product_attention(
                 query, key, value, scale=self._scale, is_causal=use_causal_mask,
-                flash_attention=True if self.flash_attention else None,
+                flash_attention=flash_attention,
             )
         if use_causal_mask:
             mask = self._mask_for(
@@ -540,7 +548,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         )
         output = dot_product_attention(
             query, key, value, mask=mask, scale=self._scale,
-            flash_attention=True if self.flash_attention else None,
+            flash_attention=flash_attention,
         )
         # The fused kernels spread a row with no allowed key uniformly: zero it.
         attended = ops.transpose(ops.any(mask, axis=-1), (0, 2, 1))  # (B, Tq, H|1)

@@ -15,7 +15,7 @@ TensorFlow and JAX):
 import pytest
 
 NOT_APPLICABLE = {
-    "grouped_query_attention_test.py::GroupedQueryAttentionTest::"
+    "keras_grouped_query_attention_test.py::GroupedQueryAttentionTest::"
     "test_shape_mismatch_error_query_value_dim_mismatch": (
         "GroupedQueryAttention-only rule contradicted by Keras' "
         "MultiHeadAttention test (see tests/keras_ported/conftest.py)"

@@ -175,7 +175,9 @@ def test_fused_branch_runs_when_a_fused_kernel_exists(monkeypatch, flash_attenti
             atol=1e-5,
         )
     assert len(fused_calls) == 2 and not blockwise_calls
-    assert fused_calls[0].get("flash_attention") is (True if flash_attention else None)
+    assert [c.get("flash_attention") for c in fused_calls] == [
+        True if flash_attention else None
+    ] * 2
 
 
 def test_flash_attention_true_without_a_fused_kernel_runs_the_blockwise_kernel(monkeypatch):
@@ -195,7 +197,11 @@ def test_flash_attention_false_materialises_the_weights(monkeypatch):
     layer = ka.MultiHeadAttention(2, 4, flash_attention=False, memory_efficient_threshold=1)
     query = random_inputs((2, 7, 8), seed=5)
     np.testing.assert_allclose(_np(layer(query)), _numpy_mha(layer, query), atol=1e-5)
-    assert not fused_calls and not blockwise_calls
+    # As Keras: the backend's composite kernel, never the flash one.
+    assert [c.get("flash_attention") for c in fused_calls] == [False]
+    assert not blockwise_calls
+    _, weights = layer(query, return_attention_scores=True)  # weights: our softmax
+    assert len(fused_calls) == 1 and tuple(weights.shape) == (2, 2, 7, 7)
     with pytest.raises(ValueError, match="contradicts"):
         ka.MultiHeadAttention(2, 4, flash_attention=False, memory_efficient=True)
 
