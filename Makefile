@@ -18,14 +18,15 @@ install: $(STAMP)
 demo: install
 	$(BIN)/python examples/date_translation.py
 
-# The whole suite on the TensorFlow backend, then the layer suite on JAX.
+# The whole suite on the TensorFlow backend, then the layers, ops and the ported
+# Keras attention tests on JAX.
 test: test-tf test-jax
 
 test-tf: install
 	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile tests
 
 test-jax: install
-	KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tf_only" tests/layers tests/ops
+	KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tf_only" tests/layers tests/ops tests/keras_ported
 
 clean:
 	rm -rf $(VENV) build *.egg-info
