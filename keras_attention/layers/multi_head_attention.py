@@ -7,6 +7,7 @@ from keras_attention.layers.base_attention import BaseAttention
 from keras_attention.layers.base_attention import inverse_sqrt
 from keras_attention.layers.base_attention import validate_positive_int
 from keras_attention.ops import masking
+from keras_attention.ops.cache import update_cache
 from keras_attention.ops import multi_head
 from keras_attention.ops.memory_efficient import memory_efficient_attention
 
@@ -583,9 +584,7 @@ class MultiHeadAttention(BaseAttention):
                 [self.key_dense(query), self.value_dense(query)], axis=1
             )  # (B, 2, Tq, Hkv, D)
             index = ops.cast(cache_update_index, "int32")
-            cache = ops.slice_update(
-                cache, (0, 0, index, 0, 0), ops.cast(step, cache.dtype)
-            )
+            cache = update_cache(cache, step, index)
             projected_key, projected_value = cache[:, 0], cache[:, 1]
             attention_mask = masking.merge_masks(
                 attention_mask,

@@ -20,7 +20,6 @@ import collections
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_text as tf_text
 
 PAD, UNK, START, END = "<pad>", "<unk>", "<start>", "<end>"
 RESERVED_TOKENS = (PAD, UNK, START, END)
@@ -35,8 +34,17 @@ def _check_split(split):
         )
 
 
+def _tf_text():
+    # Imported when text is first processed, so registering the translators
+    # (`import keras_attention`) does not load tensorflow-text's kernels.
+    import tensorflow_text
+
+    return tensorflow_text
+
+
 def split_text(texts, split, lowercase):
     """Tokenizes a `(B,)` string tensor into a ragged `(B, None)` string tensor."""
+    tf_text = _tf_text()
     texts = tf.convert_to_tensor(texts, tf.string)
     if lowercase:
         texts = tf_text.case_fold_utf8(texts)
