@@ -11,18 +11,46 @@ def _shown(token):
     return "␣" if token == " " else token
 
 
-def alignment_text(translation, width=None):
+def alignment_matrix(alignment, layer=-1, head=None):
+    """The `(T_out, T_in)` matrix to draw from a translation's alignment.
+
+    Args:
+        alignment: `(T_out, T_in)` (`Seq2SeqTranslator`) or
+            `(layers, heads, T_out, T_in)` (`TransformerTranslator`).
+        layer, head: for a 4-D alignment, the index to show, or None to
+            average over that axis. Default: the last layer, heads averaged.
+    """
+    alignment = np.asarray(alignment, dtype="float32")
+    if alignment.ndim == 4:
+        for axis, index, name in ((1, head, "head"), (0, layer, "layer")):
+            if index is None:
+                alignment = alignment.mean(axis=axis)
+                continue
+            if not -alignment.shape[axis] <= index < alignment.shape[axis]:
+                raise ValueError(
+                    f"alignment_matrix: `{name}` must index one of the "
+                    f"{alignment.shape[axis]} {name}s or be None. "
+                    f"Received: {name}={index!r}"
+                )
+            alignment = np.take(alignment, index, axis=axis)
+    if alignment.ndim != 2:
+        raise ValueError(
+            "alignment_matrix: expects a (T_out, T_in) or (layers, heads, "
+            f"T_out, T_in) alignment. Received: alignment with shape "
+            f"{alignment.shape}"
+        )
+    return alignment
+
+
+def alignment_text(translation, width=None, layer=-1, head=None):
     """A text chart: one line per output token, one column per source token.
 
     Each cell is a shade from `" .:-=+*#%@"` (darker = more attention); the
-    line ends with the source token the output token attends to most.
+    line ends with the source token the output token attends to most. A
+    Transformer's `(layers, heads, T_out, T_in)` alignment shows `layer`
+    and `head` (None averages; see `alignment_matrix`).
     """
-    alignment = np.asarray(translation.alignment, dtype="float32")
-    if alignment.ndim != 2:
-        raise ValueError(
-            "alignment_text: expects a (T_out, T_in) alignment. Received: "
-            f"alignment with shape {alignment.shape}"
-        )
+    alignment = alignment_matrix(translation.alignment, layer, head)
     source = [_shown(t) for t in translation.source_tokens]
     if width is None:
         width = max([1] + [len(t) for t in source])
@@ -40,11 +68,13 @@ def alignment_text(translation, width=None):
     return "\n".join(lines)
 
 
-def alignment_html(translations, title="Attention alignments"):
+def alignment_html(translations, title="Attention alignments", layer=-1,
+                   head=None):
     """A self-contained HTML page with one heatmap table per translation.
 
     Cell darkness is the attention weight; hovering a cell shows the value.
-    No scripts, no external resources.
+    No scripts, no external resources. `layer` and `head` pick what a 4-D
+    alignment shows, as in `alignment_text`.
     """
     parts = [
         "<!DOCTYPE html>",
@@ -61,7 +91,7 @@ def alignment_html(translations, title="Attention alignments"):
         "attention when the row's token was emitted.</p>",
     ]
     for translation in translations:
-        alignment = np.asarray(translation.alignment, dtype="float32")
+        alignment = alignment_matrix(translation.alignment, layer, head)
         source = "".join(translation.source_tokens)
         parts.append(
             "<table><caption>"

@@ -53,3 +53,6 @@ def test_phrase_example_runs_on_reduced_sizes(tmp_path):
     assert "held-out exact match:" in result.stdout
     assert "il a m' entarté\" -> " in result.stdout
     assert (tmp_path / "alignment.html").exists()
+    assert "OK, servable by TF Serving" in result.stdout
+    assert (tmp_path / "saved_model" / "saved_model.pb").exists()
+    assert "translated again by the SavedModel" in result.stdout
