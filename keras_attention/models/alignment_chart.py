@@ -42,6 +42,46 @@ def alignment_matrix(alignment, layer=-1, head=None):
     return alignment
 
 
+def _word_groups(tokens, suffix):
+    """Index lists of the tokens that make each word (`##` joins the previous)."""
+    groups = []
+    for index, token in enumerate(tokens):
+        if groups and token.startswith(suffix):
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
+def merge_subwords(translation, suffix="##"):
+    """The translation with WordPiece tokens merged into words, for charts.
+
+    A source word's column is the sum of its pieces' columns (rows stay
+    distributions); an output word's row is the mean of its pieces' rows.
+    Works on `(T_out, T_in)` and `(layers, heads, T_out, T_in)` alignments.
+    """
+    from keras_attention.models.decoding import Translation
+
+    alignment = np.asarray(translation.alignment, dtype="float32")
+    sources = _word_groups(translation.source_tokens, suffix)
+    targets = _word_groups(translation.tokens, suffix)
+
+    def word(tokens, group):
+        return "".join(tokens[i].removeprefix(suffix) if n else tokens[i]
+                       for n, i in enumerate(group))
+
+    columns = np.stack([alignment[..., g].sum(-1) for g in sources], -1) \
+        if sources else alignment
+    rows = np.stack([columns[..., g, :].mean(-2) for g in targets], -2) \
+        if targets else columns
+    return Translation(
+        text=translation.text,
+        tokens=[word(translation.tokens, g) for g in targets],
+        source_tokens=[word(translation.source_tokens, g) for g in sources],
+        score=translation.score, alignment=rows,
+    )
+
+
 def alignment_text(translation, width=None, layer=-1, head=None):
     """A text chart: one line per output token, one column per source token.
 

@@ -57,3 +57,20 @@ def test_charts_take_per_layer_and_head_alignments():
         alignment_text(translation, layer=2)
     with pytest.raises(ValueError, match=r"\(T_out, T_in\)"):
         alignment_matrix(np.zeros((2, 3, 4)))
+
+
+def test_merge_subwords_shows_words():
+    from keras_attention.models.alignment_chart import merge_subwords
+
+    alignment = np.array([[0.5, 0.25, 0.25], [0.0, 0.5, 0.5], [1.0, 0.0, 0.0]],
+                         "float32")
+    translation = Translation("cats x", ["cat", "##s", "x"],
+                              ["chat", "##on", "##s"], -1.0, alignment)
+    merged = merge_subwords(translation)
+    assert merged.tokens == ["cats", "x"] and merged.source_tokens == ["chatons"]
+    np.testing.assert_allclose(merged.alignment, [[1.0], [1.0]])
+    per_head = merge_subwords(Translation(
+        "cats x", translation.tokens, ["chat", "##on", "le"], -1.0,
+        np.broadcast_to(alignment, (2, 3, 3, 3))))
+    assert per_head.alignment.shape == (2, 3, 2, 2)
+    np.testing.assert_allclose(per_head.alignment[1, 2], [[0.625, 0.375], [1, 0]])
