@@ -6,10 +6,19 @@ monotonic, and "a m' entarté" becomes five English words ("hit me with a
 pie", the seed lecture's example of one-to-many alignment). A
 `TransformerTranslator` learns it; the script prints the held-out exact-match
 accuracy, the cross-attention of the last decoder layer (averaged over heads)
-as a text chart, and writes an HTML heatmap to `build/phrases/`.
+as a text chart, and writes an HTML heatmap to `build/phrases/`. It then
+exports the translator as a SavedModel (`build/phrases/saved_model`), checks
+that TF Serving can serve it (`check_servable`), and translates the showcase
+again with the SavedModel in a fresh process without keras_attention.
+
+With `--split wordpiece` source and target are cut into subwords
+(tensorflow-text's `FastWordpieceTokenizer`, vocabulary learned from the
+training phrases), so unseen inflections such as "grises" still tokenize
+("grise", "##s"); the charts merge the subwords back into words.
 
 Usage:
     python examples/phrase_translation.py [--train-size 6000 --epochs 8]
+    python examples/phrase_translation.py --split wordpiece
 """
 
 import argparse
@@ -93,6 +102,8 @@ def parse_args(argv=None):
     parser.add_argument("--hidden-dim", type=int, default=64)
     parser.add_argument("--output-dir", default=os.path.join("build", "phrases"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", choices=("whitespace", "wordpiece"),
+                        default="whitespace")
     return parser.parse_args(argv)
 
 
@@ -101,17 +112,24 @@ def main(argv=None):
     start = time.time()
     import keras
 
-    from keras_attention.models import Translation
+    import numpy as np
+
+    from keras_attention.export import check_servable
+    from keras_attention.export import export_translator
+    from keras_attention.export.check import run_in_serving_process
     from keras_attention.models import TransformerTranslator
     from keras_attention.models.alignment_chart import alignment_html
     from keras_attention.models.alignment_chart import alignment_text
+    from keras_attention.models.alignment_chart import merge_subwords
 
     keras.utils.set_random_seed(args.seed)
     train, test = make_pairs(args.train_size, args.test_size, args.seed)
     sources, targets = zip(*train)
     print(f"{len(train)} training phrases, e.g. {sources[0]!r} -> {targets[0]!r}")
     translator = TransformerTranslator.from_texts(
-        sources, targets, max_source_length=12, max_target_length=14,
+        sources, targets, source_split=args.split, target_split=args.split,
+        max_source_length=24 if args.split == "wordpiece" else 12,
+        max_target_length=24 if args.split == "wordpiece" else 14,
         num_layers=args.num_layers, num_heads=args.num_heads,
         hidden_dim=args.hidden_dim, intermediate_dim=2 * args.hidden_dim,
         seed=args.seed,
@@ -130,23 +148,38 @@ def main(argv=None):
 
     showcase = ["le chat noir mange la souris grise", "il a m' entarté",
                 "une fille contente voit un lapin vert"]
-    shown = []
-    for translation in translator.translate(showcase):
-        # Last decoder layer, mean over heads: (T_out, T_in).
-        averaged = Translation(
-            text=translation.text, tokens=translation.tokens,
-            source_tokens=translation.source_tokens, score=translation.score,
-            alignment=translation.alignment[-1].mean(axis=0),
-        )
-        shown.append(averaged)
+    translations = translator.translate(showcase)
+    # Subwords back into words for the charts (a no-op for whitespace).
+    shown = [merge_subwords(t) for t in translations]
+    for translation in shown:
         print(f"\n{' '.join(translation.source_tokens)!r} -> {translation.text!r}")
-        print(alignment_text(averaged))
+        # Last decoder layer, mean over heads (alignment_text's default).
+        print(alignment_text(translation))
     os.makedirs(args.output_dir, exist_ok=True)
     path = os.path.join(args.output_dir, "alignment.html")
     with open(path, "w", encoding="utf-8") as f:
         f.write(alignment_html(shown, title="French to English (last layer, "
                                "mean over heads)"))
-    print(f"\nalignment heatmap: {path}\nfinished in {time.time() - start:.0f} s")
+    print(f"\nalignment heatmap: {path}")
+
+    export_path = os.path.join(args.output_dir, "saved_model")
+    export_translator(translator, export_path)
+    print(f"SavedModel: {export_path}")
+    report = check_servable(export_path)
+    print(report.summary())
+    if not report.ok:
+        return 1
+    _, served = run_in_serving_process(
+        export_path, feed={"text": np.array(showcase, dtype=object)})
+    print("translated again by the SavedModel in a fresh process "
+          "(tensorflow + tensorflow_text only):")
+    for source, target, expected in zip(showcase, served["translation"],
+                                        translations):
+        print(f"  {source!r:42} -> {target.decode()}")
+        if target.decode() != expected.text:
+            print(f"  differs from translate(): {expected.text!r}")
+            return 1
+    print(f"finished in {time.time() - start:.0f} s")
     return 0
 
 

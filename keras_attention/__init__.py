@@ -8,6 +8,10 @@ only by the text-processing code that needs it.
 from keras_attention import layers
 from keras_attention import ops
 from keras_attention.layers import *  # noqa: F401,F403
+from keras_attention.models import register_serializables as _register
+
+_register()  # translators load from `.keras` after `import keras_attention`
+del _register
 
 __version__ = "0.2.0"
 

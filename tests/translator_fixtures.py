@@ -43,3 +43,22 @@ def trained_translator():
     translator.fit(translator.make_dataset(sources, targets, batch_size=32, seed=1),
                    epochs=6, verbose=0, shuffle=False)
     return translator
+
+
+@pytest.fixture(scope="module")
+def trained_transformer():
+    """The same task for a small `TransformerTranslator`."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("needs the TensorFlow backend")
+    from keras_attention.models import TransformerTranslator
+
+    keras.utils.set_random_seed(2)
+    sources, targets = zip(*number_pairs(800, seed=3))
+    translator = TransformerTranslator.from_texts(
+        sources, targets, max_source_length=6, max_target_length=7,
+        num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, seed=2,
+    )
+    translator.compile(optimizer=keras.optimizers.Adam(5e-3))
+    translator.fit(translator.make_dataset(sources, targets, 32, seed=2),
+                   epochs=3, verbose=0)
+    return translator

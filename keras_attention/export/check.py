@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 from keras_attention.export import serving_process
+from keras_attention.export import tf_serving
 
 # Ops TF Serving cannot run: Python callbacks, and XLA-only ops (TF Serving's
 # XLA is off by default).
@@ -36,7 +37,13 @@ class CheckReport:
         op_sources: `{op: "tensorflow" | "tensorflow-text" | "unregistered"}`.
         signature_inputs, signature_outputs: of `serving_default`,
             `{name: "dtype shape"}`.
+        signatures: every signature, `{name: {"inputs": {...}, "outputs":
+            {...}}}` in the same form.
         warmup: one dict per warmup request replayed in the fresh process.
+        tensorflow_text_version: the tensorflow-text the fresh process
+            imported (None when not loaded).
+        tf_serving_tensorflow_text_version: the release TF Serving's standard
+            build links.
     """
 
     path: str
@@ -47,6 +54,9 @@ class CheckReport:
     signature_inputs: dict = dataclasses.field(default_factory=dict)
     signature_outputs: dict = dataclasses.field(default_factory=dict)
     warmup: list = dataclasses.field(default_factory=list)
+    signatures: dict = dataclasses.field(default_factory=dict)
+    tensorflow_text_version: str = None
+    tf_serving_tensorflow_text_version: str = tf_serving.TENSORFLOW_TEXT_VERSION
 
     @property
     def ok(self):
@@ -55,11 +65,11 @@ class CheckReport:
     def summary(self, list_ops=False):
         lines = [f"check_servable {self.path}: "
                  + ("OK, servable by TF Serving" if self.ok else "FAILED")]
-        if self.signature_inputs:
-            lines.append("  serving_default inputs: " + ", ".join(
-                f"{k} ({v})" for k, v in sorted(self.signature_inputs.items())))
-            lines.append("  serving_default outputs: " + ", ".join(
-                f"{k} ({v})" for k, v in sorted(self.signature_outputs.items())))
+        for name, signature in sorted(self.signatures.items()):
+            lines.append(f"  {name} inputs: " + ", ".join(
+                f"{k} ({v})" for k, v in sorted(signature["inputs"].items())))
+            lines.append(f"  {name} outputs: " + ", ".join(
+                f"{k} ({v})" for k, v in sorted(signature["outputs"].items())))
         by_source = collections.defaultdict(list)
         for op in sorted(self.op_counts):
             by_source[self.op_sources.get(op, "unchecked")].append(op)
@@ -75,7 +85,8 @@ class CheckReport:
             else:
                 shapes = ", ".join(f"{k} {tuple(v['shape'])}"
                                    for k, v in sorted(entry["outputs"].items()))
-                lines.append(f"  warmup request {entry['index']}: ran ({shapes})")
+                lines.append(f"  warmup request {entry['index']} "
+                             f"({entry.get('signature')}): ran ({shapes})")
         lines += [f"  note: {note}" for note in self.notes]
         lines += [f"  PROBLEM: {problem}" for problem in self.problems]
         return "\n".join(lines)
@@ -148,9 +159,13 @@ def check_servable(path, load=True, timeout=600):
     1. The SavedModel has a MetaGraph tagged `serve` with a `serving_default`
        signature.
     2. Every op in the graph and its function library is registered by
-       TensorFlow core or tensorflow-text (both are in the standard TF Serving
-       build); `PyFunc`, `EagerPyFunc`, `XlaCallModule` and other XLA ops,
-       and functions marked XLA must-compile, are problems.
+       TensorFlow core or by tensorflow-text, and each tensorflow-text op is
+       one that TF Serving's standard build links (tensorflow-text's
+       `ops_lib` target, at the release TF Serving pins: see
+       `keras_attention.export.tf_serving`); `PyFunc`, `EagerPyFunc`,
+       `XlaCallModule` and other XLA ops, and functions marked XLA
+       must-compile, are problems. The report notes the tensorflow-text
+       version TF Serving links next to the one used here.
     3. In a fresh Python process that imports only TensorFlow and
        tensorflow-text (keras_attention is blocked), the model loads with the
        v1 session loader (`tf.compat.v1.saved_model.loader.load`, as TF
@@ -181,6 +196,14 @@ def check_servable(path, load=True, timeout=600):
         )
         return report
     meta_graph = serve[0]
+    report.signatures = {
+        name: {
+            "inputs": {k: _tensor_description(v) for k, v in sig.inputs.items()},
+            "outputs": {k: _tensor_description(v) for k, v in sig.outputs.items()},
+        }
+        for name, sig in meta_graph.signature_def.items()
+        if name != "__saved_model_init_op"
+    }
     signature = meta_graph.signature_def.get("serving_default")
     if signature is None:
         report.problems.append(
@@ -227,11 +250,13 @@ def _fresh_process_env():
     return env
 
 
-def run_in_serving_process(path, ops=(), feed=None, timeout=600):
+def run_in_serving_process(path, ops=(), feed=None, timeout=600,
+                           signature="serving_default"):
     """Runs `serving_process.py` on `path`; returns `(report dict, outputs)`.
 
-    `feed` is an optional dict of numpy arrays for `serving_default`; the
-    outputs are then returned as a dict of numpy arrays.
+    `feed` is an optional dict of numpy arrays for `signature`; the
+    outputs are then returned as a dict of numpy arrays (None when the run
+    failed: the report's `load_error` says why).
     """
     import numpy as np
 
@@ -243,7 +268,8 @@ def run_in_serving_process(path, ops=(), feed=None, timeout=600):
             feed_path = os.path.join(scratch, "feed.npz")
             fetch_path = os.path.join(scratch, "fetch.npz")
             np.savez(feed_path, **feed)
-            command += ["--feed", feed_path, "--fetch", fetch_path]
+            command += ["--feed", feed_path, "--fetch", fetch_path,
+                        "--signature", signature]
         completed = subprocess.run(
             command, cwd=scratch, env=_fresh_process_env(), capture_output=True,
             text=True, timeout=timeout,
@@ -279,6 +305,23 @@ def _check_in_fresh_process(report, ops, timeout):
             "ops registered by neither TensorFlow nor tensorflow-text (TF "
             f"Serving will not find kernels for them): {', '.join(unregistered)}"
         )
+    not_linked = sorted(
+        op for op, source in report.op_sources.items()
+        if source == "tensorflow-text" and op not in tf_serving.TENSORFLOW_TEXT_OPS
+    )
+    if not_linked:
+        report.problems.append(
+            "tensorflow-text ops that TF Serving's standard build does not link "
+            "(they are outside tensorflow-text's `ops_lib` target at "
+            f"{tf_serving.TENSORFLOW_TEXT_VERSION}): {', '.join(not_linked)}"
+        )
+    report.tensorflow_text_version = result.get("tensorflow_text_version")
+    if "tensorflow-text" in report.op_sources.values():
+        report.notes.append(
+            "TF Serving's standard build links tensorflow-text "
+            f"{tf_serving.TENSORFLOW_TEXT_VERSION}; checked here with "
+            f"{report.tensorflow_text_version}."
+        )
     if result.get("tensorflow_text_error"):
         report.problems.append(
             f"tensorflow_text failed to import: {result['tensorflow_text_error']}"
@@ -291,6 +334,12 @@ def _check_in_fresh_process(report, ops, timeout):
     elif result.get("load_error"):
         report.problems.append(f"running the model failed: {result['load_error']}")
     report.warmup = result.get("warmup", [])
+    warmed = {entry.get("signature") for entry in report.warmup}
+    if report.warmup and set(report.signatures) - warmed:
+        report.notes.append(
+            "signatures without a warmup request (their first request is "
+            f"slow): {', '.join(sorted(set(report.signatures) - warmed))}"
+        )
     for entry in report.warmup:
         if "error" in entry:
             report.problems.append(

@@ -10,44 +10,65 @@ SERVING_OUTPUTS = (
     "translation", "alignment", "source_tokens", "target_tokens", "score",
     "source_length", "output_length",
 )
+# The signatures every exported translator has (`serving_default` as well).
+SIGNATURES = ("greedy", "beam_search")
 
 
-def export_translator(translator, path, beam_width=1, max_length=None,
-                      length_penalty=0.0, warmup_texts=None, model_name=None):
-    """Writes `translator` as a SavedModel with a `serving_default` signature.
+def export_translator(translator, path, beam_width=1, max_beam_width=None,
+                      max_length=None, length_penalty=0.0, warmup_texts=None,
+                      model_name=None):
+    """Writes `translator` as a SavedModel that TF Serving serves as is.
 
-    The signature takes `text: tf.string (B,)` and returns, padded to the
-    longest output (`T_out` tokens, `<end>` excluded) and the longest source
-    (`T_in` tokens, after truncation to `max_source_length`) of the batch:
+    Signatures (`saved_model_cli show --dir PATH --all` lists them):
 
-    - `translation`: `(B,)` strings,
-    - `alignment`: `(B, T_out, T_in)` float32 attention weights, zero-padded
-      (row `i` is output token `i`, column `j` source token `j`),
-    - `source_tokens`: `(B, T_in)` strings, padded with `""`,
-    - `target_tokens`: `(B, T_out)` strings, padded with `""`,
-    - `score`: `(B,)` float32 log-probability, `source_length`,
-      `output_length`: `(B,)` int32 (the unpadded sizes).
+    - `serving_default(text)`: decodes with `beam_width` (greedy when 1);
+    - `greedy(text)`: greedy decoding;
+    - `beam_search(text, beam_width)`: beam search with a per-request width,
+      a scalar int32 from 1 to `max_beam_width`; a request outside that
+      range fails with `InvalidArgument` naming the limit.
 
-    The graph holds only TensorFlow core and tensorflow-text ops (no PyFunc,
-    no XLA), so a standard TF Serving build serves it. Decoding (greedy, or
-    beam search when `beam_width > 1`) is fixed at export time. A warmup
-    request with `warmup_texts` is written to
-    `assets.extra/tf_serving_warmup_requests`.
+    `text` is a `(B,)` `tf.string` tensor (any other dtype is refused by the
+    signature). Each signature returns, padded to the longest output
+    (`T_out` tokens, `<end>` excluded) and the longest source (`T_in` tokens,
+    after truncation to `max_source_length`) of the batch:
+
+    - `translation`: `(B,)` string,
+    - `alignment`: float32 attention weights, zero-padded; the layout is the
+      translator's `served_alignment_layout`: `(B, T_out, T_in)` for
+      `Seq2SeqTranslator`, `(B, T_out, layers, heads, T_in)` for
+      `TransformerTranslator` (its cross-attention per layer and head).
+      Row `i` is output token `i`, column `j` source token `j`; cut the
+      padding of text `b` with `alignment[b, :output_length[b], ...,
+      :source_length[b]]`,
+    - `source_tokens`: `(B, T_in)` string, padded with `""`,
+    - `target_tokens`: `(B, T_out)` string, padded with `""`,
+    - `score`: `(B,)` float32 log-probability (length-penalized),
+    - `source_length`, `output_length`: `(B,)` int32 (the unpadded sizes).
+
+    An empty batch returns empty outputs of these dtypes. The graph holds
+    only TensorFlow core and tensorflow-text ops (no PyFunc, no XLA), so a
+    standard TF Serving build serves it; a Python consumer loading it with
+    `tf.saved_model.load` must `import tensorflow_text` first (it registers
+    the tokenizer ops). One warmup request per signature is written to
+    `assets.extra/tf_serving_warmup_requests` (`beam_search` at
+    `max_beam_width`, the slowest case).
 
     Args:
-        translator: a `Seq2SeqTranslator` (or any translator with the same
-            decoding interface).
+        translator: a keras_attention translator.
         path: the SavedModel directory to create.
-        beam_width, max_length, length_penalty: as in `translate`.
-        warmup_texts: strings for the warmup request; defaults to a text made
-            of the first source-vocabulary tokens.
-        model_name: the model name in the warmup request (defaults to the
+        beam_width: the width `serving_default` decodes with.
+        max_beam_width: the largest width `beam_search` accepts; defaults
+            to `max(4, beam_width)`.
+        max_length, length_penalty: as in `translate`, fixed at export.
+        warmup_texts: strings for the warmup requests; defaults to a text made
+            of the first source-vocabulary tokens, and an empty text.
+        model_name: the model name in the warmup requests (defaults to the
             directory name; TF Serving ignores it for warmup).
 
     Returns:
         `path`.
     """
-    if not hasattr(translator, "_search_outputs"):
+    if not callable(getattr(translator, "serving_outputs", None)):
         raise TypeError(
             "export_translator: `translator` must be a keras_attention "
             f"translator. Received: {type(translator).__name__}"
@@ -55,10 +76,54 @@ def export_translator(translator, path, beam_width=1, max_length=None,
     beam_width, max_length, length_penalty = translator._check_decoding_arguments(
         beam_width, max_length, length_penalty
     )
+    if max_beam_width is None:
+        max_beam_width = max(4, beam_width)
+    max_beam_width, _, _ = translator._check_decoding_arguments(
+        max_beam_width, max_length, length_penalty
+    )
+    if beam_width > max_beam_width:
+        raise ValueError(
+            "export_translator: `beam_width` must be at most `max_beam_width`. "
+            f"Received: beam_width={beam_width}, max_beam_width={max_beam_width}"
+        )
     if warmup_texts is None:
         tokens = translator.source_vocabulary[4:14]
         warmup_texts = [translator.source_text.separator.join(tokens), ""]
     warmup_texts = [str(t) for t in warmup_texts]
+    penalty = tf.constant(length_penalty, tf.float32)
+
+    def outputs_of(text, width, method):
+        outputs = translator.serving_outputs(text, width, max_length, penalty,
+                                             method)
+        return {name: outputs[name] for name in SERVING_OUTPUTS}
+
+    text_spec = tf.TensorSpec([None], tf.string, name="text")
+    # No AutoGraph: the search uses explicit tf.while_loops.
+    @tf.function(input_signature=[text_spec], autograph=False)
+    def serve(text):
+        return outputs_of(text, beam_width, "auto")
+
+    @tf.function(input_signature=[text_spec], autograph=False)
+    def greedy(text):
+        return outputs_of(text, 1, "greedy")
+
+    @tf.function(
+        input_signature=[text_spec, tf.TensorSpec([], tf.int32, name="beam_width")],
+        autograph=False,
+    )
+    def beam_search(text, beam_width):
+        checks = [
+            tf.debugging.assert_greater_equal(
+                beam_width, 1,
+                message="beam_search: `beam_width` must be at least 1"),
+            tf.debugging.assert_less_equal(
+                beam_width, max_beam_width,
+                message=f"beam_search: `beam_width` must be at most "
+                        f"{max_beam_width}, the max_beam_width fixed at export"),
+        ]
+        with tf.control_dependencies(checks):
+            beam_width = tf.identity(beam_width)
+        return outputs_of(text, beam_width, "beam")
 
     module = tf.Module()
     module.translator = translator
@@ -67,22 +132,18 @@ def export_translator(translator, path, beam_width=1, max_length=None,
     module.tf_variables = [v.value for v in translator.variables]
     # The vocabulary tables are resources the signature captures; track them.
     module.tables = [translator.source_text.table, translator.target_text.table]
-
-    @tf.function(
-        input_signature=[tf.TensorSpec([None], tf.string, name="text")],
-        autograph=False,  # the search uses explicit tf.while_loops
-    )
-    def serve(text):
-        outputs = translator._search_outputs(
-            text, beam_width, max_length, tf.constant(length_penalty, tf.float32)
-        )
-        return {name: outputs[name] for name in SERVING_OUTPUTS}
-
-    module.serve = serve
-    tf.saved_model.save(module, path, signatures={"serving_default": serve})
+    module.serve, module.greedy, module.beam_search = serve, greedy, beam_search
+    tf.saved_model.save(module, path, signatures={
+        "serving_default": serve, "greedy": greedy, "beam_search": beam_search,
+    })
+    requests = [
+        ("serving_default", {"text": warmup_texts}),
+        ("greedy", {"text": warmup_texts}),
+        ("beam_search", {"text": warmup_texts,
+                         "beam_width": tf.constant(max_beam_width, tf.int32)}),
+    ]
     write_warmup_requests(
-        path,
-        [{"text": warmup_texts}],
+        path, requests,
         model_name=model_name or os.path.basename(os.path.normpath(path)),
     )
     return path

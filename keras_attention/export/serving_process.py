@@ -1,7 +1,7 @@
 """The fresh-process half of `check_servable`, run as a script.
 
     python serving_process.py SAVED_MODEL_DIR REPORT_JSON [--ops OP ...]
-        [--feed INPUTS.npz --fetch OUTPUTS.npz]
+        [--feed INPUTS.npz --fetch OUTPUTS.npz [--signature NAME]]
 
 It must behave like TF Serving, so it imports only TensorFlow, then
 tensorflow-text, and never keras_attention (the import is blocked):
@@ -14,8 +14,8 @@ tensorflow-text, and never keras_attention (the import is blocked):
    Serving uses;
 3. replays every request in `assets.extra/tf_serving_warmup_requests`
    through its signature;
-4. with `--feed`, runs `serving_default` on the arrays of an `.npz` file and
-   saves the outputs to `--fetch`.
+4. with `--feed`, runs `--signature` (default `serving_default`) on the
+   arrays of an `.npz` file and saves the outputs to `--fetch`.
 
 The report is JSON. Only the standard library, numpy and TensorFlow are used.
 """
@@ -91,9 +91,11 @@ def _classify_ops(op_names):
     from tensorflow.python.framework import op_def_registry
 
     core = {name for name in op_names if op_def_registry.get(name) is not None}
-    text_error = None
+    text_error, text_version = None, None
     try:
-        import tensorflow_text  # noqa: F401  (registers its kernels)
+        import tensorflow_text  # (registers its kernels)
+
+        text_version = getattr(tensorflow_text, "__version__", None)
     except Exception as error:  # report it; the load below will fail too
         text_error = f"{type(error).__name__}: {error}"
     sources = {}
@@ -104,16 +106,30 @@ def _classify_ops(op_names):
             sources[name] = "tensorflow-text"
         else:
             sources[name] = "unregistered"
-    return sources, text_error
+    return sources, text_error, text_version
 
 
 def _run_signature(session, signature, arrays):
+    import numpy as np
+    import tensorflow as tf
+
     feed = {}
     for name, value in arrays.items():
         if name not in signature.inputs:
             raise KeyError(
                 f"input {name!r} is not in the signature; it has "
                 f"{sorted(signature.inputs)}"
+            )
+        # TF Serving refuses a tensor of the wrong dtype before running the
+        # graph ("Expects arg[0] to be string but int32 is provided").
+        expected = tf.as_dtype(signature.inputs[name].dtype)
+        value = np.asarray(value)
+        is_text = value.dtype.kind in "OSU"
+        if (expected == tf.string) != is_text or (
+                not is_text and tf.as_dtype(value.dtype) != expected):
+            raise TypeError(
+                f"input {name!r} expects {expected.name} but "
+                f"{'string' if is_text else value.dtype.name} is provided"
             )
         feed[signature.inputs[name].name] = value
     fetch = {name: info.name for name, info in signature.outputs.items()}
@@ -132,6 +148,9 @@ def main(argv):
     if "--feed" in options:
         feed_path = options[options.index("--feed") + 1]
         fetch_path = options[options.index("--fetch") + 1]
+    signature_name = "serving_default"
+    if "--signature" in options:
+        signature_name = options[options.index("--signature") + 1]
 
     report = {"keras_attention_importable": True}
     try:
@@ -139,7 +158,8 @@ def main(argv):
     except ImportError:
         report["keras_attention_importable"] = False
 
-    report["op_sources"], report["tensorflow_text_error"] = _classify_ops(op_names)
+    (report["op_sources"], report["tensorflow_text_error"],
+     report["tensorflow_text_version"]) = _classify_ops(op_names)
 
     import numpy as np
     import tensorflow as tf
@@ -178,9 +198,8 @@ def main(argv):
                     report["warmup"].append(entry)
             if feed_path:
                 arrays = dict(np.load(feed_path, allow_pickle=True))
-                outputs = _run_signature(
-                    session, signatures["serving_default"], arrays
-                )
+                outputs = _run_signature(session, signatures[signature_name],
+                                         arrays)
                 np.savez(fetch_path, **outputs)
     except Exception as error:
         report["load_error"] = f"{type(error).__name__}: {error}"

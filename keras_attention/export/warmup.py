@@ -57,10 +57,17 @@ def predict_request_log(inputs, model_name="model",
 
 def write_warmup_requests(saved_model_dir, requests, model_name="model",
                           signature_name="serving_default"):
-    """Writes `assets.extra/tf_serving_warmup_requests` with one record per request."""
+    """Writes `assets.extra/tf_serving_warmup_requests`, one record per request.
+
+    Each request is a dict of inputs for `signature_name`, or a
+    `(signature name, inputs)` pair.
+    """
     path = os.path.join(saved_model_dir, WARMUP_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
-        for inputs in requests:
-            writer.write(predict_request_log(inputs, model_name, signature_name))
+        for request in requests:
+            signature, inputs = (
+                request if isinstance(request, tuple) else (signature_name, request)
+            )
+            writer.write(predict_request_log(inputs, model_name, signature))
     return path

@@ -8,6 +8,7 @@ from keras_attention.layers import utils
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.base_multi_head_attention import _Layout
 from keras_attention.ops import masking
+from keras_attention.ops.cache import update_cache
 from keras_attention.ops import multi_head
 from keras_attention.ops.memory_efficient import memory_efficient_attention
 
@@ -703,9 +704,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             [self._key_dense(query), self._value_dense(query)], axis=1
         )  # (B, 2, Tq, Hkv, D)
         index = ops.cast(cache_update_index, "int32")
-        cache = ops.slice_update(
-            cache, (0, 0, index, 0, 0), ops.cast(step, cache.dtype)
-        )
+        cache = update_cache(cache, step, index)
         decoding = self._decoding_mask(
             index, ops.shape(query)[1], ops.shape(cache)[2], use_causal_mask
         )

@@ -2,7 +2,8 @@
 
 `Translation`, `DecodingStep` and `DecodingSession` import without
 tensorflow-text. The translators (TensorFlow backend) import tensorflow-text
-when first used: `from keras_attention.models import Seq2SeqTranslator`.
+when they first process text, so `import keras_attention` can register them
+for `keras.saving.load_model` without loading its kernels.
 """
 
 from keras_attention.models.decoding import DecodingSession
@@ -15,6 +16,22 @@ _LAZY = {
     "Translator": "keras_attention.models.translator_base",
     "TextEncoder": "keras_attention.models.text_processing",
 }
+
+
+def register_serializables():
+    """Registers the translators with Keras (TensorFlow backend only).
+
+    Their modules import TensorFlow, which the TensorFlow backend has already
+    loaded; on other backends nothing is imported (translators need TF).
+    """
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return
+    import importlib
+
+    for module in set(_LAZY.values()):
+        importlib.import_module(module)
 
 
 def __getattr__(name):

@@ -11,18 +11,86 @@ def _shown(token):
     return "␣" if token == " " else token
 
 
-def alignment_text(translation, width=None):
+def alignment_matrix(alignment, layer=-1, head=None):
+    """The `(T_out, T_in)` matrix to draw from a translation's alignment.
+
+    Args:
+        alignment: `(T_out, T_in)` (`Seq2SeqTranslator`) or
+            `(layers, heads, T_out, T_in)` (`TransformerTranslator`).
+        layer, head: for a 4-D alignment, the index to show, or None to
+            average over that axis. Default: the last layer, heads averaged.
+    """
+    alignment = np.asarray(alignment, dtype="float32")
+    if alignment.ndim == 4:
+        for axis, index, name in ((1, head, "head"), (0, layer, "layer")):
+            if index is None:
+                alignment = alignment.mean(axis=axis)
+                continue
+            if not -alignment.shape[axis] <= index < alignment.shape[axis]:
+                raise ValueError(
+                    f"alignment_matrix: `{name}` must index one of the "
+                    f"{alignment.shape[axis]} {name}s or be None. "
+                    f"Received: {name}={index!r}"
+                )
+            alignment = np.take(alignment, index, axis=axis)
+    if alignment.ndim != 2:
+        raise ValueError(
+            "alignment_matrix: expects a (T_out, T_in) or (layers, heads, "
+            f"T_out, T_in) alignment. Received: alignment with shape "
+            f"{alignment.shape}"
+        )
+    return alignment
+
+
+def _word_groups(tokens, suffix):
+    """Index lists of the tokens that make each word (`##` joins the previous)."""
+    groups = []
+    for index, token in enumerate(tokens):
+        if groups and token.startswith(suffix):
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
+def merge_subwords(translation, suffix="##"):
+    """The translation with WordPiece tokens merged into words, for charts.
+
+    A source word's column is the sum of its pieces' columns (rows stay
+    distributions); an output word's row is the mean of its pieces' rows.
+    Works on `(T_out, T_in)` and `(layers, heads, T_out, T_in)` alignments.
+    """
+    from keras_attention.models.decoding import Translation
+
+    alignment = np.asarray(translation.alignment, dtype="float32")
+    sources = _word_groups(translation.source_tokens, suffix)
+    targets = _word_groups(translation.tokens, suffix)
+
+    def word(tokens, group):
+        return "".join(tokens[i].removeprefix(suffix) if n else tokens[i]
+                       for n, i in enumerate(group))
+
+    columns = np.stack([alignment[..., g].sum(-1) for g in sources], -1) \
+        if sources else alignment
+    rows = np.stack([columns[..., g, :].mean(-2) for g in targets], -2) \
+        if targets else columns
+    return Translation(
+        text=translation.text,
+        tokens=[word(translation.tokens, g) for g in targets],
+        source_tokens=[word(translation.source_tokens, g) for g in sources],
+        score=translation.score, alignment=rows,
+    )
+
+
+def alignment_text(translation, width=None, layer=-1, head=None):
     """A text chart: one line per output token, one column per source token.
 
     Each cell is a shade from `" .:-=+*#%@"` (darker = more attention); the
-    line ends with the source token the output token attends to most.
+    line ends with the source token the output token attends to most. A
+    Transformer's `(layers, heads, T_out, T_in)` alignment shows `layer`
+    and `head` (None averages; see `alignment_matrix`).
     """
-    alignment = np.asarray(translation.alignment, dtype="float32")
-    if alignment.ndim != 2:
-        raise ValueError(
-            "alignment_text: expects a (T_out, T_in) alignment. Received: "
-            f"alignment with shape {alignment.shape}"
-        )
+    alignment = alignment_matrix(translation.alignment, layer, head)
     source = [_shown(t) for t in translation.source_tokens]
     if width is None:
         width = max([1] + [len(t) for t in source])
@@ -40,11 +108,13 @@ def alignment_text(translation, width=None):
     return "\n".join(lines)
 
 
-def alignment_html(translations, title="Attention alignments"):
+def alignment_html(translations, title="Attention alignments", layer=-1,
+                   head=None):
     """A self-contained HTML page with one heatmap table per translation.
 
     Cell darkness is the attention weight; hovering a cell shows the value.
-    No scripts, no external resources.
+    No scripts, no external resources. `layer` and `head` pick what a 4-D
+    alignment shows, as in `alignment_text`.
     """
     parts = [
         "<!DOCTYPE html>",
@@ -61,7 +131,7 @@ def alignment_html(translations, title="Attention alignments"):
         "attention when the row's token was emitted.</p>",
     ]
     for translation in translations:
-        alignment = np.asarray(translation.alignment, dtype="float32")
+        alignment = alignment_matrix(translation.alignment, layer, head)
         source = "".join(translation.source_tokens)
         parts.append(
             "<table><caption>"

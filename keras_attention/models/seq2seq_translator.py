@@ -74,7 +74,8 @@ class Seq2SeqTranslator(Translator):
         source_vocabulary, target_vocabulary: token lists starting with
             `("<pad>", "<unk>", "<start>", "<end>")`; build them with
             `Seq2SeqTranslator.from_texts` or `text_processing.build_vocabulary`.
-        source_split, target_split: `"character"` or `"whitespace"`.
+        source_split, target_split: `"character"`, `"whitespace"` or
+            `"wordpiece"` (subwords; see `text_processing`).
         lowercase: case-fold source and target text.
         max_source_length: source tokens kept per text (the rest is dropped).
         max_target_length: output tokens per text, `<end>` included; the

@@ -9,7 +9,11 @@ Rules, shared by source and target text:
 - Text is case-folded with `tf_text.case_fold_utf8` when `lowercase=True`.
 - `split="character"` cuts text into Unicode characters
   (`tf_text.UnicodeCharTokenizer`, spaces included); `split="whitespace"`
-  cuts it into words (`tf_text.WhitespaceTokenizer`).
+  cuts it into words (`tf_text.WhitespaceTokenizer`); `split="wordpiece"`
+  cuts words into subwords (`tf_text.FastWordpieceTokenizer`, which TF
+  Serving links): a word is its longest vocabulary prefix, then `##`-marked
+  continuations (`"chats"` -> `"chat", "##s"`). Its vocabulary is learned
+  from the training texts by `wordpiece_vocabulary`.
 - Ids 0-3 are reserved: `<pad>`, `<unk>` (any token not in the vocabulary),
   `<start>`, `<end>`. Real tokens follow, most frequent first.
 - Truncation: a text longer than `max_length` tokens keeps its first
@@ -20,12 +24,12 @@ import collections
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_text as tf_text
 
 PAD, UNK, START, END = "<pad>", "<unk>", "<start>", "<end>"
 RESERVED_TOKENS = (PAD, UNK, START, END)
 PAD_ID, UNK_ID, START_ID, END_ID = 0, 1, 2, 3
-SPLITS = ("character", "whitespace")
+SPLITS = ("character", "whitespace", "wordpiece")
+SUFFIX = "##"
 
 
 def _check_split(split):
@@ -35,19 +39,69 @@ def _check_split(split):
         )
 
 
-def split_text(texts, split, lowercase):
-    """Tokenizes a `(B,)` string tensor into a ragged `(B, None)` string tensor."""
+def _tf_text():
+    # Imported when text is first processed, so registering the translators
+    # (`import keras_attention`) does not load tensorflow-text's kernels.
+    import tensorflow_text
+
+    return tensorflow_text
+
+
+def split_text(texts, split, lowercase, wordpiece=None):
+    """Tokenizes a `(B,)` string tensor into a ragged `(B, None)` string tensor.
+
+    `split="wordpiece"` needs the `wordpiece` tokenizer (`TextEncoder` owns it).
+    """
+    tf_text = _tf_text()
     texts = tf.convert_to_tensor(texts, tf.string)
     if lowercase:
         texts = tf_text.case_fold_utf8(texts)
-    if split == "whitespace":
-        return tf_text.WhitespaceTokenizer().tokenize(texts)
+    if split in ("whitespace", "wordpiece"):
+        words = tf_text.WhitespaceTokenizer().tokenize(texts)
+        if split == "whitespace":
+            return words
+        return wordpiece.tokenize(words).merge_dims(1, 2)  # (B, pieces)
     codepoints = tf_text.UnicodeCharTokenizer().tokenize(texts)  # (B, None) int32
     # One string per character: encode each codepoint back to UTF-8.
     characters = tf.strings.unicode_encode(
         tf.expand_dims(codepoints.flat_values, -1), "UTF-8"
     )
     return codepoints.with_flat_values(characters)
+
+
+def wordpiece_vocabulary(word_counts, max_tokens=None, min_count=1,
+                         max_suffix_length=4):
+    """Learns WordPiece pieces from `{word: count}` (our own, deterministic).
+
+    Pieces, most useful first: every character, as a word start and as a
+    `##` continuation (so any word of known characters tokenizes); then the
+    words seen `min_count` times and the word endings of 2 to
+    `max_suffix_length` characters shared by at least two words, ranked by
+    how often they occur (ties in first-seen order). Returns the pieces
+    without the reserved tokens.
+    """
+    characters = collections.Counter()
+    pieces = collections.Counter()
+    suffix_words = collections.Counter()
+    for word, count in word_counts.items():
+        for character in word:
+            characters[character] += count
+        if count >= min_count:
+            pieces[word] += count
+        for length in range(2, min(max_suffix_length, len(word) - 1) + 1):
+            pieces[SUFFIX + word[-length:]] += count
+            suffix_words[SUFFIX + word[-length:]] += 1
+    tokens = []
+    for character, _ in characters.most_common():
+        tokens += [character, SUFFIX + character]
+    tokens += [
+        piece for piece, _ in pieces.most_common()
+        if not piece.startswith(SUFFIX) or suffix_words[piece] >= 2
+    ]
+    tokens = list(dict.fromkeys(t for t in tokens if t not in RESERVED_TOKENS))
+    if max_tokens is not None:
+        tokens = tokens[:max(0, max_tokens - len(RESERVED_TOKENS))]
+    return tokens
 
 
 def build_vocabulary(texts, split="character", lowercase=True, max_tokens=None,
@@ -60,10 +114,14 @@ def build_vocabulary(texts, split="character", lowercase=True, max_tokens=None,
     """
     _check_split(split)
     counts = collections.Counter()
+    words = "whitespace" if split == "wordpiece" else split
     for start in range(0, len(texts), 4096):
-        batch = split_text(list(texts[start:start + 4096]), split, lowercase)
+        batch = split_text(list(texts[start:start + 4096]), words, lowercase)
         for row in batch.to_list():
             counts.update(token.decode("utf-8") for token in row)
+    if split == "wordpiece":
+        return list(RESERVED_TOKENS) + wordpiece_vocabulary(
+            counts, max_tokens, min_count)
     tokens = [t for t, c in counts.most_common() if c >= min_count
               and t not in RESERVED_TOKENS]
     vocabulary = list(RESERVED_TOKENS) + tokens
@@ -78,7 +136,7 @@ class TextEncoder(tf.Module):
     Args:
         vocabulary: list of tokens, starting with the reserved tokens
             `("<pad>", "<unk>", "<start>", "<end>")` (see `build_vocabulary`).
-        split: `"character"` or `"whitespace"`.
+        split: `"character"`, `"whitespace"` or `"wordpiece"`.
         lowercase: case-fold text before splitting.
         max_length: number of tokens kept per text (longer texts keep their
             first `max_length` tokens); padded tensors have this width.
@@ -108,6 +166,12 @@ class TextEncoder(tf.Module):
         self.lowercase = bool(lowercase)
         self.max_length = max_length
         self.separator = "" if split == "character" else " "
+        self._wordpiece = None
+        if split == "wordpiece":
+            self._wordpiece = _tf_text().FastWordpieceTokenizer(
+                vocab=vocabulary, suffix_indicator=SUFFIX, unknown_token=UNK,
+                token_out_type=tf.string, no_pretokenization=True,
+            )
         self.table = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(
                 tf.constant(vocabulary, tf.string),
@@ -123,7 +187,8 @@ class TextEncoder(tf.Module):
 
     def tokenize(self, texts):
         """`(B,)` strings -> ragged `(B, None)` token strings, truncated."""
-        return split_text(texts, self.split, self.lowercase)[:, : self.max_length]
+        return split_text(texts, self.split, self.lowercase,
+                          self._wordpiece)[:, : self.max_length]
 
     def encode(self, texts, max_length=None, add_end=False):
         """`(B,)` strings -> `(ids (B, max_length) int32, tokens ragged)`.
@@ -132,7 +197,7 @@ class TextEncoder(tf.Module):
         is kept for the `<end>` id appended after the text's tokens.
         """
         max_length = max_length or self.max_length
-        tokens = split_text(texts, self.split, self.lowercase)
+        tokens = split_text(texts, self.split, self.lowercase, self._wordpiece)
         keep = max_length - 1 if add_end else max_length
         tokens = tokens[:, :keep]
         ids = tf.ragged.map_flat_values(self.table.lookup, tokens)
@@ -148,7 +213,10 @@ class TextEncoder(tf.Module):
 
     def join(self, tokens):
         """Ragged `(B, None)` token strings -> `(B,)` strings."""
-        return tf.strings.reduce_join(tokens, axis=-1, separator=self.separator)
+        joined = tf.strings.reduce_join(tokens, axis=-1, separator=self.separator)
+        if self.split == "wordpiece":  # "chat ##s" -> "chats"
+            joined = tf.strings.regex_replace(joined, " " + SUFFIX, "")
+        return joined
 
     def get_config(self):
         return {

@@ -82,7 +82,8 @@ class Translator(keras.Model):
     Args:
         source_vocabulary, target_vocabulary: token lists starting with
             `("<pad>", "<unk>", "<start>", "<end>")`.
-        source_split, target_split: `"character"` or `"whitespace"`.
+        source_split, target_split: `"character"`, `"whitespace"` or
+            `"wordpiece"` (subwords; see `text_processing`).
         lowercase: case-fold source and target text.
         max_source_length: source tokens kept per text (the rest is dropped).
         max_target_length: output tokens per text, `<end>` included; the
@@ -233,6 +234,16 @@ class Translator(keras.Model):
             )
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
 
+    def compile_from_config(self, config):
+        """Restores `compile` when loading from `.keras`.
+
+        Keras skips (with a warning) models whose `compile` is overridden;
+        ours only fills in defaults, so the saved arguments apply unchanged.
+        """
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
 
     # --------------------------------------------------------------- decoding
     def _greedy_search(self, source_ids, max_length):
@@ -256,8 +267,9 @@ class Translator(keras.Model):
                     tokens_ta.write(step, token), weights_ta.write(step, weights))
 
         def cond(step, previous, states, finished, *_):
-            return tf.logical_and(step < max_length,
-                                  tf.logical_not(tf.reduce_all(finished)))
+            # At least one step, so an empty batch still stacks its arrays.
+            return tf.logical_and(step < max_length, tf.logical_or(
+                step == 0, tf.logical_not(tf.reduce_all(finished))))
 
         loop_vars = (
             tf.constant(0),
@@ -330,8 +342,9 @@ class Translator(keras.Model):
                     parents_ta.write(step, parent), weights_ta.write(step, weights))
 
         def cond(step, previous, states, finished, *_):
-            return tf.logical_and(step < max_length,
-                                  tf.logical_not(tf.reduce_all(finished)))
+            # At least one step, so an empty batch still stacks its arrays.
+            return tf.logical_and(step < max_length, tf.logical_or(
+                step == 0, tf.logical_not(tf.reduce_all(finished))))
 
         first_beam_only = tf.where(tf.range(beam_width) == 0, 0.0, _NEG_INF)
         loop_vars = (
@@ -368,6 +381,23 @@ class Translator(keras.Model):
         )
         return (tf.transpose(tokens_out.stack(), [1, 0]),
                 _batch_major(weights_out.stack()))
+
+    def serving_outputs(self, texts, beam_width, max_length, length_penalty,
+                        method="auto"):
+        """The decoding graph behind `translate` and the exported signatures.
+
+        Args:
+            texts: `(B,)` string tensor.
+            beam_width: Python int, or a scalar int32 tensor with
+                `method="beam"` (the width is then chosen at run time).
+            max_length: Python int, the most output tokens.
+            length_penalty: scalar float32 tensor.
+            method: `"greedy"`, `"beam"`, or `"auto"` (greedy for width 1).
+
+        Returns the dict documented in `_search_outputs`.
+        """
+        return self._search_outputs(texts, beam_width, max_length,
+                                    length_penalty, method)
 
     def _search_outputs(self, texts, beam_width, max_length, length_penalty,
                         method="auto"):

@@ -46,10 +46,15 @@ def test_phrase_example_runs_on_reduced_sizes(tmp_path):
     result = subprocess.run(
         [sys.executable, EXAMPLE, "--train-size", "200", "--test-size", "10",
          "--epochs", "1", "--num-layers", "1", "--num-heads", "2",
-         "--hidden-dim", "8", "--output-dir", str(tmp_path)],
+         "--hidden-dim", "8", "--split", "wordpiece",
+         "--output-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "held-out exact match:" in result.stdout
     assert "il a m' entarté\" -> " in result.stdout
     assert (tmp_path / "alignment.html").exists()
+    assert "OK, servable by TF Serving" in result.stdout
+    assert "FastWordpieceTokenizeWithOffsets" in result.stdout
+    assert (tmp_path / "saved_model" / "saved_model.pb").exists()
+    assert "translated again by the SavedModel" in result.stdout

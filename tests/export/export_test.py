@@ -10,11 +10,13 @@ import tensorflow as tf
 
 import keras_attention as ka
 
+from translator_fixtures import trained_transformer  # noqa: F401  (fixture)
 from translator_fixtures import trained_translator  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.tf_only
 
 TEXTS = ["three one four", "", "nine bonjour two", "one two three four five six seven"]
+SIGNATURES = {"serving_default", "greedy", "beam_search"}
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +28,15 @@ def exported(trained_translator, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def exported_transformer(trained_transformer, tmp_path_factory):
+    from keras_attention.export import export_translator
+
+    path = str(tmp_path_factory.mktemp("export") / "transformer")
+    export_translator(trained_transformer, path, beam_width=4)
+    return path
+
+
 def _cli(*args):
     return subprocess.run(
         [sys.executable, "-m", "keras_attention.export", *args],
@@ -33,44 +44,82 @@ def _cli(*args):
     )
 
 
+def _assert_servable(report, layout_rank):
+    from keras_attention.export import tf_serving
+
+    assert report.problems == [], report.summary()
+    assert set(report.signatures) == SIGNATURES
+    for name, signature in report.signatures.items():
+        assert signature["inputs"]["text"] == "string (None,)"
+        assert signature["outputs"]["alignment"].startswith("float (")
+        assert signature["outputs"]["alignment"].count(",") == layout_rank - 1
+    assert report.signatures["beam_search"]["inputs"]["beam_width"] == "int32 ()"
+    assert {entry["signature"] for entry in report.warmup} == SIGNATURES
+    text_ops = {op for op, source in report.op_sources.items()
+                if source == "tensorflow-text"}
+    assert "CaseFoldUTF8" in text_ops and text_ops <= tf_serving.TENSORFLOW_TEXT_OPS
+    assert not any(op.startswith("Xla") for op in report.op_counts)
+    assert any(tf_serving.TENSORFLOW_TEXT_VERSION in note for note in report.notes)
+
+
 def test_exported_translator_passes_check_servable(exported):
     from keras_attention.export import check_servable
 
     report = check_servable(exported)
-    assert report.ok, report.summary()
+    _assert_servable(report, layout_rank=3)
     assert report.signature_inputs == {"text": "string (None,)"}
-    assert {"translation", "alignment", "source_tokens", "target_tokens"} <= set(
-        report.signature_outputs
-    )
-    assert report.op_sources["CaseFoldUTF8"] == "tensorflow-text"
     assert report.op_sources["MatMul"] == "tensorflow"
     assert set(report.op_sources) == set(report.op_counts)
-    assert "unregistered" not in report.op_sources.values()
-    assert not {"PyFunc", "EagerPyFunc", "XlaCallModule"} & set(report.op_counts)
-    (warmup,) = report.warmup
-    assert warmup["signature"] == "serving_default"
-    assert warmup["outputs"]["translation"]["shape"] == [2]
+    warmup = {entry["signature"]: entry for entry in report.warmup}
+    assert warmup["serving_default"]["outputs"]["translation"]["shape"] == [2]
     assert not any("keras_attention" in note for note in report.notes)
-    assert "OK" in report.summary()
+    assert "OK" in report.summary() and "beam_search inputs" in report.summary()
 
 
-def test_fresh_process_without_keras_attention_gives_the_same_outputs(
-    trained_translator, exported
+@pytest.mark.parametrize("beam_width", [1, 4])
+def test_transformer_passes_check_servable_at_each_beam_width(
+    trained_transformer, exported_transformer, beam_width, tmp_path
 ):
+    from keras_attention.export import check_servable
+    from keras_attention.export import export_translator
+
+    path = exported_transformer
+    if beam_width == 1:
+        path = export_translator(trained_transformer, str(tmp_path / "greedy"))
+    _assert_servable(check_servable(path), layout_rank=5)
+
+
+def test_checker_flags_text_ops_tf_serving_does_not_link(exported, monkeypatch):
+    from keras_attention.export import check
+    from keras_attention.export import check_servable
+
+    linked = check.tf_serving.TENSORFLOW_TEXT_OPS - {"CaseFoldUTF8"}
+    monkeypatch.setattr(check.tf_serving, "TENSORFLOW_TEXT_OPS", linked)
+    report = check_servable(exported)
+    (problem,) = report.problems
+    assert "CaseFoldUTF8" in problem and "ops_lib" in problem
+
+
+def _served(path, texts, signature="serving_default", **inputs):
     from keras_attention.export.check import run_in_serving_process
 
-    result, outputs = run_in_serving_process(
-        exported, feed={"text": np.array(TEXTS, dtype=object)}
-    )
+    feed = {"text": np.array(texts, dtype=object), **inputs}
+    result, outputs = run_in_serving_process(path, feed=feed, signature=signature)
     assert result["keras_attention_importable"] is False
-    assert result["loaded"], result.get("load_error")
-    expected = trained_translator.translate(TEXTS)
+    assert result["loaded"] and outputs is not None, result.get("load_error")
+    return outputs
+
+
+def _assert_same(outputs, expected, layout):
+    """`layout` maps a `Translation.alignment` to the served row layout."""
     assert [t.decode() for t in outputs["translation"]] == [e.text for e in expected]
     for row, translation in enumerate(expected):
-        rows, columns = translation.alignment.shape
+        rows, columns = len(translation.tokens), len(translation.source_tokens)
+        assert outputs["output_length"][row] == rows
+        assert outputs["source_length"][row] == columns
         np.testing.assert_allclose(
-            outputs["alignment"][row, :rows, :columns], translation.alignment,
-            atol=1e-5,
+            outputs["alignment"][row, :rows, ..., :columns],
+            layout(translation.alignment), atol=1e-5,
         )
         assert not outputs["alignment"][row, rows:].any()
         assert [t.decode() for t in outputs["source_tokens"][row, :columns]] == \
@@ -78,6 +127,62 @@ def test_fresh_process_without_keras_attention_gives_the_same_outputs(
         assert [t.decode() for t in outputs["target_tokens"][row, :rows]] == \
             translation.tokens
         assert outputs["score"][row] == pytest.approx(translation.score, abs=1e-4)
+
+
+def test_fresh_process_without_keras_attention_gives_the_same_outputs(
+    trained_translator, exported
+):
+    same = lambda alignment: alignment  # noqa: E731
+    _assert_same(_served(exported, TEXTS), trained_translator.translate(TEXTS), same)
+    _assert_same(
+        _served(exported, TEXTS, "beam_search", beam_width=np.int32(3)),
+        trained_translator.translate(TEXTS, beam_width=3), same,
+    )
+
+
+def test_served_transformer_matches_translate_per_mode(
+    trained_transformer, exported_transformer
+):
+    # Translation.alignment (layers, heads, T_out, T_in); served rows
+    # (T_out, layers, heads, T_in).
+    layout = lambda alignment: np.transpose(alignment, (2, 0, 1, 3))  # noqa: E731
+    _assert_same(_served(exported_transformer, TEXTS),
+                 trained_transformer.translate(TEXTS, beam_width=4), layout)
+    _assert_same(_served(exported_transformer, TEXTS, "greedy"),
+                 trained_transformer.translate(TEXTS), layout)
+
+
+def test_signatures_refuse_bad_requests(exported):
+    import tensorflow_text  # noqa: F401  (a Python consumer must import it)
+
+    from keras_attention.export.check import run_in_serving_process
+
+    loaded = tf.saved_model.load(exported)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="string"):
+        loaded.signatures["greedy"](text=tf.constant([1, 2]))
+    for name, extra in [("serving_default", {}), ("greedy", {}),
+                        ("beam_search", {"beam_width": tf.constant(2)})]:
+        outputs = loaded.signatures[name](text=tf.constant([], tf.string), **extra)
+        assert {k: (v.shape[0], v.dtype) for k, v in outputs.items()} == {
+            "translation": (0, tf.string), "alignment": (0, tf.float32),
+            "source_tokens": (0, tf.string), "target_tokens": (0, tf.string),
+            "score": (0, tf.float32), "source_length": (0, tf.int32),
+            "output_length": (0, tf.int32),
+        }
+    for width in (0, 5):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="at most 4|least 1"):
+            loaded.signatures["beam_search"](text=tf.constant(["one"]),
+                                             beam_width=tf.constant(width))
+    # TF Serving's path: the v1 session loader in a process without us.
+    result, outputs = run_in_serving_process(
+        exported, signature="beam_search",
+        feed={"text": np.array(["one"], dtype=object), "beam_width": np.int32(9)},
+    )
+    assert outputs is None and "must be at most 4" in result["load_error"]
+    result, outputs = run_in_serving_process(
+        exported, feed={"text": np.array([1, 2], dtype=np.int32)})
+    assert outputs is None
+    assert "'text' expects string but int32 is provided" in result["load_error"]
 
 
 def _prediction_log_class():
@@ -147,16 +252,21 @@ def test_warmup_file_holds_predict_requests(exported):
     from keras_attention.export import serving_process
 
     path = os.path.join(exported, "assets.extra", "tf_serving_warmup_requests")
-    (record,) = list(tf.data.TFRecordDataset(path).as_numpy_iterator())
-    log = _prediction_log_class()()
-    log.ParseFromString(record)
-    request = log.predict_log.request
-    assert request.model_spec.name == "translator"
-    assert request.model_spec.signature_name == "serving_default"
-    assert tf.make_ndarray(request.inputs["text"]).tolist() == [b"one two", b""]
-    # The fresh-process decoder reads the same thing.
-    signature, inputs = serving_process.parse_predict_log(record)
-    assert signature == "serving_default" and set(inputs) == {"text"}
+    records = list(tf.data.TFRecordDataset(path).as_numpy_iterator())
+    requests = {}
+    for record in records:
+        log = _prediction_log_class()()
+        log.ParseFromString(record)
+        request = log.predict_log.request
+        assert request.model_spec.name == "translator"
+        assert tf.make_ndarray(request.inputs["text"]).tolist() == [b"one two", b""]
+        requests[request.model_spec.signature_name] = request
+        # The fresh-process decoder reads the same thing.
+        signature, inputs = serving_process.parse_predict_log(record)
+        assert signature == request.model_spec.signature_name
+        assert set(inputs) == set(request.inputs)
+    assert set(requests) == SIGNATURES
+    assert tf.make_ndarray(requests["beam_search"].inputs["beam_width"]) == 4
 
 
 def _save_module(path, function):

@@ -60,8 +60,27 @@ def test_encoder_errors():
     with pytest.raises(ValueError, match="reserved"):
         TextEncoder(["a", "b"])
     with pytest.raises(ValueError, match="split"):
-        TextEncoder(["<pad>", "<unk>", "<start>", "<end>"], split="wordpiece")
+        TextEncoder(["<pad>", "<unk>", "<start>", "<end>"], split="bpe")
     with pytest.raises(ValueError, match="max_length"):
         TextEncoder(["<pad>", "<unk>", "<start>", "<end>"], max_length=0)
     with pytest.raises(ValueError, match="duplicate"):
         TextEncoder(["<pad>", "<unk>", "<start>", "<end>", "a", "a"])
+
+
+def test_wordpiece_vocabulary_and_encoding_in_the_graph():
+    from keras_attention.models.text_processing import TextEncoder
+    from keras_attention.models.text_processing import build_vocabulary
+
+    texts = ["le chat noir", "la souris grise", "les chats noirs", "une brise"]
+    vocabulary = build_vocabulary(texts, "wordpiece")
+    assert vocabulary[:4] == ["<pad>", "<unk>", "<start>", "<end>"]
+    assert {"chat", "##s", "s", "grise"} <= set(vocabulary)
+    assert "##se" in vocabulary and "##at" not in vocabulary  # shared endings only
+    encoder = TextEncoder(vocabulary, "wordpiece", max_length=8)
+    ids, tokens = encoder.encode(["Les souris grises", "chat ü"])
+    assert [[t.decode() for t in row] for row in tokens.to_list()] == [
+        ["les", "souris", "grise", "##s"], ["chat", "<unk>"]]
+    assert ids.shape == (2, 8) and ids.numpy()[1, 1] == 1  # <unk>
+    assert encoder.join(tokens).numpy().tolist() == [
+        b"les souris grises", b"chat <unk>"]
+    assert len(build_vocabulary(texts, "wordpiece", max_tokens=10)) == 10

@@ -3,26 +3,14 @@ import numpy as np
 import pytest
 
 from translator_fixtures import number_pairs
+from translator_fixtures import trained_transformer  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.tf_only
 
 
 @pytest.fixture(scope="module")
-def transformer():
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("needs the TensorFlow backend")
-    from keras_attention.models import TransformerTranslator
-
-    keras.utils.set_random_seed(2)
-    sources, targets = zip(*number_pairs(800, seed=3))
-    translator = TransformerTranslator.from_texts(
-        sources, targets, max_source_length=6, max_target_length=7,
-        num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, seed=2,
-    )
-    translator.compile(optimizer=keras.optimizers.Adam(5e-3))
-    translator.fit(translator.make_dataset(sources, targets, 32, seed=2),
-                   epochs=3, verbose=0)
-    return translator
+def transformer(trained_transformer):
+    return trained_transformer
 
 
 def test_cached_steps_match_the_teacher_forced_call(transformer):
@@ -69,33 +57,6 @@ def test_session_reproduces_translate(transformer):
     assert history[0].scores is None
     session.reset()
     assert session.step(force_token="7").token == "7"
-
-
-def test_export_serves_the_same_translations(transformer, tmp_path):
-    from keras_attention.export import export_translator
-    from keras_attention.export.check import graph_ops
-    from keras_attention.export.check import read_saved_model
-    from keras_attention.export.check import run_in_serving_process
-
-    path = str(tmp_path / "transformer")
-    export_translator(transformer, path)
-    counts, must_compile = graph_ops(read_saved_model(path).meta_graphs[0])
-    assert not must_compile
-    texts = ["three one four", "", "nine nine"]
-    result, outputs = run_in_serving_process(
-        path, ops=sorted(counts), feed={"text": np.array(texts, dtype=object)}
-    )
-    assert result["loaded"], result.get("load_error")
-    assert "unregistered" not in result["op_sources"].values()
-    assert all("error" not in entry for entry in result["warmup"])
-    expected = transformer.translate(texts)
-    assert [t.decode() for t in outputs["translation"]] == [e.text for e in expected]
-    # Served alignment is (B, T_out, layers, heads, T_in).
-    rows = len(expected[0].tokens)
-    np.testing.assert_allclose(
-        np.transpose(outputs["alignment"][0, :rows, :, :, :3], (1, 2, 0, 3)),
-        expected[0].alignment, atol=1e-5,
-    )
 
 
 def test_config_and_errors():
