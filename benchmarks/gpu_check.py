@@ -74,8 +74,6 @@ import sys
 import threading
 import time
 
-os.environ["KERAS_BACKEND"] = "jax"  # the only backend the GPU machine has
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Per dtype: largest allowed max|device - reference| / max|reference| of the
@@ -779,6 +777,9 @@ def main():
     parser.add_argument("--max-repeats", type=int, default=20, help=argparse.SUPPRESS)
     parser.add_argument("--repeat-target-s", type=float, default=1.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # The only backend the GPU machine has; set here, not at import, so that
+    # importing this module (tests) leaves the environment alone.
+    os.environ["KERAS_BACKEND"] = "jax"
     if args.child:
         _hide_tensorflow()
         if args.child == "speed":
