@@ -374,11 +374,14 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         if self.memory_efficient is False:
             return "dense"
         static = query.shape[1] is not None and key.shape[1] is not None
-        fused_allowed = keras.config.is_flash_attention_enabled() is not False
+        # The fused kernels need equal key and value head sizes.
+        fused_allowed = (
+            keras.config.is_flash_attention_enabled() is not False
+            and self.value_dim == self.key_dim
+        )
         if self.flash_attention:
-            return "fused" if _fused_kernel_available() else (
-                "blockwise" if static else "dense"
-            )
+            fused = _fused_kernel_available() and self.value_dim == self.key_dim
+            return "fused" if fused else ("blockwise" if static else "dense")
         if fused_allowed and _fused_kernel_available():
             return "fused"
         if not static:
@@ -441,7 +444,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 block_size=self.block_size,
             )
             weights = None
-        elif weights_needed:
+        elif weights_needed or self.value_dim != self.key_dim:
+            # (JAX's composite kernel needs equal key and value head sizes.)
             output, weights = self._dense_attention(
                 query, key, value, query_mask, key_mask, attention_mask,
                 use_causal_mask, training,

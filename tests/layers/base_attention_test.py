@@ -187,7 +187,7 @@ def test_feature_size_change_after_build():
         ("value_mask", np.ones((1, 4), bool), r"`value_mask` must have shape \(1, 5\).*\(1, 4\)"),
         ("query_mask", np.ones((1, 3, 1), bool), r"`query_mask` must have shape \(1, 3\).*\(1, 3, 1\)"),
         ("attention_mask", np.ones((1, 3, 4), bool), r"`attention_mask` must have shape \(1, 3, 5\)"),
-        ("value_mask", np.array([["yes"] * 5]), r"`value_mask` must be boolean.*string"),
+        ("value_mask", np.ones((1, 5), "complex64"), r"`value_mask` must be boolean.*complex64"),
         ("value_mask", [[True] * 5], r"`value_mask` must be a boolean tensor.*\[\[True"),
     ],
 )

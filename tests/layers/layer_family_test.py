@@ -92,6 +92,7 @@ def test_families_are_siblings_not_subclasses():
     assert "block_size" not in ka.LinformerAttention(2, 4, 2, 8).get_config()
 
 
+@pytest.mark.tf_only
 def test_seq2seq_translator_rejects_a_multi_head_layer():
     from keras_attention.models.seq2seq_translator import Seq2SeqTranslator
 
