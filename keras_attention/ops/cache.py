@@ -13,6 +13,8 @@ the XLA op, 5.5 ms for slice-and-concat and 7.6 ms for a masked select).
 import keras
 from keras import ops
 
+from keras_attention.ops.xla import tensorflow_xla_trace
+
 
 def update_cache(cache, update, index):
     """Returns `cache` with `update` written at time `index`.
@@ -29,21 +31,9 @@ def update_cache(cache, update, index):
     """
     update = ops.cast(update, cache.dtype)
     index = ops.cast(index, "int32")
-    if keras.backend.backend() != "tensorflow" or _tracing_for_xla():
+    if keras.backend.backend() != "tensorflow" or tensorflow_xla_trace():
         return ops.slice_update(cache, (0, 0, index, 0, 0), update)
     return _scatter_update(cache, update, index)
-
-
-def _tracing_for_xla():
-    """True inside a `tf.function(jit_compile=True)` trace (or XLA rewrite)."""
-    import tensorflow as tf
-    from tensorflow.python.ops import control_flow_util
-
-    if tf.executing_eagerly():
-        return False
-    return control_flow_util.GraphOrParentsInXlaContext(
-        tf.compat.v1.get_default_graph()
-    )
 
 
 def _scatter_update(cache, update, index):

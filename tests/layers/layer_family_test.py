@@ -270,3 +270,23 @@ def test_keras_mask_shapes_give_the_same_outputs():
         _np(layer(query, attention_mask=causal)), _np(layer(query, use_causal_mask=True)),
         atol=1e-6,
     )
+
+
+@pytest.mark.tf_only
+def test_tensorflow_graphs_run_the_composite_kernel_and_xla_runs_ours(monkeypatch):
+    # Graph mode: Keras' composite kernel (its memory); under XLA our
+    # written-out softmax, which XLA fuses (about 2x faster at 4096 on CPU).
+    import tensorflow as tf
+
+    fused_calls = _spy(monkeypatch, "dot_product_attention")
+    layer = ka.MultiHeadAttention(2, 4)
+    query = tf.constant(random_inputs((2, 7, 8), seed=9))
+    layer(query)  # builds
+    fused_calls.clear()
+    graph = tf.function(lambda x: layer(x))(query)
+    assert len(fused_calls) == 1
+    compiled = tf.function(lambda x: layer(x), jit_compile=True)(query)
+    assert len(fused_calls) == 1
+    expected = _numpy_mha(layer, query.numpy())
+    np.testing.assert_allclose(_np(graph), expected, atol=1e-5)
+    np.testing.assert_allclose(_np(compiled), expected, atol=1e-5)
