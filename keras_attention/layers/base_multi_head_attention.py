@@ -7,7 +7,6 @@ attention kernel.
 """
 
 import inspect
-import math
 
 import keras
 from keras import ops

@@ -6,7 +6,6 @@ from keras import ops
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
-from keras_attention.layers.base_multi_head_attention import _Layout
 from keras_attention.ops import masking
 from keras_attention.ops.cache import update_cache
 from keras_attention.ops import multi_head
@@ -697,7 +696,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             "attention_mask", attention_mask, (batch, steps, cache_length),
             broadcast=True,
         )
-        return query, None, None, query_mask, value_mask, _Layout(3, (1,))
+        return query, None, None, query_mask, value_mask, self._layout(3)
 
     def _project_keys(self, query, value, key, cache, cache_update_index,
                       attention_mask, use_causal_mask):
