@@ -90,6 +90,7 @@ class AttentionExplorer(Component):
         self.info_html = ipywidgets.HTML()
         self.detail_figure = figures.heatmap(np.zeros((1, 1)), title="", width=460, height=420)
         self.detail_source = figures.heatmap_source(self.detail_figure)
+        self.detail_source.name = "detail_source"  # found by name in the browser
         self.detail_widget = BokehModel(self.detail_figure)
         self.overview_box = ipywidgets.Box()
         self.grid_box = ipywidgets.Box(layout=ipywidgets.Layout(overflow="auto", max_height="720px"))
