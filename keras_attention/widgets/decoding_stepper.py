@@ -4,6 +4,7 @@ import ipywidgets
 import numpy as np
 from bokeh.layouts import column
 from bokeh.layouts import row
+from bokeh.models import LinearColorMapper
 from keras_attention.widgets._component import FreshBokehModel as BokehModel
 
 from keras_attention.widgets import figures
@@ -17,17 +18,26 @@ class DecodingStepper(Component):
     """Step through decoding and watch each prediction's attention.
 
     Drives `translator.decoding_session(text, top_k)` (see API.md) and shows,
-    for the current step, the four stages of attention: the raw scores over
-    the source tokens (when the attention layer exposes them), the softmax
-    distribution, the weighted sum it feeds (the context; its weights are the
-    bars) and the prediction (top-k candidates with probabilities). An
-    alignment heatmap grows one row per step (`ColumnDataSource.stream`).
+    for the current step, one panel per stage of attention, each titled with
+    the step and the token being produced:
+
+    1. the scores over the source tokens before softmax (shown when the
+       attention layer exposes them; Transformer translators do not),
+    2. the softmax distribution,
+    3. the weighted sum: each source vector scaled by its weight, and their
+       sum, the context vector (shown when the session exposes the vectors,
+       `session.values`),
+    4. the prediction: top-k candidates with probabilities, the chosen token
+       marked.
+
+    An alignment heatmap grows one row per step (`ColumnDataSource.stream`);
+    its height follows the output, and wide sources scroll inside the page.
 
     Controls: Reset / Back / Next token / Play (with a speed slider), a step
-    slider, and one button per candidate: clicking a candidate replaces the
-    current step's token with it and decoding goes on from there. For
-    Transformer translators (attention `(layers, heads, T_in)`), dropdowns
-    choose the layer and the head (or their mean).
+    slider, and the candidates: clicking a candidate (its button or its bar)
+    replaces the current step's token with it and decoding goes on from
+    there. For Transformer translators (attention `(layers, heads, T_in)`),
+    dropdowns choose the layer and the head (or their mean).
 
     Every control has a Python method (`next_token`, `back`, `reset`,
     `go_to`, `force`) so notebooks and tests can drive it without a browser.
@@ -37,7 +47,7 @@ class DecodingStepper(Component):
             `decoding_session(text, top_k=...)`.
         text: the source sentence.
         top_k: number of candidates shown.
-        reserved_rows: heatmap rows laid out up front (it extends past them).
+        reserved_rows: heatmap rows laid out up front (it grows past them).
 
     Attributes:
         widget: the ipywidgets box to display.
@@ -45,7 +55,9 @@ class DecodingStepper(Component):
         heatmap_source: the alignment heatmap's `ColumnDataSource` (one
             entry per cell; columns `row`, `col`, `weight`, ...).
         distribution_source, scores_source, candidate_source: sources of the
-            bar charts.
+            bar charts (`candidate_source.data["color"]` marks the chosen token).
+        weighted_sum_source: the weighted-sum heatmap's source (rows: each
+            source vector times its weight, then the context vector).
     """
 
     def __init__(self, translator, text, *, top_k=5, reserved_rows=None):
@@ -61,18 +73,29 @@ class DecodingStepper(Component):
             raise ValueError(f"DecodingStepper: `text` must be a non-empty string. Received: text={text!r}")
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
             raise ValueError(f"DecodingStepper: `top_k` must be a positive integer. Received: top_k={top_k!r}")
+        if reserved_rows is not None and (
+            not isinstance(reserved_rows, int) or isinstance(reserved_rows, bool) or reserved_rows < 1
+        ):
+            raise ValueError(
+                f"DecodingStepper: `reserved_rows` must be a positive integer. Received: reserved_rows={reserved_rows!r}"
+            )
         self.translator = translator
         self.text = text
         self.top_k = top_k
         self.session = translator.decoding_session(text, top_k=top_k)
         self.source_tokens = [str(token) for token in self.session.source_tokens]
+        values = getattr(self.session, "values", None)
+        self.values = None if values is None else np.asarray(values, dtype="float64")
         self.position = 0
         # Token ids of the furthest line decoded so far; Back and the slider
         # replay it, a forced candidate truncates it.
         self._path = []
         self._updating = False
         num_source = len(self.source_tokens)
-        self._reserved_rows = reserved_rows or max(8, num_source + 2)
+        self._reserved_rows = reserved_rows or 4
+        # Square cells sized so the heatmap fits a notebook column; long
+        # sources get small cells and then scroll sideways.
+        self._cell = int(np.clip(560 // max(num_source, 1), 14, 32))
         self._build_figures(num_source)
         self._build_controls()
         self._refresh_step_views()
@@ -81,6 +104,7 @@ class DecodingStepper(Component):
 
     def _build_figures(self, num_source):
         zeros = np.zeros(num_source)
+        label_room = 40 + 7 * min(24, max([len(t) for t in self.source_tokens] + [4]))
         self.heatmap_figure = figures.heatmap(
             np.zeros((0, num_source)),
             self.source_tokens,
@@ -89,29 +113,49 @@ class DecodingStepper(Component):
             x_axis_label="source",
             y_axis_label="output",
             rows=self._reserved_rows,
-            width=max(360, 40 * num_source + 120),
-            height=max(300, 26 * self._reserved_rows + 120),
+            width=num_source * self._cell + 130 + label_room,
+            height=self._heatmap_height(self._reserved_rows),
         )
         self.heatmap_source = figures.heatmap_source(self.heatmap_figure)
         self.heatmap_source.name = "alignment_source"  # found by name in the browser
         self.scores_figure = figures.distribution_bars(
             zeros, self.source_tokens, title="1. Scores (before softmax)",
-            y_axis_label="score", fixed_scale=False, color="#7a7a7a",
+            y_axis_label="score", fixed_scale=False, color="#7a7a7a", width=400,
         )
         self.scores_source = figures.heatmap_source(self.scores_figure)
+        self.scores_source.name = "scores_source"
         self.distribution_figure = figures.distribution_bars(
-            zeros, self.source_tokens, title="2. Softmax distribution (3. sum weights)"
+            zeros, self.source_tokens, title="2. Softmax distribution", width=400,
         )
         self.distribution_source = figures.heatmap_source(self.distribution_figure)
+        self.distribution_source.name = "distribution_source"
+        if self.values is not None:
+            self.weighted_sum_figure = figures.weighted_sum(
+                zeros, self.values, self.source_tokens, title="3. Weighted sum", width=400,
+                height=max(220, 18 * (num_source + 1) + 110),
+            )
+            self.weighted_sum_source = figures.heatmap_source(self.weighted_sum_figure)
+            self.weighted_sum_source.name = "weighted_sum_source"
+        else:
+            self.weighted_sum_figure = self.weighted_sum_source = None
         self.candidate_figure = figures.candidate_bars(
-            [("", 0.0)] * self.top_k, title="4. Prediction", width=420
+            [("", 0.0)] * self.top_k, title="4. Prediction", width=400
         )
         self.candidate_source = figures.heatmap_source(self.candidate_figure)
-        self.figures_layout = row(
-            column(self.scores_figure, self.distribution_figure, self.candidate_figure),
-            self.heatmap_figure,
-        )
+        self.candidate_source.name = "candidate_source"
+        self.candidate_source.selected.on_change("indices", self._on_candidate_tap)
+        stages = [self.scores_figure, self.distribution_figure, self.weighted_sum_figure,
+                  self.candidate_figure]
+        stages = [stage for stage in stages if stage is not None]
+        for stage in stages:
+            stage.title.text_font_size = "10pt"  # titles name the step and token: keep them on one line
+        self.figures_layout = column(row(*stages[:2]), row(*stages[2:]), self.heatmap_figure)
         self.bokeh_widget = BokehModel(self.figures_layout)
+        # A source too wide for the page scrolls inside the output, not the page.
+        self.bokeh_widget.layout = ipywidgets.Layout(max_width="100%", overflow="auto")
+
+    def _heatmap_height(self, rows):
+        return rows * self._cell + 150
 
     def _build_controls(self):
         button = ipywidgets.Button
@@ -210,11 +254,19 @@ class DecodingStepper(Component):
             self.next_token()
 
     def force(self, token):
-        """Replace the current step's token with `token` and decode on from there."""
+        """Replace the current step's token with `token` and decode on from there.
+
+        A token the session rejects raises its ValueError or TypeError and
+        leaves the stepper as it was.
+        """
         if self.position == 0:
             raise ValueError("DecodingStepper.force: there is no step yet; call next_token() first.")
         self.go_to(self.position - 1)
-        return self.next_token(force_token=token)
+        try:
+            return self.next_token(force_token=token)
+        except (ValueError, TypeError) as error:
+            self.next_token()  # replays the token that was there (the line is kept)
+            raise type(error)(f"DecodingStepper.force: {error}") from error
 
     # ------------------------------------------------------------- reactions
 
@@ -224,6 +276,12 @@ class DecodingStepper(Component):
         candidates = self.history[-1].candidates
         if index < len(candidates):
             self.force(candidates[index][0])
+
+    def _on_candidate_tap(self, _attr, _old, new):
+        if not new:
+            return
+        self.candidate_source.selected.indices = []  # a later tap on the same bar counts again
+        self._on_candidate(new[0])
 
     def _on_play_tick(self, change):
         if self._updating or not self.play.playing:
@@ -285,8 +343,17 @@ class DecodingStepper(Component):
 
     def _update_heatmap_axes(self):
         rows = max(self._reserved_rows, self.position)
-        self.heatmap_figure.y_range.start = rows - 0.5
+        if self.heatmap_figure.y_range.start != rows - 0.5:
+            self.heatmap_figure.y_range.start = rows - 0.5
+            self.heatmap_figure.height = self._heatmap_height(rows)
         figures.set_tick_labels(self.heatmap_figure, y_tokens=self._output_tokens())
+        self.heatmap_figure.title.text = "Alignment (one row per output token)" + (
+            f": {self._choice_label()}" if self.layer_choice.layout.display != "none" else ""
+        )
+
+    def _choice_label(self):
+        head = self.head_choice.value
+        return f"layer {self.layer_choice.value}, " + (head if head == MEAN_OF_HEADS else f"head {head}")
 
     def _redraw_all(self):
         if self._updating:
@@ -314,25 +381,42 @@ class DecodingStepper(Component):
         if not history:
             self._patch_bars(self.distribution_source, np.zeros(num_source))
             self._patch_bars(self.scores_source, np.zeros(num_source))
-            self.candidate_source.data = figures.candidate_data([("", 0.0)] * self.top_k)
+            self.scores_figure.title.text = "1. Scores (before softmax)"
+            self.distribution_figure.title.text = "2. Softmax distribution"
+            if self.weighted_sum_figure is not None:
+                self._draw_weighted_sum(np.zeros(num_source), "3. Weighted sum")
+            blank = [("", 0.0)] * self.top_k
+            self.candidate_source.data = figures.candidate_data(blank)
+            figures.set_tick_labels(self.candidate_figure, y_tokens=[""] * self.top_k)
+            self.candidate_figure.title.text = "4. Prediction"
             for candidate_button in self.candidate_buttons:
                 candidate_button.layout.display = "none"
             self.output_html.value = "<b>output:</b> <i>(press Next token)</i>"
             self._set_status("")
             return
         step = history[-1]
+        producing = f"while producing {_quoted(step.token)} (step {self.position})"
         distribution = self.select(step.attention)
         self._patch_bars(self.distribution_source, distribution)
-        if step.scores is None:
-            self._patch_bars(self.scores_source, np.zeros(num_source))
-            self.scores_figure.title.text = "1. Scores: not exposed by this attention layer"
-        else:
+        self.distribution_figure.title.text = f"2. Softmax: attention {producing}"
+        # Translators that do not expose pre-softmax scores get no empty panel.
+        self.scores_figure.visible = step.scores is not None
+        if step.scores is not None:
             self._patch_bars(self.scores_source, self.select(step.scores))
-            self.scores_figure.title.text = "1. Scores (before softmax)"
+            self.scores_figure.title.text = f"1. Scores (before softmax) {producing}"
+        if self.weighted_sum_figure is not None:
+            self._draw_weighted_sum(
+                distribution, f"3. Context vector {producing}"
+            )
         candidates = list(step.candidates)[: self.top_k]
         padded = candidates + [("", 0.0)] * (self.top_k - len(candidates))
-        self.candidate_source.data = figures.candidate_data(padded)
+        self.candidate_source.data = figures.candidate_data(padded, chosen=step.token)
         figures.set_tick_labels(self.candidate_figure, y_tokens=[t for t, _ in padded])
+        forced = not candidates or step.token != candidates[0][0]
+        self.candidate_figure.title.text = (
+            f"4. Prediction (step {self.position}): {_quoted(step.token)} "
+            f"p={step.probability:.2f}" + (" (forced)" if forced else "")
+        )
         for index, candidate_button in enumerate(self.candidate_buttons):
             if index < len(candidates):
                 token, probability = candidates[index]
@@ -350,6 +434,15 @@ class DecodingStepper(Component):
         )
         self._set_status("decoding is finished" if self.session.done else "")
 
+    def _draw_weighted_sum(self, weights, title):
+        rows, labels = figures.weighted_sum_rows(weights, self.values, self.source_tokens)
+        figures.update_heatmap(self.weighted_sum_figure, rows, [str(i) for i in range(rows.shape[1])],
+                               labels, title=title)
+        # Colours fitted to the values (white at 0), so small contexts stay visible.
+        limit = float(max(np.abs(rows).max(), 1e-9))
+        mapper = self.weighted_sum_figure.select_one({"type": LinearColorMapper})
+        mapper.low, mapper.high = -limit, limit
+
     @staticmethod
     def _patch_bars(source, values):
         values = [float(v) for v in values]
@@ -357,3 +450,8 @@ class DecodingStepper(Component):
 
     def _set_status(self, text):
         self.status_html.value = f"<i>{escape(text)}</i>" if text else ""
+
+
+def _quoted(token):
+    # Bokeh draws titles as text (never HTML): no escaping needed.
+    return f"'{token}'"

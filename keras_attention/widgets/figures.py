@@ -18,8 +18,12 @@ from bokeh.models import FixedTicker
 from bokeh.models import HoverTool
 from bokeh.models import LinearColorMapper
 from bokeh.models import Range1d
+from bokeh.palettes import RdBu11
 from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
+
+# Negative and positive features of the weighted sum: blue, white at 0, red.
+DIVERGING = tuple(reversed(RdBu11))
 
 # Above this many positions on an axis, tick labels would overlap.
 MAX_LABELLED_TICKS = 60
@@ -101,6 +105,7 @@ def heatmap(
     width=420,
     height=380,
     color_bar=True,
+    color_bar_title="attention weight",
     toolbar=True,
 ):
     """A heatmap of attention weights, one rectangle per (query, key) cell.
@@ -118,6 +123,7 @@ def heatmap(
         low, high: colour scale limits (weights are in [0, 1]).
         width, height: pixels.
         color_bar: draw the colour scale.
+        color_bar_title: what the colours mean, written along the colour bar.
         toolbar: show Bokeh's toolbar (pan, zoom, save, hover).
 
     Returns:
@@ -173,7 +179,11 @@ def heatmap(
     _label_axis(fig.xaxis[0], _labels(x_tokens, num_cols, "heatmap", "x_tokens"))
     _label_axis(fig.yaxis[0], _labels(y_tokens, num_rows, "heatmap", "y_tokens"))
     if color_bar:
-        fig.add_layout(ColorBar(color_mapper=mapper, width=8), "right")
+        fig.add_layout(
+            ColorBar(color_mapper=mapper, width=8, title=color_bar_title, title_text_font_size="8pt",
+                     title_text_font_style="normal", name="color_bar"),
+            "right",
+        )
     return fig
 
 
@@ -297,10 +307,20 @@ def distribution_bars(
     return fig
 
 
-def candidate_bars(candidates, *, title="Next-token candidates", source=None, width=300, height=220):
-    """Horizontal bars of the top-k `(token, probability)` candidates, best on top."""
+CANDIDATE_COLOR = "#e8b090"
+CHOSEN_COLOR = "#c03010"
+
+
+def candidate_bars(candidates, *, chosen=None, title="Next-token candidates", source=None, width=300,
+                   height=220):
+    """Horizontal bars of the top-k `(token, probability)` candidates, best on top.
+
+    The `chosen` token's bar is drawn in a strong colour. A tap tool is
+    active: selecting a bar sets `source.selected.indices` (the stepper
+    forces the tapped candidate).
+    """
     candidates = list(candidates)
-    data = candidate_data(candidates)
+    data = candidate_data(candidates, chosen)
     if source is None:
         source = ColumnDataSource(data, name="candidate_source")
     else:
@@ -311,23 +331,27 @@ def candidate_bars(candidates, *, title="Next-token candidates", source=None, wi
         height=height,
         x_range=Range1d(0.0, 1.0),
         y_range=Range1d(max(len(candidates), 1) - 0.5, -0.5),
-        tools="",
+        tools="tap",
         toolbar_location=None,
         x_axis_label="probability",
     )
-    fig.hbar(y="rank", right="probability", height=0.7, source=source, color="#c06030", name="bars")
+    fig.hbar(y="rank", right="probability", height=0.7, source=source, fill_color="color",
+             line_color="color", name="bars", nonselection_fill_alpha=1.0, nonselection_line_alpha=1.0)
     fig.add_tools(HoverTool(tooltips=[("token", "@token"), ("probability", "@probability{0.000}")]))
     fig.ygrid.visible = False
     _label_axis(fig.yaxis[0], [token for token, _ in candidates])
     return fig
 
 
-def candidate_data(candidates):
-    """The ColumnDataSource columns of `candidate_bars`."""
+def candidate_data(candidates, chosen=None):
+    """The ColumnDataSource columns of `candidate_bars` (`color` marks `chosen`)."""
+    tokens = [str(token) for token, _ in candidates]
     return {
         "rank": list(range(len(candidates))),
-        "token": [str(token) for token, _ in candidates],
+        "token": tokens,
         "probability": [float(p) for _, p in candidates],
+        "color": [CHOSEN_COLOR if chosen is not None and t == str(chosen) else CANDIDATE_COLOR
+                  for t in tokens],
     }
 
 
@@ -341,6 +365,29 @@ def weighted_sum(weights, values, tokens=None, *, title="Weighted sum of values"
         weights: `(Tv,)` attention distribution.
         values: `(Tv, dv)` value (encoder hidden state) vectors.
     """
+    rows, row_labels = weighted_sum_rows(weights, values, tokens)
+    limit = float(max(np.abs(rows).max(), 1e-9))
+    fig = heatmap(
+        rows,
+        [str(i) for i in range(rows.shape[1])],
+        row_labels,
+        title=title,
+        x_axis_label="feature",
+        y_axis_label="weight x value",
+        low=-limit,
+        high=limit,
+        width=width,
+        height=height,
+        color_bar_title="weight x value",
+        toolbar=False,
+    )
+    fig.select_one({"type": LinearColorMapper}).palette = DIVERGING
+    return fig
+
+
+def weighted_sum_rows(weights, values, tokens=None):
+    """`(rows, row_labels)` of `weighted_sum`: `weights[i] * values[i]` per source position,
+    then their sum (the context vector) as the last row."""
     vector = _as_vector(weights, "weighted_sum")
     values = _as_matrix(values, "weighted_sum")
     if values.shape[0] != vector.shape[0]:
@@ -351,21 +398,8 @@ def weighted_sum(weights, values, tokens=None, *, title="Weighted sum of values"
     labels = _labels(tokens, len(vector), "weighted_sum", "tokens")
     scaled = vector[:, None] * values
     rows = np.concatenate([scaled, scaled.sum(axis=0, keepdims=True)], axis=0)
-    row_labels = [f"{w:.2f} x {t}" for w, t in zip(vector, labels)] + ["= output"]
-    limit = float(max(np.abs(rows).max(), 1e-9))
-    fig = heatmap(
-        rows,
-        [str(i) for i in range(values.shape[1])],
-        row_labels,
-        title=title,
-        x_axis_label="feature",
-        y_axis_label="weight x value",
-        low=-limit,
-        high=limit,
-        width=width,
-        height=height,
-    )
-    return fig
+    row_labels = [f"{w:.2f} x {t}" for w, t in zip(vector, labels)] + ["= context"]
+    return rows, row_labels
 
 
 def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=170, max_size=64):
