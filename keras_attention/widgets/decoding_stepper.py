@@ -1,13 +1,15 @@
 """Step through a translator's decoding one token at a time."""
 
+import types
+
 import ipywidgets
 import numpy as np
 from bokeh.layouts import column
 from bokeh.layouts import row
 from bokeh.models import LinearColorMapper
-from keras_attention.widgets._component import FreshBokehModel as BokehModel
 
 from keras_attention.widgets import figures
+from keras_attention.widgets._component import FreshBokehModel as BokehModel
 from keras_attention.widgets._component import Component
 from keras_attention.widgets._component import escape
 
@@ -103,59 +105,18 @@ class DecodingStepper(Component):
     # ------------------------------------------------------------------ build
 
     def _build_figures(self, num_source):
-        zeros = np.zeros(num_source)
-        label_room = 40 + 7 * min(24, max([len(t) for t in self.source_tokens] + [4]))
-        self.heatmap_figure = figures.heatmap(
-            np.zeros((0, num_source)),
-            self.source_tokens,
-            [],
-            title="Alignment (one row per output token)",
-            x_axis_label="source",
-            y_axis_label="output",
-            rows=self._reserved_rows,
-            width=num_source * self._cell + 130 + label_room,
-            height=self._heatmap_height(self._reserved_rows),
-        )
-        self.heatmap_source = figures.heatmap_source(self.heatmap_figure)
-        self.heatmap_source.name = "alignment_source"  # found by name in the browser
-        self.scores_figure = figures.distribution_bars(
-            zeros, self.source_tokens, title="1. Scores (before softmax)",
-            y_axis_label="score", fixed_scale=False, color="#7a7a7a", width=400,
-        )
-        self.scores_source = figures.heatmap_source(self.scores_figure)
-        self.scores_source.name = "scores_source"
-        self.distribution_figure = figures.distribution_bars(
-            zeros, self.source_tokens, title="2. Softmax distribution", width=400,
-        )
-        self.distribution_source = figures.heatmap_source(self.distribution_figure)
-        self.distribution_source.name = "distribution_source"
-        if self.values is not None:
-            self.weighted_sum_figure = figures.weighted_sum(
-                zeros, self.values, self.source_tokens, title="3. Weighted sum", width=400,
-                height=max(220, 18 * (num_source + 1) + 110),
-            )
-            self.weighted_sum_source = figures.heatmap_source(self.weighted_sum_figure)
-            self.weighted_sum_source.name = "weighted_sum_source"
-        else:
-            self.weighted_sum_figure = self.weighted_sum_source = None
-        self.candidate_figure = figures.candidate_bars(
-            [("", 0.0)] * self.top_k, title="4. Prediction", width=400
-        )
-        self.candidate_source = figures.heatmap_source(self.candidate_figure)
-        self.candidate_source.name = "candidate_source"
+        panels = _stage_figures(self.source_tokens, self.values, self.top_k, self._cell, self._reserved_rows)
+        for name in ("heatmap_figure", "heatmap_source", "scores_figure", "scores_source",
+                     "distribution_figure", "distribution_source", "weighted_sum_figure",
+                     "weighted_sum_source", "candidate_figure", "candidate_source", "figures_layout"):
+            setattr(self, name, getattr(panels, name))
         self.candidate_source.selected.on_change("indices", self._on_candidate_tap)
-        stages = [self.scores_figure, self.distribution_figure, self.weighted_sum_figure,
-                  self.candidate_figure]
-        stages = [stage for stage in stages if stage is not None]
-        for stage in stages:
-            stage.title.text_font_size = "10pt"  # titles name the step and token: keep them on one line
-        self.figures_layout = column(row(*stages[:2]), row(*stages[2:]), self.heatmap_figure)
         self.bokeh_widget = BokehModel(self.figures_layout)
         # A source too wide for the page scrolls inside the output, not the page.
         self.bokeh_widget.layout = ipywidgets.Layout(max_width="100%", overflow="auto")
 
     def _heatmap_height(self, rows):
-        return rows * self._cell + 150
+        return _heatmap_height(self._cell, rows)
 
     def _build_controls(self):
         button = ipywidgets.Button
@@ -211,6 +172,24 @@ class DecodingStepper(Component):
     @property
     def history(self):
         return self.session.history
+
+    def standalone_layout(self):
+        """A Bokeh layout that replays this decoding without a kernel (`export_html`).
+
+        Embeds every step of the decoded line (the one Back and the step
+        slider reach; greedy decoding to the end when nothing is decoded
+        yet): a step slider, and for Transformers layer and head selects,
+        drive the same four stage panels and the alignment heatmap with
+        BokehJS callbacks. The widget's own state is not touched.
+        """
+        session = self.translator.decoding_session(self.text, top_k=self.top_k)
+        if self._path:
+            steps = [session.step(force_token=token_id) for token_id in self._path]
+        else:
+            steps = []
+            while not session.done:
+                steps.append(session.step())
+        return _standalone(self, steps)
 
     def next_token(self, force_token=None):
         """Decode one more token (or `force_token`); returns the step, or None when done."""
@@ -395,28 +374,22 @@ class DecodingStepper(Component):
             self._set_status("")
             return
         step = history[-1]
-        producing = f"while producing {_quoted(step.token)} (step {self.position})"
+        titles = _stage_titles(step, self.position)
         distribution = self.select(step.attention)
         self._patch_bars(self.distribution_source, distribution)
-        self.distribution_figure.title.text = f"2. Softmax: attention {producing}"
+        self.distribution_figure.title.text = titles["distribution"]
         # Translators that do not expose pre-softmax scores get no empty panel.
         self.scores_figure.visible = step.scores is not None
         if step.scores is not None:
             self._patch_bars(self.scores_source, self.select(step.scores))
-            self.scores_figure.title.text = f"1. Scores (before softmax) {producing}"
+            self.scores_figure.title.text = titles["scores"]
         if self.weighted_sum_figure is not None:
-            self._draw_weighted_sum(
-                distribution, f"3. Context vector {producing}"
-            )
+            self._draw_weighted_sum(distribution, titles["weighted"])
         candidates = list(step.candidates)[: self.top_k]
         padded = candidates + [("", 0.0)] * (self.top_k - len(candidates))
         self.candidate_source.data = figures.candidate_data(padded, chosen=step.token)
         figures.set_tick_labels(self.candidate_figure, y_tokens=[t for t, _ in padded])
-        forced = not candidates or step.token != candidates[0][0]
-        self.candidate_figure.title.text = (
-            f"4. Prediction (step {self.position}): {_quoted(step.token)} "
-            f"p={step.probability:.2f}" + (" (forced)" if forced else "")
-        )
+        self.candidate_figure.title.text = titles["candidate"]
         for index, candidate_button in enumerate(self.candidate_buttons):
             if index < len(candidates):
                 token, probability = candidates[index]
@@ -452,6 +425,191 @@ class DecodingStepper(Component):
         self.status_html.value = f"<i>{escape(text)}</i>" if text else ""
 
 
+def _heatmap_height(cell, rows):
+    return rows * cell + 150
+
+
+def _stage_figures(source_tokens, values, top_k, cell, rows):
+    """The stepper's Bokeh figures (blank): one panel per stage and the alignment heatmap."""
+    num_source = len(source_tokens)
+    zeros = np.zeros(num_source)
+    label_room = 40 + 7 * min(24, max([len(t) for t in source_tokens] + [4]))
+    panels = types.SimpleNamespace()
+    panels.heatmap_figure = figures.heatmap(
+        np.zeros((0, num_source)), source_tokens, [],
+        title="Alignment (one row per output token)", x_axis_label="source", y_axis_label="output",
+        rows=rows, width=num_source * cell + 130 + label_room, height=_heatmap_height(cell, rows),
+    )
+    panels.heatmap_source = figures.heatmap_source(panels.heatmap_figure)
+    panels.heatmap_source.name = "alignment_source"  # found by name in the browser
+    panels.scores_figure = figures.distribution_bars(
+        zeros, source_tokens, title="1. Scores (before softmax)",
+        y_axis_label="score", fixed_scale=False, color="#7a7a7a", width=400,
+    )
+    panels.scores_source = figures.heatmap_source(panels.scores_figure)
+    panels.scores_source.name = "scores_source"
+    panels.distribution_figure = figures.distribution_bars(
+        zeros, source_tokens, title="2. Softmax distribution", width=400,
+    )
+    panels.distribution_source = figures.heatmap_source(panels.distribution_figure)
+    panels.distribution_source.name = "distribution_source"
+    if values is not None:
+        panels.weighted_sum_figure = figures.weighted_sum(
+            zeros, values, source_tokens, title="3. Weighted sum", width=400,
+            height=max(220, 18 * (num_source + 1) + 110),
+        )
+        panels.weighted_sum_source = figures.heatmap_source(panels.weighted_sum_figure)
+        panels.weighted_sum_source.name = "weighted_sum_source"
+    else:
+        panels.weighted_sum_figure = panels.weighted_sum_source = None
+    panels.candidate_figure = figures.candidate_bars([("", 0.0)] * top_k, title="4. Prediction", width=400)
+    panels.candidate_source = figures.heatmap_source(panels.candidate_figure)
+    panels.candidate_source.name = "candidate_source"
+    stages = [panels.scores_figure, panels.distribution_figure, panels.weighted_sum_figure,
+              panels.candidate_figure]
+    stages = [stage for stage in stages if stage is not None]
+    for stage in stages:
+        stage.title.text_font_size = "10pt"  # titles name the step and token: keep them on one line
+    panels.figures_layout = column(row(*stages[:2]), row(*stages[2:]), panels.heatmap_figure)
+    return panels
+
+
+def _stage_titles(step, position):
+    """Titles of the four stage panels for `step`, the `position`-th token."""
+    token = _quoted(step.token)
+    forced = not step.candidates or step.token != step.candidates[0][0]
+    return {
+        "scores": f"1. Scores before softmax · {token} (step {position})",
+        "distribution": f"2. Attention while producing {token} (step {position})",
+        "weighted": f"3. Context = Σ weight × value · {token} (step {position})",
+        "candidate": (f"4. Prediction (step {position}): {token} "
+                      f"p={step.probability:.2f}" + (" (forced)" if forced else "")),
+    }
+
+
 def _quoted(token):
     # Bokeh draws titles as text (never HTML): no escaping needed.
     return f"'{token}'"
+
+
+# Copies step `step` (and the layer/head choice) from the embedded frames into
+# the sources of an exported stepper. `frames.attention` / `.scores` hold one flat
+# `(layers * heads * T)` array per step (`heads` 0: one `(T,)` distribution).
+STANDALONE_JS = """
+const i = step_slider.value - 1;
+const T = frames.num_source;
+const L = frames.layers, H = frames.heads;
+const layer = L > 0 ? Number(layer_select.value) : 0;
+const head = H > 0 && head_select.value !== "mean of heads" ? Number(head_select.value) : -1;
+function pick(flat) {
+  if (H === 0) return Array.from(flat);
+  const out = new Array(T).fill(0);
+  for (let t = 0; t < T; t++) {
+    if (head >= 0) out[t] = flat[(layer * H + head) * T + t];
+    else { for (let h = 0; h < H; h++) out[t] += flat[(layer * H + h) * T + t] / H; }
+  }
+  return out;
+}
+const weights = pick(frames.attention[i]);
+distribution.data = {...distribution.data, weight: weights};
+distribution_figure.title.text = frames.titles[i].distribution;
+if (frames.scores[i] !== null) {
+  scores.data = {...scores.data, weight: pick(frames.scores[i])};
+  scores_figure.title.text = frames.titles[i].scores;
+}
+const c = frames.candidates[i];
+candidates.data = {rank: c.token.map((_, r) => r), token: c.token, probability: c.probability, color: c.color};
+candidate_figure.title.text = frames.titles[i].candidate;
+candidate_axis.major_label_overrides = new Map(c.token.map((t, r) => [r, t]));
+if (weighted !== null) {
+  const values = frames.values, D = values[0].length;
+  const row = [], col = [], weight = [], x_token = [], y_token = [], sum = new Array(D).fill(0);
+  const labels = new Map();
+  for (let s = 0; s <= T; s++) {
+    for (let d = 0; d < D; d++) {
+      const v = s < T ? weights[s] * values[s][d] : sum[d];
+      if (s < T) sum[d] += v;
+      row.push(s); col.push(d); weight.push(v); x_token.push(String(d));
+      y_token.push(s < T ? frames.source_tokens[s] : "= context");
+    }
+    labels.set(s, s < T ? weights[s].toFixed(2) + " x " + frames.source_tokens[s] : "= context");
+  }
+  weighted.data = {row, col, weight, x_token, y_token};
+  weighted_axis.major_label_overrides = labels;
+  const limit = Math.max(1e-9, ...weight.map(Math.abs));
+  weighted_mapper.low = -limit; weighted_mapper.high = limit;
+  weighted_figure.title.text = frames.titles[i].weighted;
+}
+const row = [], col = [], weight = [], x_token = [], y_token = [];
+for (let s = 0; s <= i; s++) {
+  const r = pick(frames.attention[s]);
+  for (let t = 0; t < T; t++) {
+    row.push(s); col.push(t); weight.push(r[t]);
+    x_token.push(frames.source_tokens[t]); y_token.push(frames.tokens[s]);
+  }
+}
+alignment.data = {row, col, weight, x_token, y_token};
+alignment_axis.major_label_overrides = new Map(frames.tokens.slice(0, i + 1).map((t, s) => [s, t]));
+alignment_figure.title.text = "Alignment (one row per output token)" + (L > 0 ?
+  ": layer " + layer + ", " + (head >= 0 ? "head " + head : "mean of heads") : "");
+"""
+
+
+def _standalone(stepper, steps):
+    """The exported stepper: fresh figures, every step embedded, BokehJS callbacks."""
+    from bokeh.document import Document
+    from bokeh.models import CustomJS
+    from bokeh.models import Div
+    from bokeh.models import Select
+    from bokeh.models import Slider
+
+    if not steps:
+        raise ValueError("DecodingStepper.standalone_layout: the decoded line is empty (nothing to export).")
+    panels = _stage_figures(stepper.source_tokens, stepper.values, stepper.top_k, stepper._cell, len(steps))
+    attention = np.asarray(steps[0].attention)
+    layers, heads = attention.shape[:2] if attention.ndim == 3 else (0, 0)
+    titles = [_stage_titles(step, position) for position, step in enumerate(steps, start=1)]
+    frames = {
+        "attention": [np.asarray(s.attention, "float64").ravel().tolist() for s in steps],
+        "scores": [None if s.scores is None else np.asarray(s.scores, "float64").ravel().tolist() for s in steps],
+        "tokens": [str(s.token) for s in steps],
+        "candidates": [figures.candidate_data(list(s.candidates)[: stepper.top_k], chosen=s.token) for s in steps],
+        "titles": titles,
+        "num_source": len(stepper.source_tokens), "layers": int(layers), "heads": int(heads),
+        "source_tokens": list(stepper.source_tokens),
+        "values": None if stepper.values is None else stepper.values.tolist(),
+    }
+    panels.scores_figure.visible = steps[0].scores is not None
+    slider = Slider(start=1, end=max(len(steps), 2), value=len(steps), step=1, title="step",
+                    name="step_slider", width=400, disabled=len(steps) == 1)
+    layer_select = Select(title="layer", value=str(layers - 1 if layers else 0),
+                          options=[str(layer) for layer in range(max(layers, 1))], name="layer_select",
+                          visible=layers > 0)
+    head_select = Select(title="head", value=MEAN_OF_HEADS,
+                         options=[MEAN_OF_HEADS, *(str(head) for head in range(heads))], name="head_select",
+                         visible=heads > 0)
+    weighted = panels.weighted_sum_figure
+    callback = CustomJS(
+        args=dict(
+            frames=frames, step_slider=slider, layer_select=layer_select, head_select=head_select,
+            distribution=panels.distribution_source, distribution_figure=panels.distribution_figure,
+            scores=panels.scores_source, scores_figure=panels.scores_figure,
+            candidates=panels.candidate_source, candidate_figure=panels.candidate_figure,
+            candidate_axis=panels.candidate_figure.yaxis[0],
+            weighted=panels.weighted_sum_source, weighted_figure=weighted,
+            weighted_axis=None if weighted is None else weighted.yaxis[0],
+            weighted_mapper=None if weighted is None else weighted.select_one({"type": LinearColorMapper}),
+            alignment=panels.heatmap_source, alignment_figure=panels.heatmap_figure,
+            alignment_axis=panels.heatmap_figure.yaxis[0],
+        ),
+        code=STANDALONE_JS,
+    )
+    slider.js_on_change("value", callback)
+    layer_select.js_on_change("value", callback)
+    head_select.js_on_change("value", callback)
+    header = Div(text="<b>source:</b> " + " ".join(f"<code>{escape(t)}</code>" for t in stepper.source_tokens)
+                 + "<br><b>output:</b> " + " ".join(f"<code>{escape(s.token)}</code>" for s in steps))
+    document = Document()
+    document.add_root(column(header, row(slider, layer_select, head_select), panels.figures_layout))
+    document.js_on_event("document_ready", callback)  # draws the last step on opening
+    return document

@@ -81,3 +81,73 @@ def test_export_png_draws_the_figure(tmp_path):
     image = np.asarray(Image.open(path).convert("RGB"))
     assert image.shape[:2] == (450, 500)
     assert len({tuple(p) for p in image.reshape(-1, 3)[::5]}) > 20
+
+
+def read_source(name, column):
+    return (f"(() => {{ const doc = window.Bokeh.documents[0]; const s = doc.get_model_by_name({name!r});"
+            f" const d = s.data; return Array.from(d instanceof Map ? d.get({column!r}) : d[{column!r}]); }})()")
+
+
+@contextlib.contextmanager
+def offline_export(tmp_path, widget, name):
+    """The widget exported and opened from disk; asserts nothing was fetched."""
+    path = export_html(widget, str(tmp_path / f"{name}.html"))
+    with browser_page(tmp_path) as page:
+        requests = []
+        page.on("request", lambda request: requests.append(request.url))
+        page.goto("file://" + path)
+        page.wait_for_function("window.Bokeh && window.Bokeh.documents && window.Bokeh.documents.length > 0"
+                               " && Object.keys(window.Bokeh.index).length > 0", timeout=30_000)
+        yield page
+        page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
+        assert page.alerts == []
+        assert all(url.startswith(("file://", "data:")) for url in requests), requests
+
+
+def set_model(page, name, attribute, value):
+    page.evaluate(f"window.Bokeh.documents[0].get_model_by_name({name!r}).{attribute} = {value!r}")
+
+
+def test_exported_stepper_replays_every_step_without_a_kernel(tmp_path, fake_comm):
+    from fake_translator import FakeTranslator
+
+    from keras_attention.widgets import DecodingStepper
+
+    stepper = DecodingStepper(FakeTranslator(), "il a m' " + MALICIOUS)
+    steps = [stepper.next_token() for _ in range(3)]
+    stepper.back()  # the export holds the whole decoded line, not only up to the current step
+    values = stepper.session.values
+    with offline_export(tmp_path, stepper, "stepper") as page:
+        page.wait_for_function(f"{read_source('alignment_source', 'row')}.length === 12")
+        np.testing.assert_allclose(page.evaluate(read_source("alignment_source", "weight")),
+                                   np.ravel([s.attention for s in steps]), rtol=1e-6)
+        np.testing.assert_allclose(page.evaluate(read_source("distribution_source", "weight")),
+                                   steps[-1].attention, rtol=1e-6)
+        set_model(page, "step_slider", "value", 1)
+        page.wait_for_function(f"{read_source('alignment_source', 'row')}.length === 4")
+        np.testing.assert_allclose(page.evaluate(read_source("distribution_source", "weight")),
+                                   steps[0].attention, rtol=1e-6)
+        weighted = np.reshape(page.evaluate(read_source("weighted_sum_source", "weight")), (5, -1))
+        np.testing.assert_allclose(weighted[-1], steps[0].attention @ values, rtol=1e-5)
+        assert page.evaluate(read_source("candidate_source", "token")) == [t for t, _ in steps[0].candidates]
+        # Bokeh draws the Div in a shadow root; Playwright's locators reach into it.
+        assert page.get_by_text(MALICIOUS).count() >= 1
+        assert page.locator("img").count() == 0
+
+
+def test_exported_transformer_stepper_switches_heads_without_a_kernel(tmp_path, fake_comm):
+    from fake_translator import FakeTranslator
+
+    from keras_attention.widgets import DecodingStepper
+
+    stepper = DecodingStepper(FakeTranslator(heads=(2, 3), with_scores=False), "il a m'")
+    steps = [stepper.next_token() for _ in range(2)]
+    with offline_export(tmp_path, stepper, "transformer_stepper") as page:
+        page.wait_for_function(f"{read_source('alignment_source', 'row')}.length === 6")
+        np.testing.assert_allclose(page.evaluate(read_source("distribution_source", "weight")),
+                                   steps[-1].attention[-1].mean(axis=0), rtol=1e-6)
+        page.locator("select").nth(1).select_option("2")  # the head select, a real control
+        page.wait_for_function(f"Math.abs({read_source('distribution_source', 'weight')}[0]"
+                               f" - {float(steps[-1].attention[-1, 2, 0])}) < 1e-6")
+        np.testing.assert_allclose(page.evaluate(read_source("alignment_source", "weight")),
+                                   np.ravel([s.attention[-1, 2] for s in steps]), rtol=1e-6)

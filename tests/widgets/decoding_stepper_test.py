@@ -146,7 +146,7 @@ def test_each_stage_has_a_panel_titled_with_the_step_and_its_token(fake_comm):
     assert [title[:2] for title in titles] == ["1.", "2.", "3.", "4."]
     for title in titles:
         assert f"'{step.token}'" in title and "2" in title
-    assert "while producing" in stepper.distribution_figure.title.text
+    assert f"attention while producing '{step.token}'" in stepper.distribution_figure.title.text.lower()
     np.testing.assert_allclose(stepper.scores_source.data["weight"], step.scores)
     # Stage 3: one row per source vector times its weight, then their sum.
     values = stepper.session.values
@@ -324,3 +324,26 @@ def test_transformer_translator_rows_follow_the_layer_and_head_choice(fake_comm)
     stepper.layer_choice.value = 0
     stepper.head_choice.value = 1
     np.testing.assert_allclose(rows_of(stepper.heatmap_source, 4)[:rows], alignment[0, 1], atol=1e-5)
+
+
+def test_export_embeds_the_whole_decoded_line_and_leaves_the_widget_alone(fake_comm, tmp_path):
+    import json
+
+    from keras_attention.widgets import export_html
+
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    steps = [stepper.next_token() for _ in range(3)]
+    stepper.back()
+    path = export_html(stepper, tmp_path / "stepper.html")
+    assert stepper.position == 2 and stepper.step_slider.max == 3
+    html = open(path, encoding="utf-8").read()
+    assert "cdn.bokeh.org" not in html
+    for step in steps:
+        assert json.dumps(float(step.attention[0]))[:10] in html
+
+
+def test_export_html_rejects_what_it_cannot_draw(tmp_path):
+    from keras_attention.widgets import export_html
+
+    with pytest.raises(TypeError, match="export_html: `obj` must be .* Received: dict"):
+        export_html({}, tmp_path / "x.html")
