@@ -177,12 +177,95 @@ class AttentionExplorer(Component):
             title=f"{layer}, {head if head == MEAN_OF_HEADS else f'head {head}'}",
         )
 
+    def standalone_layout(self):
+        """A Bokeh document showing every layer and head without a kernel (`export_html`).
+
+        Layer and head selects switch the detail heatmap between the embedded
+        matrices (each head and their mean; for long inputs, the window the
+        sliders show now), with BokehJS callbacks.
+        """
+        from bokeh.document import Document
+        from bokeh.layouts import column
+        from bokeh.models import CustomJS
+        from bokeh.models import Select
+
+        frames = {}
+        q0, k0 = self.query_start.value, self.key_start.value
+        for layer, heads in self.weights.items():
+            num_heads, num_queries, num_keys = heads.shape
+            q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
+            x_labels, y_labels = self._window_labels(layer, q0, q1, k0, k1)
+            window = heads[:, q0:q1, k0:k1].astype("float64")
+            frames[layer] = {
+                "heads": [head.ravel().tolist() for head in window],
+                "mean": window.mean(axis=0).ravel().tolist(),
+                "rows": q1 - q0, "cols": k1 - k0, "x_labels": x_labels, "y_labels": y_labels,
+            }
+        first = next(iter(frames))
+        detail = figures.heatmap(np.zeros((1, 1)), title="", width=460, height=420)
+        source = figures.heatmap_source(detail)
+        source.name = "detail_source"
+        layer_select = Select(title="layer", value=first, options=list(frames), name="layer_select")
+        head_select = Select(title="head", value=MEAN_OF_HEADS, options=[MEAN_OF_HEADS], name="head_select")
+        callback = CustomJS(
+            args=dict(frames=frames, layer_select=layer_select, head_select=head_select, source=source,
+                      figure=detail, x_axis=detail.xaxis[0], y_axis=detail.yaxis[0]),
+            code=STANDALONE_JS,
+        )
+        layer_select.js_on_change("value", callback)
+        head_select.js_on_change("value", callback)
+        document = Document()
+        document.add_root(column(row(layer_select, head_select), detail))
+        document.js_on_event("document_ready", callback)
+        return document
+
+    def _window_labels(self, layer, q0, q1, k0, k1):
+        """Axis labels of a window: tokens where they match the layer, else absolute positions."""
+        _, num_queries, num_keys = self.weights[layer].shape
+        query_tokens = self._tokens(self.query_tokens, num_queries)
+        key_tokens = self._tokens(self.key_tokens, num_keys)
+        y_labels = list(query_tokens[q0:q1]) if query_tokens else [str(i) for i in range(q0, q1)]
+        x_labels = list(key_tokens[k0:k1]) if key_tokens else [str(i) for i in range(k0, k1)]
+        return [str(t) for t in x_labels], [str(t) for t in y_labels]
+
     @property
     def detail_matrix(self):
         """The matrix the detail heatmap shows now, rebuilt from its data source."""
         data = self.detail_source.data
         rows, cols = max(data["row"]) + 1, max(data["col"]) + 1
         return np.asarray(data["weight"]).reshape(rows, cols)
+
+
+# Shows the chosen layer and head of an exported explorer. One-head layers
+# offer only head 0 (the mean of one head is the same matrix).
+STANDALONE_JS = """
+const frame = frames[layer_select.value];
+const count = frame.heads.length;
+const options = count > 1 ? ["mean of heads", ...frame.heads.map((_, h) => String(h))] : ["0"];
+if (JSON.stringify(head_select.options) !== JSON.stringify(options)) {
+  head_select.options = options;
+  if (!options.includes(head_select.value)) { head_select.value = options[0]; return; }  // runs again
+}
+const mean = head_select.value === "mean of heads";
+const flat = mean ? frame.mean : frame.heads[Number(head_select.value)];
+const row = [], col = [], x_token = [], y_token = [];
+for (let r = 0; r < frame.rows; r++) {
+  for (let c = 0; c < frame.cols; c++) {
+    row.push(r); col.push(c); x_token.push(frame.x_labels[c]); y_token.push(frame.y_labels[r]);
+  }
+}
+source.data = {row, col, weight: Array.from(flat), x_token, y_token};
+figure.x_range.start = -0.5; figure.x_range.end = frame.cols - 0.5;
+figure.y_range.start = frame.rows - 0.5; figure.y_range.end = -0.5;
+// Every position labelled up to 60, then every n-th (labels would overlap).
+const ticks = (n) => { const step = Math.max(1, Math.ceil(n / 60));
+                       return Array.from({length: Math.ceil(n / step)}, (_, i) => i * step); };
+x_axis.ticker.ticks = ticks(frame.cols);
+y_axis.ticker.ticks = ticks(frame.rows);
+x_axis.major_label_overrides = new Map(frame.x_labels.map((t, i) => [i, t]));
+y_axis.major_label_overrides = new Map(frame.y_labels.map((t, i) => [i, t]));
+figure.title.text = layer_select.value + ", " + (mean ? "mean of heads" : "head " + head_select.value);
+"""
 
 
 def _shapes(inputs):

@@ -7,6 +7,7 @@ its system path with flags that keep it off the network.
 """
 
 import contextlib
+import json
 
 import numpy as np
 import pytest
@@ -151,3 +152,35 @@ def test_exported_transformer_stepper_switches_heads_without_a_kernel(tmp_path, 
                                f" - {float(steps[-1].attention[-1, 2, 0])}) < 1e-6")
         np.testing.assert_allclose(page.evaluate(read_source("alignment_source", "weight")),
                                    np.ravel([s.attention[-1, 2] for s in steps]), rtol=1e-6)
+
+
+@pytest.mark.tf_only
+def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, fake_comm):
+    import keras
+
+    import keras_attention
+    from keras_attention.widgets import AttentionExplorer
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5, 8))
+    mixed = keras_attention.MultiHeadAttention(4, 2, name="mha")(inputs)
+    model = keras.Model(inputs, keras_attention.LuongAttention(name="luong")(mixed))
+    x = np.random.default_rng(0).normal(size=(1, 5, 8)).astype("float32")
+    tokens = ["a", "b", MALICIOUS, "d", "e"]
+    explorer = AttentionExplorer(model, x, query_tokens=tokens)
+    weights = explorer.weights
+    detail = read_source("detail_source", "weight")
+
+    def shows(matrix):
+        return f"{detail}.every((v, i) => Math.abs(v - {json.dumps(np.ravel(matrix).tolist())}[i]) < 1e-6)"
+
+    with offline_export(tmp_path, explorer, "explorer") as page:
+        page.wait_for_function(shows(weights["mha"].mean(axis=0)))
+        selects = page.locator("select")
+        selects.nth(1).select_option("3")
+        page.wait_for_function(shows(weights["mha"][3]))
+        selects.nth(0).select_option("luong")
+        page.wait_for_function(shows(weights["luong"][0]))
+        # A one-head layer offers head 0 only.
+        assert selects.nth(1).locator("option").all_inner_texts() == ["0"]
+        assert page.evaluate(read_source("detail_source", "x_token"))[:5] == tokens
