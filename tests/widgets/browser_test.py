@@ -184,3 +184,29 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
         # A one-head layer offers head 0 only.
         assert selects.nth(1).locator("option").all_inner_texts() == ["0"]
         assert page.evaluate(read_source("detail_source", "x_token"))[:5] == tokens
+
+
+@pytest.mark.tf_only
+def test_exported_live_attention_replays_every_frame_without_a_kernel(tmp_path, fake_comm):
+    import keras
+
+    import keras_attention
+    from keras_attention.widgets import LiveAttention
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6, 4)), keras_attention.LuongAttention(score="general", name="att"),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    x = np.random.default_rng(0).normal(size=(16, 6, 4)).astype("float32")
+    live = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0,
+                         snapshot_dir=None)
+    model.fit(x, x[:, :, :1].sum(axis=1), batch_size=4, epochs=2, verbose=0, callbacks=[live])
+    frames = [matrices["att"] for _, matrices in live.frames]
+    assert len(frames) == 1 + live.updates and not np.allclose(frames[0], frames[-1], atol=1e-3)
+    weights = read_source("frame_source_att", "weight")
+    with offline_export(tmp_path, live, "live") as page:
+        for index in (len(frames) - 1, 0, 3):
+            if index != len(frames) - 1:
+                set_model(page, "frame_slider", "value", index)
+            page.wait_for_function(
+                f"{weights}.every((v, i) => Math.abs(v - {json.dumps(frames[index].ravel().tolist())}[i]) < 1e-6)")

@@ -122,7 +122,8 @@ train = ipywidgets.Button(description="Train")
 
 def fit(_=None):
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[live, slow], verbose=0)
-    dump(weight=live._latest["att"][0].ravel().tolist(), updates=live.updates)
+    dump(weight=live._latest["att"][0].ravel().tolist(), updates=live.updates,
+         first=live.frames[0][1]["att"].ravel().tolist(), frames=len(live.frames))
 
 train.on_click(fit)
 # Displayed, then trained in the same cell: "Run All" and Voila see only the end.
@@ -467,3 +468,10 @@ def test_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_tr
     assert len(seen) >= 4, len(seen)
     for heatmap in seen:
         np.testing.assert_allclose(np.reshape(heatmap, (6, 6)).sum(axis=1), 1.0, atol=1e-5)
+    # After fit, the replay slider goes back to the first frame (before any training).
+    assert kernel["frames"] == 33
+    handle = opened.page.locator(".widget-slider .noUi-handle").first
+    handle.focus()
+    handle.press("Home")
+    replay_s = opened.wait(same_numbers(READ_LIVE, kernel["first"]), timeout_s=30)
+    opened.record(replay_s=replay_s)
