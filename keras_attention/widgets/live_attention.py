@@ -286,6 +286,10 @@ class LiveAttention(keras.callbacks.Callback, Component):
             return
         start = time.perf_counter()
         self._guarded_update(f"epoch {epoch + 1} end{_loss(logs)}")
+        # The epoch-end update always runs; it counts against the budget too,
+        # so short epochs do not add its cost on top of the batch updates'.
+        self._next_allowed = max(self._next_allowed,
+                                 start + (time.perf_counter() - start) / self.overhead_budget)
         directory = self.snapshot_dir
         if directory is None and not in_notebook():
             directory = "attention_snapshots"
