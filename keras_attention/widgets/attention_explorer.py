@@ -3,6 +3,8 @@
 import ipywidgets
 import numpy as np
 from bokeh.layouts import row
+from bokeh.models import ColumnDataSource
+from bokeh.models import LinearColorMapper
 from keras_attention.widgets._component import FreshBokehModel as BokehModel
 
 from keras_attention.layers.capture import attention_layers
@@ -93,6 +95,9 @@ class AttentionExplorer(Component):
         self.detail_source.name = "detail_source"  # found by name in the browser
         self.detail_widget = BokehModel(self.detail_figure)
         self.overview_box = ipywidgets.Box()
+        self.overview_figure = None
+        self.window_source = None
+        self.grid_heading = ipywidgets.HTML("<b>all heads of the layer</b>")
         self.grid_box = ipywidgets.Box(layout=ipywidgets.Layout(overflow="auto", max_height="720px"))
         self._updating = False
         self.layer_choice.observe(self._on_layer, names="value")
@@ -103,7 +108,7 @@ class AttentionExplorer(Component):
             ipywidgets.HBox([self.query_start, self.key_start]),
             self.info_html,
             ipywidgets.HBox([self.detail_widget, self.overview_box]),
-            ipywidgets.HTML("<b>all heads of the layer</b>"),
+            self.grid_heading,
             self.grid_box,
         ])
 
@@ -143,16 +148,22 @@ class AttentionExplorer(Component):
         for old in (*self.overview_box.children, *self.grid_box.children):
             old.close()  # frees the comm and the Bokeh document of the previous layer
         if long_queries or long_keys:
-            self.overview_box.children = [
-                BokehModel(figures.image_heatmap(heads.mean(axis=0), title=f"{layer}: overview",
-                                                 max_size=self.max_tokens * 2))
-            ]
+            self.overview_figure = figures.image_heatmap(heads.mean(axis=0), title=f"{layer}: overview",
+                                                         max_size=self.max_tokens * 2)
+            # The window the detail shows, outlined on the overview.
+            self.window_source = ColumnDataSource(self._window_data(num_queries, num_keys), name="window_source")
+            self.overview_figure.quad(left="left", right="right", top="top", bottom="bottom",
+                                      source=self.window_source, fill_alpha=0.0, line_color="#ff3030",
+                                      line_width=2)
+            self.overview_box.children = [BokehModel(self.overview_figure)]
         else:
+            self.overview_figure = self.window_source = None
             self.overview_box.children = []
+        # A one-head layer's only head is the detail heatmap already.
         self.grid_box.children = [
-            BokehModel(figures.head_grid(heads, key_tokens, query_tokens, ncols=4,
-                                         max_size=self.max_tokens))
-        ]
+            BokehModel(figures.head_grid(heads, key_tokens, query_tokens, ncols=4, max_size=self.max_tokens))
+        ] if num_heads > 1 else []
+        self.grid_heading.layout.display = None if num_heads > 1 else "none"
         self.info_html.value = (
             f"<b>{escape(layer)}</b>: {num_heads} head(s), {num_queries} queries x {num_keys} keys"
             + (f"; detail shows a {self.max_tokens}-token window" if long_queries or long_keys else "")
@@ -167,15 +178,20 @@ class AttentionExplorer(Component):
         num_queries, num_keys = matrix.shape
         q0, k0 = self.query_start.value, self.key_start.value
         q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
-        query_tokens = self._tokens(self.query_tokens, num_queries)
-        key_tokens = self._tokens(self.key_tokens, num_keys)
-        y_labels = query_tokens[q0:q1] if query_tokens else [str(i) for i in range(q0, q1)]
-        x_labels = key_tokens[k0:k1] if key_tokens else [str(i) for i in range(k0, k1)]
+        x_labels, y_labels = self._window_labels(layer, q0, q1, k0, k1)
         head = self.head_choice.value
+        window = matrix[q0:q1, k0:k1]
         figures.update_heatmap(
-            self.detail_figure, matrix[q0:q1, k0:k1], x_labels, y_labels,
-            title=f"{layer}, {head if head == MEAN_OF_HEADS else f'head {head}'}",
+            self.detail_figure, window, x_labels, y_labels,
+            title=f"{layer}, {head if head == MEAN_OF_HEADS else f'head {head}'}", fit_colors=True,
         )
+        if self.window_source is not None:
+            self.window_source.data = self._window_data(num_queries, num_keys)
+
+    def _window_data(self, num_queries, num_keys):
+        q0, k0 = self.query_start.value, self.key_start.value
+        q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
+        return {"left": [k0 - 0.5], "right": [k1 - 0.5], "top": [q0 - 0.5], "bottom": [q1 - 0.5]}
 
     def standalone_layout(self):
         """A Bokeh document showing every layer and head without a kernel (`export_html`).
@@ -209,7 +225,8 @@ class AttentionExplorer(Component):
         head_select = Select(title="head", value=MEAN_OF_HEADS, options=[MEAN_OF_HEADS], name="head_select")
         callback = CustomJS(
             args=dict(frames=frames, layer_select=layer_select, head_select=head_select, source=source,
-                      figure=detail, x_axis=detail.xaxis[0], y_axis=detail.yaxis[0]),
+                      figure=detail, x_axis=detail.xaxis[0], y_axis=detail.yaxis[0],
+                      mapper=detail.select_one({"type": LinearColorMapper})),
             code=STANDALONE_JS,
         )
         layer_select.js_on_change("value", callback)
@@ -255,15 +272,17 @@ for (let r = 0; r < frame.rows; r++) {
   }
 }
 source.data = {row, col, weight: Array.from(flat), x_token, y_token};
+// Colours fitted to the shown weights (the colour bar shows the range).
+mapper.low = Math.min(0, ...flat); mapper.high = Math.max(mapper.low + 1e-9, ...flat);
 figure.x_range.start = -0.5; figure.x_range.end = frame.cols - 0.5;
 figure.y_range.start = frame.rows - 0.5; figure.y_range.end = -0.5;
-// Every position labelled up to 60, then every n-th (labels would overlap).
-const ticks = (n) => { const step = Math.max(1, Math.ceil(n / 60));
+// Every position labelled up to 60, then every n-th (like figures._label_axis).
+const ticks = (n) => { const step = n <= 60 ? 1 : Math.ceil(n / 10);
                        return Array.from({length: Math.ceil(n / step)}, (_, i) => i * step); };
 x_axis.ticker.ticks = ticks(frame.cols);
 y_axis.ticker.ticks = ticks(frame.rows);
-x_axis.major_label_overrides = new Map(frame.x_labels.map((t, i) => [i, t]));
-y_axis.major_label_overrides = new Map(frame.y_labels.map((t, i) => [i, t]));
+x_axis.major_label_overrides = new Map(x_axis.ticker.ticks.map((i) => [i, frame.x_labels[i]]));
+y_axis.major_label_overrides = new Map(y_axis.ticker.ticks.map((i) => [i, frame.y_labels[i]]));
 figure.title.text = layer_select.value + ", " + (mean ? "mean of heads" : "head " + head_select.value);
 """
 

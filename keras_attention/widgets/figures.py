@@ -62,13 +62,16 @@ def _labels(tokens, length, name, argument):
 
 
 def _label_axis(axis, labels):
-    """Integer ticks labelled with token text (repeated tokens stay distinct)."""
-    if len(labels) <= MAX_LABELLED_TICKS:
-        axis.ticker = FixedTicker(ticks=list(range(len(labels))))
-        axis.major_label_overrides = {i: label for i, label in enumerate(labels)}
-    else:
-        axis.ticker = BasicTicker(desired_num_ticks=10)
-        axis.major_label_overrides = {}
+    """Integer ticks labelled with token text (repeated tokens stay distinct).
+
+    Long axes label every n-th position (n chosen so at most
+    `MAX_LABELLED_TICKS // 6` labels show), still with their own text, so a
+    window of positions 200-263 reads 200..263, not 0..63.
+    """
+    step = 1 if len(labels) <= MAX_LABELLED_TICKS else int(np.ceil(len(labels) / (MAX_LABELLED_TICKS // 6)))
+    ticks = list(range(0, len(labels), step))
+    axis.ticker = FixedTicker(ticks=ticks)
+    axis.major_label_overrides = {i: labels[i] for i in ticks}
 
 
 def heatmap_data(weights, x_tokens=None, y_tokens=None, row_offset=0):
@@ -153,7 +156,8 @@ def heatmap(
         x_range=Range1d(-0.5, max(num_cols, 1) - 0.5),
         y_range=Range1d(reserved_rows - 0.5, -0.5),  # row 0 on top, like a matrix
         tools="pan,wheel_zoom,box_zoom,reset,save" if toolbar else "",
-        toolbar_location="above" if toolbar else None,
+        # Below: above, the toolbar would share (and cover) the title's line.
+        toolbar_location="below" if toolbar else None,
         x_axis_location="above",
         x_axis_label=x_axis_label,
         y_axis_label=y_axis_label,
@@ -251,11 +255,13 @@ def image_heatmap(weights, *, title="Attention overview", max_size=128, width=42
         x_range=Range1d(-0.5, cols - 0.5),
         y_range=Range1d(rows - 0.5, -0.5),
         tools="pan,wheel_zoom,box_zoom,reset,save",
-        toolbar_location="above",
+        toolbar_location="below",
         x_axis_location="above",
     )
     mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=float(max(np.nanmax(small), 1e-9)))
     fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=source, color_mapper=mapper)
+    fig.add_layout(ColorBar(color_mapper=mapper, width=8, title="mean weight", title_text_font_size="8pt",
+                            title_text_font_style="normal"), "right")
     fig.grid.visible = False
     return fig
 
@@ -428,8 +434,13 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
     return gridplot(figures, ncols=ncols, toolbar_location=None)
 
 
-def update_heatmap(fig, weights, x_tokens=None, y_tokens=None, title=None):
-    """Show another matrix (any shape) in a figure made by `heatmap`."""
+def update_heatmap(fig, weights, x_tokens=None, y_tokens=None, title=None, fit_colors=False):
+    """Show another matrix (any shape) in a figure made by `heatmap`.
+
+    With `fit_colors`, the colour scale spans 0 (or the minimum, if negative)
+    to the matrix's maximum, so that a window of small weights is not
+    uniformly dark; the colour bar shows the range.
+    """
     matrix = _as_matrix(weights, "update_heatmap")
     rows, cols = matrix.shape
     heatmap_source(fig).data = heatmap_data(matrix, x_tokens, y_tokens)
@@ -442,3 +453,7 @@ def update_heatmap(fig, weights, x_tokens=None, y_tokens=None, title=None):
     )
     if title is not None:
         fig.title.text = title
+    if fit_colors and matrix.size:
+        mapper = fig.select_one({"type": LinearColorMapper})
+        mapper.low = min(0.0, float(np.nanmin(matrix)))
+        mapper.high = max(float(np.nanmax(matrix)), mapper.low + 1e-9)
