@@ -126,9 +126,9 @@ def fit(_=None):
          first=live.frames[0][1]["att"].ravel().tolist(), frames=len(live.frames))
 
 train.on_click(fit)
-# Displayed, then trained in the same cell: "Run All" and Voila see only the end.
-display(ipywidgets.VBox([train, live.widget]))
-fit()
+box = ipywidgets.VBox([train, live.widget])  # the widget and its comm exist from here on
+fit()  # every update is sent before any view of the widget exists
+box
 """,
 ]
 
