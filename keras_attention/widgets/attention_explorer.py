@@ -26,7 +26,11 @@ class AttentionExplorer(Component):
     Long sequences stay usable: when a side exceeds `max_tokens`, the detail
     heatmap shows a `max_tokens` window chosen with two sliders (query start,
     key start) at full resolution, next to a block-averaged overview of the
-    whole matrix; the small multiples are block-averaged too.
+    whole matrix, on which the window is outlined; the window's axes read its
+    absolute positions and its colours span its own weights (the colour bar
+    shows the range). The small multiples are block-averaged too; a one-head
+    layer has none (its head is the detail). `export_html(explorer, path)`
+    writes every layer and head to one offline page with working selects.
 
     Args:
         model: a Keras model (or attention layer) containing keras_attention

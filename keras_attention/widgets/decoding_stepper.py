@@ -43,6 +43,8 @@ class DecodingStepper(Component):
 
     Every control has a Python method (`next_token`, `back`, `reset`,
     `go_to`, `force`) so notebooks and tests can drive it without a browser.
+    `export_html(stepper, path)` writes the decoded line as one offline page
+    whose step slider (and layer/head selects) work without a kernel.
 
     Args:
         translator: an object with `supports_decoding_session` True and

@@ -67,9 +67,11 @@ stepper = DecodingStepper(translator, SOURCE)
 
 def dump_stepper(_=None):
     history = stepper.session.history
-    dump(attention=[s.attention.tolist() for s in history], tokens=[s.token for s in history])
+    dump(attention=[s.attention.tolist() for s in history], tokens=[s.token for s in history],
+         candidates=[s.candidates for s in history])
 
 stepper.next_button.on_click(dump_stepper)  # runs after the stepper's own handler
+stepper.candidate_source.selected.on_change("indices", lambda *_: dump_stepper())
 # Three steps in the creating cell, before any view of the widget exists
 # (forced, so that an untrained model cannot end the sentence early).
 for token in (MALICIOUS, "he", "hit"):
@@ -394,6 +396,17 @@ def test_stepper_draws_the_steps_of_its_creating_cell_then_each_next(run, front_
     assert drawn["y_token"][::num_source] == kernel["tokens"]
     opened.record(next_s=next_s)
     opened.screenshot("_next")
+    # A tap on candidate bar 1 (what the tap tool sets) forces that candidate in the kernel.
+    alternative = kernel["candidates"][-1][1][0]
+    opened.page.evaluate(
+        "() => { const docs = window.Bokeh.documents; for (let i = docs.length - 1; i >= 0; i--) {"
+        " const s = docs[i].get_model_by_name('candidate_source'); if (s) { s.selected.indices = [1]; return; } } }")
+    tap_s = opened.wait(f"(() => {{ const d = ({READ_ALIGNMENT})(); return d.row.length === {4 * num_source}"
+                        f" && d.y_token[d.y_token.length - 1] === {json.dumps(alternative)}; }})()")
+    kernel = opened.kernel_state(lambda state: state["tokens"][-1] == alternative and len(state["tokens"]) == 4)
+    opened.wait(same_numbers(READ_ALIGNMENT, kernel["attention"]))
+    drawn = opened.page.evaluate(READ_ALIGNMENT)
+    opened.record(tap_s=tap_s)
     # Play (the page's Play widget ticks, the kernel decodes) grows it further.
     opened.page.locator(".widget-play button").first.click()
     opened.wait(f"({READ_ALIGNMENT})().row.length >= {6 * num_source}"
