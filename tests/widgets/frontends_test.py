@@ -71,7 +71,7 @@ def dump_stepper(_=None):
          candidates=[s.candidates for s in history])
 
 stepper.next_button.on_click(dump_stepper)  # runs after the stepper's own handler
-stepper.candidate_source.selected.on_change("indices", lambda *_: dump_stepper())
+stepper.candidate_source.selected.on_change("indices", lambda attr, old, new: dump_stepper())
 # Three steps in the creating cell, before any view of the widget exists
 # (forced, so that an untrained model cannot end the sentence early).
 for token in (MALICIOUS, "he", "hit"):
