@@ -419,19 +419,45 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
         raise ValueError(
             f"head_grid: `weights` must be a 3-D array (heads, Tq, Tv). Received: shape {heads.shape}"
         )
+    # One colour scale for every head (the colour bar closes the grid), so
+    # the thumbnails compare; tick labels thinned to what fits a thumbnail.
+    high = float(max(np.nanmax(heads), 1e-9)) if heads.size else 1.0
     figures = []
     for index, head in enumerate(heads):
         if max(head.shape) > max_size:
             small, _, _ = downsample(head, max_size)
-            fig = heatmap(small, title=f"{title}head {index} (overview)", width=size, height=size,
+            fig = heatmap(small, title=f"{title}head {index} (overview)", width=size, height=size, high=high,
                           color_bar=False, toolbar=False, x_axis_label="", y_axis_label="")
         else:
             fig = heatmap(head, x_tokens, y_tokens, title=f"{title}head {index}", width=size,
-                          height=size, color_bar=False, toolbar=False, x_axis_label="", y_axis_label="")
+                          height=size, high=high, color_bar=False, toolbar=False, x_axis_label="",
+                          y_axis_label="")
             fig.xaxis.major_label_text_font_size = "7pt"
             fig.yaxis.major_label_text_font_size = "7pt"
+            _thin_ticks(fig.xaxis[0], head.shape[1], size)
+            _thin_ticks(fig.yaxis[0], head.shape[0], size)
         figures.append(fig)
-    return gridplot(figures, ncols=ncols, toolbar_location=None)
+    scale = figure(width=90, height=size, toolbar_location=None, min_border_left=0, outline_line_color=None,
+                   title="", name="head_grid_scale")
+    scale.axis.visible = False
+    scale.grid.visible = False
+    scale.add_layout(ColorBar(color_mapper=LinearColorMapper(palette=Viridis256, low=0.0, high=high), width=8,
+                              title="attention weight", title_text_font_size="8pt",
+                              title_text_font_style="normal", name="grid_color_bar"), "left")
+    # An invisible glyph keeps Bokeh from warning about an empty figure.
+    scale.scatter([0], [0], alpha=0.0)
+    return gridplot([*figures, scale], ncols=ncols + 1 if len(figures) <= ncols else ncols,
+                    toolbar_location=None)
+
+
+def _thin_ticks(axis, count, size, pixels_per_label=10):
+    """Keep every n-th tick label so that 7pt labels do not overlap in a thumbnail."""
+    step = max(1, int(np.ceil(count * pixels_per_label / max(size - 60, 1))))
+    if step > 1:
+        ticks = list(range(0, count, step))
+        labels = dict(axis.major_label_overrides)
+        axis.ticker = FixedTicker(ticks=ticks)
+        axis.major_label_overrides = {i: labels.get(i, str(i)) for i in ticks}
 
 
 def update_heatmap(fig, weights, x_tokens=None, y_tokens=None, title=None, fit_colors=False):
