@@ -1,5 +1,5 @@
 import os
-import time
+import types
 
 import keras
 import numpy as np
@@ -100,14 +100,17 @@ def test_the_history_is_bounded_by_max_frames(fake_comm):
     assert callback.frames[-1][0].startswith("epoch 2 end")
 
 
-def test_defaults_give_a_short_fit_a_watchable_number_of_frames(fake_comm):
-    # A ~2.5 s fit (50 batches of 50 ms) used to get 4 updates.
+def test_defaults_give_a_short_fit_a_watchable_number_of_frames(fake_comm, monkeypatch):
+    # A 2.5 s fit (50 batches of 50 ms) used to get 4 updates. The callback's
+    # clock is simulated (updates cost nothing), so only the defaults throttle.
+    clock = [0.0]
+    monkeypatch.setattr(live_attention_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     model = make_model()
     x, y = data(samples=200)
     callback = LiveAttention(model, x[:2], snapshot_dir=None)
-    slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.05))
-    model.fit(x, y, batch_size=4, epochs=1, callbacks=[callback, slow], verbose=0)
-    assert callback.updates >= 8, callback.updates
+    tick = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: clock.__setitem__(0, clock[0] + 0.05))
+    model.fit(x, y, batch_size=4, epochs=1, callbacks=[callback, tick], verbose=0)
+    assert 8 <= callback.updates <= 12, callback.updates
 
 
 def test_export_replays_every_frame(fake_comm, tmp_path):
