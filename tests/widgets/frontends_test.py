@@ -9,12 +9,15 @@ state set in the cell that creates a widget must be drawn, and later changes
 must arrive.
 
 Screenshots of every widget and the measured latencies (`latency.json`) are
-kept under the module's pytest tmp dir (`frontends*/`), printed at the end.
+kept under the module's pytest tmp dir (`frontends*/`), or under
+`$KA_BROWSER_ARTIFACTS` when set (pytest prunes old tmp dirs); the path is
+printed at the end.
 """
 
 import contextlib
 import json
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -197,7 +200,7 @@ class JupyterServer:
                "JUPYTER_CONFIG_DIR": str(root / ".jupyter"), "JUPYTERLAB_WORKSPACES_DIR": str(root / ".ws")}
         # No "get Jupyter news?" toast over the widgets in screenshots.
         labconfig = root / ".jupyter" / "labconfig"
-        labconfig.mkdir(parents=True)
+        labconfig.mkdir(parents=True, exist_ok=True)
         (labconfig / "page_config.json").write_text(json.dumps(
             {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
         self.log = open(root / "server.log", "w")
@@ -247,7 +250,11 @@ class JupyterServer:
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("frontends")
+    if os.environ.get("KA_BROWSER_ARTIFACTS"):
+        directory = pathlib.Path(os.environ["KA_BROWSER_ARTIFACTS"])
+        directory.mkdir(parents=True, exist_ok=True)
+    else:
+        directory = tmp_path_factory.mktemp("frontends")
     latencies = {}
     yield directory, latencies
     (directory / "latency.json").write_text(json.dumps(latencies, indent=1))
