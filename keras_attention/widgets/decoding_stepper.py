@@ -390,7 +390,8 @@ class DecodingStepper(Component):
         candidates = list(step.candidates)[: self.top_k]
         padded = candidates + [("", 0.0)] * (self.top_k - len(candidates))
         self.candidate_source.data = figures.candidate_data(padded, chosen=step.token)
-        figures.set_tick_labels(self.candidate_figure, y_tokens=[t for t, _ in padded])
+        # Short labels keep the bars (and the title above them) wide; hover shows the token.
+        figures.set_tick_labels(self.candidate_figure, y_tokens=[t for t, _ in padded], max_chars=16)
         self.candidate_figure.title.text = titles["candidate"]
         for index, candidate_button in enumerate(self.candidate_buttons):
             if index < len(candidates):
@@ -522,7 +523,7 @@ if (frames.scores[i] !== null) {
 const c = frames.candidates[i];
 candidates.data = {rank: c.token.map((_, r) => r), token: c.token, probability: c.probability, color: c.color};
 candidate_figure.title.text = frames.titles[i].candidate;
-candidate_axis.major_label_overrides = new Map(c.token.map((t, r) => [r, t]));
+candidate_axis.major_label_overrides = new Map(c.token.map((t, r) => [r, t.length > 16 ? t.slice(0, 15) + "…" : t]));
 if (weighted !== null) {
   const values = frames.values, D = values[0].length;
   const row = [], col = [], weight = [], x_token = [], y_token = [], sum = new Array(D).fill(0);

@@ -196,12 +196,14 @@ def heatmap_source(fig):
     return fig.select_one({"type": ColumnDataSource})
 
 
-def set_tick_labels(fig, x_tokens=None, y_tokens=None):
-    """Relabel a heatmap's axes (used when a heatmap grows row by row)."""
+def set_tick_labels(fig, x_tokens=None, y_tokens=None, max_chars=None):
+    """Relabel a heatmap's axes (used when a heatmap grows row by row); labels
+    longer than `max_chars` are shortened."""
+    cut = (lambda t: shorten(t, max_chars)) if max_chars else str
     if x_tokens is not None:
-        _label_axis(fig.xaxis[0], [str(t) for t in x_tokens])
+        _label_axis(fig.xaxis[0], [cut(t) for t in x_tokens])
     if y_tokens is not None:
-        _label_axis(fig.yaxis[0], [str(t) for t in y_tokens])
+        _label_axis(fig.yaxis[0], [cut(t) for t in y_tokens])
 
 
 def downsample(weights, max_size):
@@ -450,14 +452,20 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
                     toolbar_location=None)
 
 
-def _thin_ticks(axis, count, size, pixels_per_label=10):
-    """Keep every n-th tick label so that 7pt labels do not overlap in a thumbnail."""
+def _thin_ticks(axis, count, size, pixels_per_label=10, max_chars=6):
+    """Keep every n-th tick label, each at most `max_chars` long, so that 7pt
+    labels neither overlap nor squeeze a thumbnail's plot to nothing."""
     step = max(1, int(np.ceil(count * pixels_per_label / max(size - 60, 1))))
-    if step > 1:
-        ticks = list(range(0, count, step))
-        labels = dict(axis.major_label_overrides)
-        axis.ticker = FixedTicker(ticks=ticks)
-        axis.major_label_overrides = {i: labels.get(i, str(i)) for i in ticks}
+    ticks = list(range(0, count, step))
+    labels = dict(axis.major_label_overrides)
+    axis.ticker = FixedTicker(ticks=ticks)
+    axis.major_label_overrides = {i: shorten(labels.get(i, str(i)), max_chars) for i in ticks}
+
+
+def shorten(label, max_chars):
+    """`label` cut to `max_chars` characters with an ellipsis (hover shows it whole)."""
+    label = str(label)
+    return label if len(label) <= max_chars else label[: max_chars - 1] + "…"
 
 
 def update_heatmap(fig, weights, x_tokens=None, y_tokens=None, title=None, fit_colors=False):
