@@ -40,8 +40,13 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     stderr = "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
     for marker in ("absl::InitializeLog", "I0000 ", "E0000 ", "W0000 ", "cuda", "oneDNN"):
         assert marker not in stderr, stderr[:2000]
-    print(f"{os.path.basename(path)}: {seconds:.1f} s")
-    assert seconds < 60, f"{os.path.basename(path)} ran {seconds:.0f} s (the budget is 60 s on 2 cores)"
+    # The budget is 60 s on 2 free cores (CI runs two test files at a time).
+    # A machine running more than one job per core stretches it in proportion,
+    # so the check measures the notebook rather than the neighbours.
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    budget = 60 * max(1.0, load)
+    print(f"{os.path.basename(path)}: {seconds:.1f} s (budget {budget:.0f} s at load {load:.1f}/core)")
+    assert seconds < budget, f"{os.path.basename(path)} ran {seconds:.0f} s (budget {budget:.0f} s)"
     # Widgets were displayed (the component notebooks end in a widget).
     if "walkthrough" not in path and "figures" not in path:
         mimes = {key for cell in notebook.cells for output in cell.get("outputs", [])
