@@ -8,8 +8,9 @@ too: it is the direct cost, free of the machine's noise. Every variant starts fr
 
 Settings:
 - `default`: `LiveAttention(model, probe)` with its defaults
-  (every_n_batches=10, min_interval_s=0.5), widget built (patches are
-  serialised for the comm), no snapshots: the notebook case.
+  (every_n_batches=1, min_interval_s=0.25, overhead_budget=0.03, frames
+  kept for replay), widget built (patches are serialised for the comm), no
+  snapshots: the notebook case.
 - `script`: the defaults outside a notebook, writing one HTML snapshot per epoch
   (serialised by a worker thread).
 - `stress`: every_n_batches=1, min_interval_s=0: only the overhead budget

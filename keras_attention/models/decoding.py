@@ -10,7 +10,9 @@ A translator that supports sessions provides:
 - `_session_step(state, previous_token_id) -> (log_probs (V,), attention,
   scores or None, next_state)`,
 - `target_vocabulary` (list of tokens; ids 0-3 are `<pad> <unk> <start> <end>`)
-  and `max_target_length`.
+  and `max_target_length`;
+- optionally `_session_values(state) -> (T_in, dim)`: the vectors the
+  attention weights sum (the widgets draw the weighted sum from them).
 """
 
 import dataclasses
@@ -95,6 +97,12 @@ class DecodingSession:
         self.text = text
         self.top_k = min(top_k, len(translator.target_vocabulary))
         self.source_tokens, self._initial_state = translator._session_start(text)
+        values = getattr(translator, "_session_values", None)
+        values = None if values is None else values(self._initial_state)
+        # The source vectors each step's attention weights sum into its
+        # context vector, `(T_in, dim)`; None where the translator does not
+        # expose them (a Transformer's are per layer and head).
+        self.values = None if values is None else np.asarray(values, "float32")
         self.reset()
 
     def reset(self):

@@ -271,6 +271,11 @@ class Seq2SeqTranslator(Translator):
         encoder_outputs, source_mask, states = self.encode(source_ids, False)
         return (encoder_outputs, source_mask), states
 
+    def _session_values(self, state):
+        # The attention's values are the encoder outputs (one per source token).
+        encoder_outputs, _ = state["context"]
+        return encoder_outputs[0, : state["length"]].numpy()
+
     def _decode_step(self, token_ids, states, context, step, with_scores=False):
         encoder_outputs, source_mask = context
         logits, states, weights, output = self.decode_step(

@@ -12,7 +12,9 @@ names the extra.
 - `AttentionExplorer(model, inputs)`: every layer and head of a model.
 - Figure builders (`heatmap`, `distribution_bars`, `candidate_bars`,
   `weighted_sum`, `head_grid`, `image_heatmap`) return Bokeh objects;
-  `export_html` writes standalone HTML with BokehJS inlined (no CDN).
+  `export_html` writes standalone HTML with BokehJS inlined (no CDN), of a
+  figure or of a whole widget (its controls replay the embedded steps,
+  heads or frames without a kernel).
   `export_png` needs a chromium browser, an optional system dependency
   (Debian: `apt-get install chromium`; or set `KERAS_ATTENTION_CHROMIUM`).
 

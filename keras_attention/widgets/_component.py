@@ -3,6 +3,9 @@
 import html
 
 from bokeh.core.json_encoder import serialize_json
+from bokeh.core.serialization import Deserializer
+from bokeh.core.serialization import Serialized
+from bokeh.events import DocumentReady
 from jupyter_bokeh.widgets import BokehModel
 
 
@@ -31,21 +34,69 @@ class Component:
 
 
 class FreshBokehModel(BokehModel):
-    """`jupyter_bokeh.BokehModel` whose state always carries the current document.
+    """`jupyter_bokeh.BokehModel` whose views always draw the kernel's current document.
 
-    BokehModel sends later changes as comm messages, which a front end that
-    connects later (Voila renders after the cells ran, a reloaded notebook,
-    VS Code re-rendering an output) never receives; it would draw the
-    document as it was when the widget was created. Serialising the document
-    again whenever a front end asks for the widget's state makes late front
-    ends draw what the kernel holds now; updates then flow as messages.
+    BokehModel's front end draws the document serialised in its
+    `render_bundle` state and then applies the changes the kernel sends as
+    comm messages. Those messages reach only views that already exist: the
+    ones sent before a view is drawn are dropped. JupyterLab and Notebook 7
+    receive the state when the widget is created, so everything a cell does
+    to a widget before its output is drawn (stepping a stepper, choosing a
+    layer) never reached the page, and later changes were applied to the
+    stale drawing (only their deltas arrived).
+
+    Two things keep every view current:
+
+    - the document is serialised afresh whenever the front end is sent the
+      widget's state (creation, `request_state` from Voila or a reloaded
+      page), not only when the widget was built;
+    - every view, once BokehJS has drawn it, announces itself
+      (`DocumentReady`, a Bokeh event sent over the widget comm). If the
+      document changed since its state was last serialised, the view may
+      have missed some changes, so the current state is sent again and the
+      views redraw from it. Changes made while a view is connected keep
+      flowing as small patches.
     """
+
+    def __init__(self, model, **kwargs):
+        # Document changes made in the kernel, and how many of them the last
+        # serialised state included.
+        self._changes = 0
+        self._changes_serialised = 0
+        super().__init__(model, **kwargs)
+        self._document.on_event(DocumentReady, self._on_view_drawn)
 
     def get_state(self, key=None, drop_defaults=False):
         state = super().get_state(key, drop_defaults)
         if "render_bundle" in state:
+            self._changes_serialised = self._changes
             state["render_bundle"] = serialize_json(self._model_to_traits(self._model))
         return state
+
+    def _document_patched(self, event):
+        if event.setter is not self:  # changes made in the page are already there
+            self._changes += 1
+        super()._document_patched(event)
+
+    def _sync_model(self, widget, content, buffers):
+        # jupyter_bokeh applies a property change made in the page with the
+        # setter (which runs the `on_change` callbacks) and then runs the
+        # callbacks a second time; a tap on a bar would act twice.
+        if content.get("event") == "jsevent" and content.get("kind") == "ModelChanged":
+            content = dict(content)
+            del content["event"]
+            deserializer = Deserializer(list(self._document.models), setter=self)
+            event = deserializer.deserialize(Serialized(content=content, buffers=[]))
+            model, name = event["model"], event["attr"]
+            descriptor = model.lookup(name)
+            new = descriptor.property.prepare_value(model, descriptor.name, event["new"])
+            descriptor._set(model, descriptor._get(model), new, setter=self)
+            return
+        super()._sync_model(widget, content, buffers)
+
+    def _on_view_drawn(self, _event):
+        if self._changes != self._changes_serialised:
+            self.send_state("render_bundle")
 
     def close(self):
         # jupyter_bokeh's close is not idempotent (a second call, e.g. from

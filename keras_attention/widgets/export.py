@@ -5,7 +5,9 @@ import shutil
 import subprocess
 import tempfile
 
+from bokeh.document import Document
 from bokeh.embed import file_html
+from bokeh.models import LayoutDOM
 from bokeh.resources import INLINE
 
 # Where Debian's `chromium` package puts the browser; `KERAS_ATTENTION_CHROMIUM` overrides.
@@ -25,11 +27,22 @@ CHROMIUM_ARGS = (
 
 
 def export_html(obj, path, title="keras-attention"):
-    """Write a Bokeh object to a standalone HTML file that works offline.
+    """Write a Bokeh object, or a widget, to a standalone HTML file that works offline.
 
-    BokehJS is inlined (no CDN), so the file opens without network access.
+    BokehJS is inlined (no CDN), so the file opens without network access or
+    a kernel. A widget (`DecodingStepper`, `AttentionExplorer`,
+    `LiveAttention`) is exported through its `standalone_layout()`: every
+    decoding step / layer and head / recorded frame is embedded, and its
+    controls (Bokeh sliders and selects with JavaScript callbacks) still work.
     Returns the path.
     """
+    if hasattr(obj, "standalone_layout"):
+        obj = obj.standalone_layout()
+    if not isinstance(obj, (LayoutDOM, Document)):
+        raise TypeError(
+            "export_html: `obj` must be a Bokeh layout or figure, or a keras_attention widget. "
+            f"Received: {type(obj).__name__}"
+        )
     html = file_html(obj, resources=INLINE, title=title)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(html)

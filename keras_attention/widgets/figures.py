@@ -18,8 +18,12 @@ from bokeh.models import FixedTicker
 from bokeh.models import HoverTool
 from bokeh.models import LinearColorMapper
 from bokeh.models import Range1d
+from bokeh.palettes import RdBu11
 from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
+
+# Negative and positive features of the weighted sum: blue, white at 0, red.
+DIVERGING = tuple(reversed(RdBu11))
 
 # Above this many positions on an axis, tick labels would overlap.
 MAX_LABELLED_TICKS = 60
@@ -58,13 +62,16 @@ def _labels(tokens, length, name, argument):
 
 
 def _label_axis(axis, labels):
-    """Integer ticks labelled with token text (repeated tokens stay distinct)."""
-    if len(labels) <= MAX_LABELLED_TICKS:
-        axis.ticker = FixedTicker(ticks=list(range(len(labels))))
-        axis.major_label_overrides = {i: label for i, label in enumerate(labels)}
-    else:
-        axis.ticker = BasicTicker(desired_num_ticks=10)
-        axis.major_label_overrides = {}
+    """Integer ticks labelled with token text (repeated tokens stay distinct).
+
+    Long axes label every n-th position (n chosen so at most
+    `MAX_LABELLED_TICKS // 6` labels show), still with their own text, so a
+    window of positions 200-263 reads 200..263, not 0..63.
+    """
+    step = 1 if len(labels) <= MAX_LABELLED_TICKS else int(np.ceil(len(labels) / (MAX_LABELLED_TICKS // 6)))
+    ticks = list(range(0, len(labels), step))
+    axis.ticker = FixedTicker(ticks=ticks)
+    axis.major_label_overrides = {i: labels[i] for i in ticks}
 
 
 def heatmap_data(weights, x_tokens=None, y_tokens=None, row_offset=0):
@@ -101,6 +108,7 @@ def heatmap(
     width=420,
     height=380,
     color_bar=True,
+    color_bar_title="attention weight",
     toolbar=True,
 ):
     """A heatmap of attention weights, one rectangle per (query, key) cell.
@@ -118,6 +126,7 @@ def heatmap(
         low, high: colour scale limits (weights are in [0, 1]).
         width, height: pixels.
         color_bar: draw the colour scale.
+        color_bar_title: what the colours mean, written along the colour bar.
         toolbar: show Bokeh's toolbar (pan, zoom, save, hover).
 
     Returns:
@@ -147,7 +156,8 @@ def heatmap(
         x_range=Range1d(-0.5, max(num_cols, 1) - 0.5),
         y_range=Range1d(reserved_rows - 0.5, -0.5),  # row 0 on top, like a matrix
         tools="pan,wheel_zoom,box_zoom,reset,save" if toolbar else "",
-        toolbar_location="above" if toolbar else None,
+        # Below: above, the toolbar would share (and cover) the title's line.
+        toolbar_location="below" if toolbar else None,
         x_axis_location="above",
         x_axis_label=x_axis_label,
         y_axis_label=y_axis_label,
@@ -173,7 +183,11 @@ def heatmap(
     _label_axis(fig.xaxis[0], _labels(x_tokens, num_cols, "heatmap", "x_tokens"))
     _label_axis(fig.yaxis[0], _labels(y_tokens, num_rows, "heatmap", "y_tokens"))
     if color_bar:
-        fig.add_layout(ColorBar(color_mapper=mapper, width=8), "right")
+        fig.add_layout(
+            ColorBar(color_mapper=mapper, width=8, title=color_bar_title, title_text_font_size="8pt",
+                     title_text_font_style="normal", name="color_bar"),
+            "right",
+        )
     return fig
 
 
@@ -182,12 +196,14 @@ def heatmap_source(fig):
     return fig.select_one({"type": ColumnDataSource})
 
 
-def set_tick_labels(fig, x_tokens=None, y_tokens=None):
-    """Relabel a heatmap's axes (used when a heatmap grows row by row)."""
+def set_tick_labels(fig, x_tokens=None, y_tokens=None, max_chars=None):
+    """Relabel a heatmap's axes (used when a heatmap grows row by row); labels
+    longer than `max_chars` are shortened."""
+    cut = (lambda t: shorten(t, max_chars)) if max_chars else str
     if x_tokens is not None:
-        _label_axis(fig.xaxis[0], [str(t) for t in x_tokens])
+        _label_axis(fig.xaxis[0], [cut(t) for t in x_tokens])
     if y_tokens is not None:
-        _label_axis(fig.yaxis[0], [str(t) for t in y_tokens])
+        _label_axis(fig.yaxis[0], [cut(t) for t in y_tokens])
 
 
 def downsample(weights, max_size):
@@ -241,11 +257,13 @@ def image_heatmap(weights, *, title="Attention overview", max_size=128, width=42
         x_range=Range1d(-0.5, cols - 0.5),
         y_range=Range1d(rows - 0.5, -0.5),
         tools="pan,wheel_zoom,box_zoom,reset,save",
-        toolbar_location="above",
+        toolbar_location="below",
         x_axis_location="above",
     )
     mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=float(max(np.nanmax(small), 1e-9)))
     fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=source, color_mapper=mapper)
+    fig.add_layout(ColorBar(color_mapper=mapper, width=8, title="mean weight", title_text_font_size="8pt",
+                            title_text_font_style="normal"), "right")
     fig.grid.visible = False
     return fig
 
@@ -297,10 +315,20 @@ def distribution_bars(
     return fig
 
 
-def candidate_bars(candidates, *, title="Next-token candidates", source=None, width=300, height=220):
-    """Horizontal bars of the top-k `(token, probability)` candidates, best on top."""
+CANDIDATE_COLOR = "#e8b090"
+CHOSEN_COLOR = "#c03010"
+
+
+def candidate_bars(candidates, *, chosen=None, title="Next-token candidates", source=None, width=300,
+                   height=220):
+    """Horizontal bars of the top-k `(token, probability)` candidates, best on top.
+
+    The `chosen` token's bar is drawn in a strong colour. A tap tool is
+    active: selecting a bar sets `source.selected.indices` (the stepper
+    forces the tapped candidate).
+    """
     candidates = list(candidates)
-    data = candidate_data(candidates)
+    data = candidate_data(candidates, chosen)
     if source is None:
         source = ColumnDataSource(data, name="candidate_source")
     else:
@@ -311,23 +339,27 @@ def candidate_bars(candidates, *, title="Next-token candidates", source=None, wi
         height=height,
         x_range=Range1d(0.0, 1.0),
         y_range=Range1d(max(len(candidates), 1) - 0.5, -0.5),
-        tools="",
+        tools="tap",
         toolbar_location=None,
         x_axis_label="probability",
     )
-    fig.hbar(y="rank", right="probability", height=0.7, source=source, color="#c06030", name="bars")
+    fig.hbar(y="rank", right="probability", height=0.7, source=source, fill_color="color",
+             line_color="color", name="bars", nonselection_fill_alpha=1.0, nonselection_line_alpha=1.0)
     fig.add_tools(HoverTool(tooltips=[("token", "@token"), ("probability", "@probability{0.000}")]))
     fig.ygrid.visible = False
     _label_axis(fig.yaxis[0], [token for token, _ in candidates])
     return fig
 
 
-def candidate_data(candidates):
-    """The ColumnDataSource columns of `candidate_bars`."""
+def candidate_data(candidates, chosen=None):
+    """The ColumnDataSource columns of `candidate_bars` (`color` marks `chosen`)."""
+    tokens = [str(token) for token, _ in candidates]
     return {
         "rank": list(range(len(candidates))),
-        "token": [str(token) for token, _ in candidates],
+        "token": tokens,
         "probability": [float(p) for _, p in candidates],
+        "color": [CHOSEN_COLOR if chosen is not None and t == str(chosen) else CANDIDATE_COLOR
+                  for t in tokens],
     }
 
 
@@ -341,6 +373,29 @@ def weighted_sum(weights, values, tokens=None, *, title="Weighted sum of values"
         weights: `(Tv,)` attention distribution.
         values: `(Tv, dv)` value (encoder hidden state) vectors.
     """
+    rows, row_labels = weighted_sum_rows(weights, values, tokens)
+    limit = float(max(np.abs(rows).max(), 1e-9))
+    fig = heatmap(
+        rows,
+        [str(i) for i in range(rows.shape[1])],
+        row_labels,
+        title=title,
+        x_axis_label="feature",
+        y_axis_label="weight x value",
+        low=-limit,
+        high=limit,
+        width=width,
+        height=height,
+        color_bar_title="weight x value",
+        toolbar=False,
+    )
+    fig.select_one({"type": LinearColorMapper}).palette = DIVERGING
+    return fig
+
+
+def weighted_sum_rows(weights, values, tokens=None):
+    """`(rows, row_labels)` of `weighted_sum`: `weights[i] * values[i]` per source position,
+    then their sum (the context vector) as the last row."""
     vector = _as_vector(weights, "weighted_sum")
     values = _as_matrix(values, "weighted_sum")
     if values.shape[0] != vector.shape[0]:
@@ -351,21 +406,8 @@ def weighted_sum(weights, values, tokens=None, *, title="Weighted sum of values"
     labels = _labels(tokens, len(vector), "weighted_sum", "tokens")
     scaled = vector[:, None] * values
     rows = np.concatenate([scaled, scaled.sum(axis=0, keepdims=True)], axis=0)
-    row_labels = [f"{w:.2f} x {t}" for w, t in zip(vector, labels)] + ["= output"]
-    limit = float(max(np.abs(rows).max(), 1e-9))
-    fig = heatmap(
-        rows,
-        [str(i) for i in range(values.shape[1])],
-        row_labels,
-        title=title,
-        x_axis_label="feature",
-        y_axis_label="weight x value",
-        low=-limit,
-        high=limit,
-        width=width,
-        height=height,
-    )
-    return fig
+    row_labels = [f"{w:.2f} x {t}" for w, t in zip(vector, labels)] + ["= context"]
+    return rows, row_labels
 
 
 def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=170, max_size=64):
@@ -379,23 +421,60 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
         raise ValueError(
             f"head_grid: `weights` must be a 3-D array (heads, Tq, Tv). Received: shape {heads.shape}"
         )
+    # One colour scale for every head (the colour bar closes the grid), so
+    # the thumbnails compare; tick labels thinned to what fits a thumbnail.
+    high = float(max(np.nanmax(heads), 1e-9)) if heads.size else 1.0
     figures = []
     for index, head in enumerate(heads):
         if max(head.shape) > max_size:
             small, _, _ = downsample(head, max_size)
-            fig = heatmap(small, title=f"{title}head {index} (overview)", width=size, height=size,
+            fig = heatmap(small, title=f"{title}head {index} (overview)", width=size, height=size, high=high,
                           color_bar=False, toolbar=False, x_axis_label="", y_axis_label="")
         else:
             fig = heatmap(head, x_tokens, y_tokens, title=f"{title}head {index}", width=size,
-                          height=size, color_bar=False, toolbar=False, x_axis_label="", y_axis_label="")
+                          height=size, high=high, color_bar=False, toolbar=False, x_axis_label="",
+                          y_axis_label="")
             fig.xaxis.major_label_text_font_size = "7pt"
             fig.yaxis.major_label_text_font_size = "7pt"
+            _thin_ticks(fig.xaxis[0], head.shape[1], size)
+            _thin_ticks(fig.yaxis[0], head.shape[0], size)
         figures.append(fig)
-    return gridplot(figures, ncols=ncols, toolbar_location=None)
+    scale = figure(width=90, height=size, toolbar_location=None, min_border_left=0, outline_line_color=None,
+                   title="", name="head_grid_scale")
+    scale.axis.visible = False
+    scale.grid.visible = False
+    scale.add_layout(ColorBar(color_mapper=LinearColorMapper(palette=Viridis256, low=0.0, high=high), width=8,
+                              title="attention weight", title_text_font_size="8pt",
+                              title_text_font_style="normal", name="grid_color_bar"), "left")
+    # An invisible glyph keeps Bokeh from warning about an empty figure.
+    scale.scatter([0], [0], alpha=0.0)
+    return gridplot([*figures, scale], ncols=ncols + 1 if len(figures) <= ncols else ncols,
+                    toolbar_location=None)
 
 
-def update_heatmap(fig, weights, x_tokens=None, y_tokens=None, title=None):
-    """Show another matrix (any shape) in a figure made by `heatmap`."""
+def _thin_ticks(axis, count, size, pixels_per_label=10, max_chars=6):
+    """Keep every n-th tick label, each at most `max_chars` long, so that 7pt
+    labels neither overlap nor squeeze a thumbnail's plot to nothing."""
+    step = max(1, int(np.ceil(count * pixels_per_label / max(size - 60, 1))))
+    ticks = list(range(0, count, step))
+    labels = dict(axis.major_label_overrides)
+    axis.ticker = FixedTicker(ticks=ticks)
+    axis.major_label_overrides = {i: shorten(labels.get(i, str(i)), max_chars) for i in ticks}
+
+
+def shorten(label, max_chars):
+    """`label` cut to `max_chars` characters with an ellipsis (hover shows it whole)."""
+    label = str(label)
+    return label if len(label) <= max_chars else label[: max_chars - 1] + "…"
+
+
+def update_heatmap(fig, weights, x_tokens=None, y_tokens=None, title=None, fit_colors=False):
+    """Show another matrix (any shape) in a figure made by `heatmap`.
+
+    With `fit_colors`, the colour scale spans 0 (or the minimum, if negative)
+    to the matrix's maximum, so that a window of small weights is not
+    uniformly dark; the colour bar shows the range.
+    """
     matrix = _as_matrix(weights, "update_heatmap")
     rows, cols = matrix.shape
     heatmap_source(fig).data = heatmap_data(matrix, x_tokens, y_tokens)
@@ -408,3 +487,7 @@ def update_heatmap(fig, weights, x_tokens=None, y_tokens=None, title=None):
     )
     if title is not None:
         fig.title.text = title
+    if fit_colors and matrix.size:
+        mapper = fig.select_one({"type": LinearColorMapper})
+        mapper.low = min(0.0, float(np.nanmin(matrix)))
+        mapper.high = max(float(np.nanmax(matrix)), mapper.low + 1e-9)

@@ -1,5 +1,6 @@
 """A Keras callback that redraws the attention of a probe batch while training."""
 
+import collections
 import concurrent.futures
 import os
 import time
@@ -32,6 +33,14 @@ class LiveAttention(keras.callbacks.Callback, Component):
     of the training time (the next update waits `cost / overhead_budget`), so
     a large probe cannot slow training down by more than that.
 
+    Every update is also kept as a frame (the newest `max_frames`; the oldest
+    are dropped first): the widget's `frame` slider replays them after `fit`
+    (and follows the newest one during it), and `export_html(callback)`
+    writes them all to one offline HTML file with its own slider. A frame
+    holds one float32 matrix per layer, so the history takes at most
+    `max_frames * sum(Tq * Tv) * 4` bytes (200 frames of one 64 x 64 probe:
+    3.3 MB).
+
     In a notebook, display `callback.widget` (or the callback itself). Outside
     a notebook, an HTML snapshot is written at the end of every epoch to
     `snapshot_dir` (default `./attention_snapshots`), by a worker thread so
@@ -47,13 +56,16 @@ class LiveAttention(keras.callbacks.Callback, Component):
         probe_inputs: a small batch the model can be called on (checked at
             construction: a wrong shape raises a ValueError then).
         every_n_batches: update every this many batches (>= 1).
-        min_interval_s: minimum seconds between updates (>= 0).
+        min_interval_s: minimum seconds between updates (>= 0). The defaults
+            (every batch, at most 4 per second, within `overhead_budget`) give
+            about ten frames for a 2.5 s `fit`.
         example: which example of the probe batch to draw.
         head: head to draw for multi-head layers; `None` draws the mean.
         query_tokens, key_tokens: axis labels (used where lengths match).
         snapshot_dir: where per-epoch HTML snapshots go; `None` means
             `./attention_snapshots` outside a notebook and none inside one.
         overhead_budget: largest fraction of training time spent updating.
+        max_frames: how many updates the history keeps (>= 1).
 
     Attributes:
         widget: ipywidgets box with the heatmaps (built on first access).
@@ -61,6 +73,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
         figures: `{layer_name: figure}`.
         updates: number of updates made; `error`: the reported exception.
         snapshots: paths of the HTML snapshots written.
+        frames: the history, oldest first: `(title, {layer_name: (Tq, Tv)})`
+            per update, starting with the attention before training.
+        replay: the `frame` slider (`show_frame(index)` does the same).
         time_spent: seconds spent in the callback's hooks (training waits
             for these).
     """
@@ -69,8 +84,8 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self,
         model_or_layer,
         probe_inputs,
-        every_n_batches=10,
-        min_interval_s=0.5,
+        every_n_batches=1,
+        min_interval_s=0.25,
         *,
         example=0,
         head=None,
@@ -78,6 +93,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
         key_tokens=None,
         snapshot_dir=None,
         overhead_budget=0.03,
+        max_frames=200,
     ):
         super().__init__()
         if isinstance(every_n_batches, bool) or not isinstance(every_n_batches, int) or every_n_batches < 1:
@@ -94,6 +110,10 @@ class LiveAttention(keras.callbacks.Callback, Component):
             raise ValueError(
                 "LiveAttention: `overhead_budget` must be in (0, 1]. "
                 f"Received: overhead_budget={overhead_budget!r}"
+            )
+        if isinstance(max_frames, bool) or not isinstance(max_frames, int) or max_frames < 1:
+            raise ValueError(
+                f"LiveAttention: `max_frames` must be an integer >= 1. Received: max_frames={max_frames!r}"
             )
         if not hasattr(model_or_layer, "_flatten_layers") or not attention_layers(model_or_layer):
             raise ValueError(
@@ -144,6 +164,12 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self._next_allowed = 0.0
         self.time_spent = 0.0
         self._latest = {name: (matrix, self.figures[name].title.text) for name, matrix in matrices.items()}
+        self.frames = collections.deque(maxlen=max_frames)
+        self.replay = ipywidgets.IntSlider(value=0, min=0, max=0, description="frame",
+                                           continuous_update=True)
+        self._following = False
+        self.replay.observe(self._on_replay, names="value")
+        self._record("before training", matrices)
         self._writer = None
         self._pending = []
 
@@ -152,8 +178,49 @@ class LiveAttention(keras.callbacks.Callback, Component):
     @property
     def widget(self):
         if self._widget is None:
-            self._widget = ipywidgets.VBox([self.status, BokehModel(self.layout)])
+            self.bokeh_widget = BokehModel(self.layout)
+            self._widget = ipywidgets.VBox([self.status, self.replay, self.bokeh_widget])
         return self._widget
+
+    def show_frame(self, index):
+        """Draw frame `index` of the history (negative counts from the newest)."""
+        title, matrices = self.frames[index]
+        for name, matrix in matrices.items():
+            values = matrix.ravel().astype("float64").tolist()
+            self.sources[name].patch({"weight": [(slice(0, len(values)), values)]})
+            self.figures[name].title.text = f"{name} · {title}"
+
+    def standalone_layout(self):
+        """A Bokeh document replaying every recorded frame without a kernel (`export_html`)."""
+        from bokeh.document import Document
+        from bokeh.layouts import column
+        from bokeh.models import CustomJS
+        from bokeh.models import Slider
+
+        panels = {}
+        for name, fig in self.figures.items():
+            rows, cols = self._latest[name][0].shape
+            panels[name] = figures.heatmap(
+                np.zeros((rows, cols)), _tokens(self.key_tokens, cols), _tokens(self.query_tokens, rows),
+                title=name, width=fig.width, height=fig.height,
+            )
+            figures.heatmap_source(panels[name]).name = f"frame_source_{name}"
+        frames = [{"title": title, "weights": {name: m.ravel().astype("float64").tolist()
+                                               for name, m in matrices.items()}}
+                  for title, matrices in self.frames]
+        slider = Slider(start=0, end=max(len(frames) - 1, 1), value=len(frames) - 1, step=1,
+                        title="frame", name="frame_slider", width=400, disabled=len(frames) == 1)
+        callback = CustomJS(
+            args=dict(frames=frames, slider=slider,
+                      sources={name: figures.heatmap_source(fig) for name, fig in panels.items()},
+                      figures=panels),
+            code=STANDALONE_JS,
+        )
+        slider.js_on_change("value", callback)
+        document = Document()
+        document.add_root(column(slider, gridplot(list(panels.values()), ncols=2, toolbar_location=None)))
+        document.js_on_event("document_ready", callback)
+        return document
 
     def compute(self):
         """`{layer_name: (Tq, Tv)}` attention of the probe example, now."""
@@ -176,6 +243,21 @@ class LiveAttention(keras.callbacks.Callback, Component):
             self.figures[name].title.text = title
             self._latest[name] = (matrix, title)
         self.updates += 1
+        self._record(title_suffix or f"update {self.updates}", {name: m for name, (m, _) in self._latest.items()})
+
+    def _record(self, title, matrices):
+        self.frames.append((title, {name: np.array(m, dtype="float32") for name, m in matrices.items()}))
+        # The slider follows the newest frame (updates during fit arrive here).
+        self._following = True
+        try:
+            self.replay.max = len(self.frames) - 1
+            self.replay.value = len(self.frames) - 1
+        finally:
+            self._following = False
+
+    def _on_replay(self, change):
+        if not self._following:
+            self.show_frame(change["new"])
 
     # ------------------------------------------------------------ callbacks
 
@@ -204,6 +286,10 @@ class LiveAttention(keras.callbacks.Callback, Component):
             return
         start = time.perf_counter()
         self._guarded_update(f"epoch {epoch + 1} end{_loss(logs)}")
+        # The epoch-end update always runs; it counts against the budget too,
+        # so short epochs do not add its cost on top of the batch updates'.
+        self._next_allowed = max(self._next_allowed,
+                                 start + (time.perf_counter() - start) / self.overhead_budget)
         directory = self.snapshot_dir
         if directory is None and not in_notebook():
             directory = "attention_snapshots"
@@ -296,6 +382,17 @@ class LiveAttention(keras.callbacks.Callback, Component):
                 f"{expected if len(expected) > 1 else expected[0]}. "
                 f"Received: probe_inputs of shape {received if len(received) > 1 else received[0]}"
             )
+
+
+# Draws frame `slider.value` of an exported LiveAttention.
+STANDALONE_JS = """
+const frame = frames[slider.value];
+for (const name of Object.keys(frame.weights)) {
+  const source = sources[name];
+  source.data = {...source.data, weight: frame.weights[name]};
+  figures[name].title.text = name + " · " + frame.title;
+}
+"""
 
 
 def _loss(logs):

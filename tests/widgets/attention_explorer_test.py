@@ -41,7 +41,8 @@ def test_small_multiples_show_every_head_of_the_layer(fake_comm):
     explorer = AttentionExplorer(make_model(), x)
     explorer.layer_choice.value = "four_heads"
     grid = explorer.grid_box.children[0]._model
-    heads = {fig.title.text: figures.heatmap_source(fig) for fig, _, _ in grid.children}
+    heads = {fig.title.text: figures.heatmap_source(fig) for fig, _, _ in grid.children
+             if fig.name != "head_grid_scale"}
     assert sorted(heads) == [f"head {i}" for i in range(4)]
     for index, expected in enumerate(reference_weights(x, 4)[0]):
         np.testing.assert_allclose(np.reshape(heads[f"head {index}"].data["weight"], (5, 5)), expected, rtol=1e-5)
@@ -61,6 +62,40 @@ def test_long_sequences_get_an_overview_and_a_window(fake_comm):
     explorer.key_start.value = 86
     np.testing.assert_allclose(explorer.detail_matrix, expected[50:114, 86:150], rtol=1e-5)
     assert explorer.detail_source.data["y_token"][0] == "50"
+
+
+def test_a_long_input_window_is_shown_honestly(fake_comm):
+    from bokeh.models import ColorBar
+    from bokeh.models import LinearColorMapper
+
+    length = 300
+    x = np.random.default_rng(3).normal(size=(1, length, 8)).astype("float32")
+    inputs = keras.Input((length, 8))
+    model = keras.Model(inputs, SplitHeadsAttention(2, name="long")(inputs))
+    explorer = AttentionExplorer(model, x, max_tokens=64)
+    explorer.query_start.value = 200
+    window = reference_weights(x, 2)[0].mean(axis=0)[200:264, 0:64]
+    # Axes read the absolute positions of the window.
+    y_axis = explorer.detail_figure.yaxis[0]
+    assert y_axis.major_label_overrides[0] == "200" and y_axis.major_label_overrides[y_axis.ticker.ticks[-1]] \
+        == str(200 + y_axis.ticker.ticks[-1])
+    # Colours span the window's weights (~1/300 here), not 0-1.
+    mapper = explorer.detail_figure.select_one({"type": LinearColorMapper})
+    assert mapper.high == pytest.approx(window.max(), rel=1e-5) and mapper.high < 0.1
+    # The overview has a colour bar and outlines the window.
+    assert explorer.overview_figure.select_one({"type": ColorBar}) is not None
+    assert dict(explorer.window_source.data) == {"left": [-0.5], "right": [63.5], "top": [199.5], "bottom": [263.5]}
+    # The toolbar sits below the plot, not on the title's line.
+    assert explorer.detail_figure.toolbar_location == "below"
+
+
+def test_a_one_head_layer_is_not_shown_twice(fake_comm):
+    x = np.random.default_rng(1).normal(size=(1, 5, 8)).astype("float32")
+    explorer = AttentionExplorer(make_model(), x)
+    assert len(explorer.grid_box.children) == 1
+    explorer.layer_choice.value = "luong"
+    assert list(explorer.head_choice.options) == [0]
+    assert explorer.grid_box.children == () and explorer.grid_heading.layout.display == "none"
 
 
 def test_model_without_attention_layers_is_rejected(fake_comm):

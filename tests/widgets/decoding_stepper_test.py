@@ -137,6 +137,96 @@ def test_malicious_tokens_are_escaped_in_html_widgets(fake_comm):
     assert "&lt;img src=x onerror=alert(1)&gt;" in stepper.output_html.value
 
 
+def test_each_stage_has_a_panel_titled_with_the_step_and_its_token(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    stepper.next_token()
+    step = stepper.next_token()
+    titles = [stepper.scores_figure.title.text, stepper.distribution_figure.title.text,
+              stepper.weighted_sum_figure.title.text, stepper.candidate_figure.title.text]
+    assert [title[:2] for title in titles] == ["1.", "2.", "3.", "4."]
+    for title in titles:
+        assert f"'{step.token}'" in title and "2" in title
+    assert f"attention while producing '{step.token}'" in stepper.distribution_figure.title.text.lower()
+    np.testing.assert_allclose(stepper.scores_source.data["weight"], step.scores)
+    # Stage 3: one row per source vector times its weight, then their sum.
+    values = stepper.session.values
+    rows = rows_of(stepper.weighted_sum_source, values.shape[1])
+    np.testing.assert_allclose(rows[:-1], step.attention[:, None] * values)
+    np.testing.assert_allclose(rows[-1], step.attention @ values)
+    assert stepper.weighted_sum_source.data["y_token"][-1] == "= context"
+
+
+def test_the_chosen_token_is_marked_in_the_prediction(fake_comm):
+    from keras_attention.widgets.figures import CHOSEN_COLOR
+
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    first = stepper.next_token()
+    colors = stepper.candidate_source.data["color"]
+    assert colors[0] == CHOSEN_COLOR and CHOSEN_COLOR not in colors[1:]
+    stepper.force(first.candidates[2][0])
+    colors = stepper.candidate_source.data["color"]
+    assert [i for i, color in enumerate(colors) if color == CHOSEN_COLOR] == [2]
+    assert "(forced)" in stepper.candidate_figure.title.text
+
+
+def test_tapping_a_candidate_bar_forces_it_once(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    first = stepper.next_token()
+    forced = []
+    original_force = stepper.force
+    stepper.force = lambda token: (forced.append(token), original_force(token))[1]
+    # What jupyter_bokeh receives when the page's tap tool selects bar 1.
+    selected = stepper.candidate_source.selected
+    stepper.bokeh_widget._sync_model(stepper.bokeh_widget, {
+        "event": "jsevent", "kind": "ModelChanged", "model": {"id": selected.id},
+        "attr": "indices", "new": [1]}, [])
+    assert forced == [first.candidates[1][0]]
+    assert stepper.session.output_tokens == [first.candidates[1][0]]
+    assert selected.indices == []  # ready for the next tap
+
+
+def test_a_failed_force_leaves_the_state_unchanged(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    steps = [stepper.next_token() for _ in range(2)]
+    before = {k: list(v) for k, v in stepper.heatmap_source.data.items()}
+    with pytest.raises(ValueError, match="DecodingStepper.force: .*zzzz"):
+        stepper.force("zzzz")
+    assert stepper.position == 2 and stepper.session.output_tokens == [s.token for s in steps]
+    assert {k: list(v) for k, v in stepper.heatmap_source.data.items()} == before
+    assert stepper.step_slider.max == 2
+
+
+def test_reset_clears_the_candidate_labels(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    stepper.next_token()
+    assert any(stepper.candidate_figure.yaxis[0].major_label_overrides.values())
+    stepper.reset()
+    assert not any(stepper.candidate_figure.yaxis[0].major_label_overrides.values())
+    assert stepper.candidate_source.data["token"] == [""] * 5
+
+
+def test_heatmap_rows_follow_the_output_and_long_sources_stay_narrow(fake_comm):
+    source = " ".join(f"w{i}" for i in range(24))
+    stepper = DecodingStepper(FakeTranslator(max_length=30), source)
+    start_height = stepper.heatmap_figure.height
+    assert start_height < 300 and stepper.heatmap_figure.width <= 800
+    for _ in range(8):
+        stepper.next_token(force_token="he")
+    assert stepper.heatmap_figure.height > start_height
+    assert stepper.heatmap_figure.y_range.start == 7.5
+    assert stepper.bokeh_widget.layout.overflow == "auto"
+
+
+def test_transformers_without_scores_get_no_scores_panel_and_name_the_head(fake_comm):
+    stepper = DecodingStepper(FakeTranslator(heads=(2, 3), with_scores=False), "a b c")
+    stepper.next_token()
+    assert not stepper.scores_figure.visible
+    assert stepper.weighted_sum_figure is None  # no source vectors exposed
+    assert stepper.heatmap_figure.title.text.endswith("layer 1, mean of heads")
+    stepper.head_choice.value = 2
+    assert stepper.heatmap_figure.title.text.endswith("layer 1, head 2")
+
+
 class NoSessions:
     def translate(self, texts):
         return texts
@@ -152,6 +242,7 @@ def test_translator_without_decoding_sessions_is_rejected(translator, fake_comm)
     ({"text": ""}, "non-empty string"),
     ({"text": 3}, "non-empty string"),
     ({"top_k": 0}, "top_k=0"),
+    ({"reserved_rows": 0}, "reserved_rows=0"),
 ])
 def test_bad_arguments_are_rejected(kwargs, match, fake_comm):
     arguments = {"text": SOURCE, **kwargs}
@@ -190,6 +281,31 @@ def test_a_front_end_connecting_late_gets_the_current_document(fake_comm):
 
 
 @pytest.mark.tf_only
+def test_seq2seq_session_values_are_the_encoder_outputs_attention_sums(fake_comm):
+    from keras_attention.models import Seq2SeqTranslator
+
+    translator = Seq2SeqTranslator.from_texts(
+        ["il a m' entarté", "il a"], ["he hit me with a pie", "he hit"],
+        source_split="whitespace", target_split="whitespace", units=8, embedding_dim=4,
+    )
+    session = translator.decoding_session(SOURCE)
+    source_ids, _ = translator.source_text.encode(tf_constant([SOURCE]))
+    encoder_outputs, _, _ = translator.encode(source_ids, False)
+    assert session.values.shape == (4, encoder_outputs.shape[-1])
+    np.testing.assert_allclose(session.values, np.asarray(encoder_outputs)[0, :4], atol=1e-6)
+    stepper = DecodingStepper(translator, SOURCE)
+    step = stepper.next_token()
+    np.testing.assert_allclose(rows_of(stepper.weighted_sum_source, session.values.shape[1])[-1],
+                               step.attention @ session.values, atol=1e-5)
+
+
+def tf_constant(value):
+    import tensorflow as tf
+
+    return tf.constant(value)
+
+
+@pytest.mark.tf_only
 def test_transformer_translator_rows_follow_the_layer_and_head_choice(fake_comm):
     from keras_attention.models import TransformerTranslator
 
@@ -208,3 +324,26 @@ def test_transformer_translator_rows_follow_the_layer_and_head_choice(fake_comm)
     stepper.layer_choice.value = 0
     stepper.head_choice.value = 1
     np.testing.assert_allclose(rows_of(stepper.heatmap_source, 4)[:rows], alignment[0, 1], atol=1e-5)
+
+
+def test_export_embeds_the_whole_decoded_line_and_leaves_the_widget_alone(fake_comm, tmp_path):
+    import json
+
+    from keras_attention.widgets import export_html
+
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    steps = [stepper.next_token() for _ in range(3)]
+    stepper.back()
+    path = export_html(stepper, tmp_path / "stepper.html")
+    assert stepper.position == 2 and stepper.step_slider.max == 3
+    html = open(path, encoding="utf-8").read()
+    assert "cdn.bokeh.org" not in html
+    for step in steps:
+        assert json.dumps(float(step.attention[0]))[:10] in html
+
+
+def test_export_html_rejects_what_it_cannot_draw(tmp_path):
+    from keras_attention.widgets import export_html
+
+    with pytest.raises(TypeError, match="export_html: `obj` must be .* Received: dict"):
+        export_html({}, tmp_path / "x.html")

@@ -32,11 +32,15 @@ def _softmax(x, axis=-1):
 
 
 class FakeSession:
-    def __init__(self, text, top_k, max_length, heads):
+    def __init__(self, text, top_k, max_length, heads, with_scores=True):
         self.source_tokens = text.split()
         self.top_k = top_k
         self.max_length = max_length
         self.heads = heads  # None: Seq2Seq-style (T_in,), else (layers, heads)
+        self.with_scores = with_scores
+        # Seq2Seq-style sessions expose the source vectors attention sums.
+        rng = np.random.default_rng(zlib.crc32(text.encode()))
+        self.values = rng.normal(size=(len(self.source_tokens), 3)) if heads is None else None
         self.reset()
 
     def reset(self):
@@ -67,6 +71,8 @@ class FakeSession:
         if force_token is None:
             token_id = int(order[0])
         elif isinstance(force_token, str):
+            if force_token not in VOCAB:
+                raise ValueError(f"FakeSession.step: unknown token. Received: force_token={force_token!r}")
             token_id = VOCAB.index(force_token)
         else:
             token_id = int(force_token)
@@ -74,7 +80,7 @@ class FakeSession:
         step = FakeStep(
             index=len(self.history), token=VOCAB[token_id], token_id=token_id,
             probability=float(probabilities[token_id]), candidates=candidates,
-            attention=attention, scores=scores, done=done,
+            attention=attention, scores=scores if self.with_scores else None, done=done,
         )
         self.history.append(step)
         self.done = done
@@ -86,9 +92,10 @@ class FakeTranslator:
 
     supports_decoding_session = True
 
-    def __init__(self, max_length=12, heads=None):
+    def __init__(self, max_length=12, heads=None, with_scores=True):
         self.max_length = max_length
         self.heads = heads
+        self.with_scores = with_scores
 
     def decoding_session(self, text, top_k=5):
-        return FakeSession(text, top_k, self.max_length, self.heads)
+        return FakeSession(text, top_k, self.max_length, self.heads, self.with_scores)

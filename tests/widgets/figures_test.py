@@ -107,3 +107,18 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(figures, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted >= 4 and result.failed == 0
+
+
+def test_head_grid_thumbnails_share_a_colour_bar_and_thin_their_labels():
+    from bokeh.models import ColorBar
+    from bokeh.models import LinearColorMapper
+
+    heads = np.random.default_rng(0).dirichlet(np.ones(30), size=(3, 30))
+    tokens = [f"t{i}" for i in range(30)]
+    grid = figures.head_grid(heads, tokens, tokens, size=170)
+    thumbnails = [fig for fig, _, _ in grid.children if fig.name != "head_grid_scale"]
+    highs = {fig.select_one({"type": LinearColorMapper}).high for fig in thumbnails}
+    assert len(highs) == 1 and highs.pop() == pytest.approx(heads.max())
+    assert len(list(grid.select({"type": ColorBar}))) == 1
+    ticks = thumbnails[0].xaxis[0].ticker.ticks
+    assert 1 < len(ticks) < 30 and thumbnails[0].xaxis[0].major_label_overrides[ticks[1]] == tokens[ticks[1]]

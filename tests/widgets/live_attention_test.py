@@ -1,4 +1,5 @@
 import os
+import types
 
 import keras
 import numpy as np
@@ -51,7 +52,7 @@ def test_updates_patch_every_cell_with_the_current_attention(fake_comm):
     x, y = data()
     callback = RecordingLiveAttention(model, x[:2], every_n_batches=3, min_interval_s=0,
                                       overhead_budget=1.0, snapshot_dir=None)
-    comm = callback.widget.children[1].comm
+    comm = callback.widget.children[2].comm
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
     # 8 batches per epoch, checked before batches 2..8 of each epoch: after 3 and 6
     # done in epoch 1, after 2 and 5 done in epoch 2 (counting goes on), plus each epoch's end.
@@ -68,6 +69,62 @@ def test_updates_patch_every_cell_with_the_current_attention(fake_comm):
     assert titles[-1].startswith("att · epoch 2 end · loss ")
     patches = [str(m) for m in comm.messages if "ColumnsPatched" in str(m)]
     assert len(patches) == 6 and '"start":0,"stop":36' in patches[0]
+
+
+def test_every_update_is_kept_and_the_slider_replays_it(fake_comm):
+    model = make_model()
+    x, y = data()
+    callback = RecordingLiveAttention(model, x[:2], every_n_batches=3, min_interval_s=0,
+                                      overhead_budget=1.0, snapshot_dir=None)
+    callback.widget  # noqa: B018 - the slider lives in the widget
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
+    assert len(callback.frames) == 1 + callback.updates
+    assert callback.frames[0][0] == "before training"
+    # During fit the slider followed the newest frame.
+    assert callback.replay.max == callback.updates and callback.replay.value == callback.updates
+    for index, (cells, _, title) in enumerate(callback.drawn, start=1):
+        np.testing.assert_allclose(callback.frames[index][1]["att"], cells, rtol=1e-6)
+    callback.replay.value = 2
+    np.testing.assert_allclose(np.reshape(callback.sources["att"].data["weight"], (6, 6)),
+                               callback.drawn[1][0], rtol=1e-6)
+    assert callback.figures["att"].title.text == callback.drawn[1][2]
+
+
+def test_the_history_is_bounded_by_max_frames(fake_comm):
+    model = make_model()
+    x, y = data()
+    callback = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0,
+                             snapshot_dir=None, max_frames=5)
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
+    assert callback.updates == 16 and len(callback.frames) == 5
+    assert callback.frames[-1][0].startswith("epoch 2 end")
+
+
+def test_defaults_give_a_short_fit_a_watchable_number_of_frames(fake_comm, monkeypatch):
+    # A 2.5 s fit (50 batches of 50 ms) used to get 4 updates. The callback's
+    # clock is simulated (updates cost nothing), so only the defaults throttle.
+    clock = [0.0]
+    monkeypatch.setattr(live_attention_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    model = make_model()
+    x, y = data(samples=200)
+    callback = LiveAttention(model, x[:2], snapshot_dir=None)
+    tick = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: clock.__setitem__(0, clock[0] + 0.05))
+    model.fit(x, y, batch_size=4, epochs=1, callbacks=[callback, tick], verbose=0)
+    assert 8 <= callback.updates <= 12, callback.updates
+
+
+def test_export_replays_every_frame(fake_comm, tmp_path):
+    from keras_attention.widgets import export_html
+
+    model = make_model()
+    x, y = data(samples=8)
+    callback = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0,
+                             snapshot_dir=None)
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
+    html = open(export_html(callback, tmp_path / "live.html"), encoding="utf-8").read()
+    assert html.count("epoch 2 end") >= 1 and "before training" in html
+    for _, matrices in callback.frames:
+        assert repr(float(matrices["att"][0, 0]))[:9] in html
 
 
 def test_min_interval_throttles_batch_updates(fake_comm):
@@ -131,6 +188,13 @@ def test_every_n_batches_below_one_is_rejected(every_n_batches, fake_comm):
     x, _ = data()
     with pytest.raises(ValueError, match=f"every_n_batches={every_n_batches!r}"):
         LiveAttention(make_model(), x[:2], every_n_batches=every_n_batches)
+
+
+@pytest.mark.parametrize("max_frames", [0, 2.5, True])
+def test_max_frames_below_one_is_rejected(max_frames, fake_comm):
+    x, _ = data()
+    with pytest.raises(ValueError, match=f"LiveAttention: `max_frames`.*max_frames={max_frames!r}"):
+        LiveAttention(make_model(), x[:2], max_frames=max_frames)
 
 
 def test_negative_min_interval_is_rejected(fake_comm):

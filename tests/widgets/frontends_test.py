@@ -1,0 +1,497 @@
+"""Each widget in JupyterLab 4, Notebook 7 and Voila, in Debian chromium.
+
+One Jupyter server on 127.0.0.1 serves all three front ends for the whole
+module (JupyterLab at /lab, Notebook 7 at /notebooks, Voila at
+/voila/render). For every (widget, front end) a notebook is written, opened
+and run in the page (Voila runs it itself), and the test reads the BokehJS
+data sources of the page and compares them with what the kernel holds:
+state set in the cell that creates a widget must be drawn, and later changes
+must arrive.
+
+Screenshots of every widget and the measured latencies (`latency.json`) are
+kept under the module's pytest tmp dir (`frontends*/`), or under
+`$KA_BROWSER_ARTIFACTS` when set (pytest prunes old tmp dirs); the path is
+printed at the end.
+"""
+
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import nbformat
+import numpy as np
+import pytest
+
+from keras_attention.widgets.export import CHROMIUM_ARGS
+from keras_attention.widgets.export import find_chromium
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHROMIUM = find_chromium()
+MALICIOUS = "<img/src=x/onerror=alert(1)>"  # the slashes make it a valid <img> with onerror
+FRONT_ENDS = ("lab", "notebook", "voila")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tf_only,
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (run .ci/install-browser.sh)"),
+]
+
+SETUP_CELL = """
+import json, os
+from bokeh.io import output_notebook
+from bokeh.resources import INLINE
+output_notebook(INLINE, hide_banner=True)  # BokehJS from the package, no CDN
+
+def dump(**state):
+    # What the kernel holds, for the test to compare with the page.
+    with open(DUMP + ".tmp", "w") as handle:
+        json.dump(state, handle)
+    os.replace(DUMP + ".tmp", DUMP)
+"""
+
+STEPPER_CELLS = [
+    f"""
+from keras_attention.models import Seq2SeqTranslator
+from keras_attention.widgets import DecodingStepper
+MALICIOUS = {MALICIOUS!r}
+SOURCE = "il a m' entarté " + MALICIOUS
+translator = Seq2SeqTranslator.from_texts(
+    [SOURCE, "il a"], ["he hit me with a pie " + MALICIOUS, "he hit"],
+    source_split="whitespace", target_split="whitespace", units=8, embedding_dim=4)
+stepper = DecodingStepper(translator, SOURCE)
+
+def dump_stepper(_=None):
+    history = stepper.session.history
+    dump(attention=[s.attention.tolist() for s in history], tokens=[s.token for s in history],
+         candidates=[s.candidates for s in history])
+
+stepper.next_button.on_click(dump_stepper)  # runs after the stepper's own handler
+stepper.candidate_source.selected.on_change("indices", lambda attr, old, new: dump_stepper())
+# Three steps in the creating cell, before any view of the widget exists
+# (forced, so that an untrained model cannot end the sentence early).
+for token in (MALICIOUS, "he", "hit"):
+    stepper.next_token(force_token=token)
+dump_stepper()
+stepper.widget
+""",
+]
+
+EXPLORER_CELLS = [
+    f"""
+import keras, numpy as np
+import keras_attention
+from keras_attention.widgets import AttentionExplorer
+
+keras.utils.set_random_seed(0)
+inputs = keras.Input((5, 8))
+mixed = keras_attention.MultiHeadAttention(4, 2, name="mha")(inputs)
+outputs = keras_attention.LuongAttention(name="luong")(mixed)
+model = keras.Model(inputs, outputs)
+x = np.random.default_rng(0).normal(size=(1, 5, 8)).astype("float32")
+explorer = AttentionExplorer(model, x, query_tokens=["a", "b", {MALICIOUS!r}, "d", "e"])
+explorer.head_choice.value = 2  # chosen in the creating cell
+dump(weights={{name: w.tolist() for name, w in explorer.weights.items()}})
+explorer.widget
+""",
+]
+
+LIVE_CELLS = [
+    """
+import time
+import ipywidgets, keras, numpy as np
+import keras_attention
+from keras_attention.widgets import LiveAttention
+
+keras.utils.set_random_seed(0)
+model = keras.Sequential([
+    keras.Input((6, 4)),
+    keras_attention.LuongAttention(score="general", name="att"),
+    keras.layers.GlobalAveragePooling1D(),
+    keras.layers.Dense(1),
+])
+model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+x = np.random.default_rng(0).normal(size=(32, 6, 4)).astype("float32")
+y = x[:, :, :1].sum(axis=1)
+live = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0)
+# Slow the batches down a little so the page has time to show each update.
+slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.15))
+train = ipywidgets.Button(description="Train")
+
+def fit(_=None):
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=[live, slow], verbose=0)
+    dump(weight=live._latest["att"][0].ravel().tolist(), updates=live.updates,
+         first=live.frames[0][1]["att"].ravel().tolist(), frames=len(live.frames))
+
+train.on_click(fit)
+box = ipywidgets.VBox([train, live.widget])  # the widget and its comm exist from here on
+fit()  # every update is sent before any view of the widget exists
+box
+""",
+]
+
+NOTEBOOKS = {"stepper": STEPPER_CELLS, "explorer": EXPLORER_CELLS, "live": LIVE_CELLS}
+
+
+def column(name):
+    return f"(data instanceof Map ? Array.from(data.get({name!r})) : Array.from(data[{name!r}]))"
+
+
+def read_source(source_name, columns):
+    """JS function returning `{column: [...]}` of the newest document holding `source_name`."""
+    fields = ", ".join(f"{c}: {column(c)}" for c in columns)
+    return f"""
+() => {{
+  if (!window.Bokeh || !window.Bokeh.documents) return null;
+  const docs = window.Bokeh.documents;
+  for (let i = docs.length - 1; i >= 0; i--) {{
+    const source = docs[i].get_model_by_name({source_name!r});
+    if (source) {{ const data = source.data; return {{{fields}}}; }}
+  }}
+  return null;
+}}"""
+
+
+READ_ALIGNMENT = read_source("alignment_source", ["weight", "row", "col", "y_token"])
+READ_LIVE = read_source("heatmap_source", ["weight"])
+READ_DETAIL = """
+() => {
+  if (!window.Bokeh || !window.Bokeh.documents) return null;
+  const docs = window.Bokeh.documents;
+  for (let i = docs.length - 1; i >= 0; i--) {
+    const source = docs[i].get_model_by_name("detail_source");
+    if (!source) continue;
+    const fig = docs[i].roots()[0];
+    const data = source.data;
+    const column = (name) => Array.from(data instanceof Map ? data.get(name) : data[name]);
+    const axis = fig.above.find((r) => r.major_label_overrides !== undefined);  // x axis on top
+    const overrides = axis.major_label_overrides;
+    return {title: fig.title.text, weight: column("weight"), x_token: column("x_token"),
+            x_labels: Array.from(overrides instanceof Map ? overrides.values() : Object.values(overrides)),
+            x_end: fig.x_range.end, y_start: fig.y_range.start};
+  }
+  return null;
+}
+"""
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class JupyterServer:
+    """One `jupyter server` (JupyterLab, Notebook 7 and Voila extensions) on 127.0.0.1."""
+
+    def __init__(self, root):
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
+               "JUPYTER_CONFIG_DIR": str(root / ".jupyter"), "JUPYTERLAB_WORKSPACES_DIR": str(root / ".ws")}
+        # No "get Jupyter news?" toast over the widgets in screenshots.
+        labconfig = root / ".jupyter" / "labconfig"
+        labconfig.mkdir(parents=True, exist_ok=True)
+        (labconfig / "page_config.json").write_text(json.dumps(
+            {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+        self.log = open(root / "server.log", "w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyter", "server", "--no-browser", "--allow-root",
+             f"--ServerApp.port={self.port}", "--ServerApp.ip=127.0.0.1", "--ServerApp.port_retries=0",
+             "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
+             f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
+             "--JupyterNotebookApp.expose_app_in_browser=True",
+             "--VoilaConfiguration.show_tracebacks=True"],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.url}/api/status", timeout=2)
+                break
+            except urllib.error.HTTPError:
+                break  # the server answers, whatever it says
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("jupyter server did not start: " + self.log_tail())
+                time.sleep(0.5)
+
+    def log_tail(self):
+        self.log.flush()
+        return (self.root / "server.log").read_text()[-3000:]
+
+    def shutdown_kernels(self):
+        """Frees the kernels of a finished test (each holds TensorFlow, ~1 GB)."""
+        with contextlib.suppress(OSError):
+            for kernel in json.load(urllib.request.urlopen(f"{self.url}/api/kernels", timeout=10)):
+                request = urllib.request.Request(f"{self.url}/api/kernels/{kernel['id']}", method="DELETE")
+                with contextlib.suppress(OSError):
+                    urllib.request.urlopen(request, timeout=10)
+
+    def stop(self):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    if os.environ.get("KA_BROWSER_ARTIFACTS"):
+        directory = pathlib.Path(os.environ["KA_BROWSER_ARTIFACTS"])
+        directory.mkdir(parents=True, exist_ok=True)
+    else:
+        directory = tmp_path_factory.mktemp("frontends")
+    latencies = {}
+    yield directory, latencies
+    (directory / "latency.json").write_text(json.dumps(latencies, indent=1))
+    print(f"\nbrowser artifacts (screenshots, latency.json): {directory}\n{json.dumps(latencies)}")
+
+
+@pytest.fixture(scope="module")
+def server(artifacts):
+    directory, _ = artifacts
+    server = JupyterServer(directory)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS), headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+class Run:
+    """A notebook opened (and run) in one front end; `page` is its browser page."""
+
+    def __init__(self, server, browser, artifacts, widget, front_end):
+        self.directory, self.latencies = artifacts
+        self.name = f"{widget}_{front_end}"
+        self.front_end = front_end
+        self.dump = self.directory / f"{self.name}.json"
+        cells = [f"DUMP = {str(self.dump)!r}\n" + SETUP_CELL, *NOTEBOOKS[widget]]
+        notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.strip()) for c in cells])
+        notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(notebook, str(self.directory / f"{self.name}.ipynb"))
+        self.server = server
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page.alerts = []
+        self.page.on("dialog", lambda dialog: (self.page.alerts.append(dialog.message), dialog.dismiss()))
+
+    def open(self):
+        """Opens the notebook; JupyterLab and Notebook 7 then run all its cells in the page."""
+        page, path = self.page, f"{self.name}.ipynb"
+        self.started = time.perf_counter()
+        if self.front_end == "voila":
+            page.goto(f"{self.server.url}/voila/render/{path}", timeout=180_000)
+            return
+        url = f"{self.server.url}/lab/tree/{path}?reset" if self.front_end == "lab" else \
+            f"{self.server.url}/notebooks/{path}"
+        page.goto(url, timeout=180_000)
+        page.wait_for_function(
+            "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+            " return !!(w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel); }",
+            timeout=120_000)
+        page.evaluate("async () => { const w = window.jupyterapp.shell.currentWidget;"
+                      " await w.sessionContext.ready;"
+                      " await window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+    def kernel_state(self, ready=lambda state: True, timeout_s=120):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.dump.exists():
+                state = json.loads(self.dump.read_text())
+                if ready(state):
+                    return state
+            assert time.monotonic() < deadline, f"the kernel never wrote the expected state ({self.name})"
+            time.sleep(0.2)
+
+    def wait(self, expression, timeout_s=120):
+        """Waits for a JS expression; returns the seconds it took."""
+        start = time.perf_counter()
+        self.page.wait_for_function(expression, timeout=timeout_s * 1000, polling=10)
+        return time.perf_counter() - start
+
+    def record(self, **seconds):
+        self.latencies.setdefault(self.name, {}).update({k: round(v, 3) for k, v in seconds.items()})
+
+    def screenshot(self, label=""):
+        path = self.directory / f"{self.name}{label}.png"
+        widget = self.page.locator(".widget-vbox").first
+        widget.scroll_into_view_if_needed()
+        self.page.wait_for_timeout(300)
+        widget.screenshot(path=str(path))
+        return path
+
+    def close(self):
+        # The whole page as the test left it (the first thing to look at after a failure).
+        with contextlib.suppress(Exception):
+            self.page.screenshot(path=str(self.directory / f"{self.name}_page.png"))
+        self.page.close()
+        self.server.shutdown_kernels()
+
+
+@pytest.fixture
+def run(server, browser, artifacts):
+    runs = []
+
+    def start(widget, front_end):
+        runs.append(Run(server, browser, artifacts, widget, front_end))
+        runs[-1].open()
+        return runs[-1]
+
+    yield start
+    for opened in runs:
+        opened.close()
+
+
+def same_numbers(read, expected, atol=1e-6):
+    """JS expression: `read()` returns `{weight: [...]}` equal to `expected` (flat)."""
+    return (f"(() => {{ const d = ({read})(); const k = {json.dumps(np.ravel(expected).tolist())};"
+            f" return d !== null && d.weight.length === k.length"
+            f" && d.weight.every((v, i) => Math.abs(v - k[i]) < {atol}); }})()")
+
+
+def assert_no_script_ran(page):
+    page.wait_for_timeout(300)
+    assert page.alerts == []
+    assert page.evaluate("document.querySelectorAll('img[onerror]').length") == 0
+
+
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_stepper_draws_the_steps_of_its_creating_cell_then_each_next(run, front_end):
+    opened = run("stepper", front_end)
+    kernel = opened.kernel_state()
+    assert len(kernel["tokens"]) == 3 and kernel["tokens"][0] == MALICIOUS
+    opened.wait(same_numbers(READ_ALIGNMENT, kernel["attention"]))
+    opened.record(render_s=time.perf_counter() - opened.started)
+    drawn = opened.page.evaluate(READ_ALIGNMENT)
+    num_source = len(kernel["attention"][0])
+    assert drawn["row"] == [r for r in range(3) for _ in range(num_source)]
+    assert drawn["y_token"][::num_source] == kernel["tokens"]
+    opened.screenshot()
+
+    opened.page.get_by_role("button", name="Next token").click()
+    next_s = opened.wait(f"({READ_ALIGNMENT})().row.length === {4 * num_source}")
+    kernel = opened.kernel_state(lambda state: len(state["tokens"]) == 4)
+    opened.wait(same_numbers(READ_ALIGNMENT, kernel["attention"]))
+    drawn = opened.page.evaluate(READ_ALIGNMENT)
+    # All four rows, not only the new one.
+    assert drawn["row"] == [r for r in range(4) for _ in range(num_source)]
+    assert drawn["y_token"][::num_source] == kernel["tokens"]
+    opened.record(next_s=next_s)
+    opened.screenshot("_next")
+    # A tap on candidate bar 1 (what the tap tool sets) forces that candidate in the kernel.
+    alternative = kernel["candidates"][-1][1][0]
+    opened.page.evaluate(
+        "() => { const docs = window.Bokeh.documents; for (let i = docs.length - 1; i >= 0; i--) {"
+        " const s = docs[i].get_model_by_name('candidate_source'); if (s) { s.selected.indices = [1]; return; } } }")
+    tap_s = opened.wait(f"(() => {{ const d = ({READ_ALIGNMENT})(); return d.row.length === {4 * num_source}"
+                        f" && d.y_token[d.y_token.length - 1] === {json.dumps(alternative)}; }})()")
+    kernel = opened.kernel_state(lambda state: state["tokens"][-1] == alternative and len(state["tokens"]) == 4)
+    opened.wait(same_numbers(READ_ALIGNMENT, kernel["attention"]))
+    drawn = opened.page.evaluate(READ_ALIGNMENT)
+    opened.record(tap_s=tap_s)
+    # Play (the page's Play widget ticks, the kernel decodes) grows it further.
+    opened.page.locator(".widget-play button").first.click()
+    opened.wait(f"({READ_ALIGNMENT})().row.length >= {6 * num_source}"
+                " || document.querySelector('button.mod-primary').disabled")
+    opened.page.locator(".widget-play button").nth(1).click()  # pause
+    played = opened.page.evaluate(READ_ALIGNMENT)
+    assert played["weight"][: 4 * num_source] == drawn["weight"]
+    assert MALICIOUS in opened.page.inner_text("body")
+    assert_no_script_ran(opened.page)
+
+
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(run, front_end):
+    opened = run("explorer", front_end)
+    weights = {name: np.asarray(w) for name, w in opened.kernel_state()["weights"].items()}
+    assert weights["mha"].shape == (4, 5, 5) and weights["luong"].shape == (1, 5, 5)
+
+    def shows(title, matrix):
+        return (f"(() => {{ const d = ({READ_DETAIL})(); return d !== null && d.title === {json.dumps(title)}"
+                f" && {same_numbers(READ_DETAIL, matrix)}; }})()")
+
+    opened.wait(shows("mha, head 2", weights["mha"][2]))
+    opened.record(render_s=time.perf_counter() - opened.started)
+    detail = opened.page.evaluate(READ_DETAIL)
+    tokens = ["a", "b", MALICIOUS, "d", "e"]
+    assert detail["x_token"][:5] == tokens and detail["x_labels"] == tokens
+    assert (detail["x_end"], detail["y_start"]) == (4.5, 4.5)
+    opened.screenshot()
+
+    opened.page.get_by_label("layer").select_option("luong")
+    choice_s = opened.wait(shows("luong, head 0", weights["luong"][0]))
+    opened.record(layer_choice_s=choice_s)
+    assert opened.page.evaluate(READ_DETAIL)["x_labels"] == tokens
+    opened.page.get_by_label("layer").select_option("mha")
+    opened.wait(shows("mha, mean of heads", weights["mha"].mean(axis=0)))
+    assert_no_script_ran(opened.page)
+
+
+WATCH = """
+(read) => {
+  // Records every distinct state of the heatmap the page shows.
+  window.__states = [];
+  let last = null;
+  window.__watch = setInterval(() => {
+    const now = read();
+    const key = JSON.stringify(now && now.weight);
+    if (now && key !== last) { window.__states.push(now.weight); last = key; }
+  }, 20);
+}
+"""
+
+
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_training(run, front_end):
+    opened = run("live", front_end)
+    kernel = opened.kernel_state()
+    assert kernel["updates"] == 16  # 2 epochs of 8 batches: before batches 2..8 and at each epoch end
+    opened.wait(same_numbers(READ_LIVE, kernel["weight"]))
+    opened.record(render_s=time.perf_counter() - opened.started)
+    opened.screenshot()
+    opened.dump.unlink()
+
+    opened.page.evaluate(f"({WATCH})({READ_LIVE})")
+    opened.page.get_by_role("button", name="Train").click()
+    kernel = opened.kernel_state()
+    assert kernel["updates"] == 32
+    opened.wait(same_numbers(READ_LIVE, kernel["weight"]), timeout_s=30)
+    opened.page.evaluate("clearInterval(window.__watch)")
+    seen = opened.page.evaluate("window.__states")
+    # The page showed states between the first and the last: it redrew
+    # during training, not only at the end.
+    assert len(seen) >= 4, len(seen)
+    for heatmap in seen:
+        np.testing.assert_allclose(np.reshape(heatmap, (6, 6)).sum(axis=1), 1.0, atol=1e-5)
+    # After fit, the replay slider goes back to the first frame (before any training).
+    assert kernel["frames"] == 33
+    handle = opened.page.locator(".widget-slider .noUi-handle").first
+    handle.focus()
+    handle.press("Home")
+    replay_s = opened.wait(same_numbers(READ_LIVE, kernel["first"]), timeout_s=30)
+    opened.record(replay_s=replay_s)
