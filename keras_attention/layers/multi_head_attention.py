@@ -238,10 +238,12 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             `cache_update_index=None`, the cache is read-only (cross-attention
             keys/values from `precompute_key_value`) and `value`/`key` must
             not be given.
-        cache_update_index: (keyword-only) int or scalar int tensor. A Python
-            int is checked (`0 <= index <= T_max - Tq`). A tensor cannot be
-            checked inside a compiled loop: an index beyond the cache is
-            clamped to `T_max - Tq` by the dynamic update slice, as XLA does.
+        cache_update_index: (keyword-only) int or scalar int tensor. A
+            concrete value (a Python int, an eager tensor or array) is checked
+            (`0 <= index <= T_max - Tq`, else ValueError). A symbolic one
+            (inside `tf.function` / `jax.jit`, e.g. a compiled decoding loop)
+            cannot be checked: an index beyond the cache is clamped to
+            `T_max - Tq` by the dynamic update slice, as XLA does.
 
     Returns:
         `(B, Tq, *output_shape)`; with `return_attention_scores=True` also the
@@ -636,18 +638,21 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                     f"Received: cache_update_index={cache_update_index!r}"
                 )
             )
-        if isinstance(cache_update_index, numbers.Integral):
+        index = utils.concrete_int(cache_update_index)
+        if index is not None:
+            # A concrete index (Python int, eager tensor) is checked; only a
+            # compiled loop's symbolic index is clamped by the update slice.
             max_length, steps = shape[2], query.shape[1]
-            if cache_update_index < 0 or (
+            if index < 0 or (
                 max_length is not None
                 and steps is not None
-                and cache_update_index + steps > max_length
+                and index + steps > max_length
             ):
                 raise ValueError(
                     self._error(
                         "`cache_update_index` plus the query length "
                         f"({steps}) must fit in the cache length ({max_length}). "
-                        f"Received: cache_update_index={cache_update_index}"
+                        f"Received: cache_update_index={index}"
                     )
                 )
 

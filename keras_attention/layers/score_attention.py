@@ -185,6 +185,12 @@ class ScoreAttention(BaseAttention):
         query, value, key = (
             ops.cast(x, self.compute_dtype) for x in (query, value, key)
         )
+        # Masked positions are zeroed before any matmul, so that whatever
+        # they hold (NaN, Inf) contributes nothing (0 * NaN would be NaN).
+        query = masking.zero_masked(query, query_mask)
+        keys_valid = masking.merge_masks(value_mask, key_mask)
+        value = masking.zero_masked(value, keys_valid)
+        key = masking.zero_masked(key, keys_valid)
         weights = masking.masked_softmax(self.score(query, key), combined)
         output = score_ops.weighted_sum(
             self._dropout_layer(weights, training=training), value
