@@ -195,6 +195,8 @@ class ScoreAttention(BaseAttention):
         output = score_ops.weighted_sum(
             self._dropout_layer(weights, training=training), value
         )
+        # A masked query row is zero whatever the values hold.
+        output = masking.zero_masked(output, query_mask)
         self._record_attention(weights)
         if return_attention_scores:
             return output, weights
