@@ -489,9 +489,11 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             query_mask, key_mask, attention_mask, use_causal_mask,
             ops.shape(query)[1], ops.shape(key)[1],
         )
-        query = query * ops.cast(self._scale, query.dtype)
-        logits = multi_head.multi_head_logits(query, key)  # (B, H, Tq, Tv)
-        weights = _softmax(logits, mask)
+        # Logits in float32 under half precision (masking.score_dtype).
+        wide = masking.score_dtype(query.dtype)
+        query = ops.cast(query, wide) * ops.cast(self._scale, wide)
+        logits = multi_head.multi_head_logits(query, ops.cast(key, wide))
+        weights = ops.cast(_softmax(logits, mask), value.dtype)  # (B, H, Tq, Tv)
         dropped = self._dropout_layer(weights, training=training)
         return multi_head.multi_head_weighted_sum(dropped, value), weights
 
@@ -528,6 +530,19 @@ class MultiHeadAttention(BaseMultiHeadAttention):
 
     def _fused_attention(self, query, key, value, query_mask, key_mask,
                          attention_mask, use_causal_mask, flash_attention):
+        if flash_attention is False:
+            # The composite kernel forms logits in the input dtype: in float32
+            # under half precision, as the dense path (the fused GPU kernels
+            # accumulate in float32 themselves).
+            dtype = query.dtype
+            wide = masking.score_dtype(dtype)
+            if wide != str(getattr(dtype, "name", dtype)):
+                output = self._fused_attention(
+                    *(ops.cast(x, wide) for x in (query, key, value)),
+                    query_mask, key_mask, attention_mask, use_causal_mask,
+                    flash_attention=False,
+                )
+                return ops.cast(output, dtype)
         if keras.backend.backend() != "jax":  # only JAX takes grouped heads
             key = multi_head.repeat_key_value_heads(key, self.num_heads)
             value = multi_head.repeat_key_value_heads(value, self.num_heads)

@@ -31,6 +31,17 @@ def row_max(x, axis=-1, keepdims=False):
     return ops.max(x, axis=axis, keepdims=keepdims, initial=float("-inf"))
 
 
+def score_dtype(dtype):
+    """The dtype logits are formed in: float32 for half-precision inputs.
+
+    float16 overflows (max 65504) on large logits (`q . k` of inputs ~100)
+    and bfloat16 keeps 8 bits of them; the softmax already runs in float32,
+    so the logits are formed there too. Other dtypes are kept.
+    """
+    dtype = str(getattr(dtype, "name", dtype))
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
 def zero_masked(x, mask):
     """`x` with the positions where `mask` is False set to exactly zero.
 
