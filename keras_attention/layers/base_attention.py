@@ -25,7 +25,17 @@ class BaseAttention(keras.layers.Layer):
     - returns its attention weights on `return_attention_scores=True`, and
       hands them to `keras_attention.capture_attention` when active;
     - gives zero output for a query row with nothing to attend to, never NaN;
-    - propagates the query's mask to its output.
+    - propagates the query's mask to its output;
+    - lets a masked position contribute nothing, whatever it holds: masked
+      queries, keys and values are zeroed with `where` before any matmul, so
+      NaN/Inf in padding reaches no output or gradient (a NaN in an unmasked
+      position propagates, on every kernel: a diverging model stays
+      visible). Positions masked only by `attention_mask` or the causal mask
+      get zero weight, but their values still enter the weighted sum;
+    - accepts empty inputs: batch 0 or a query of length 0 gives an empty
+      output, keys of length 0 the result of a fully masked row;
+    - computes in its compute dtype: integer and boolean inputs are cast,
+      and logits are formed in float32 under half precision.
 
     This class holds only that contract: the validation of inputs and masks,
     error messages that name the layer, dropout and the weight recorder. It
