@@ -191,11 +191,12 @@ class ScoreAttention(BaseAttention):
         keys_valid = masking.merge_masks(value_mask, key_mask)
         value = masking.zero_masked(value, keys_valid)
         key = masking.zero_masked(key, keys_valid)
-        # Logits in float32 under half precision (masking.score_dtype): large
-        # scores would overflow float16 before the float32 softmax sees them.
-        wide = masking.score_dtype(self.compute_dtype)
-        logits = self.score(ops.cast(query, wide), ops.cast(key, wide))
-        weights = ops.cast(masking.masked_softmax(logits, combined), self.compute_dtype)
+        # `score` sees the compute dtype (a subclass mixes in its weights);
+        # the built-in dot scores form their logits in float32 themselves.
+        weights = ops.cast(
+            masking.masked_softmax(self.score(query, key), combined),
+            self.compute_dtype,
+        )
         output = score_ops.weighted_sum(
             self._dropout_layer(weights, training=training), value
         )
