@@ -2,6 +2,7 @@ import keras
 from keras import ops
 
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers import utils
 from keras_attention.layers.additive_attention import AdditiveAttention
 from keras_attention.layers.score_attention import ScoreAttention
 from keras_attention.layers.luong_attention import LuongAttention
@@ -97,13 +98,42 @@ class AttentionPooling(keras.layers.Layer):
         self.query_initializer = keras.initializers.get(query_initializer)
         self.supports_masking = True
 
+    def _error(self, message):
+        return f"{type(self).__name__} (layer '{self.name}'): {message}"
+
     def _check_inputs_shape(self, shape):
         if len(shape) != 3:
             raise ValueError(
-                f"AttentionPooling (layer '{self.name}'): `inputs` must have "
-                f"rank 3 (batch, time, features). Received: inputs with shape "
-                f"{tuple(shape)}"
+                self._error(
+                    "`inputs` must have rank 3 (batch, time, features). "
+                    f"Received: inputs with shape {tuple(shape)}"
+                )
             )
+        built = getattr(self, "query", None)
+        if built is not None and shape[-1] not in (None, built.shape[-1]):
+            raise ValueError(
+                self._error(
+                    f"`inputs` has {shape[-1]} features but the layer was built "
+                    f"for {built.shape[-1]}. Received: inputs with shape "
+                    f"{tuple(shape)}"
+                )
+            )
+
+    def _check_call(self, inputs, mask):
+        """The user's arguments, checked here so errors name this layer."""
+        if inputs is None or not (hasattr(inputs, "shape") and hasattr(inputs, "dtype")):
+            raise TypeError(
+                self._error(
+                    "`inputs` must be a tensor or array. Received: "
+                    f"inputs={utils.describe(inputs)}"
+                )
+            )
+        self._check_inputs_shape(tuple(inputs.shape))
+        utils.check_mask(self._error, "mask", mask, tuple(inputs.shape[:2]))
+
+    def __call__(self, inputs, *args, **kwargs):
+        self._check_call(inputs, kwargs.get("mask", args[0] if args else None))
+        return super().__call__(inputs, *args, **kwargs)
 
     def build(self, inputs_shape):
         self._check_inputs_shape(inputs_shape)
@@ -116,10 +146,12 @@ class AttentionPooling(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, mask=None, return_attention_scores=False, training=None):
-        self._check_inputs_shape(inputs.shape)
+        self._check_call(inputs, mask)
+        # Integer inputs are cast (the learned query must stay float).
+        inputs = utils.cast_to_compute_dtype(self, inputs)
         batch = ops.shape(inputs)[0]
         query = ops.broadcast_to(
-            ops.cast(self.query, inputs.dtype), (batch, 1, ops.shape(inputs)[-1])
+            ops.cast(self.query, self.compute_dtype), (batch, 1, ops.shape(inputs)[-1])
         )
         output, weights = self.attention(
             query,
@@ -142,7 +174,7 @@ class AttentionPooling(keras.layers.Layer):
     def compute_output_spec(
         self, inputs, mask=None, return_attention_scores=False, training=None
     ):
-        self._check_inputs_shape(inputs.shape)
+        self._check_call(inputs, mask)
         output = keras.KerasTensor(
             self.compute_output_shape(inputs.shape), dtype=self.compute_dtype
         )

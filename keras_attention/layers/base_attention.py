@@ -10,11 +10,6 @@ from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
 
 
-def _is_float_or_bool(dtype):
-    dtype = str(dtype)
-    return "bool" in dtype or "int" in dtype or "float" in dtype
-
-
 @keras_attention_export("layers")
 class BaseAttention(keras.layers.Layer):
     """The call contract: self-attention, masks, dropout, returned weights.
@@ -30,7 +25,17 @@ class BaseAttention(keras.layers.Layer):
     - returns its attention weights on `return_attention_scores=True`, and
       hands them to `keras_attention.capture_attention` when active;
     - gives zero output for a query row with nothing to attend to, never NaN;
-    - propagates the query's mask to its output.
+    - propagates the query's mask to its output;
+    - lets a masked position contribute nothing, whatever it holds: masked
+      queries, keys and values are zeroed with `where` before any matmul, so
+      NaN/Inf in padding reaches no output or gradient (a NaN in an unmasked
+      position propagates, on every kernel: a diverging model stays
+      visible). Positions masked only by `attention_mask` or the causal mask
+      get zero weight, but their values still enter the weighted sum;
+    - accepts empty inputs: batch 0 or a query of length 0 gives an empty
+      output, keys of length 0 the result of a fully masked row;
+    - computes in its compute dtype: integer and boolean inputs are cast,
+      and logits are formed in float32 under half precision.
 
     This class holds only that contract: the validation of inputs and masks,
     error messages that name the layer, dropout and the weight recorder. It
@@ -65,6 +70,27 @@ class BaseAttention(keras.layers.Layer):
             self._attention_recorder.weights.append(weights)
 
     # ------------------------------------------------------------- validation
+    def __call__(self, *args, **kwargs):
+        # Before Keras builds the layer from the inputs' shapes: a missing
+        # query or a `key` without `value` would otherwise surface as a Keras
+        # error about `build()`, or as a shape error naming the wrong input.
+        query = args[0] if args else kwargs.get("query")
+        value = args[1] if len(args) > 1 else kwargs.get("value")
+        key = args[2] if len(args) > 2 else kwargs.get("key")
+        if not isinstance(query, (list, tuple)):
+            if query is None:
+                raise TypeError(
+                    self._error("`query` is required. Received: query=None")
+                )
+            for name, x in (("query", query), ("value", value), ("key", key)):
+                self._check_tensor(name, x)
+            self._resolve_inputs(query, value, key)
+        return super().__call__(*args, **kwargs)
+
+    def _to_compute_dtype(self, x):
+        """Integer and boolean inputs are cast to the compute dtype."""
+        return utils.cast_to_compute_dtype(self, x)
+
     def _error(self, message):
         return f"{type(self).__name__} (layer '{self.name}'): {message}"
 
@@ -87,50 +113,8 @@ class BaseAttention(keras.layers.Layer):
             )
 
     def _check_mask(self, name, mask, expected, broadcast=False):
-        """Checks a mask's dtype and shape against `expected` (None = any).
-
-        With `broadcast=True` a mask of lower rank is right-aligned against
-        `expected` and any dimension may be 1 (as `attention_mask` in Keras).
-        """
-        if mask is None:
-            return
-        if not hasattr(mask, "dtype") or not hasattr(mask, "shape"):
-            raise TypeError(
-                self._error(
-                    f"`{name}` must be a boolean tensor. Received: "
-                    f"{name}={utils.describe(mask)}"
-                )
-            )
-        if not _is_float_or_bool(mask.dtype):
-            raise TypeError(
-                self._error(
-                    f"`{name}` must be boolean (or 0/1 numbers), True where "
-                    f"attention is allowed. Received: {name} with dtype "
-                    f"{mask.dtype}"
-                )
-            )
-        shape = tuple(mask.shape)
-        if broadcast:
-            ok = 2 <= len(shape) <= len(expected)
-            aligned = expected[len(expected) - len(shape) :]
-        else:
-            ok = len(shape) == len(expected)
-            aligned = expected
-        ok = ok and all(
-            got is None
-            or want is None
-            or got == want
-            or (got == 1 and (broadcast or i == 0))
-            for i, (got, want) in enumerate(zip(shape, aligned))
-        )
-        if not ok:
-            how = " or broadcast to it" if broadcast else ""
-            raise ValueError(
-                self._error(
-                    f"`{name}` must have shape {tuple(expected)}{how} (None = "
-                    f"any). Received: {name} with shape {shape}"
-                )
-            )
+        """Checks a mask's dtype and shape; see `utils.check_mask`."""
+        utils.check_mask(self._error, name, mask, expected, broadcast=broadcast)
 
     def _resolve_inputs(self, query, value, key):
         """Self-attention when `value` is None; `key` defaults to `value`."""

@@ -69,6 +69,17 @@ class _Layout:
         )
 
 
+def _zero_masked_weights(weights, query_mask, key_mask):
+    """`(B, H, Tq, Tv)` weights, zero on masked query rows and keys."""
+    keep = masking.merge_masks(
+        None if query_mask is None else query_mask[:, None, :, None],
+        None if key_mask is None else key_mask[:, None, None, :],
+    )
+    if keep is None:
+        return weights
+    return ops.where(keep, weights, ops.zeros((), dtype=weights.dtype))
+
+
 @keras_attention_export("layers")
 class BaseMultiHeadAttention(BaseAttention):
     """Multi-head attention's projections and call; subclasses give the kernel.
@@ -565,6 +576,8 @@ class BaseMultiHeadAttention(BaseAttention):
             query, value, key, query_mask, value_mask, key_mask, attention_mask,
             use_causal_mask, cache, cache_update_index,
         )
+        # Integer inputs run in the compute dtype, as Keras' layers compute.
+        query, value, key = (self._to_compute_dtype(x) for x in (query, value, key))
         query_shape = ops.shape(query)
         flat_query = layout.flatten(query)
         flat_value, flat_key = layout.flatten(value), layout.flatten(key)
@@ -578,34 +591,58 @@ class BaseMultiHeadAttention(BaseAttention):
             value if cache is None else None, flat_query,
             flat_value if cache is None else cache[:, 0],
         )
-        # Copies keep the caller's Keras masks off the projections (Keras
-        # clears the caller's tensors instead); masks are handled here.
-        flat_query = ops.copy(flat_query)
+        # Masked positions are zeroed before the projections (a `where`, not a
+        # product), so whatever they hold (NaN, Inf) contributes nothing to
+        # any kernel's output or gradient. It also keeps the caller's Keras
+        # masks off the projections (Keras clears the caller's tensors).
+        flat_query = masking.zero_masked(ops.copy(flat_query), query_mask)
+        if flat_value is not None:
+            flat_value = masking.zero_masked(ops.copy(flat_value), key_mask)
+            flat_key = masking.zero_masked(ops.copy(flat_key), key_mask)
         projected_query = self._query_dense(flat_query)  # (B, Tq, H, D)
         gate = self._gate_dense(flat_query) if self.use_gate else None
         projected_key, projected_value, attention_mask, use_causal_mask, new_cache = (
             self._project_keys(
                 flat_query,
-                None if flat_value is None else ops.copy(flat_value),
-                None if flat_key is None else ops.copy(flat_key),
+                flat_value,
+                flat_key,
                 cache,
                 cache_update_index,
                 attention_mask,
                 use_causal_mask,
             )
         )
-        output, weights = self._run_hook(
-            projected_query,
-            projected_key,
-            projected_value,
-            query_mask=query_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-            training=training,
-            return_attention_scores=return_attention_scores,
-            scores_selection=scores_selection,
-        )
+        if cache is not None:  # the cache's masked positions, likewise
+            projected_key = masking.zero_masked(projected_key, key_mask)
+            projected_value = masking.zero_masked(projected_value, key_mask)
+        if masking.is_statically_empty(projected_query, projected_key):
+            # No query, or no key (nothing to attend to: the zeros of a fully
+            # masked row), on every kernel and in every subclass.
+            output, weights = masking.empty_attention(
+                projected_query, projected_value, return_weights=True
+            )
+            if scores_selection is not None:
+                weights = ops.zeros(
+                    scores_selection.shape(tuple(ops.shape(weights))),
+                    dtype=weights.dtype,
+                )
+        else:
+            output, weights = self._run_hook(
+                projected_query,
+                projected_key,
+                projected_value,
+                query_mask=query_mask,
+                key_mask=key_mask,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+                training=training,
+                return_attention_scores=return_attention_scores,
+                scores_selection=scores_selection,
+            )
+            if weights is not None and scores_selection is None:
+                # Every kernel's weights honour the masks: zero for masked
+                # query rows and masked keys (approximate kernels would not).
+                weights = _zero_masked_weights(weights, query_mask, key_mask)
         if return_attention_scores and weights is None:
             raise ValueError(
                 self._error(
@@ -618,11 +655,12 @@ class BaseMultiHeadAttention(BaseAttention):
         if gate is not None:
             output = output * gate
         output = self._output_dense(output)
-        if query_mask is not None:
-            keep = ops.cast(query_mask, output.dtype)
-            for _ in range(len(output.shape) - 2):
-                keep = ops.expand_dims(keep, -1)
-            output = output * keep
+        if masking.is_statically_empty(flat_query):
+            # TF's einsum gives a fully empty (0, 0, ...) input a batch of 1.
+            output = ops.zeros(
+                tuple(flat_query.shape[:2]) + tuple(output.shape[2:]), output.dtype
+            )
+        output = masking.zero_masked(output, query_mask)
         results = (layout.unflatten(output, query_shape),)
         if return_attention_scores:
             if not layout.trivial:

@@ -2,6 +2,8 @@ import keras
 from keras import ops
 
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers import utils
+from keras_attention.ops import masking
 from keras_attention.layers.utils import clone_initializer
 from keras_attention.layers.utils import validate_positive_int
 from keras_attention.layers.squeeze_excitation import check_feature_map_shape
@@ -100,10 +102,11 @@ class CBAM(keras.layers.Layer):
 
     def call(self, inputs, return_attention_scores=False):
         check_feature_map_shape(self, inputs.shape, self.ratio)
+        inputs = utils.cast_to_compute_dtype(self, inputs)  # integer maps
         # Pooled in float32: large half-precision maps would lose digits.
         wide = ops.cast(inputs, "float32")
         average = ops.cast(ops.mean(wide, axis=(1, 2)), inputs.dtype)  # (B, C)
-        maximum = ops.max(inputs, axis=(1, 2))  # (B, C)
+        maximum = masking.row_max(inputs, axis=(1, 2))  # (B, C)
         channel_weights = ops.sigmoid(
             self._channel_mlp(average) + self._channel_mlp(maximum)
         )  # (B, C)
@@ -111,7 +114,7 @@ class CBAM(keras.layers.Layer):
 
         wide = ops.cast(refined, "float32")
         pooled = ops.stack(
-            [ops.mean(wide, axis=-1), ops.max(wide, axis=-1)], axis=-1
+            [ops.mean(wide, axis=-1), masking.row_max(wide, axis=-1)], axis=-1
         )  # (B, H, W, 2)
         spatial_weights = ops.sigmoid(
             self.spatial_conv(ops.cast(pooled, inputs.dtype))[..., 0]

@@ -24,7 +24,8 @@ class LinformerAttention(BaseMultiHeadAttention):
     Args:
         num_heads, key_dim: as `MultiHeadAttention`.
         projected_length: number `k` of projected key/value positions.
-        max_length: the longest key sequence the layer accepts.
+        max_length: the longest key sequence the layer accepts; at least
+            `projected_length`.
         **kwargs: the other `BaseMultiHeadAttention` arguments (the kernel
             initializer/regularizer/constraint also apply to `E` and `F`).
 
@@ -52,6 +53,14 @@ class LinformerAttention(BaseMultiHeadAttention):
         name = "LinformerAttention"
         validate_positive_int(name, "projected_length", projected_length)
         validate_positive_int(name, "max_length", max_length)
+        if projected_length > max_length:
+            # More summaries than positions is no longer a projection: it
+            # costs more than exact attention and approximates nothing.
+            raise ValueError(
+                f"{name}: `projected_length` must not exceed `max_length` "
+                f"({max_length}); use MultiHeadAttention for exact attention. "
+                f"Received: projected_length={projected_length}"
+            )
         super().__init__(num_heads, key_dim, **kwargs)
         self.projected_length = projected_length
         self.max_length = max_length

@@ -238,10 +238,12 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             `cache_update_index=None`, the cache is read-only (cross-attention
             keys/values from `precompute_key_value`) and `value`/`key` must
             not be given.
-        cache_update_index: (keyword-only) int or scalar int tensor. A Python
-            int is checked (`0 <= index <= T_max - Tq`). A tensor cannot be
-            checked inside a compiled loop: an index beyond the cache is
-            clamped to `T_max - Tq` by the dynamic update slice, as XLA does.
+        cache_update_index: (keyword-only) int or scalar int tensor. A
+            concrete value (a Python int, an eager tensor or array) is checked
+            (`0 <= index <= T_max - Tq`, else ValueError). A symbolic one
+            (inside `tf.function` / `jax.jit`, e.g. a compiled decoding loop)
+            cannot be checked: an index beyond the cache is clamped to
+            `T_max - Tq` by the dynamic update slice, as XLA does.
 
     Returns:
         `(B, Tq, *output_shape)`; with `return_attention_scores=True` also the
@@ -494,9 +496,11 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             query_mask, key_mask, attention_mask, use_causal_mask,
             ops.shape(query)[1], ops.shape(key)[1],
         )
-        query = query * ops.cast(self._scale, query.dtype)
-        logits = multi_head.multi_head_logits(query, key)  # (B, H, Tq, Tv)
-        weights = _softmax(logits, mask)
+        # Logits in float32 under half precision (masking.score_dtype).
+        wide = masking.score_dtype(query.dtype)
+        query = ops.cast(query, wide) * ops.cast(self._scale, wide)
+        logits = multi_head.multi_head_logits(query, ops.cast(key, wide))
+        weights = ops.cast(_softmax(logits, mask), value.dtype)  # (B, H, Tq, Tv)
         dropped = self._dropout_layer(weights, training=training)
         return multi_head.multi_head_weighted_sum(dropped, value), weights
 
@@ -533,6 +537,19 @@ class MultiHeadAttention(BaseMultiHeadAttention):
 
     def _fused_attention(self, query, key, value, query_mask, key_mask,
                          attention_mask, use_causal_mask, flash_attention):
+        if flash_attention is False:
+            # The composite kernel forms logits in the input dtype: in float32
+            # under half precision, as the dense path (the fused GPU kernels
+            # accumulate in float32 themselves).
+            dtype = query.dtype
+            wide = masking.score_dtype(dtype)
+            if wide != str(getattr(dtype, "name", dtype)):
+                output = self._fused_attention(
+                    *(ops.cast(x, wide) for x in (query, key, value)),
+                    query_mask, key_mask, attention_mask, use_causal_mask,
+                    flash_attention=False,
+                )
+                return ops.cast(output, dtype)
         if keras.backend.backend() != "jax":  # only JAX takes grouped heads
             key = multi_head.repeat_key_value_heads(key, self.num_heads)
             value = multi_head.repeat_key_value_heads(value, self.num_heads)
@@ -643,18 +660,21 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                     f"Received: cache_update_index={cache_update_index!r}"
                 )
             )
-        if isinstance(cache_update_index, numbers.Integral):
+        index = utils.concrete_int(cache_update_index)
+        if index is not None:
+            # A concrete index (Python int, eager tensor) is checked; only a
+            # compiled loop's symbolic index is clamped by the update slice.
             max_length, steps = shape[2], query.shape[1]
-            if cache_update_index < 0 or (
+            if index < 0 or (
                 max_length is not None
                 and steps is not None
-                and cache_update_index + steps > max_length
+                and index + steps > max_length
             ):
                 raise ValueError(
                     self._error(
                         "`cache_update_index` plus the query length "
                         f"({steps}) must fit in the cache length ({max_length}). "
-                        f"Received: cache_update_index={cache_update_index}"
+                        f"Received: cache_update_index={index}"
                     )
                 )
 

@@ -185,10 +185,23 @@ class ScoreAttention(BaseAttention):
         query, value, key = (
             ops.cast(x, self.compute_dtype) for x in (query, value, key)
         )
-        weights = masking.masked_softmax(self.score(query, key), combined)
+        # Masked positions are zeroed before any matmul, so that whatever
+        # they hold (NaN, Inf) contributes nothing (0 * NaN would be NaN).
+        query = masking.zero_masked(query, query_mask)
+        keys_valid = masking.merge_masks(value_mask, key_mask)
+        value = masking.zero_masked(value, keys_valid)
+        key = masking.zero_masked(key, keys_valid)
+        # `score` sees the compute dtype (a subclass mixes in its weights);
+        # the built-in dot scores form their logits in float32 themselves.
+        weights = ops.cast(
+            masking.masked_softmax(self.score(query, key), combined),
+            self.compute_dtype,
+        )
         output = score_ops.weighted_sum(
             self._dropout_layer(weights, training=training), value
         )
+        # A masked query row is zero whatever the values hold.
+        output = masking.zero_masked(output, query_mask)
         self._record_attention(weights)
         if return_attention_scores:
             return output, weights

@@ -145,7 +145,7 @@ class SparseAttention(BaseMultiHeadAttention):
         )
 
     def _check_lengths(self, key_length):
-        if key_length is None:
+        if not key_length:  # unknown, or no keys: nothing to attend to
             return
         num_blocks = -(-key_length // self.block_size)
         if self.global_blocks > num_blocks:

@@ -2,6 +2,7 @@ import keras
 from keras import ops
 
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers import utils
 from keras_attention.layers.utils import clone_initializer
 from keras_attention.layers.utils import validate_positive_int
 
@@ -99,6 +100,7 @@ class SqueezeExcitation(keras.layers.Layer):
 
     def call(self, inputs, return_attention_scores=False):
         check_feature_map_shape(self, inputs.shape, self.ratio)
+        inputs = utils.cast_to_compute_dtype(self, inputs)  # integer maps
         # Averaged in float32: large half-precision maps would lose digits.
         descriptor = ops.cast(
             ops.mean(ops.cast(inputs, "float32"), axis=(1, 2)), inputs.dtype

@@ -2,6 +2,7 @@ import keras
 from keras import ops
 
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers import utils
 from keras_attention.layers.transformer_encoder_block import TransformerBlockBase
 from keras_attention.layers.transformer_encoder_block import attention_prototype
 from keras_attention.layers.transformer_encoder_block import check_mask
@@ -305,6 +306,11 @@ class TransformerDecoderBlock(TransformerBlockBase):
             decoder_padding_mask = keras_mask_of(inputs)
         if encoder_padding_mask is None:
             encoder_padding_mask = keras_mask_of(encoder_outputs)
+        # Integer inputs run in the compute dtype (after reading their masks).
+        inputs = utils.cast_to_compute_dtype(self, inputs)
+        encoder_outputs = utils.cast_to_compute_dtype(
+            self, encoder_outputs, "encoder_outputs"
+        )
         updated_cache = []
 
         def self_attention(x):

@@ -2,6 +2,7 @@ import keras
 from keras.src.backend import get_keras_mask
 
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers import utils
 from keras_attention.layers.utils import clone_initializer
 from keras_attention.layers.utils import validate_positive_int
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
@@ -357,6 +358,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
         check_mask(self, "attention_mask", attention_mask, (batch, length, length))
         if padding_mask is None:
             padding_mask = keras_mask_of(inputs)
+        inputs = utils.cast_to_compute_dtype(self, inputs)  # after its mask
 
         def self_attention(x):
             result = self.self_attention(

@@ -83,14 +83,15 @@ class DecodingSession:
     """
 
     def __init__(self, translator, text, top_k=5):
+        owner = f"{type(translator).__name__}.decoding_session"
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(
-                "decoding_session: `top_k` must be a positive integer. "
+                f"{owner}: `top_k` must be a positive integer. "
                 f"Received: top_k={top_k!r}"
             )
         if not isinstance(text, str):
             raise TypeError(
-                "decoding_session: `text` must be a string. Received: "
+                f"{owner}: `text` must be a string. Received: "
                 f"text={text!r} of type {type(text).__name__}"
             )
         self.translator = translator

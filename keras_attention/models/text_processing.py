@@ -32,10 +32,11 @@ SPLITS = ("character", "whitespace", "wordpiece")
 SUFFIX = "##"
 
 
-def _check_split(split):
+def _check_split(split, owner="TextEncoder", argument="split"):
     if split not in SPLITS:
         raise ValueError(
-            f"TextEncoder: `split` must be one of {SPLITS}. Received: split={split!r}"
+            f"{owner}: `{argument}` must be one of {SPLITS}. Received: "
+            f"{argument}={split!r}"
         )
 
 
@@ -143,22 +144,34 @@ class TextEncoder(tf.Module):
     """
 
     def __init__(self, vocabulary, split="character", lowercase=True,
-                 max_length=64, name=None):
+                 max_length=64, name=None, owner=None, role=None):
+        # `owner`/`role` ("TransformerTranslator", "source"): errors name the
+        # class the user built and its argument (`source_split`).
         super().__init__(name=name)
-        _check_split(split)
+        prefix = f"{role}_" if role else ""
+        owner = owner or "TextEncoder"
+        _check_split(split, owner, f"{prefix}split")
+        if isinstance(vocabulary, (str, bytes)) or not hasattr(vocabulary, "__iter__"):
+            raise TypeError(
+                f"{owner}: `{prefix}vocabulary` must be a list of tokens. "
+                f"Received: {prefix}vocabulary={vocabulary!r}"
+            )
         vocabulary = list(vocabulary)
         if tuple(vocabulary[:4]) != RESERVED_TOKENS:
             raise ValueError(
-                "TextEncoder: `vocabulary` must start with the reserved tokens "
-                f"{RESERVED_TOKENS}. Received: vocabulary starting with "
-                f"{vocabulary[:4]!r}"
+                f"{owner}: `{prefix}vocabulary` must start with the reserved "
+                f"tokens {RESERVED_TOKENS}. Received: {prefix}vocabulary "
+                f"starting with {vocabulary[:4]!r}"
             )
         if len(set(vocabulary)) != len(vocabulary):
-            raise ValueError("TextEncoder: `vocabulary` has duplicate tokens.")
+            raise ValueError(
+                f"{owner}: `{prefix}vocabulary` has duplicate tokens. Received: "
+                f"{len(vocabulary)} tokens, {len(set(vocabulary))} distinct"
+            )
         if isinstance(max_length, bool) or not isinstance(max_length, int) \
                 or max_length < 1:
             raise ValueError(
-                "TextEncoder: `max_length` must be a positive integer. "
+                f"{owner}: `max_length` must be a positive integer. "
                 f"Received: max_length={max_length!r}"
             )
         self.vocabulary = vocabulary
@@ -227,20 +240,46 @@ class TextEncoder(tf.Module):
         }
 
 
-def as_string_array(texts, argument="texts", owner="Seq2SeqTranslator"):
-    """Validates a string or list of strings and returns a 1-D numpy array."""
+def to_utf8(text):
+    """`text` (str or bytes) as valid UTF-8 bytes.
+
+    Whatever is not valid Unicode—a lone surrogate in a `str`, a byte
+    sequence that is not UTF-8—becomes U+FFFD (the replacement character), one
+    per invalid code unit, as Python's `errors="replace"` decodes. Every
+    translator applies this to its inputs, so none raises a Unicode error
+    and all tokenize the same text.
+    """
+    if isinstance(text, bytes):
+        return text.decode("utf-8", errors="replace").encode("utf-8")
+    # UTF-16 with surrogatepass keeps valid pairs and flags lone surrogates.
+    text = text.encode("utf-16-le", errors="surrogatepass").decode(
+        "utf-16-le", errors="replace"
+    )
+    return text.encode("utf-8")
+
+
+def as_string_array(texts, argument="texts", owner="Translator"):
+    """Validates a string or list of strings and returns a 1-D numpy array.
+
+    `owner` names the class and method in errors (`"TransformerTranslator.
+    translate"`). The strings come back as valid UTF-8 bytes (`to_utf8`).
+    """
     if isinstance(texts, (str, bytes)):
         texts = [texts]
     if isinstance(texts, tf.Tensor):
         texts = texts.numpy().tolist()
-    texts = list(texts)
+        texts = texts if isinstance(texts, list) else [texts]
+    if isinstance(texts, np.ndarray):
+        texts = texts.tolist()
+    if not isinstance(texts, (list, tuple)):
+        raise TypeError(
+            f"{owner}: `{argument}` must be a string or a list of strings. "
+            f"Received: {argument}={texts!r} of type {type(texts).__name__}"
+        )
     for text in texts:
         if not isinstance(text, (str, bytes)):
             raise TypeError(
                 f"{owner}: `{argument}` must be strings. Received: "
                 f"{argument} containing {text!r} of type {type(text).__name__}"
             )
-    return np.array(
-        [t.encode("utf-8") if isinstance(t, str) else t for t in texts],
-        dtype=object,
-    )
+    return np.array([to_utf8(t) for t in texts], dtype=object)

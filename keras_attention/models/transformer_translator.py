@@ -9,6 +9,9 @@ from keras_attention.layers.sinusoidal_position_encoding import (
 )
 from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
+from keras_attention.layers.transformer_encoder_block import attention_prototype
+from keras_attention.layers.utils import validate_rate
+from keras_attention.layers.utils import validate_seed
 from keras_attention.models.text_processing import PAD_ID
 from keras_attention.models.translator_base import Translator
 from keras_attention.models.translator_base import positive_int
@@ -93,7 +96,11 @@ class TransformerTranslator(Translator):
                 f"`num_heads`. Received: hidden_dim={hidden_dim}, "
                 f"num_heads={num_heads}"
             )
-        self.dropout = float(dropout)
+        self.dropout = validate_rate(owner, "dropout", dropout)
+        validate_seed(owner, seed)
+        # The blocks would reject a bad prototype in their own name.
+        attention_prototype(owner, "attention", attention, num_heads,
+                            hidden_dim // num_heads)
         self.attention_config = (
             keras.saving.serialize_keras_object(attention)
             if isinstance(attention, keras.layers.Layer) else attention

@@ -111,11 +111,11 @@ class Translator(keras.Model):
         self.lowercase = bool(lowercase)
         self.source_text = TextEncoder(
             source_vocabulary, source_split, lowercase, self.max_source_length,
-            name="source_text",
+            name="source_text", owner=owner, role="source",
         )
         self.target_text = TextEncoder(
             target_vocabulary, target_split, lowercase, self.max_target_length,
-            name="target_text",
+            name="target_text", owner=owner, role="target",
         )
         self._decode_functions = _FunctionCache()
 
@@ -198,8 +198,13 @@ class Translator(keras.Model):
         `<start>` (teacher forcing). Padding is id 0, which the default loss
         ignores.
         """
-        source_texts = text_processing.as_string_array(source_texts, "source_texts")
-        target_texts = text_processing.as_string_array(target_texts, "target_texts")
+        owner = f"{type(self).__name__}.make_dataset"
+        source_texts = text_processing.as_string_array(
+            source_texts, "source_texts", owner=owner
+        )
+        target_texts = text_processing.as_string_array(
+            target_texts, "target_texts", owner=owner
+        )
         if len(source_texts) != len(target_texts):
             raise ValueError(
                 f"{type(self).__name__}.make_dataset: needs as many target texts as "
@@ -513,8 +518,11 @@ class Translator(keras.Model):
         """Translates strings; returns one `Translation` per input.
 
         Args:
-            texts: a string or a list of strings. An empty string (no
-                tokens) translates to `""` with score 0 and an empty alignment.
+            texts: a string or a list of strings (str or UTF-8 bytes). An
+                empty string (no tokens) translates to `""` with score 0 and an
+                empty alignment. Invalid Unicode (a lone surrogate, bytes that
+                are not UTF-8) is read as U+FFFD, one per invalid code unit,
+                on every translator (`text_processing.to_utf8`).
             beam_width: 1 for greedy decoding, more for beam search.
             max_length: maximum output tokens (`<end>` included); defaults to
                 `max_target_length`. Output stopped by the limit has no `<end>`.
@@ -528,7 +536,9 @@ class Translator(keras.Model):
         beam_width, max_length, length_penalty = self._check_decoding_arguments(
             beam_width, max_length, length_penalty
         )
-        texts = text_processing.as_string_array(texts)
+        texts = text_processing.as_string_array(
+            texts, owner=f"{type(self).__name__}.translate"
+        )
         if len(texts) == 0:
             return []
         function = self._decode_function(beam_width, max_length, _method)
@@ -565,7 +575,10 @@ class Translator(keras.Model):
         return DecodingSession(self, text, top_k=top_k)
 
     def _session_start(self, text):
-        source_ids, tokens = self.source_text.encode(tf.constant([text]))
+        texts = text_processing.as_string_array(
+            [text], "text", owner=f"{type(self).__name__}.decoding_session"
+        )
+        source_ids, tokens = self.source_text.encode(tf.constant(texts, tf.string))
         context, states = self._start_decoding(source_ids, self.max_target_length)
         source_tokens = [t.decode("utf-8") for t in tokens.to_list()[0]]
         state = {"context": context, "states": states, "step": 0,
@@ -596,4 +609,6 @@ class _FunctionCache:
 
 
 def _as_str(text):
-    return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+    if isinstance(text, (str, bytes)):
+        return text_processing.to_utf8(text).decode("utf-8")
+    return str(text)

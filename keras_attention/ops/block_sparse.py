@@ -261,9 +261,9 @@ def _recomputed_block_rows(
             chunk_index, _, scores, token_scores, attended = scores_of(
                 c, q_chunk, k_blocks, token_k
             )
-            row_max = ops.max(scores, axis=-1)
+            row_max = masking.row_max(scores, axis=-1)
             if has_tokens:
-                row_max = ops.maximum(row_max, ops.max(token_scores, axis=-1))
+                row_max = ops.maximum(row_max, masking.row_max(token_scores, axis=-1))
             probs = ops.exp(scores - row_max[..., None])
             total = ops.sum(probs, axis=-1)
             out = ops.einsum(
@@ -533,6 +533,9 @@ def block_sparse_attention(
     """
     del query_mask  # Rows are independent; the caller zeroes masked rows.
     dtype = query.dtype
+    if masking.is_statically_empty(query, key):
+        # No query, or nothing to attend to: the zeros of a fully masked row.
+        return masking.empty_attention(query, value, return_weights=return_weights)
     head_dim = query.shape[-1]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     query_length = _length(query, 1)

@@ -21,6 +21,8 @@ import math
 import numpy as np
 from keras import ops
 
+from keras_attention.ops import masking
+
 from keras_attention.ops import loops
 
 # Layout used inside this module: (B, H, T, m) features, (B, H, T, Dv) values.
@@ -101,13 +103,13 @@ def softmax_features(x, projection, *, is_query, mask=None, epsilon=1e-6):
         projected = ops.einsum("bhtd,md->bhtm", scaled, projection)
         half_norm = ops.sum(ops.square(scaled), axis=-1, keepdims=True) / 2.0
         if is_query:
-            shift = ops.max(projected, axis=-1, keepdims=True)
+            shift = masking.row_max(projected, axis=-1, keepdims=True)
         elif valid is not None:
-            shift = ops.max(
+            shift = masking.row_max(
                 ops.where(valid, projected, -1e30), axis=(2, 3), keepdims=True
             )
         else:
-            shift = ops.max(projected, axis=(2, 3), keepdims=True)
+            shift = masking.row_max(projected, axis=(2, 3), keepdims=True)
         features = (ops.exp(projected - (half_norm + shift)) + epsilon) / root
         if valid is not None:
             features = ops.where(valid, features, 0.0)
@@ -310,7 +312,7 @@ def chunked_softmax_attention(
         scaled, projected = projected_of(x)
         half_norm = ops.sum(ops.square(scaled), axis=-1, keepdims=True) / 2.0
         if shift is None:  # queries: per row
-            shift = ops.max(projected, axis=-1, keepdims=True)
+            shift = masking.row_max(projected, axis=-1, keepdims=True)
         features = (ops.exp(projected - (half_norm + shift)) + epsilon) / root
         if mask is not None:
             features = ops.where(mask, features, 0.0)
@@ -331,7 +333,7 @@ def chunked_softmax_attention(
             mask = chunk_valid(j)
             if mask is not None:
                 projected = ops.where(mask, projected, -1e30)
-            return ops.maximum(shift, ops.max(projected, axis=(2, 3), keepdims=True))
+            return ops.maximum(shift, masking.row_max(projected, axis=(2, 3), keepdims=True))
 
         batch = ops.shape(k)[1]
         init = ops.full((batch, heads, 1, 1), -1e30, dtype="float32")
@@ -498,6 +500,14 @@ def favor_attention(
         `return_weights` the float32 weights.
     """
     dtype = value.dtype
+    if masking.is_statically_empty(query, key):
+        # No query, or nothing to attend to: the zeros of a fully masked row.
+        result = masking.empty_attention(
+            ops.cast(query, dtype), value, return_weights=return_weights
+        )
+        if return_weights:
+            return result[0], ops.cast(result[1], "float32")
+        return result
     if (
         kernel == "softmax"
         and not causal

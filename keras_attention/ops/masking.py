@@ -21,6 +21,62 @@ def to_bool_mask(mask):
     return ops.not_equal(mask, 0)
 
 
+def row_max(x, axis=-1, keepdims=False):
+    """`ops.max` that accepts empty tensors (batch 0, length 0).
+
+    TensorFlow's eager `max` asserts on an empty tensor even when only the
+    other axes are empty; with `initial=-inf` the reduction is defined for
+    every shape, equal to the max otherwise, and still propagates NaN.
+    """
+    return ops.max(x, axis=axis, keepdims=keepdims, initial=float("-inf"))
+
+
+def score_dtype(dtype):
+    """The dtype logits are formed in: float32 for half-precision inputs.
+
+    float16 overflows (max 65504) on large logits (`q . k` of inputs ~100)
+    and bfloat16 keeps 8 bits of them; the softmax already runs in float32,
+    so the logits are formed there too. Other dtypes are kept.
+    """
+    dtype = str(getattr(dtype, "name", dtype))
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+def zero_masked(x, mask):
+    """`x` with the positions where `mask` is False set to exactly zero.
+
+    `x` is `(B, T, ...)` and `mask` `(B|1, T)` (or None). A `where`, not a
+    product: `0 * NaN` is NaN, and a masked position must contribute nothing,
+    whatever it holds, to the forward pass and to every gradient.
+    """
+    if mask is None:
+        return x
+    mask = to_bool_mask(mask)
+    for _ in range(len(x.shape) - len(mask.shape)):
+        mask = ops.expand_dims(mask, -1)
+    return ops.where(mask, x, ops.zeros((), dtype=x.dtype))
+
+
+def is_statically_empty(*tensors):
+    """Whether any of `tensors` has a dimension known to be 0."""
+    return any(0 in tuple(t.shape) for t in tensors if t is not None)
+
+
+def empty_attention(query, value, return_weights=False):
+    """The result of attention with no query or no key: zeros, right shapes.
+
+    `query` is `(B, Tq, H, D)` and `value` `(B, Tk, Hkv, Dv)`; the output is
+    `(B, Tq, H, Dv)` (what a row with every key masked gets), and the weights
+    `(B, H, Tq, Tk)`.
+    """
+    batch, q_len = ops.shape(query)[0], ops.shape(query)[1]
+    heads, k_len = query.shape[2], ops.shape(value)[1]
+    output = ops.zeros((batch, q_len, heads, value.shape[-1]), dtype=query.dtype)
+    if not return_weights:
+        return output
+    return output, ops.zeros((batch, heads, q_len, k_len), dtype=query.dtype)
+
+
 def merge_masks(*masks):
     """ANDs together the masks that are not `None`; broadcasting applies.
 
@@ -97,9 +153,9 @@ def masked_softmax(scores, mask=None, axis=-1):
         scores = ops.where(mask, scores, _MASKED_SCORE)
     # Written out rather than ops.softmax, which warns on a length-1 axis,
     # a legitimate case here (a single key).
-    exp = ops.exp(scores - ops.max(scores, axis=axis, keepdims=True))
+    exp = ops.exp(scores - row_max(scores, axis=axis, keepdims=True))
     if mask is not None:
-        exp = exp * ops.cast(mask, "float32")
+        exp = ops.where(mask, exp, 0.0)
     total = ops.sum(exp, axis=axis, keepdims=True)
     weights = exp / ops.maximum(total, 1e-30)
     return ops.cast(weights, dtype)

@@ -30,6 +30,8 @@ import math
 
 from keras import ops
 
+from keras_attention.ops import masking
+
 from keras_attention.ops.loops import sequential_fori_loop
 from keras_attention.ops.loops import to_time_blocks
 
@@ -133,6 +135,9 @@ def memory_efficient_attention(
             f"heads. Received: {num_kv_heads} key/value heads, {num_heads} "
             "query heads"
         )
+    if masking.is_statically_empty(query, key):
+        # No query, or nothing to attend to: the zeros of a fully masked row.
+        return masking.empty_attention(query, value)
     if scale is None:
         scale = 1.0 / math.sqrt(key_dim)
     key_block_size = key_block_size or block_size
@@ -233,7 +238,7 @@ def memory_efficient_attention(
             def key_step(j, state):
                 running_max, running_sum, acc = state
                 logits = masked_logits(q_tile, _take(k, j), i, j)
-                new_max = ops.maximum(running_max, ops.max(logits, axis=-1))
+                new_max = ops.maximum(running_max, masking.row_max(logits, axis=-1))
                 probs = ops.exp(logits - ops.expand_dims(new_max, -1))
                 correction = ops.exp(running_max - new_max)
                 running_sum = running_sum * correction + ops.sum(probs, axis=-1)
@@ -250,7 +255,9 @@ def memory_efficient_attention(
             running_max, running_sum, acc = sequential_fori_loop(
                 0, key_stop(i), key_step, init, parallel_iterations=_KEY_PARALLEL
             )
-            attended = running_sum > 0
+            # `!= 0`, not `> 0`: a NaN row must stay NaN (the exact kernel
+            # propagates it), so a diverging model stays visible.
+            attended = ops.not_equal(running_sum, 0.0)
             safe_sum = ops.where(attended, running_sum, 1.0)
             out = ops.where(
                 ops.expand_dims(attended, -1),

@@ -7,10 +7,17 @@ weights and pass them in.
 
 from keras import ops
 
+from keras_attention.ops import masking
+
 
 def dot_score(query, key, scale=None):
-    """`q . k`, optionally multiplied by `scale` (e.g. `1 / sqrt(d)`)."""
-    scores = ops.einsum("bqd,bkd->bqk", query, key)
+    """`q . k`, optionally multiplied by `scale` (e.g. `1 / sqrt(d)`).
+
+    Under half precision the logits are float32 (`masking.score_dtype`):
+    `q . k` of large inputs overflows float16 before the softmax.
+    """
+    wide = masking.score_dtype(query.dtype)
+    scores = ops.einsum("bqd,bkd->bqk", ops.cast(query, wide), ops.cast(key, wide))
     if scale is not None:
         scores = scores * ops.cast(scale, scores.dtype)
     return scores
