@@ -443,7 +443,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 block_size=self.block_size,
             )
             weights = None
-        elif weights_needed:
+        elif weights_needed or value.shape[-1] != query.shape[-1]:
+            # (Keras' JAX composite kernel assumes value_dim == key_dim.)
             output, weights = self._dense_attention(
                 query, key, value, query_mask, key_mask, attention_mask,
                 use_causal_mask, training,
