@@ -85,6 +85,11 @@ class BaseAttention(keras.layers.Layer):
             for name, x in (("query", query), ("value", value), ("key", key)):
                 self._check_tensor(name, x)
             self._resolve_inputs(query, value, key)
+        # Mask dtypes too: JAX's conversion of a string array would fail first.
+        for name in ("query_mask", "value_mask", "key_mask", "attention_mask"):
+            mask = kwargs.get(name)
+            if mask is not None and hasattr(mask, "dtype"):
+                utils.check_mask_dtype(self._error, name, mask)
         return super().__call__(*args, **kwargs)
 
     def _to_compute_dtype(self, x):

@@ -23,6 +23,20 @@ def _is_real_or_bool(dtype):
     return "bool" in dtype or "int" in dtype or "float" in dtype
 
 
+def check_mask_dtype(error, name, mask):
+    """Raises a TypeError unless `mask` holds booleans or numbers."""
+    if not _is_real_or_bool(mask.dtype):
+        # NumPy text arrays ("<U3") are strings, as TensorFlow names them.
+        kind = getattr(mask.dtype, "kind", "")
+        dtype = "string" if kind in ("U", "S", "O") else mask.dtype
+        raise TypeError(
+            error(
+                f"`{name}` must be boolean (or 0/1 numbers), True where "
+                f"attention is allowed. Received: {name} with dtype {dtype}"
+            )
+        )
+
+
 def check_mask(error, name, mask, expected, broadcast=False):
     """Checks a mask's dtype and shape against `expected` (None = any).
 
@@ -40,14 +54,7 @@ def check_mask(error, name, mask, expected, broadcast=False):
                 f"{name}={describe(mask)}"
             )
         )
-    if not _is_real_or_bool(mask.dtype):
-        raise TypeError(
-            error(
-                f"`{name}` must be boolean (or 0/1 numbers), True where "
-                f"attention is allowed. Received: {name} with dtype "
-                f"{mask.dtype}"
-            )
-        )
+    check_mask_dtype(error, name, mask)
     shape = tuple(mask.shape)
     if broadcast:
         ok = 2 <= len(shape) <= len(expected)
