@@ -63,24 +63,28 @@ class _ScoresSelection:
     def __init__(self, layer, heads, query_range):
         self.heads = None
         if heads is not None:
-            if isinstance(heads, numbers.Integral) and not isinstance(heads, bool):
+            received = heads
+            if isinstance(heads, numbers.Integral):
                 heads = [heads]
-            try:
-                heads = [int(h) for h in heads if not isinstance(h, bool)] if all(
-                    isinstance(h, numbers.Integral) and not isinstance(h, bool)
+            valid = (
+                isinstance(heads, (list, tuple))
+                and heads
+                and all(
+                    isinstance(h, numbers.Integral)
+                    and not isinstance(h, bool)
+                    and 0 <= h < layer.num_heads
                     for h in heads
-                ) else None
-            except TypeError:
-                heads = None
-            if not heads or any(not 0 <= h < layer.num_heads for h in heads):
+                )
+            )
+            if not valid or isinstance(received, bool):
                 raise ValueError(
                     layer._error(
                         "`attention_scores_heads` must be a head index or a "
                         f"non-empty list of indices in [0, {layer.num_heads}). "
-                        f"Received: attention_scores_heads={heads!r}"
+                        f"Received: attention_scores_heads={received!r}"
                     )
                 )
-            self.heads = heads
+            self.heads = [int(h) for h in heads]
         self.query_range = None
         if query_range is not None:
             ok = (

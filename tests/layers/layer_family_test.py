@@ -239,6 +239,8 @@ def test_bad_score_selections_are_named():
     query = random_inputs((1, 5, 8))
     with pytest.raises(ValueError, match=r"attention_scores_heads.*\[0, 2\).*\[2\]"):
         layer(query, return_attention_scores=True, attention_scores_heads=[2])
+    with pytest.raises(ValueError, match=r"attention_scores_heads='a'"):
+        layer(query, return_attention_scores=True, attention_scores_heads="a")
     with pytest.raises(ValueError, match=r"attention_scores_query_range.*\(3, 9\)"):
         layer(query, return_attention_scores=True, attention_scores_query_range=(3, 9))
     with pytest.raises(ValueError, match="return_attention_scores=True"):
