@@ -120,8 +120,12 @@ class DecodingSession:
 
     @property
     def output_text(self):
-        sep = getattr(self.translator, "target_separator", "")
-        return sep.join(self.output_tokens)
+        """The text `translate()` would give for the tokens so far."""
+        join = getattr(self.translator, "join_target_tokens", None)
+        if join is not None:
+            return join(self.output_tokens)
+        return getattr(self.translator, "target_separator", "").join(
+            self.output_tokens)
 
     def _token_id(self, force_token):
         vocabulary = self.translator.target_vocabulary

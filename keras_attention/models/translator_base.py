@@ -187,6 +187,15 @@ class Translator(keras.Model):
     def target_separator(self):
         return self.target_text.separator
 
+    def join_target_tokens(self, tokens):
+        """Target tokens (strings) -> the text `translate()` makes of them.
+
+        The same graph join `translate()` and the SavedModel use, so
+        WordPiece continuations are glued (`["chat", "##s"]` -> `"chats"`).
+        """
+        ragged = tf.ragged.constant([[str(t) for t in tokens]], dtype=tf.string,
+                                    ragged_rank=1)
+        return self.target_text.join(ragged)[0].numpy().decode("utf-8")
 
     # --------------------------------------------------------------- training
     def make_dataset(self, source_texts, target_texts, batch_size=64,

@@ -139,6 +139,26 @@ def test_session_reproduces_translate(trained_translator):
                                        expected.alignment[i], atol=1e-5)
 
 
+def test_session_text_glues_wordpiece_as_translate_does():
+    from keras_attention.models import Seq2SeqTranslator
+
+    texts = ["le chat noir", "les chats noirs", "la souris grise", "les souris grises"]
+    keras.utils.set_random_seed(0)
+    translator = Seq2SeqTranslator.from_texts(
+        texts, texts, source_split="wordpiece", target_split="wordpiece",
+        units=8, embedding_dim=4, max_source_length=8, max_target_length=6)
+    session = translator.decoding_session("les chats")
+    session.step(force_token="chat")
+    session.step(force_token="##s")
+    assert session.output_tokens == ["chat", "##s"]
+    assert session.output_text == "chats"
+    # Untrained, greedy: whatever it emits, the session's text is translate()'s.
+    for text in texts:
+        session = translator.decoding_session(text)
+        session.run()
+        assert session.output_text == translator.translate(text)[0].text
+
+
 def test_session_step_reports_candidates_and_scores(trained_translator):
     session = trained_translator.decoding_session("five six", top_k=4)
     step = session.step()
