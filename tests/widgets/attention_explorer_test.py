@@ -36,16 +36,58 @@ def test_layer_and_head_choices_switch_the_detail_data(fake_comm):
     assert explorer.detail_source.data["x_token"][:5] == list("abcde")
 
 
-def test_small_multiples_show_every_head_of_the_layer(fake_comm):
+def thumbnail(explorer, layer, head):
+    data = explorer.model_view_source.data
+    return [i for i, (name, h) in enumerate(zip(data["layer"], data["head"])) if (name, h) == (layer, head)][0]
+
+
+def test_the_model_view_shows_every_layer_and_head_with_one_colour_bar(fake_comm):
+    from bokeh.models import ColorBar
+
     x = np.random.default_rng(1).normal(size=(1, 5, 8)).astype("float32")
     explorer = AttentionExplorer(make_model(), x)
-    explorer.layer_choice.value = "four_heads"
-    grid = explorer.grid_box.children[0]._model
-    heads = {fig.title.text: figures.heatmap_source(fig) for fig, _, _ in grid.children
-             if fig.name != "head_grid_scale"}
-    assert sorted(heads) == [f"head {i}" for i in range(4)]
-    for index, expected in enumerate(reference_weights(x, 4)[0]):
-        np.testing.assert_allclose(np.reshape(heads[f"head {index}"].data["weight"], (5, 5)), expected, rtol=1e-5)
+    data = explorer.model_view_source.data
+    assert list(zip(data["layer"], data["head"])) == [
+        ("two_heads", 0), ("two_heads", 1), *(("four_heads", h) for h in range(4)), ("luong", 0)]
+    images = explorer.model_view_figure.select_one({"name": "model_view_images"}).data["image"]
+    expected = [*reference_weights(x, 2)[0], *reference_weights(x, 4)[0]]
+    for image, head in zip(images, expected):
+        np.testing.assert_allclose(image, head, rtol=1e-5)
+    colour_bar = explorer.model_view_figure.select_one({"type": ColorBar})
+    assert colour_bar.color_mapper.high == pytest.approx(max(float(np.max(i)) for i in images))
+    # The detail (mean of two_heads) is outlined: both of its thumbnails.
+    assert explorer.model_view_source.selected.indices == [0, 1]
+
+
+def test_clicking_a_thumbnail_selects_it_as_the_detail(fake_comm):
+    x = np.random.default_rng(1).normal(size=(1, 5, 8)).astype("float32")
+    explorer = AttentionExplorer(make_model(), x, query_tokens=list("abcde"))
+    index = thumbnail(explorer, "four_heads", 2)
+    explorer.model_view_source.selected.indices = [index]  # what a tap in the page sets
+    assert (explorer.layer_choice.value, explorer.head_choice.value) == ("four_heads", 2)
+    np.testing.assert_allclose(explorer.detail_matrix, reference_weights(x, 4)[0, 2], rtol=1e-5)
+    assert explorer.detail_figure.title.text == "four_heads, head 2"
+    assert explorer.model_view_source.selected.indices == [index]
+    explorer.model_view_source.selected.indices = [thumbnail(explorer, "two_heads", 1)]
+    np.testing.assert_allclose(explorer.detail_matrix, reference_weights(x, 2)[0, 1], rtol=1e-5)
+    # The dropdowns move the outline too; the mean outlines every head of the layer.
+    explorer.head_choice.value = "mean of heads"
+    assert explorer.model_view_source.selected.indices == [0, 1]
+
+
+def test_the_head_view_lists_the_windows_tokens_and_reads_the_detail(fake_comm):
+    x = np.random.default_rng(1).normal(size=(1, 5, 8)).astype("float32")
+    explorer = AttentionExplorer(make_model(), x, query_tokens=list("abcde"))
+    tokens = explorer.token_source.data
+    assert tokens["side"] == ["query"] * 5 + ["key"] * 5 and tokens["token"] == list("abcde") * 2
+    assert tokens["position"] == [*range(5), *range(5)]
+    # Its lines are drawn from the heatmap's own cells (so they follow every change).
+    lines = explorer.head_view_figure.select_one({"name": "head_view_lines"})
+    assert lines.data_source is explorer.detail_source
+    explorer.focus_token(3, side="key")
+    assert explorer.token_source.selected.indices == [8]
+    with pytest.raises(ValueError, match="no query token at window position 7"):
+        explorer.focus_token(7)
 
 
 def test_long_sequences_get_an_overview_and_a_window(fake_comm):
@@ -92,10 +134,15 @@ def test_a_long_input_window_is_shown_honestly(fake_comm):
 def test_a_one_head_layer_is_not_shown_twice(fake_comm):
     x = np.random.default_rng(1).normal(size=(1, 5, 8)).astype("float32")
     explorer = AttentionExplorer(make_model(), x)
-    assert len(explorer.grid_box.children) == 1
     explorer.layer_choice.value = "luong"
-    assert list(explorer.head_choice.options) == [0]
-    assert explorer.grid_box.children == () and explorer.grid_heading.layout.display == "none"
+    assert list(explorer.head_choice.options) == [0]  # no "mean of heads" of one head
+    assert explorer.model_view_source.selected.indices == [thumbnail(explorer, "luong", 0)]
+    # A model with a single head has no model view: its only thumbnail is the detail.
+    inputs = keras.Input((5, 8))
+    single = keras.Model(inputs, keras_attention.LuongAttention(name="luong")(inputs))
+    explorer = AttentionExplorer(single, x)
+    assert explorer.model_view_widget.layout.display == "none"
+    assert explorer.model_view_source.data["layer"] == ["luong"]
 
 
 def test_model_without_attention_layers_is_rejected(fake_comm):
