@@ -93,7 +93,7 @@ class AttentionExplorer(Component):
     """
 
     def __init__(self, model, inputs, *, query_tokens=None, key_tokens=None, example=0, max_tokens=64,
-                 scores_on_demand="auto", rows_per_call=512):
+                 scores_on_demand="auto", rows_per_call=256):
         if not hasattr(model, "_flatten_layers") or not attention_layers(model):
             raise ValueError(
                 "AttentionExplorer: `model` has no keras_attention attention layers to show. "

@@ -628,7 +628,7 @@ bars_axis.ticker.ticks = position.filter((_, i) => i % step === 0);
 bars_axis.major_label_overrides = new Map(position.filter((_, i) => i % step === 0).map((p, i) => [p, labels[i * step]]));
 const label = is_query ? y_tokens[picked[0]] : x_tokens[picked[0]];
 bars_figure.title.text = (is_query ? "query " : "key ") + JSON.stringify(String(label)) +
-  (is_query ? ": its weights over the keys" : ": the weight each query gives it");
+  (is_query ? ": weights over keys" : ": weight from each query");
 """
 
 
@@ -651,11 +651,12 @@ def head_view(detail_figure, *, width=300, height=420):
     rows = max(data["row"], default=-1) + 1
     cols = max(data["col"], default=-1) + 1
     span = max(rows, cols, 1)
-    view = figure(title="Head view (hover or click a token)", width=width, height=height,
+    view = figure(title="Head view: hover or click a token", width=width, height=height,
                   x_range=Range1d(-1.6, 2.6), y_range=Range1d(span - 0.5, -0.5), tools="tap",
                   toolbar_location=None, name="head_view_figure")
     view.axis.visible = False
     view.grid.visible = False
+    view.title.text_font_size = "9pt"
     # Lines straight from the heatmap's cells: query `row` on the left, key `col` on the right.
     opacity = CustomJSTransform(v_func="const m = Math.max(1e-12, ...xs); return xs.map((x) => 0.9 * x / m);")
     lines = view.segment(x0=0.0, y0="row", x1=1.0, y1="col", source=detail, line_color="#3b6ea5", line_width=2,
@@ -665,15 +666,17 @@ def head_view(detail_figure, *, width=300, height=420):
     lines.nonselection_glyph = Segment(x0=0.0, y0="row", x1=1.0, y1="col", line_color="#3b6ea5", line_alpha=0.04)
     token_source = ColumnDataSource(head_view_tokens([], []), name="head_view_tokens")
     boxes = view.rect(x="x", y="position", width=1.1, height=0.9, source=token_source, fill_color="#ffb060",
-                      fill_alpha=0.0, line_alpha=0.0, selection_fill_alpha=0.7, nonselection_fill_alpha=0.0,
-                      hover_fill_alpha=0.35, hover_fill_color="#ffb060", name="head_view_boxes")
+                      fill_alpha=0.0, line_alpha=0.0, selection_fill_alpha=0.7, selection_line_alpha=0.0,
+                      nonselection_fill_alpha=0.0, nonselection_line_alpha=0.0, hover_fill_alpha=0.35,
+                      hover_fill_color="#ffb060", hover_line_alpha=0.0, name="head_view_boxes")
     view.text(x="text_x", y="position", text="token", text_align="align", text_baseline="middle", source=token_source,
-              text_font_size="9pt")
+              text_font_size="9pt", nonselection_text_alpha=1.0)
     view.select_one({"type": TapTool}).renderers = [boxes]
     bars = ColumnDataSource({"position": [], "weight": [], "token": []}, name="head_view_bars")
     bars_figure = figure(title="hover or click a token", width=width, height=200, x_range=Range1d(-0.5, 0.5),
                          y_range=Range1d(0, 1), tools="", toolbar_location=None, y_axis_label="weight",
                          name="head_view_bars_figure")
+    bars_figure.title.text_font_size = "9pt"
     bars_figure.vbar(x="position", top="weight", width=0.8, source=bars, color=SELECTED_COLOR)
     bars_figure.add_tools(HoverTool(tooltips=[("token", "@token"), ("weight", "@weight{0.000}")]))
     bars_figure.xaxis.ticker = FixedTicker(ticks=[])

@@ -178,3 +178,113 @@ def test_layers_sharing_a_name_are_told_apart_by_path(fake_comm):
     explorer = AttentionExplorer(model, x)
     assert list(explorer.layer_choice.options) == ["block_0/self_attention", "block_1/self_attention"]
     np.testing.assert_allclose(explorer.select("block_0/self_attention", 1), reference_weights(x, 2)[0, 1], rtol=1e-5)
+
+
+def numpy_rows(layer, x, q0, q1, head):
+    """Weights of query rows [q0, q1) of one head, from the layer's projections in NumPy."""
+    x = np.asarray(x, "float64")[0]
+    wq, bq = (np.asarray(w, "float64") for w in (layer.query_dense.kernel, layer.query_dense.bias))
+    wk, bk = (np.asarray(w, "float64") for w in (layer.key_dense.kernel, layer.key_dense.bias))
+    q = np.einsum("td,de->te", x[q0:q1], wq[:, head]) + bq[head]
+    k = np.einsum("td,de->te", x, wk[:, head]) + bk[head]
+    logits = q @ k.T / np.sqrt(wq.shape[-1])
+    logits -= logits.max(axis=1, keepdims=True)
+    weights = np.exp(logits)
+    return weights / weights.sum(axis=1, keepdims=True)
+
+
+def test_scores_on_demand_windows_are_the_layers_exact_rows(fake_comm, monkeypatch):
+    from keras_attention.layers import multi_head_attention
+
+    length = 300
+    x = np.random.default_rng(5).normal(size=(1, length, 8)).astype("float32")
+    layer = keras_attention.MultiHeadAttention(2, 4, name="long", seed=0)
+    layer(x[:, :4])  # built
+    # The path that forms the full (Tq, Tv) weights never runs.
+    def no_full_weights(*args, **kwargs):
+        raise AssertionError("the full weights were formed")
+    monkeypatch.setattr(multi_head_attention.MultiHeadAttention, "_dense_attention", no_full_weights)
+    explorer = AttentionExplorer(layer, x, scores_on_demand=True, max_tokens=64, rows_per_call=100)
+    assert explorer.weights is None and explorer.shapes == {"long": (2, length, length)}
+    explorer.query_start.value = 200
+    explorer.key_start.value = 120
+    explorer.head_choice.value = 1
+    np.testing.assert_allclose(explorer.detail_matrix, numpy_rows(layer, x, 200, 264, 1)[:, 120:184], rtol=2e-4,
+                               atol=1e-7)
+    assert explorer.detail_source.data["y_token"][0] == "200" and explorer.detail_source.data["x_token"][0] == "120"
+    # The overview: block means of the mean of heads, computed 100 rows at a time.
+    full = (numpy_rows(layer, x, 0, length, 0) + numpy_rows(layer, x, 0, length, 1)) / 2
+    expected, _, _ = figures.downsample(full, 128)
+    overview = explorer.overview_figure.select_one({"name": "overview_source"}).data["image"][0]
+    np.testing.assert_allclose(overview, expected, rtol=2e-4, atol=1e-7)
+    assert dict(explorer.window_source.data) == {"left": [119.5], "right": [183.5], "top": [199.5], "bottom": [263.5]}
+
+
+def test_scores_on_demand_needs_a_layer_that_selects_heads(fake_comm):
+    with pytest.raises(ValueError, match="scores_on_demand=True. needs an attention layer.*Functional"):
+        AttentionExplorer(make_model(), np.ones((1, 5, 8), "float32"), scores_on_demand=True)
+    with pytest.raises(ValueError, match="Received: scores_on_demand='yes'"):
+        AttentionExplorer(make_model(), np.ones((1, 5, 8), "float32"), scores_on_demand="yes")
+
+
+LONG_CHILD = r"""
+import json, resource, sys
+import numpy as np, keras
+import keras_attention
+from ipywidgets.widgets.tests import utils
+from keras_attention.widgets import AttentionExplorer
+
+utils.setup_test_comm()
+length, out = int(sys.argv[1]), sys.argv[2]
+x = np.random.default_rng(6).normal(size=(1, length, 16)).astype("float32")
+layer = keras_attention.MultiHeadAttention(2, 8, name="long", seed=0)
+layer(x[:, :8])
+np.savez(out + ".npz", x=x, *[np.asarray(w) for w in layer.get_weights()])
+kilobytes = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+explorer = AttentionExplorer(layer, x[:, :64], max_tokens=64)  # warms the kernels up
+before = kilobytes()
+explorer = AttentionExplorer(layer, x, max_tokens=64, **json.loads(sys.argv[3]))  # "auto": scores on demand from 4096 keys
+explorer.query_start.value = 9000
+explorer.key_start.value = 12000
+explorer.head_choice.value = 1
+peak = kilobytes()
+y_axis = explorer.detail_figure.yaxis[0]
+mapper = explorer.detail_figure.select_one({"type": keras_attention.widgets.figures.LinearColorMapper})
+json.dump({"detail": explorer.detail_matrix.tolist(), "grown_mib": (peak - before) / 1024,
+           "on_demand": explorer.weights is None, "first_label": y_axis.major_label_overrides[0],
+           "window": dict(explorer.window_source.data), "high": mapper.high,
+           "overview_shape": list(np.shape(explorer.overview_figure.select_one({"name": "overview_source"}).data["image"][0]))},
+          open(out, "w"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.tf_only
+def test_a_16384_token_window_is_exact_and_the_full_weights_are_never_formed(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    length, out = 16384, str(tmp_path / "long.json")
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    options = os.environ.get("KA_LONG_EXPLORER_OPTIONS", "{}")  # e.g. '{"rows_per_call": 16384}' breaks it
+    subprocess.run([sys.executable, "-c", LONG_CHILD, str(length), out, options], check=True, env=env, timeout=600)
+    result = json.load(open(out))
+    saved = np.load(out + ".npz")
+    x, weights = saved["x"], [saved[f"arr_{i}"] for i in range(8)]
+    layer = keras_attention.MultiHeadAttention(2, 8, seed=0)
+    layer(x[:, :8])
+    layer.set_weights(weights)
+    assert result["on_demand"]
+    print(f"explorer on {length} tokens: peak RSS grew {result['grown_mib']:.0f} MiB")
+    # One head's full weights alone are 16384^2 x 4 bytes = 1 GiB (both heads: 2 GiB); the
+    # explorer, every head's overview included, grew by less.
+    assert result["grown_mib"] < 1024, result["grown_mib"]
+    expected = numpy_rows(layer, x, 9000, 9064, 1)[:, 12000:12064]
+    np.testing.assert_allclose(result["detail"], expected, rtol=2e-4, atol=1e-8)
+    # Absolute positions, colours fitted to the window, the window outlined on a 128 x 128 overview.
+    assert result["first_label"] == "9000"
+    assert result["high"] == pytest.approx(expected.max(), rel=1e-4) and result["high"] < 0.05
+    assert result["window"] == {"left": [11999.5], "right": [12063.5], "top": [8999.5], "bottom": [9063.5]}
+    assert result["overview_shape"] == [128, 128]
