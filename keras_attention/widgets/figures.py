@@ -572,8 +572,9 @@ def model_view(thumbnails, layer_names, *, size=64, max_size=32, title="Model vi
     outlines = fig.rect(x="x", y="y", width=1.0, height=1.0, source=cells_source, fill_alpha=0.0, line_alpha=0.0,
                         selection_line_color=SELECTED_COLOR, selection_line_alpha=1.0, selection_line_width=3,
                         nonselection_fill_alpha=0.0, nonselection_line_alpha=0.0, name="thumbnails")
-    fig.select_one({"type": TapTool}).renderers = [outlines]
-    fig.add_tools(HoverTool(renderers=[outlines], tooltips=[("layer", "@layer"), ("head", "@head")]))
+    # "replace": Bokeh's default "toggle" would unselect a thumbnail the mean of heads already outlines.
+    fig.select_one({"type": TapTool}).update(renderers=[outlines], mode="replace")
+    # No hover tooltip: it would sit under the pointer and take the click (the axes name layer and head).
     fig.grid.visible = False
     fig.xaxis.ticker = FixedTicker(ticks=[h * (1 + THUMBNAIL_GAP) + 0.5 for h in range(num_cols)])
     fig.xaxis.major_label_overrides = {h * (1 + THUMBNAIL_GAP) + 0.5: f"head {h}" for h in range(num_cols)}
@@ -671,7 +672,7 @@ def head_view(detail_figure, *, width=300, height=420):
                       hover_fill_color="#ffb060", hover_line_alpha=0.0, name="head_view_boxes")
     view.text(x="text_x", y="position", text="token", text_align="align", text_baseline="middle", source=token_source,
               text_font_size="9pt", nonselection_text_alpha=1.0)
-    view.select_one({"type": TapTool}).renderers = [boxes]
+    view.select_one({"type": TapTool}).update(renderers=[boxes], mode="replace")
     bars = ColumnDataSource({"position": [], "weight": [], "token": []}, name="head_view_bars")
     bars_figure = figure(title="hover or click a token", width=width, height=200, x_range=Range1d(-0.5, 0.5),
                          y_range=Range1d(0, 1), tools="", toolbar_location=None, y_axis_label="weight",
