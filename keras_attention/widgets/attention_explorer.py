@@ -380,8 +380,12 @@ if (picked.length !== 1) return;
 const data = thumbnails.data;
 const column = (name) => Array.from(data instanceof Map ? data.get(name) : data[name]);
 const layer = column("layer")[picked[0]], head = String(column("head")[picked[0]]);
-if (layer_select.value !== layer) layer_select.value = layer;
-if (head_select.options.includes(head) && head_select.value !== head) head_select.value = head;
+if (layer_select.value !== layer) {
+  head_select._ka_pending = head;  // the head to show once the layer's head options are set
+  layer_select.value = layer;
+} else if (head_select.value !== head) {
+  head_select.value = head;
+}
 """
 
 # Shows the chosen layer and head of an exported explorer. One-head layers
@@ -390,10 +394,12 @@ STANDALONE_JS = """
 const frame = frames[layer_select.value];
 const count = frame.heads.length;
 const options = count > 1 ? ["mean of heads", ...frame.heads.map((_, h) => String(h))] : ["0"];
-if (JSON.stringify(head_select.options) !== JSON.stringify(options)) {
-  head_select.options = options;
-  if (!options.includes(head_select.value)) { head_select.value = options[0]; return; }  // runs again
-}
+const wanted = head_select._ka_pending;  // set by a click on a thumbnail of another layer
+head_select._ka_pending = undefined;
+if (JSON.stringify(head_select.options) !== JSON.stringify(options)) head_select.options = options;
+const value = wanted !== undefined && options.includes(wanted) ? wanted :
+  options.includes(head_select.value) ? head_select.value : options[0];
+if (value !== head_select.value) { head_select.value = value; return; }  // runs again
 const mean = head_select.value === "mean of heads";
 const flat = mean ? frame.mean : frame.heads[Number(head_select.value)];
 const row = [], col = [], x_token = [], y_token = [];
