@@ -194,10 +194,10 @@ class AttentionExplorer(Component):
             self.layer_choice.value = layer
         finally:
             self._updating = False
-        self._show()  # the layer, its first head option drawn
-        self.head_choice.value = head  # drawn, unless _show already did (a one-head layer)
+        self._show(head)
 
-    def _show(self):
+    def _show(self, head=None):
+        """Draws the chosen layer with `head` (default: its first head option)."""
         if self._updating:
             return
         layer = self.layer_choice.value
@@ -205,7 +205,7 @@ class AttentionExplorer(Component):
         self._updating = True
         try:
             self.head_choice.options = [MEAN_OF_HEADS, *range(num_heads)] if num_heads > 1 else [0]
-            self.head_choice.value = self.head_choice.options[0]
+            self.head_choice.value = head if head in self.head_choice.options else self.head_choice.options[0]
             long_queries = num_queries > self.max_tokens
             long_keys = num_keys > self.max_tokens
             self.query_start.max = max(0, num_queries - self.max_tokens)

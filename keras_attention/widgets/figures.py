@@ -626,9 +626,11 @@ bars_figure.x_range.start = -0.5; bars_figure.x_range.end = Math.max(position.le
 bars_figure.y_range.start = 0; bars_figure.y_range.end = Math.max(1e-9, ...picked.map((i) => weights[i])) * 1.05;
 const step = position.length <= 30 ? 1 : Math.ceil(position.length / 10);
 bars_axis.ticker.ticks = position.filter((_, i) => i % step === 0);
-bars_axis.major_label_overrides = new Map(position.filter((_, i) => i % step === 0).map((p, i) => [p, labels[i * step]]));
+// Labels cut to 10 characters (hover shows the whole token), so they leave the bars room.
+const cut = (t, n) => { t = String(t); return t.length <= n ? t : t.slice(0, n - 1) + "…"; };
+bars_axis.major_label_overrides = new Map(position.filter((_, i) => i % step === 0).map((p, i) => [p, cut(labels[i * step], 10)]));
 const label = is_query ? y_tokens[picked[0]] : x_tokens[picked[0]];
-bars_figure.title.text = (is_query ? "query " : "key ") + JSON.stringify(String(label)) +
+bars_figure.title.text = (is_query ? "query " : "key ") + JSON.stringify(cut(label, 14)) +
   (is_query ? ": weights over keys" : ": weight from each query");
 """
 
@@ -653,7 +655,7 @@ def head_view(detail_figure, *, width=300, height=420):
     cols = max(data["col"], default=-1) + 1
     span = max(rows, cols, 1)
     view = figure(title="Head view: hover or click a token", width=width, height=height,
-                  x_range=Range1d(-1.6, 2.6), y_range=Range1d(span - 0.5, -0.5), tools="tap",
+                  x_range=Range1d(-2.1, 3.1), y_range=Range1d(span - 0.5, -0.5), tools="tap",
                   toolbar_location=None, name="head_view_figure")
     view.axis.visible = False
     view.grid.visible = False
