@@ -422,7 +422,7 @@ x_axis.major_label_overrides = new Map(x_axis.ticker.ticks.map((i) => [i, frame.
 y_axis.major_label_overrides = new Map(y_axis.ticker.ticks.map((i) => [i, frame.y_labels[i]]));
 figure.title.text = layer_select.value + ", " + (mean ? "mean of heads" : "head " + head_select.value);
 // The head view's tokens (figures.head_view_tokens), and the thumbnails outlined.
-const cut = (t) => t.length <= 14 ? t : t.slice(0, 13) + "…";
+const cut = (t) => t.length <= 10 ? t : t.slice(0, 9) + "…";
 const q = frame.y_labels, k = frame.x_labels;
 tokens.data = {side: [...q.map(() => "query"), ...k.map(() => "key")],
                position: [...q.keys(), ...k.keys()], token: [...q, ...k].map(cut),

@@ -11,7 +11,6 @@ token such as `<img src=x onerror=alert(1)>` shows up literally.
 
 import numpy as np
 from bokeh.layouts import gridplot
-from bokeh.models import BasicTicker
 from bokeh.models import ColorBar
 from bokeh.models import ColumnDataSource
 from bokeh.models import CustomJS
@@ -705,7 +704,7 @@ def head_view_tokens(query_tokens, key_tokens):
     return {
         "side": ["query"] * len(query_tokens) + ["key"] * len(key_tokens),
         "position": list(range(len(query_tokens))) + list(range(len(key_tokens))),
-        "token": [shorten(t, 14) for t in query_tokens + key_tokens],
+        "token": [shorten(t, 10) for t in query_tokens + key_tokens],
         "x": [-0.55] * len(query_tokens) + [1.55] * len(key_tokens),
         "text_x": [-0.05] * len(query_tokens) + [1.05] * len(key_tokens),
         "align": ["right"] * len(query_tokens) + ["left"] * len(key_tokens),
