@@ -1,6 +1,7 @@
 """Explore the attention of every layer and head of a model."""
 
 import inspect
+import types
 
 import ipywidgets
 import keras
@@ -318,7 +319,7 @@ class AttentionExplorer(Component):
                       source=panels.detail_source, figure=detail, x_axis=detail.xaxis[0], y_axis=detail.yaxis[0],
                       mapper=detail.select_one({"type": LinearColorMapper}), tokens=panels.token_source,
                       thumbnails=thumbnails),
-            code=STANDALONE_JS,
+            code=STANDALONE_JS, name="explorer_draw",
         )
         layer_select.js_on_change("value", callback)
         head_select.js_on_change("value", callback)
@@ -354,8 +355,6 @@ class AttentionExplorer(Component):
 def _detail_panels():
     """The detail heatmap with its head view and bars: one Bokeh document, so that the
     head view's callbacks read the heatmap's source in the page."""
-    import types
-
     panels = types.SimpleNamespace()
     panels.detail_figure = figures.heatmap(np.zeros((1, 1)), title="", width=460, height=440)
     panels.detail_figure.name = "detail_figure"  # found by name in the browser

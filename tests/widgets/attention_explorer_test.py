@@ -194,6 +194,8 @@ def numpy_rows(layer, x, q0, q1, head):
 
 
 def test_scores_on_demand_windows_are_the_layers_exact_rows(fake_comm, monkeypatch):
+    from bokeh.models import CustomJS
+
     from keras_attention.layers import multi_head_attention
 
     length = 300
@@ -218,6 +220,12 @@ def test_scores_on_demand_windows_are_the_layers_exact_rows(fake_comm, monkeypat
     overview = explorer.overview_figure.select_one({"name": "overview_source"}).data["image"][0]
     np.testing.assert_allclose(overview, expected, rtol=2e-4, atol=1e-7)
     assert dict(explorer.window_source.data) == {"left": [119.5], "right": [183.5], "top": [199.5], "bottom": [263.5]}
+    # The export embeds that window of each head, still without the full weights.
+    callback = explorer.standalone_layout().select_one({"type": CustomJS, "name": "explorer_draw"})
+    frame = callback.args["frames"]["long"]
+    assert (frame["rows"], frame["cols"], frame["y_labels"][0], frame["x_labels"][0]) == (64, 64, "200", "120")
+    np.testing.assert_allclose(np.reshape(frame["heads"][0], (64, 64)), numpy_rows(layer, x, 200, 264, 0)[:, 120:184],
+                               rtol=2e-4, atol=1e-7)
 
 
 def test_scores_on_demand_needs_a_layer_that_selects_heads(fake_comm):
