@@ -59,7 +59,8 @@ class AttentionExplorer(Component):
     window's query rows: `O(heads x rows x Tv)` memory, exact softmax over
     all keys), and the overview and thumbnails are block means computed
     blockwise, `rows_per_call` query rows at a time. `"auto"` does this from
-    key length `ON_DEMAND_FROM` (4096); a 16384-token input then needs
+    key length `ON_DEMAND_FROM` (4096). The layer is called as given, without
+    masks (a model's masks apply in the captured mode). A 16384-token input then needs
     ~`heads x rows_per_call x 16384 x 4` bytes at a time instead of
     `heads x 16384^2 x 4` (8 GiB for 8 heads).
 
