@@ -11,7 +11,8 @@ names the extra.
   the probe batch's attention during `fit` (HTML snapshots outside notebooks).
 - `AttentionExplorer(model, inputs)`: every layer and head of a model.
 - Figure builders (`heatmap`, `distribution_bars`, `candidate_bars`,
-  `weighted_sum`, `head_grid`, `image_heatmap`) return Bokeh objects;
+  `weighted_sum`, `head_grid`, `image_heatmap`, `model_view`, `head_view`)
+  return Bokeh objects;
   `export_html` writes standalone HTML with BokehJS inlined (no CDN), of a
   figure or of a whole widget (its controls replay the embedded steps,
   heads or frames without a kernel).
@@ -45,8 +46,10 @@ from keras_attention.widgets.export import find_chromium
 from keras_attention.widgets.figures import candidate_bars
 from keras_attention.widgets.figures import distribution_bars
 from keras_attention.widgets.figures import head_grid
+from keras_attention.widgets.figures import head_view
 from keras_attention.widgets.figures import heatmap
 from keras_attention.widgets.figures import heatmap_source
 from keras_attention.widgets.figures import image_heatmap
+from keras_attention.widgets.figures import model_view
 from keras_attention.widgets.figures import weighted_sum
 from keras_attention.widgets.live_attention import LiveAttention

@@ -1,36 +1,72 @@
 """Explore the attention of every layer and head of a model."""
 
+import inspect
+import types
+
 import ipywidgets
+import keras
 import numpy as np
+from bokeh.layouts import column
 from bokeh.layouts import row
 from bokeh.models import ColumnDataSource
 from bokeh.models import LinearColorMapper
-from keras_attention.widgets._component import FreshBokehModel as BokehModel
 
 from keras_attention.layers.capture import attention_layers
 from keras_attention.widgets import _captured
 from keras_attention.widgets import figures
 from keras_attention.widgets._component import Component
+from keras_attention.widgets._component import FreshBokehModel as BokehModel
 from keras_attention.widgets._component import escape
 
 MEAN_OF_HEADS = "mean of heads"
 
+# Key lengths from which `scores_on_demand="auto"` stops capturing full weights.
+ON_DEMAND_FROM = 4096
+# Block means per axis of the overview computed with scores on demand.
+SUMMARY_SIZE = 128
+
 
 class AttentionExplorer(Component):
-    """Dropdowns for layer and head, a detail heatmap and all heads side by side.
+    """Every layer and head of a model: model view, detail heatmap, head view.
 
     Calls `model(inputs)` once, eagerly, under
     `keras_attention.layers.capture_attention`, and shows one example of the
-    batch. Like bertviz's model view, but Keras-native and offline.
+    batch. What bertviz offers, Keras-native, offline and for long inputs:
 
-    Long sequences stay usable: when a side exceeds `max_tokens`, the detail
-    heatmap shows a `max_tokens` window chosen with two sliders (query start,
-    key start) at full resolution, next to a block-averaged overview of the
-    whole matrix, on which the window is outlined; the window's axes read its
-    absolute positions and its colours span its own weights (the colour bar
-    shows the range). The small multiples are block-averaged too; a one-head
-    layer has none (its head is the detail). `export_html(explorer, path)`
-    writes every layer and head to one offline page with working selects.
+    - a **model view**: every layer (rows) x head (columns) as a thumbnail,
+      one colour scale with its colour bar; clicking a thumbnail selects it
+      as the detail (so do the layer and head dropdowns);
+    - the **detail heatmap** of the selected layer and head (or the mean of
+      the heads), titled with both, colours fitted to the weights shown;
+    - a **head view** next to it: queries on the left, keys on the right,
+      one line per weight; hovering or clicking a token highlights its row
+      (query) or column (key) of the heatmap and its lines, and bars show its
+      weights. It runs in BokehJS, so it works without a kernel too.
+
+    Long sequences: when a side exceeds `max_tokens`, the detail shows a
+    `max_tokens` window chosen with two sliders (query start, key start) at
+    full resolution, next to a block-averaged overview of the whole matrix
+    on which the window is outlined; the window's axes read its absolute
+    positions and its colours span its own weights (the colour bar shows the
+    range). A one-head layer has no "mean of heads" (it would be the same
+    matrix), and a model with a single head has no model view.
+
+    **Scores on demand** (a `keras_attention.MultiHeadAttention` layer, or
+    any layer whose call takes `attention_scores_heads`, given as `model`
+    with `inputs` = query or `(query, value[, key])`): the full `(Tq, Tv)`
+    weights are never formed. Each window asks the layer for the rows it
+    shows (`return_attention_scores=True, attention_scores_heads=...` on the
+    window's query rows: `O(heads x rows x Tv)` memory, exact softmax over
+    all keys), and the overview and thumbnails are block means computed
+    blockwise, `rows_per_call` query rows at a time. `"auto"` does this from
+    key length `ON_DEMAND_FROM` (4096). The layer is called as given, without
+    masks (a model's masks apply in the captured mode). A 16384-token input then needs
+    ~`heads x rows_per_call x 16384 x 4` bytes at a time instead of
+    `heads x 16384^2 x 4` (8 GiB for 8 heads).
+
+    `export_html(explorer, path)` writes every layer and head (the window
+    the sliders show now, for long inputs) to one offline page whose model
+    view, selects and head view work without a kernel.
 
     Args:
         model: a Keras model (or attention layer) containing keras_attention
@@ -42,67 +78,81 @@ class AttentionExplorer(Component):
             defaults to `query_tokens` (self-attention).
         example: which example of the batch to show.
         max_tokens: largest side drawn cell by cell.
+        scores_on_demand: `"auto"`, `True` or `False` (see above).
+        rows_per_call: query rows per layer call when scores are computed on
+            demand.
 
     Attributes:
         widget: the ipywidgets box to display.
-        weights: `{layer_name: (H, Tq, Tv)}` of the shown example.
+        weights: `{layer_name: (H, Tq, Tv)}` of the shown example (`None`
+            with scores on demand).
+        shapes: `{layer_name: (H, Tq, Tv)}`.
         detail_source: the detail heatmap's `ColumnDataSource`.
+        model_view_source: the thumbnails' source (`layer`, `head`;
+            `selected.indices` is the selected thumbnail).
+        token_source: the head view's tokens (`selected.indices` is the
+            clicked token).
     """
 
-    def __init__(self, model, inputs, *, query_tokens=None, key_tokens=None, example=0, max_tokens=64):
+    def __init__(self, model, inputs, *, query_tokens=None, key_tokens=None, example=0, max_tokens=64,
+                 scores_on_demand="auto", rows_per_call=256):
         if not hasattr(model, "_flatten_layers") or not attention_layers(model):
             raise ValueError(
                 "AttentionExplorer: `model` has no keras_attention attention layers to show. "
                 f"Received: {type(model).__name__} '{getattr(model, 'name', model)}'"
             )
-        if not isinstance(max_tokens, int) or max_tokens < 2:
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 2:
             raise ValueError(
                 f"AttentionExplorer: `max_tokens` must be an integer >= 2. Received: max_tokens={max_tokens!r}"
             )
-        try:
-            captured = _captured.call_and_capture(model, inputs)
-        except Exception as error:
+        if scores_on_demand not in ("auto", True, False):
             raise ValueError(
-                f"AttentionExplorer: calling {type(model).__name__} '{model.name}' on `inputs` failed "
-                f"({type(error).__name__}: {error}). Received: inputs of shape {_shapes(inputs)}"
-            ) from error
-        if not captured:
-            raise ValueError(
-                f"AttentionExplorer: no attention was recorded while calling '{model.name}' "
-                "(are the attention layers used in the call?)"
+                "AttentionExplorer: `scores_on_demand` must be 'auto', True or False. "
+                f"Received: scores_on_demand={scores_on_demand!r}"
             )
-        size = _captured.batch_size(next(iter(captured.values())))
-        if not isinstance(example, int) or not 0 <= example < size:
+        if not isinstance(rows_per_call, int) or isinstance(rows_per_call, bool) or rows_per_call < 1:
             raise ValueError(
-                f"AttentionExplorer: `example` must be in [0, {size}). Received: example={example!r}"
+                f"AttentionExplorer: `rows_per_call` must be a positive integer. Received: rows_per_call={rows_per_call!r}"
             )
         self.model = model
         self.example = example
         self.max_tokens = max_tokens
         self.query_tokens = query_tokens
         self.key_tokens = key_tokens if key_tokens is not None else query_tokens
-        self.weights = {name: _captured.per_head(w, example) for name, w in captured.items()}
+        if _use_scores_on_demand(model, inputs, scores_on_demand):
+            self._source = _OnDemandWeights(model, inputs, example, rows_per_call)
+            self.weights = None
+        else:
+            self._source = _CapturedWeights(model, inputs, example)
+            self.weights = self._source.weights
+        self.shapes = self._source.shapes
         self._build()
         self._show()
 
     # ----------------------------------------------------------------- build
 
     def _build(self):
-        names = list(self.weights)
+        names = list(self.shapes)
         self.layer_choice = ipywidgets.Dropdown(options=names, value=names[0], description="layer")
         self.head_choice = ipywidgets.Dropdown(description="head")
         self.query_start = ipywidgets.IntSlider(min=0, max=0, description="query from")
         self.key_start = ipywidgets.IntSlider(min=0, max=0, description="key from")
         self.info_html = ipywidgets.HTML()
-        self.detail_figure = figures.heatmap(np.zeros((1, 1)), title="", width=460, height=420)
-        self.detail_source = figures.heatmap_source(self.detail_figure)
-        self.detail_source.name = "detail_source"  # found by name in the browser
-        self.detail_widget = BokehModel(self.detail_figure)
+        panels = _detail_panels()
+        self.detail_figure, self.detail_source = panels.detail_figure, panels.detail_source
+        self.head_view_figure, self.token_source = panels.head_view_figure, panels.token_source
+        self.bars_figure = panels.bars_figure
+        self.detail_widget = BokehModel(panels.layout)
         self.overview_box = ipywidgets.Box()
         self.overview_figure = None
         self.window_source = None
-        self.grid_heading = ipywidgets.HTML("<b>all heads of the layer</b>")
-        self.grid_box = ipywidgets.Box(layout=ipywidgets.Layout(overflow="auto", max_height="720px"))
+        self.model_view_figure = self._model_view()
+        self.model_view_source = figures.model_view_source(self.model_view_figure)
+        self.model_view_source.selected.on_change("indices", self._on_thumbnail_tap)
+        many = len(self.model_view_source.data["layer"]) > 1
+        self.model_view_widget = BokehModel(self.model_view_figure)
+        self.model_view_widget.layout = ipywidgets.Layout(max_width="100%", overflow="auto")
+        self.model_view_widget.layout.display = None if many else "none"  # one head: it is the detail
         self._updating = False
         self.layer_choice.observe(self._on_layer, names="value")
         for control in (self.head_choice, self.query_start, self.key_start):
@@ -112,16 +162,23 @@ class AttentionExplorer(Component):
             ipywidgets.HBox([self.query_start, self.key_start]),
             self.info_html,
             ipywidgets.HBox([self.detail_widget, self.overview_box]),
-            self.grid_heading,
-            self.grid_box,
+            self.model_view_widget,
         ])
+
+    def _model_view(self):
+        names = list(self.shapes)
+        return figures.model_view([self._source.summary(name, 32) for name in names], names)
 
     # ------------------------------------------------------------- updating
 
     def select(self, layer, head=MEAN_OF_HEADS):
-        """Full `(Tq, Tv)` matrix of a layer and head (or the mean of heads)."""
-        heads = self.weights[layer]
-        return heads.mean(axis=0) if head == MEAN_OF_HEADS else heads[head]
+        """Full `(Tq, Tv)` matrix of a layer and head (or the mean of heads).
+
+        With scores on demand this computes every row (as much memory as the
+        full weights of one head); the explorer itself only asks for windows.
+        """
+        _, num_queries, num_keys = self.shapes[layer]
+        return self._source.window(layer, head, 0, num_queries, 0, num_keys)
 
     def _tokens(self, tokens, length):
         return tokens if tokens is not None and len(tokens) == length else None
@@ -129,14 +186,28 @@ class AttentionExplorer(Component):
     def _on_layer(self, _change):
         self._show()
 
-    def _show(self):
+    def _on_thumbnail_tap(self, _attr, _old, new):
+        if self._updating or len(new) != 1:
+            return
+        data = self.model_view_source.data
+        layer, head = data["layer"][new[0]], int(data["head"][new[0]])
+        self._updating = True
+        try:
+            self.layer_choice.value = layer
+        finally:
+            self._updating = False
+        self._show(head)
+
+    def _show(self, head=None):
+        """Draws the chosen layer with `head` (default: its first head option)."""
+        if self._updating:
+            return
         layer = self.layer_choice.value
-        heads = self.weights[layer]
-        num_heads, num_queries, num_keys = heads.shape
+        num_heads, num_queries, num_keys = self.shapes[layer]
         self._updating = True
         try:
             self.head_choice.options = [MEAN_OF_HEADS, *range(num_heads)] if num_heads > 1 else [0]
-            self.head_choice.value = self.head_choice.options[0]
+            self.head_choice.value = head if head in self.head_choice.options else self.head_choice.options[0]
             long_queries = num_queries > self.max_tokens
             long_keys = num_keys > self.max_tokens
             self.query_start.max = max(0, num_queries - self.max_tokens)
@@ -147,102 +218,127 @@ class AttentionExplorer(Component):
             self.key_start.layout.display = None if long_keys else "none"
         finally:
             self._updating = False
-        query_tokens = self._tokens(self.query_tokens, num_queries)
-        key_tokens = self._tokens(self.key_tokens, num_keys)
-        for old in (*self.overview_box.children, *self.grid_box.children):
+        for old in self.overview_box.children:
             old.close()  # frees the comm and the Bokeh document of the previous layer
         if long_queries or long_keys:
-            self.overview_figure = figures.image_heatmap(heads.mean(axis=0), title=f"{layer}: overview",
-                                                         max_size=self.max_tokens * 2)
+            size = self.max_tokens * 2
+            overview = self._source.summary(layer, size).mean(axis=0)
+            self.overview_figure = figures.image_heatmap(overview, title=f"{layer}: overview",
+                                                         max_size=size, full_shape=(num_queries, num_keys))
             # The window the detail shows, outlined on the overview.
-            self.window_source = ColumnDataSource(self._window_data(num_queries, num_keys), name="window_source")
+            self.window_source = ColumnDataSource(self._window_data(num_queries, num_keys),
+                                                          name="window_source")
             self.overview_figure.quad(left="left", right="right", top="top", bottom="bottom",
-                                      source=self.window_source, fill_alpha=0.0, line_color="#ff3030",
-                                      line_width=2)
+                                      source=self.window_source, fill_alpha=0.0,
+                                      line_color=figures.SELECTED_COLOR, line_width=2)
             self.overview_box.children = [BokehModel(self.overview_figure)]
         else:
             self.overview_figure = self.window_source = None
             self.overview_box.children = []
-        # A one-head layer's only head is the detail heatmap already.
-        self.grid_box.children = [
-            BokehModel(figures.head_grid(heads, key_tokens, query_tokens, ncols=4, max_size=self.max_tokens))
-        ] if num_heads > 1 else []
-        self.grid_heading.layout.display = None if num_heads > 1 else "none"
         self.info_html.value = (
             f"<b>{escape(layer)}</b>: {num_heads} head(s), {num_queries} queries x {num_keys} keys"
             + (f"; detail shows a {self.max_tokens}-token window" if long_queries or long_keys else "")
+            + ("; weights computed on demand" if self.weights is None else "")
         )
         self._show_detail()
 
     def _show_detail(self):
         if self._updating:
             return
-        layer = self.layer_choice.value
-        matrix = self.select(layer, self.head_choice.value)
-        num_queries, num_keys = matrix.shape
+        layer, head = self.layer_choice.value, self.head_choice.value
+        _, num_queries, num_keys = self.shapes[layer]
         q0, k0 = self.query_start.value, self.key_start.value
         q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
         x_labels, y_labels = self._window_labels(layer, q0, q1, k0, k1)
-        head = self.head_choice.value
-        window = matrix[q0:q1, k0:k1]
+        window = self._source.window(layer, head, q0, q1, k0, k1)
         figures.update_heatmap(
             self.detail_figure, window, x_labels, y_labels,
             title=f"{layer}, {head if head == MEAN_OF_HEADS else f'head {head}'}", fit_colors=True,
         )
+        self.token_source.data = figures.head_view_tokens(y_labels, x_labels)
         if self.window_source is not None:
             self.window_source.data = self._window_data(num_queries, num_keys)
+        self._updating = True
+        try:  # the model view outlines what the detail shows
+            self.model_view_source.selected.indices = _thumbnail_indices(self.model_view_source.data, layer, head)
+        finally:
+            self._updating = False
 
     def _window_data(self, num_queries, num_keys):
         q0, k0 = self.query_start.value, self.key_start.value
         q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
         return {"left": [k0 - 0.5], "right": [k1 - 0.5], "top": [q0 - 0.5], "bottom": [q1 - 0.5]}
 
+    def focus_token(self, index, side="query"):
+        """Select a token of the head view (what a click does in the page).
+
+        The highlighting and the bars are drawn by BokehJS in the page.
+        """
+        if side not in ("query", "key"):
+            raise ValueError(f"AttentionExplorer.focus_token: `side` must be 'query' or 'key'. Received: side={side!r}")
+        data = self.token_source.data
+        matches = [i for i, (s, p) in enumerate(zip(data["side"], data["position"])) if s == side and p == index]
+        if not matches:
+            raise ValueError(
+                f"AttentionExplorer.focus_token: no {side} token at window position {index}. "
+                f"Received: index={index!r} (the window has {data['side'].count(side)} {side} tokens)"
+            )
+        self.token_source.selected.indices = matches
+
     def standalone_layout(self):
         """A Bokeh document showing every layer and head without a kernel (`export_html`).
 
-        Layer and head selects switch the detail heatmap between the embedded
+        Layer and head selects, and clicks on the model view's thumbnails,
+        switch the detail heatmap (and the head view) between the embedded
         matrices (each head and their mean; for long inputs, the window the
         sliders show now), with BokehJS callbacks.
         """
         from bokeh.document import Document
-        from bokeh.layouts import column
         from bokeh.models import CustomJS
         from bokeh.models import Select
 
         frames = {}
         q0, k0 = self.query_start.value, self.key_start.value
-        for layer, heads in self.weights.items():
-            num_heads, num_queries, num_keys = heads.shape
+        for layer, (num_heads, num_queries, num_keys) in self.shapes.items():
             q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
             x_labels, y_labels = self._window_labels(layer, q0, q1, k0, k1)
-            window = heads[:, q0:q1, k0:k1].astype("float64")
+            window = np.stack([self._source.window(layer, h, q0, q1, k0, k1) for h in range(num_heads)])
             frames[layer] = {
-                "heads": [head.ravel().tolist() for head in window],
-                "mean": window.mean(axis=0).ravel().tolist(),
+                "heads": [head.astype("float64").ravel().tolist() for head in window],
+                "mean": window.astype("float64").mean(axis=0).ravel().tolist(),
                 "rows": q1 - q0, "cols": k1 - k0, "x_labels": x_labels, "y_labels": y_labels,
             }
         first = next(iter(frames))
-        detail = figures.heatmap(np.zeros((1, 1)), title="", width=460, height=420)
-        source = figures.heatmap_source(detail)
-        source.name = "detail_source"
+        panels = _detail_panels()
+        model_view = self._model_view()
+        thumbnails = figures.model_view_source(model_view)
         layer_select = Select(title="layer", value=first, options=list(frames), name="layer_select")
         head_select = Select(title="head", value=MEAN_OF_HEADS, options=[MEAN_OF_HEADS], name="head_select")
+        detail = panels.detail_figure
         callback = CustomJS(
-            args=dict(frames=frames, layer_select=layer_select, head_select=head_select, source=source,
-                      figure=detail, x_axis=detail.xaxis[0], y_axis=detail.yaxis[0],
-                      mapper=detail.select_one({"type": LinearColorMapper})),
-            code=STANDALONE_JS,
+            args=dict(frames=frames, layer_select=layer_select, head_select=head_select,
+                      source=panels.detail_source, figure=detail, x_axis=detail.xaxis[0], y_axis=detail.yaxis[0],
+                      mapper=detail.select_one({"type": LinearColorMapper}), tokens=panels.token_source,
+                      thumbnails=thumbnails),
+            code=STANDALONE_JS, name="explorer_draw",
         )
         layer_select.js_on_change("value", callback)
         head_select.js_on_change("value", callback)
+        thumbnails.selected.js_on_change("indices", CustomJS(
+            args=dict(thumbnails=thumbnails, layer_select=layer_select, head_select=head_select),
+            code=THUMBNAIL_TAP_JS,
+        ))
         document = Document()
-        document.add_root(column(row(layer_select, head_select), detail))
+        parts = [row(layer_select, head_select), panels.layout]
+        if len(thumbnails.data["layer"]) > 1:
+            parts.append(model_view)
+        document.add_root(column(*parts))
         document.js_on_event("document_ready", callback)
         return document
 
     def _window_labels(self, layer, q0, q1, k0, k1):
         """Axis labels of a window: tokens where they match the layer, else absolute positions."""
-        _, num_queries, num_keys = self.weights[layer].shape
+        _, num_queries, num_keys = self.shapes[layer]
         query_tokens = self._tokens(self.query_tokens, num_queries)
         key_tokens = self._tokens(self.key_tokens, num_keys)
         y_labels = list(query_tokens[q0:q1]) if query_tokens else [str(i) for i in range(q0, q1)]
@@ -257,16 +353,53 @@ class AttentionExplorer(Component):
         return np.asarray(data["weight"]).reshape(rows, cols)
 
 
+def _detail_panels():
+    """The detail heatmap with its head view and bars: one Bokeh document, so that the
+    head view's callbacks read the heatmap's source in the page."""
+    panels = types.SimpleNamespace()
+    panels.detail_figure = figures.heatmap(np.zeros((1, 1)), title="", width=460, height=440)
+    panels.detail_figure.name = "detail_figure"  # found by name in the browser
+    panels.detail_source = figures.heatmap_source(panels.detail_figure)
+    panels.detail_source.name = "detail_source"
+    panels.head_view_figure, panels.bars_figure, panels.token_source = figures.head_view(panels.detail_figure)
+    panels.layout = row(panels.detail_figure, column(panels.head_view_figure, panels.bars_figure))
+    return panels
+
+
+def _thumbnail_indices(data, layer, head):
+    """The model-view thumbnails of what the detail shows (all heads of a layer for the mean)."""
+    return [i for i, (name, index) in enumerate(zip(data["layer"], data["head"]))
+            if name == layer and (head == MEAN_OF_HEADS or index == head)]
+
+
+# A tap on one thumbnail of an exported explorer sets the selects (whose
+# callback draws it); the selection the selects themselves set is ignored.
+THUMBNAIL_TAP_JS = """
+const picked = thumbnails.selected.indices;
+if (picked.length !== 1) return;
+const data = thumbnails.data;
+const column = (name) => Array.from(data instanceof Map ? data.get(name) : data[name]);
+const layer = column("layer")[picked[0]], head = String(column("head")[picked[0]]);
+if (layer_select.value !== layer) {
+  head_select._ka_pending = head;  // the head to show once the layer's head options are set
+  layer_select.value = layer;
+} else if (head_select.value !== head) {
+  head_select.value = head;
+}
+"""
+
 # Shows the chosen layer and head of an exported explorer. One-head layers
 # offer only head 0 (the mean of one head is the same matrix).
 STANDALONE_JS = """
 const frame = frames[layer_select.value];
 const count = frame.heads.length;
 const options = count > 1 ? ["mean of heads", ...frame.heads.map((_, h) => String(h))] : ["0"];
-if (JSON.stringify(head_select.options) !== JSON.stringify(options)) {
-  head_select.options = options;
-  if (!options.includes(head_select.value)) { head_select.value = options[0]; return; }  // runs again
-}
+const wanted = head_select._ka_pending;  // set by a click on a thumbnail of another layer
+head_select._ka_pending = undefined;
+if (JSON.stringify(head_select.options) !== JSON.stringify(options)) head_select.options = options;
+const value = wanted !== undefined && options.includes(wanted) ? wanted :
+  options.includes(head_select.value) ? head_select.value : options[0];
+if (value !== head_select.value) { head_select.value = value; return; }  // runs again
 const mean = head_select.value === "mean of heads";
 const flat = mean ? frame.mean : frame.heads[Number(head_select.value)];
 const row = [], col = [], x_token = [], y_token = [];
@@ -288,7 +421,156 @@ y_axis.ticker.ticks = ticks(frame.rows);
 x_axis.major_label_overrides = new Map(x_axis.ticker.ticks.map((i) => [i, frame.x_labels[i]]));
 y_axis.major_label_overrides = new Map(y_axis.ticker.ticks.map((i) => [i, frame.y_labels[i]]));
 figure.title.text = layer_select.value + ", " + (mean ? "mean of heads" : "head " + head_select.value);
+// The head view's tokens (figures.head_view_tokens), and the thumbnails outlined.
+const cut = (t) => t.length <= 10 ? t : t.slice(0, 9) + "…";
+const q = frame.y_labels, k = frame.x_labels;
+tokens.data = {side: [...q.map(() => "query"), ...k.map(() => "key")],
+               position: [...q.keys(), ...k.keys()], token: [...q, ...k].map(cut),
+               x: [...q.map(() => -0.55), ...k.map(() => 1.55)], text_x: [...q.map(() => -0.05), ...k.map(() => 1.05)],
+               align: [...q.map(() => "right"), ...k.map(() => "left")]};
+const tdata = thumbnails.data;
+const layers = Array.from(tdata instanceof Map ? tdata.get("layer") : tdata["layer"]);
+const heads = Array.from(tdata instanceof Map ? tdata.get("head") : tdata["head"]);
+thumbnails.selected.indices = layers.flatMap((name, i) =>
+  name === layer_select.value && (mean || String(heads[i]) === head_select.value) ? [i] : []);
 """
+
+
+def _use_scores_on_demand(model, inputs, setting):
+    """Whether the explorer asks `model` (a layer) for windows instead of capturing all weights."""
+    capable = not isinstance(model, keras.Model) and "attention_scores_heads" in inspect.signature(model.call).parameters
+    if setting is True and not capable:
+        raise ValueError(
+            "AttentionExplorer: `scores_on_demand=True` needs an attention layer whose call takes "
+            "`attention_scores_heads` (e.g. keras_attention.MultiHeadAttention), given as `model`. "
+            f"Received: {type(model).__name__} '{model.name}'"
+        )
+    if setting == "auto" and capable:
+        query, value, _ = _layer_inputs(inputs)
+        length = value.shape[1] if value is not None else query.shape[1]
+        return length is not None and length >= ON_DEMAND_FROM
+    return bool(setting) and capable
+
+
+def _layer_inputs(inputs):
+    """`(query, value, key)` of what a layer is called with (a tensor or a tuple)."""
+    parts = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
+    if not 1 <= len(parts) <= 3:
+        raise ValueError(
+            "AttentionExplorer: a layer takes `inputs` = query or (query, value[, key]). "
+            f"Received: {len(parts)} inputs"
+        )
+    parts += [None] * (3 - len(parts))
+    return parts[0], parts[1], parts[2]
+
+
+class _CapturedWeights:
+    """Every layer's weights, captured from one call of the model."""
+
+    def __init__(self, model, inputs, example):
+        try:
+            captured = _captured.call_and_capture(model, inputs)
+        except Exception as error:
+            raise ValueError(
+                f"AttentionExplorer: calling {type(model).__name__} '{model.name}' on `inputs` failed "
+                f"({type(error).__name__}: {error}). Received: inputs of shape {_shapes(inputs)}"
+            ) from error
+        if not captured:
+            raise ValueError(
+                f"AttentionExplorer: no attention was recorded while calling '{model.name}' "
+                "(are the attention layers used in the call?)"
+            )
+        _check_example(example, _captured.batch_size(next(iter(captured.values()))))
+        self.weights = {name: _captured.per_head(w, example) for name, w in captured.items()}
+        self.shapes = {name: w.shape for name, w in self.weights.items()}
+
+    def window(self, layer, head, q0, q1, k0, k1):
+        heads = self.weights[layer][:, q0:q1, k0:k1]
+        return heads.mean(axis=0) if head == MEAN_OF_HEADS else heads[head]
+
+    def summary(self, layer, max_size):
+        """`(H, r, c)` block means of every head, at most `max_size` per axis."""
+        return np.stack([figures.downsample(head, max_size)[0] for head in self.weights[layer]])
+
+
+class _OnDemandWeights:
+    """One attention layer's weights, computed for the rows asked for only.
+
+    Query rows `[q0, q1)` are the layer called on those rows of the query
+    (over every key) with `attention_scores_heads`: attention is row-wise, so
+    these are exactly those rows of the full weights, and the layer forms
+    only `(1, heads, rows, Tv)` of them (its output comes from the kernel it
+    would use without weights, the blockwise one for long keys).
+    """
+
+    def __init__(self, layer, inputs, example, rows_per_call):
+        query, value, key = _layer_inputs(inputs)
+        _check_example(example, int(query.shape[0]))
+        as_tensor = lambda x: None if x is None else keras.ops.convert_to_tensor(x)[example:example + 1]
+        self.layer = layer
+        self.query, self.value, self.key = as_tensor(query), as_tensor(value), as_tensor(key)
+        if self.value is None:
+            self.value = self.query  # self-attention: every query row attends over the whole sequence
+        self.rows_per_call = rows_per_call
+        name = layer.name
+        try:
+            _, probe = self._call(0, 1, [0])
+        except Exception as error:
+            raise ValueError(
+                f"AttentionExplorer: calling {type(layer).__name__} '{name}' on `inputs` with "
+                f"attention_scores_heads failed ({type(error).__name__}: {error}). "
+                f"Received: inputs of shape {_shapes(inputs)}"
+            ) from error
+        self.shapes = {name: (int(layer.num_heads), int(self.query.shape[1]), int(probe.shape[-1]))}
+        self._summaries = {}
+
+    def _call(self, q0, q1, heads):
+        output, weights = self.layer(self.query[:, q0:q1], self.value, self.key, return_attention_scores=True,
+                                     attention_scores_heads=heads, training=False)
+        return output, weights
+
+    def rows(self, heads, q0, q1):
+        """`(len(heads), q1 - q0, Tv)`: exact weights of these heads and query rows."""
+        _, weights = self._call(q0, q1, list(heads))
+        return np.asarray(keras.ops.convert_to_numpy(weights), dtype="float32")[0]
+
+    def window(self, layer, head, q0, q1, k0, k1):
+        num_heads = self.shapes[layer][0]
+        heads = range(num_heads) if head == MEAN_OF_HEADS else [head]
+        block = self.rows(heads, q0, q1)[:, :, k0:k1]
+        return block.mean(axis=0)
+
+    def summary(self, layer, max_size):
+        """`(H, r, c)` block means of every head, at most `max_size` per axis.
+
+        One pass, `rows_per_call` query rows at a time, computes block means
+        at `SUMMARY_SIZE` per axis; coarser summaries (the thumbnails) are
+        block means of those.
+        """
+        if layer not in self._summaries:
+            self._summaries[layer] = self._fine_summary(layer, max(max_size, SUMMARY_SIZE))
+        fine = self._summaries[layer]
+        if max(fine.shape[1:]) <= max_size:
+            return fine
+        return np.stack([figures.downsample(head, max_size)[0] for head in fine])
+
+    def _fine_summary(self, layer, max_size):
+        num_heads, num_queries, num_keys = self.shapes[layer]
+        row_step, col_step = (max(1, int(np.ceil(n / max_size))) for n in (num_queries, num_keys))
+        # Whole row blocks per call, so each block's mean is taken in one piece.
+        chunk = max(row_step, self.rows_per_call // row_step * row_step)
+        blocks = []
+        for start in range(0, num_queries, chunk):
+            stop = min(num_queries, start + chunk)
+            weights = self.rows(range(num_heads), start, stop)
+            blocks.append(np.stack([figures.downsample(head, max_size=10**9, steps=(row_step, col_step))[0]
+                                    for head in weights]))
+        return np.concatenate(blocks, axis=1)
+
+
+def _check_example(example, size):
+    if not isinstance(example, int) or isinstance(example, bool) or not 0 <= example < size:
+        raise ValueError(f"AttentionExplorer: `example` must be in [0, {size}). Received: example={example!r}")
 
 
 def _shapes(inputs):

@@ -11,13 +11,16 @@ token such as `<img src=x onerror=alert(1)>` shows up literally.
 
 import numpy as np
 from bokeh.layouts import gridplot
-from bokeh.models import BasicTicker
 from bokeh.models import ColorBar
 from bokeh.models import ColumnDataSource
+from bokeh.models import CustomJS
+from bokeh.models import CustomJSTransform
 from bokeh.models import FixedTicker
 from bokeh.models import HoverTool
 from bokeh.models import LinearColorMapper
 from bokeh.models import Range1d
+from bokeh.models import Segment
+from bokeh.models import TapTool
 from bokeh.palettes import RdBu11
 from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
@@ -192,8 +195,8 @@ def heatmap(
 
 
 def heatmap_source(fig):
-    """The `ColumnDataSource` behind a figure made by `heatmap`/`image_heatmap`."""
-    return fig.select_one({"type": ColumnDataSource})
+    """The `ColumnDataSource` behind a figure made by `heatmap`/`image_heatmap` (or the bar charts)."""
+    return fig.renderers[0].data_source  # the figure's first glyph (callbacks may reference other sources)
 
 
 def set_tick_labels(fig, x_tokens=None, y_tokens=None, max_chars=None):
@@ -206,11 +209,13 @@ def set_tick_labels(fig, x_tokens=None, y_tokens=None, max_chars=None):
         _label_axis(fig.yaxis[0], [cut(t) for t in y_tokens])
 
 
-def downsample(weights, max_size):
+def downsample(weights, max_size, steps=None):
     """Block-mean `weights` so that neither axis exceeds `max_size`.
 
     Returns `(matrix, row_step, col_step)`; cell `(i, j)` of the result is
     the mean of rows `[i*row_step, (i+1)*row_step)` and the same for columns.
+    `steps=(row_step, col_step)` gives the block size instead (so that row
+    blocks of one matrix, computed apart, line up).
 
     >>> import numpy as np
     >>> small, row_step, col_step = downsample(np.arange(16.0).reshape(4, 4), 2)
@@ -223,8 +228,11 @@ def downsample(weights, max_size):
             f"downsample: `max_size` must be a positive integer. Received: max_size={max_size!r}"
         )
     rows, cols = matrix.shape
-    row_step = max(1, int(np.ceil(rows / max_size)))
-    col_step = max(1, int(np.ceil(cols / max_size)))
+    if steps is None:
+        row_step = max(1, int(np.ceil(rows / max_size)))
+        col_step = max(1, int(np.ceil(cols / max_size)))
+    else:
+        row_step, col_step = (max(1, int(step)) for step in steps)
     padded_rows = int(np.ceil(rows / row_step)) * row_step
     padded_cols = int(np.ceil(cols / col_step)) * col_step
     padded = np.full((padded_rows, padded_cols), np.nan)
@@ -233,16 +241,25 @@ def downsample(weights, max_size):
     return np.nanmean(blocks, axis=(1, 3)), row_step, col_step
 
 
-def image_heatmap(weights, *, title="Attention overview", max_size=128, width=420, height=380):
+def image_heatmap(weights, *, title="Attention overview", max_size=128, width=420, height=380, full_shape=None):
     """A heatmap for long sequences: one image, block-averaged to `max_size`.
 
     The axes stay in original positions (a `(4096, 4096)` matrix shown at
     `128 x 128` still reads 0..4096), so the overview can be used to pick a
     window to look at in full detail with `heatmap`.
+
+    `full_shape=(rows, cols)` says that `weights` is already a block mean of
+    a `(rows, cols)` matrix (computed blockwise, without ever holding it),
+    drawn as is over the original positions.
     """
     matrix = _as_matrix(weights, "image_heatmap")
-    rows, cols = matrix.shape
-    small, row_step, col_step = downsample(matrix, max_size)
+    if full_shape is None:
+        rows, cols = matrix.shape
+        small, row_step, col_step = downsample(matrix, max_size)
+    else:
+        rows, cols = (int(n) for n in full_shape)
+        small = matrix
+        row_step, col_step = int(np.ceil(rows / matrix.shape[0])), int(np.ceil(cols / matrix.shape[1]))
     # Image row 0 sits at y=-0.5; with the flipped y range it is drawn on top.
     source = ColumnDataSource(
         {"image": [small], "x": [-0.5], "y": [-0.5], "dw": [cols], "dh": [rows]},
@@ -491,3 +508,204 @@ def update_heatmap(fig, weights, x_tokens=None, y_tokens=None, title=None, fit_c
         mapper = fig.select_one({"type": LinearColorMapper})
         mapper.low = min(0.0, float(np.nanmin(matrix)))
         mapper.high = max(float(np.nanmax(matrix)), mapper.low + 1e-9)
+
+
+# Gap between model-view thumbnails, in thumbnail widths.
+THUMBNAIL_GAP = 0.2
+SELECTED_COLOR = "#ff3030"
+
+
+def model_view(thumbnails, layer_names, *, size=64, max_size=32, title="Model view: every layer x head (click one)"):
+    """bertviz's model view: one thumbnail per layer (rows) and head (columns).
+
+    Args:
+        thumbnails: one `(H, Tq, Tv)` array per layer (heads may differ per
+            layer; long ones are block-averaged to `max_size` per axis).
+        layer_names: one name per layer (the row labels).
+        size: pixels per thumbnail.
+
+    All thumbnails share one colour scale (0 to the largest weight), shown by
+    the colour bar. A tap tool selects a thumbnail: `model_view_source`
+    (found with `model_view_source(fig)`; columns `layer`, `head`, `x`, `y`)
+    gets `selected.indices`, and its outline turns red. The images are in a
+    second source, so a selection does not dim them.
+    """
+    if len(thumbnails) != len(layer_names) or not thumbnails:
+        raise ValueError(
+            "model_view: `thumbnails` and `layer_names` must be non-empty and of the same length. "
+            f"Received: {len(thumbnails)} thumbnails, {len(layer_names)} names"
+        )
+    images, cells = {"image": [], "x": [], "y": [], "dw": [], "dh": []}, {"layer": [], "head": [], "x": [], "y": []}
+    high = 1e-9
+    for row_index, (heads, name) in enumerate(zip(thumbnails, layer_names)):
+        heads = np.asarray(heads, dtype="float64")
+        if heads.ndim != 3:
+            raise ValueError(f"model_view: each thumbnail must be (heads, Tq, Tv). Received: shape {heads.shape}")
+        for head_index, head in enumerate(heads):
+            small = downsample(head, max_size)[0] if max(head.shape) > max_size else head
+            high = max(high, float(np.nanmax(small)) if small.size else 0.0)
+            left, top = head_index * (1 + THUMBNAIL_GAP), row_index * (1 + THUMBNAIL_GAP)
+            images["image"].append(small)
+            images["x"].append(left)
+            images["y"].append(top)
+            images["dw"].append(1.0)
+            images["dh"].append(1.0)
+            cells["layer"].append(str(name))
+            cells["head"].append(head_index)
+            cells["x"].append(left + 0.5)
+            cells["y"].append(top + 0.5)
+    num_rows = len(thumbnails)
+    num_cols = max(np.asarray(t).shape[0] for t in thumbnails)
+    span_x, span_y = num_cols * (1 + THUMBNAIL_GAP), num_rows * (1 + THUMBNAIL_GAP)
+    label_room = 8 * min(28, max(len(str(n)) for n in layer_names))
+    fig = figure(
+        title=title, width=int(num_cols * size * (1 + THUMBNAIL_GAP)) + label_room + 110,
+        height=int(num_rows * size * (1 + THUMBNAIL_GAP)) + 70,
+        x_range=Range1d(-THUMBNAIL_GAP, span_x), y_range=Range1d(span_y, -THUMBNAIL_GAP),
+        tools="tap", toolbar_location=None, x_axis_location="above", name="model_view_figure",
+    )
+    mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=high)
+    fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=ColumnDataSource(images, name="model_view_images"),
+              color_mapper=mapper)
+    cells_source = ColumnDataSource(cells, name="model_view_source")
+    outlines = fig.rect(x="x", y="y", width=1.0, height=1.0, source=cells_source, fill_alpha=0.0, line_alpha=0.0,
+                        selection_line_color=SELECTED_COLOR, selection_line_alpha=1.0, selection_line_width=3,
+                        nonselection_fill_alpha=0.0, nonselection_line_alpha=0.0, name="thumbnails")
+    # "replace": Bokeh's default "toggle" would unselect a thumbnail the mean of heads already outlines.
+    fig.select_one({"type": TapTool}).update(renderers=[outlines], mode="replace")
+    # No hover tooltip: it would sit under the pointer and take the click (the axes name layer and head).
+    fig.grid.visible = False
+    fig.xaxis.ticker = FixedTicker(ticks=[h * (1 + THUMBNAIL_GAP) + 0.5 for h in range(num_cols)])
+    fig.xaxis.major_label_overrides = {h * (1 + THUMBNAIL_GAP) + 0.5: f"head {h}" for h in range(num_cols)}
+    fig.yaxis.ticker = FixedTicker(ticks=[r * (1 + THUMBNAIL_GAP) + 0.5 for r in range(num_rows)])
+    fig.yaxis.major_label_overrides = {r * (1 + THUMBNAIL_GAP) + 0.5: shorten(n, 28) for r, n in enumerate(layer_names)}
+    fig.add_layout(ColorBar(color_mapper=mapper, width=8, title="attention weight", title_text_font_size="8pt",
+                            title_text_font_style="normal", name="model_view_color_bar"), "right")
+    return fig
+
+
+def model_view_source(fig):
+    """The `ColumnDataSource` of `model_view`'s thumbnails (`layer`, `head`; `selected` is the tap)."""
+    return fig.select_one({"name": "model_view_source"})
+
+
+# The head view's behaviour, in the browser (with or without a kernel): the
+# focused token (hovered, else tapped) selects its row (query) or column (key)
+# of the heatmap, which highlights those cells and lines, and its weights fill
+# the bar chart. `hovered` is set by the code that includes this.
+HEAD_VIEW_JS = """
+const data = detail.data;
+const get = (name) => Array.from(data instanceof Map ? data.get(name) : data[name]);
+const rows = get("row"), cols = get("col"), weights = get("weight"), x_tokens = get("x_token"), y_tokens = get("y_token");
+const num_rows = rows.length ? Math.max(...rows) + 1 : 0, num_cols = cols.length ? Math.max(...cols) + 1 : 0;
+const span = Math.max(num_rows, num_cols, 1);
+if (view_figure.y_range.start !== span - 0.5) { view_figure.y_range.start = span - 0.5; view_figure.y_range.end = -0.5; }
+const chosen = hovered.length ? hovered : tokens.selected.indices;
+const focus = chosen.length ? chosen[0] : -1;
+const key = focus + "/" + weights.length + "/" + weights[0] + "/" + weights[weights.length - 1];
+if (hovered.length && tokens._ka_last === key) return;  // the same token hovered again: nothing new
+tokens._ka_last = key;
+const tdata = tokens.data;
+const sides = Array.from(tdata instanceof Map ? tdata.get("side") : tdata["side"]);
+const positions = Array.from(tdata instanceof Map ? tdata.get("position") : tdata["position"]);
+if (focus < 0 || focus >= sides.length) {
+  detail.selected.indices = [];
+  bars.data = {position: [], weight: [], token: []};
+  bars_figure.title.text = "hover or click a token";
+  return;
+}
+const is_query = sides[focus] === "query", at = positions[focus];
+const picked = [];
+for (let i = 0; i < weights.length; i++) { if ((is_query ? rows[i] : cols[i]) === at) picked.push(i); }
+detail.selected.indices = picked;
+const position = picked.map((i) => is_query ? cols[i] : rows[i]);
+const labels = picked.map((i) => is_query ? x_tokens[i] : y_tokens[i]);
+bars.data = {position, weight: picked.map((i) => weights[i]), token: labels};
+bars_figure.x_range.start = -0.5; bars_figure.x_range.end = Math.max(position.length, 1) - 0.5;
+bars_figure.y_range.start = 0; bars_figure.y_range.end = Math.max(1e-9, ...picked.map((i) => weights[i])) * 1.05;
+const step = position.length <= 30 ? 1 : Math.ceil(position.length / 10);
+bars_axis.ticker.ticks = position.filter((_, i) => i % step === 0);
+// Labels cut to 10 characters (hover shows the whole token), so they leave the bars room.
+const cut = (t, n) => { t = String(t); return t.length <= n ? t : t.slice(0, n - 1) + "…"; };
+bars_axis.major_label_overrides = new Map(position.filter((_, i) => i % step === 0).map((p, i) => [p, cut(labels[i * step], 10)]));
+const label = is_query ? y_tokens[picked[0]] : x_tokens[picked[0]];
+bars_figure.title.text = (is_query ? "query " : "key ") + JSON.stringify(cut(label, 14)) +
+  (is_query ? ": weights over keys" : ": weight from each query");
+"""
+
+
+def head_view(detail_figure, *, width=300, height=420):
+    """bertviz's head view of the matrix a `heatmap` figure shows, and a bar chart.
+
+    Queries are listed on the left, keys on the right, joined by one line
+    per weight (opacity: the weight over the largest). Hovering or clicking a
+    token highlights its lines and its row (query) or column (key) of the
+    heatmap, and the bars show its weights. It all runs in BokehJS (no
+    kernel), reading the heatmap's own data source, so it follows whatever
+    the heatmap shows; the token labels are in `token_source` (columns
+    `side`, `position`, `token`, `x`, `align`), which the owner keeps in step
+    with the heatmap (`head_view_tokens`).
+
+    Returns `(view_figure, bars_figure, token_source)`.
+    """
+    detail = heatmap_source(detail_figure)
+    data = detail.data
+    rows = max(data["row"], default=-1) + 1
+    cols = max(data["col"], default=-1) + 1
+    span = max(rows, cols, 1)
+    view = figure(title="Head view: hover or click a token", width=width, height=height,
+                  x_range=Range1d(-2.1, 3.1), y_range=Range1d(span - 0.5, -0.5), tools="tap",
+                  toolbar_location=None, name="head_view_figure")
+    view.axis.visible = False
+    view.grid.visible = False
+    view.title.text_font_size = "9pt"
+    # Lines straight from the heatmap's cells: query `row` on the left, key `col` on the right.
+    opacity = CustomJSTransform(v_func="const m = Math.max(1e-12, ...xs); return xs.map((x) => 0.9 * x / m);")
+    lines = view.segment(x0=0.0, y0="row", x1=1.0, y1="col", source=detail, line_color="#3b6ea5", line_width=2,
+                         line_alpha={"field": "weight", "transform": opacity}, name="head_view_lines")
+    lines.selection_glyph = Segment(x0=0.0, y0="row", x1=1.0, y1="col", line_color=SELECTED_COLOR, line_width=2.5,
+                                    line_alpha={"field": "weight", "transform": opacity})
+    lines.nonselection_glyph = Segment(x0=0.0, y0="row", x1=1.0, y1="col", line_color="#3b6ea5", line_alpha=0.04)
+    token_source = ColumnDataSource(head_view_tokens([], []), name="head_view_tokens")
+    boxes = view.rect(x="x", y="position", width=1.1, height=0.9, source=token_source, fill_color="#ffb060",
+                      fill_alpha=0.0, line_alpha=0.0, selection_fill_alpha=0.7, selection_line_alpha=0.0,
+                      nonselection_fill_alpha=0.0, nonselection_line_alpha=0.0, hover_fill_alpha=0.35,
+                      hover_fill_color="#ffb060", hover_line_alpha=0.0, name="head_view_boxes")
+    view.text(x="text_x", y="position", text="token", text_align="align", text_baseline="middle", source=token_source,
+              text_font_size="9pt", nonselection_text_alpha=1.0)
+    view.select_one({"type": TapTool}).update(renderers=[boxes], mode="replace")
+    bars = ColumnDataSource({"position": [], "weight": [], "token": []}, name="head_view_bars")
+    bars_figure = figure(title="hover or click a token", width=width, height=200, x_range=Range1d(-0.5, 0.5),
+                         y_range=Range1d(0, 1), tools="", toolbar_location=None, y_axis_label="weight",
+                         name="head_view_bars_figure")
+    bars_figure.title.text_font_size = "9pt"
+    bars_figure.vbar(x="position", top="weight", width=0.8, source=bars, color=SELECTED_COLOR)
+    bars_figure.add_tools(HoverTool(tooltips=[("token", "@token"), ("weight", "@weight{0.000}")]))
+    bars_figure.xaxis.ticker = FixedTicker(ticks=[])
+    bars_figure.xaxis.major_label_orientation = 0.9
+    bars_figure.xgrid.visible = False
+    # Non-selected heatmap cells are dimmed, so a focused token's row/column stands out.
+    cells = detail_figure.select_one({"name": "cells"})
+    cells.nonselection_glyph = cells.glyph.clone(fill_alpha=0.25)
+    arguments = dict(detail=detail, tokens=token_source, bars=bars, bars_figure=bars_figure,
+                     bars_axis=bars_figure.xaxis[0], view_figure=view)
+    on_change = CustomJS(args=arguments, code="const hovered = [];\n" + HEAD_VIEW_JS)
+    on_hover = CustomJS(args=arguments, code="const hovered = cb_data.index.indices;\n" + HEAD_VIEW_JS)
+    view.add_tools(HoverTool(renderers=[boxes], tooltips=None, callback=on_hover))
+    token_source.selected.js_on_change("indices", on_change)
+    token_source.js_on_change("data", on_change)
+    detail.js_on_change("data", on_change)
+    return view, bars_figure, token_source
+
+
+def head_view_tokens(query_tokens, key_tokens):
+    """`head_view`'s token columns: queries on the left (x=0), keys on the right (x=1)."""
+    query_tokens, key_tokens = [str(t) for t in query_tokens], [str(t) for t in key_tokens]
+    return {
+        "side": ["query"] * len(query_tokens) + ["key"] * len(key_tokens),
+        "position": list(range(len(query_tokens))) + list(range(len(key_tokens))),
+        "token": [shorten(t, 10) for t in query_tokens + key_tokens],
+        "x": [-0.55] * len(query_tokens) + [1.55] * len(key_tokens),
+        "text_x": [-0.05] * len(query_tokens) + [1.05] * len(key_tokens),
+        "align": ["right"] * len(query_tokens) + ["left"] * len(key_tokens),
+    }

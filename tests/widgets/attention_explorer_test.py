@@ -36,16 +36,58 @@ def test_layer_and_head_choices_switch_the_detail_data(fake_comm):
     assert explorer.detail_source.data["x_token"][:5] == list("abcde")
 
 
-def test_small_multiples_show_every_head_of_the_layer(fake_comm):
+def thumbnail(explorer, layer, head):
+    data = explorer.model_view_source.data
+    return [i for i, (name, h) in enumerate(zip(data["layer"], data["head"])) if (name, h) == (layer, head)][0]
+
+
+def test_the_model_view_shows_every_layer_and_head_with_one_colour_bar(fake_comm):
+    from bokeh.models import ColorBar
+
     x = np.random.default_rng(1).normal(size=(1, 5, 8)).astype("float32")
     explorer = AttentionExplorer(make_model(), x)
-    explorer.layer_choice.value = "four_heads"
-    grid = explorer.grid_box.children[0]._model
-    heads = {fig.title.text: figures.heatmap_source(fig) for fig, _, _ in grid.children
-             if fig.name != "head_grid_scale"}
-    assert sorted(heads) == [f"head {i}" for i in range(4)]
-    for index, expected in enumerate(reference_weights(x, 4)[0]):
-        np.testing.assert_allclose(np.reshape(heads[f"head {index}"].data["weight"], (5, 5)), expected, rtol=1e-5)
+    data = explorer.model_view_source.data
+    assert list(zip(data["layer"], data["head"])) == [
+        ("two_heads", 0), ("two_heads", 1), *(("four_heads", h) for h in range(4)), ("luong", 0)]
+    images = explorer.model_view_figure.select_one({"name": "model_view_images"}).data["image"]
+    expected = [*reference_weights(x, 2)[0], *reference_weights(x, 4)[0]]
+    for image, head in zip(images, expected):
+        np.testing.assert_allclose(image, head, rtol=1e-5)
+    colour_bar = explorer.model_view_figure.select_one({"type": ColorBar})
+    assert colour_bar.color_mapper.high == pytest.approx(max(float(np.max(i)) for i in images))
+    # The detail (mean of two_heads) is outlined: both of its thumbnails.
+    assert explorer.model_view_source.selected.indices == [0, 1]
+
+
+def test_clicking_a_thumbnail_selects_it_as_the_detail(fake_comm):
+    x = np.random.default_rng(1).normal(size=(1, 5, 8)).astype("float32")
+    explorer = AttentionExplorer(make_model(), x, query_tokens=list("abcde"))
+    index = thumbnail(explorer, "four_heads", 2)
+    explorer.model_view_source.selected.indices = [index]  # what a tap in the page sets
+    assert (explorer.layer_choice.value, explorer.head_choice.value) == ("four_heads", 2)
+    np.testing.assert_allclose(explorer.detail_matrix, reference_weights(x, 4)[0, 2], rtol=1e-5)
+    assert explorer.detail_figure.title.text == "four_heads, head 2"
+    assert explorer.model_view_source.selected.indices == [index]
+    explorer.model_view_source.selected.indices = [thumbnail(explorer, "two_heads", 1)]
+    np.testing.assert_allclose(explorer.detail_matrix, reference_weights(x, 2)[0, 1], rtol=1e-5)
+    # The dropdowns move the outline too; the mean outlines every head of the layer.
+    explorer.head_choice.value = "mean of heads"
+    assert explorer.model_view_source.selected.indices == [0, 1]
+
+
+def test_the_head_view_lists_the_windows_tokens_and_reads_the_detail(fake_comm):
+    x = np.random.default_rng(1).normal(size=(1, 5, 8)).astype("float32")
+    explorer = AttentionExplorer(make_model(), x, query_tokens=list("abcde"))
+    tokens = explorer.token_source.data
+    assert tokens["side"] == ["query"] * 5 + ["key"] * 5 and tokens["token"] == list("abcde") * 2
+    assert tokens["position"] == [*range(5), *range(5)]
+    # Its lines are drawn from the heatmap's own cells (so they follow every change).
+    lines = explorer.head_view_figure.select_one({"name": "head_view_lines"})
+    assert lines.data_source is explorer.detail_source
+    explorer.focus_token(3, side="key")
+    assert explorer.token_source.selected.indices == [8]
+    with pytest.raises(ValueError, match="no query token at window position 7"):
+        explorer.focus_token(7)
 
 
 def test_long_sequences_get_an_overview_and_a_window(fake_comm):
@@ -92,10 +134,15 @@ def test_a_long_input_window_is_shown_honestly(fake_comm):
 def test_a_one_head_layer_is_not_shown_twice(fake_comm):
     x = np.random.default_rng(1).normal(size=(1, 5, 8)).astype("float32")
     explorer = AttentionExplorer(make_model(), x)
-    assert len(explorer.grid_box.children) == 1
     explorer.layer_choice.value = "luong"
-    assert list(explorer.head_choice.options) == [0]
-    assert explorer.grid_box.children == () and explorer.grid_heading.layout.display == "none"
+    assert list(explorer.head_choice.options) == [0]  # no "mean of heads" of one head
+    assert explorer.model_view_source.selected.indices == [thumbnail(explorer, "luong", 0)]
+    # A model with a single head has no model view: its only thumbnail is the detail.
+    inputs = keras.Input((5, 8))
+    single = keras.Model(inputs, keras_attention.LuongAttention(name="luong")(inputs))
+    explorer = AttentionExplorer(single, x)
+    assert explorer.model_view_widget.layout.display == "none"
+    assert explorer.model_view_source.data["layer"] == ["luong"]
 
 
 def test_model_without_attention_layers_is_rejected(fake_comm):
@@ -131,3 +178,121 @@ def test_layers_sharing_a_name_are_told_apart_by_path(fake_comm):
     explorer = AttentionExplorer(model, x)
     assert list(explorer.layer_choice.options) == ["block_0/self_attention", "block_1/self_attention"]
     np.testing.assert_allclose(explorer.select("block_0/self_attention", 1), reference_weights(x, 2)[0, 1], rtol=1e-5)
+
+
+def numpy_rows(layer, x, q0, q1, head):
+    """Weights of query rows [q0, q1) of one head, from the layer's projections in NumPy."""
+    x = np.asarray(x, "float64")[0]
+    wq, bq = (np.asarray(w, "float64") for w in (layer.query_dense.kernel, layer.query_dense.bias))
+    wk, bk = (np.asarray(w, "float64") for w in (layer.key_dense.kernel, layer.key_dense.bias))
+    q = np.einsum("td,de->te", x[q0:q1], wq[:, head]) + bq[head]
+    k = np.einsum("td,de->te", x, wk[:, head]) + bk[head]
+    logits = q @ k.T / np.sqrt(wq.shape[-1])
+    logits -= logits.max(axis=1, keepdims=True)
+    weights = np.exp(logits)
+    return weights / weights.sum(axis=1, keepdims=True)
+
+
+def test_scores_on_demand_windows_are_the_layers_exact_rows(fake_comm, monkeypatch):
+    from bokeh.models import CustomJS
+
+    from keras_attention.layers import multi_head_attention
+
+    length = 300
+    x = np.random.default_rng(5).normal(size=(1, length, 8)).astype("float32")
+    layer = keras_attention.MultiHeadAttention(2, 4, name="long", seed=0)
+    layer(x[:, :4])  # built
+    # The path that forms the full (Tq, Tv) weights never runs.
+    def no_full_weights(*args, **kwargs):
+        raise AssertionError("the full weights were formed")
+    monkeypatch.setattr(multi_head_attention.MultiHeadAttention, "_dense_attention", no_full_weights)
+    explorer = AttentionExplorer(layer, x, scores_on_demand=True, max_tokens=64, rows_per_call=100)
+    assert explorer.weights is None and explorer.shapes == {"long": (2, length, length)}
+    explorer.query_start.value = 200
+    explorer.key_start.value = 120
+    explorer.head_choice.value = 1
+    np.testing.assert_allclose(explorer.detail_matrix, numpy_rows(layer, x, 200, 264, 1)[:, 120:184], rtol=2e-4,
+                               atol=1e-7)
+    assert explorer.detail_source.data["y_token"][0] == "200" and explorer.detail_source.data["x_token"][0] == "120"
+    # The overview: block means of the mean of heads, computed 100 rows at a time.
+    full = (numpy_rows(layer, x, 0, length, 0) + numpy_rows(layer, x, 0, length, 1)) / 2
+    expected, _, _ = figures.downsample(full, 128)
+    overview = explorer.overview_figure.select_one({"name": "overview_source"}).data["image"][0]
+    np.testing.assert_allclose(overview, expected, rtol=2e-4, atol=1e-7)
+    assert dict(explorer.window_source.data) == {"left": [119.5], "right": [183.5], "top": [199.5], "bottom": [263.5]}
+    # The export embeds that window of each head, still without the full weights.
+    callback = explorer.standalone_layout().select_one({"type": CustomJS, "name": "explorer_draw"})
+    frame = callback.args["frames"]["long"]
+    assert (frame["rows"], frame["cols"], frame["y_labels"][0], frame["x_labels"][0]) == (64, 64, "200", "120")
+    np.testing.assert_allclose(np.reshape(frame["heads"][0], (64, 64)), numpy_rows(layer, x, 200, 264, 0)[:, 120:184],
+                               rtol=2e-4, atol=1e-7)
+
+
+def test_scores_on_demand_needs_a_layer_that_selects_heads(fake_comm):
+    with pytest.raises(ValueError, match="scores_on_demand=True. needs an attention layer.*Functional"):
+        AttentionExplorer(make_model(), np.ones((1, 5, 8), "float32"), scores_on_demand=True)
+    with pytest.raises(ValueError, match="Received: scores_on_demand='yes'"):
+        AttentionExplorer(make_model(), np.ones((1, 5, 8), "float32"), scores_on_demand="yes")
+
+
+LONG_CHILD = r"""
+import json, resource, sys
+import numpy as np, keras
+import keras_attention
+from ipywidgets.widgets.tests import utils
+from keras_attention.widgets import AttentionExplorer
+
+utils.setup_test_comm()
+length, out = int(sys.argv[1]), sys.argv[2]
+x = np.random.default_rng(6).normal(size=(1, length, 16)).astype("float32")
+layer = keras_attention.MultiHeadAttention(2, 8, name="long", seed=0)
+layer(x[:, :8])
+np.savez(out + ".npz", x=x, *[np.asarray(w) for w in layer.get_weights()])
+kilobytes = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+explorer = AttentionExplorer(layer, x[:, :64], max_tokens=64)  # warms the kernels up
+before = kilobytes()
+explorer = AttentionExplorer(layer, x, max_tokens=64, **json.loads(sys.argv[3]))  # "auto": scores on demand from 4096 keys
+explorer.query_start.value = 9000
+explorer.key_start.value = 12000
+explorer.head_choice.value = 1
+peak = kilobytes()
+y_axis = explorer.detail_figure.yaxis[0]
+mapper = explorer.detail_figure.select_one({"type": keras_attention.widgets.figures.LinearColorMapper})
+json.dump({"detail": explorer.detail_matrix.tolist(), "grown_mib": (peak - before) / 1024,
+           "on_demand": explorer.weights is None, "first_label": y_axis.major_label_overrides[0],
+           "window": dict(explorer.window_source.data), "high": mapper.high,
+           "overview_shape": list(np.shape(explorer.overview_figure.select_one({"name": "overview_source"}).data["image"][0]))},
+          open(out, "w"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.tf_only
+def test_a_16384_token_window_is_exact_and_the_full_weights_are_never_formed(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    length, out = 16384, str(tmp_path / "long.json")
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    options = os.environ.get("KA_LONG_EXPLORER_OPTIONS", "{}")  # e.g. '{"rows_per_call": 16384}' breaks it
+    subprocess.run([sys.executable, "-c", LONG_CHILD, str(length), out, options], check=True, env=env, timeout=600)
+    result = json.load(open(out))
+    saved = np.load(out + ".npz")
+    x, weights = saved["x"], [saved[f"arr_{i}"] for i in range(8)]
+    layer = keras_attention.MultiHeadAttention(2, 8, seed=0)
+    layer(x[:, :8])
+    layer.set_weights(weights)
+    assert result["on_demand"]
+    print(f"explorer on {length} tokens: peak RSS grew {result['grown_mib']:.0f} MiB")
+    # One head's full weights alone are 16384^2 x 4 bytes = 1 GiB (both heads: 2 GiB); the
+    # explorer, every head's overview included, grew by less.
+    assert result["grown_mib"] < 1024, result["grown_mib"]
+    expected = numpy_rows(layer, x, 9000, 9064, 1)[:, 12000:12064]
+    np.testing.assert_allclose(result["detail"], expected, rtol=2e-4, atol=1e-8)
+    # Absolute positions, colours fitted to the window, the window outlined on a 128 x 128 overview.
+    assert result["first_label"] == "9000"
+    assert result["high"] == pytest.approx(expected.max(), rel=1e-4) and result["high"] < 0.05
+    assert result["window"] == {"left": [11999.5], "right": [12063.5], "top": [8999.5], "bottom": [9063.5]}
+    assert result["overview_shape"] == [128, 128]

@@ -9,6 +9,7 @@ its system path with flags that keep it off the network.
 import contextlib
 import json
 
+import bokeh_page
 import numpy as np
 import pytest
 
@@ -184,6 +185,28 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
         # A one-head layer offers head 0 only.
         assert selects.nth(1).locator("option").all_inner_texts() == ["0"]
         assert page.evaluate(read_source("detail_source", "x_token"))[:5] == tokens
+        # Model view: a click on a thumbnail selects it as the detail (and outlines it).
+        page.mouse.click(*bokeh_page.thumbnail_point(page, 2))  # mha, head 2
+        page.wait_for_function(shows(weights["mha"][2]))
+        assert bokeh_page.selected(page, "model_view_source") == [2]
+        # Head view: hovering query "b" highlights its row and shows its weights as bars ...
+        page.mouse.move(*bokeh_page.token_point(page, 1))
+        page.wait_for_function(f"{json.dumps(list(range(5, 10)))}.join() === "
+                               "window.Bokeh.documents[0].get_model_by_name('detail_source').selected.indices.join()")
+        np.testing.assert_allclose(bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][2][1], rtol=1e-6)
+        # ... a click on key "d" keeps its column (the weight each query gives it) after the pointer leaves.
+        page.mouse.click(*bokeh_page.token_point(page, 3, side="key"))
+        page.mouse.move(5, 5)
+        page.wait_for_timeout(200)
+        assert bokeh_page.selected(page, "detail_source") == [3, 8, 13, 18, 23]
+        np.testing.assert_allclose(bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][2][:, 3],
+                                   rtol=1e-6)
+        # Another head keeps the focus on that key and redraws its bars.
+        selects.nth(1).select_option("0")
+        page.wait_for_function(shows(weights["mha"][0]))
+        page.wait_for_timeout(200)
+        np.testing.assert_allclose(bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][0][:, 3],
+                                   rtol=1e-6)
 
 
 @pytest.mark.tf_only

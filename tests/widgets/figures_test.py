@@ -122,3 +122,27 @@ def test_head_grid_thumbnails_share_a_colour_bar_and_thin_their_labels():
     assert len(list(grid.select({"type": ColorBar}))) == 1
     ticks = thumbnails[0].xaxis[0].ticker.ticks
     assert 1 < len(ticks) < 30 and thumbnails[0].xaxis[0].major_label_overrides[ticks[1]] == tokens[ticks[1]]
+
+
+def test_downsample_with_given_steps_lines_up_row_blocks_computed_apart():
+    matrix = np.random.default_rng(3).random((10, 7))
+    whole, _, _ = figures.downsample(matrix, 10**9, steps=(3, 2))
+    top, _, _ = figures.downsample(matrix[:6], 10**9, steps=(3, 2))
+    bottom, _, _ = figures.downsample(matrix[6:], 10**9, steps=(3, 2))
+    np.testing.assert_allclose(np.concatenate([top, bottom]), whole)
+    np.testing.assert_allclose(whole[0, 0], matrix[:3, :2].mean())
+    np.testing.assert_allclose(whole[-1, -1], matrix[9:, 6:].mean())  # the partial last block
+
+
+def test_image_heatmap_of_a_precomputed_summary_keeps_the_original_positions():
+    fig = figures.image_heatmap(np.ones((4, 8)), full_shape=(400, 800))
+    data = fig.select_one({"name": "overview_source"}).data
+    assert (data["dw"], data["dh"]) == ([800], [400]) and np.shape(data["image"][0]) == (4, 8)
+    assert "block mean 100x100 of 400x800" in fig.title.text
+
+
+def test_model_view_needs_one_name_per_layer():
+    with pytest.raises(ValueError, match="Received: 1 thumbnails, 2 names"):
+        figures.model_view([np.ones((2, 3, 3))], ["a", "b"])
+    with pytest.raises(ValueError, match=r"\(heads, Tq, Tv\). Received: shape \(3, 3\)"):
+        figures.model_view([np.ones((3, 3))], ["a"])

@@ -26,6 +26,7 @@ import time
 import urllib.error
 import urllib.request
 
+import bokeh_page
 import nbformat
 import numpy as np
 import pytest
@@ -168,7 +169,7 @@ READ_DETAIL = """
   for (let i = docs.length - 1; i >= 0; i--) {
     const source = docs[i].get_model_by_name("detail_source");
     if (!source) continue;
-    const fig = docs[i].roots()[0];
+    const fig = docs[i].get_model_by_name("detail_figure");
     const data = source.data;
     const column = (name) => Array.from(data instanceof Map ? data.get(name) : data[name]);
     const axis = fig.above.find((r) => r.major_label_overrides !== undefined);  // x axis on top
@@ -449,7 +450,31 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
     assert opened.page.evaluate(READ_DETAIL)["x_labels"] == tokens
     opened.page.get_by_label("layer").select_option("mha")
     opened.wait(shows("mha, mean of heads", weights["mha"].mean(axis=0)))
-    assert_no_script_ran(opened.page)
+    # Model view: a click on thumbnail (mha, head 3) goes to the kernel, which draws that head.
+    page = opened.page
+    page.mouse.click(*bokeh_page.thumbnail_point(page, 3))
+    click_s = opened.wait(shows("mha, head 3", weights["mha"][3]))
+    opened.wait("(" + bokeh_page.MODEL + ")('model_view_source').selected.indices.join() === '3'")  # outlined
+    opened.record(thumbnail_click_s=click_s)
+    # Head view (in the page's BokehJS): hovering query "b" highlights its row, the bars show its weights.
+    start = time.perf_counter()
+    page.mouse.move(*bokeh_page.token_point(page, 1))
+    opened.wait("(() => { const s = (" + bokeh_page.MODEL + ")('detail_source'); return s.selected.indices.join() === "
+                + json.dumps(",".join(str(i) for i in range(5, 10))) + "; })()")
+    opened.record(token_hover_s=time.perf_counter() - start)
+    np.testing.assert_allclose(bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][3][1], atol=1e-6)
+    # A click on key "d" keeps its column, also for the next head the kernel draws.
+    page.mouse.click(*bokeh_page.token_point(page, 3, side="key"))
+    page.mouse.move(5, 5)
+    opened.wait("(() => { const s = (" + bokeh_page.MODEL + ")('detail_source'); return s.selected.indices.join() === "
+                "'3,8,13,18,23'; })()")
+    page.mouse.click(*bokeh_page.thumbnail_point(page, 0))
+    opened.wait(shows("mha, head 0", weights["mha"][0]))
+    read_bars = ("() => { const d = (" + bokeh_page.MODEL + ")('head_view_bars').data;"
+                 " return {weight: Array.from(d instanceof Map ? d.get('weight') : d.weight)}; }")
+    opened.wait(same_numbers(read_bars, weights["mha"][0][:, 3]))
+    opened.screenshot("_head_view")
+    assert_no_script_ran(page)
 
 
 WATCH = """
