@@ -42,9 +42,16 @@ class LiveAttention(keras.callbacks.Callback, Component):
     3.3 MB).
 
     In a notebook, display `callback.widget` (or the callback itself). Outside
-    a notebook, an HTML snapshot is written at the end of every epoch to
+    a notebook, an HTML snapshot is written at the end of an epoch to
     `snapshot_dir` (default `./attention_snapshots`), by a worker thread so
-    that training does not wait; all are on disk when `fit` returns.
+    that training does not wait; all are on disk when `fit` returns. A
+    snapshot costs ~0.1 s of CPU (Bokeh serialisation), which the worker
+    takes from training on a busy machine, so snapshots share
+    `overhead_budget` with the updates: a third of it goes to snapshots (the
+    updates keep the rest). An epoch's snapshot is skipped when the writer's
+    CPU time would exceed that share of the training time so far, or while
+    the previous one is still being written; the first epoch's and the last
+    epoch's are always written.
 
     An exception inside the callback is reported once (a warning and a line
     in the widget); live updates then stop, and training goes on.
@@ -64,7 +71,8 @@ class LiveAttention(keras.callbacks.Callback, Component):
         query_tokens, key_tokens: axis labels (used where lengths match).
         snapshot_dir: where per-epoch HTML snapshots go; `None` means
             `./attention_snapshots` outside a notebook and none inside one.
-        overhead_budget: largest fraction of training time spent updating.
+        overhead_budget: largest fraction of training time spent updating
+            (and writing snapshots, when they are written).
         max_frames: how many updates the history keeps (>= 1).
 
     Attributes:
@@ -76,6 +84,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
         frames: the history, oldest first: `(title, {layer_name: (Tq, Tv)})`
             per update, starting with the attention before training.
         replay: the `frame` slider (`show_frame(index)` does the same).
+        snapshot_time: CPU seconds the snapshot writer has used.
         time_spent: seconds spent in the callback's hooks (training waits
             for these).
     """
@@ -172,6 +181,11 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self._record("before training", matrices)
         self._writer = None
         self._pending = []
+        self.snapshot_time = 0.0
+        self._fit_start = None
+        self._snapshot_directory = None
+        self._skipped_snapshot = None
+        self._update_budget = self.overhead_budget
 
     # ------------------------------------------------------------------ API
 
@@ -261,6 +275,16 @@ class LiveAttention(keras.callbacks.Callback, Component):
 
     # ------------------------------------------------------------ callbacks
 
+    def on_train_begin(self, logs=None):
+        self._fit_start = time.perf_counter()
+        directory = self.snapshot_dir
+        if directory is None and not in_notebook():
+            directory = "attention_snapshots"
+        self._snapshot_directory = directory
+        # Snapshots take a third of the budget; the updates keep the rest.
+        self._update_budget = self.overhead_budget * (1.0 if directory is None else 2.0 / 3.0)
+        self._skipped_snapshot = None
+
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
@@ -279,7 +303,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self._guarded_update(f"epoch {self._epoch + 1} batch {batch}{_loss(self._running_logs())}")
         cost = time.perf_counter() - now
         self.time_spent += cost
-        self._next_allowed = now + max(self.min_interval_s, cost / self.overhead_budget)
+        self._next_allowed = now + max(self.min_interval_s, cost / self._update_budget)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.error is not None:
@@ -289,23 +313,31 @@ class LiveAttention(keras.callbacks.Callback, Component):
         # The epoch-end update always runs; it counts against the budget too,
         # so short epochs do not add its cost on top of the batch updates'.
         self._next_allowed = max(self._next_allowed,
-                                 start + (time.perf_counter() - start) / self.overhead_budget)
-        directory = self.snapshot_dir
-        if directory is None and not in_notebook():
-            directory = "attention_snapshots"
+                                 start + (time.perf_counter() - start) / self._update_budget)
+        if self._fit_start is None:  # epoch hooks called without fit
+            self.on_train_begin()
+        directory = self._snapshot_directory
         if directory is not None and self.error is None:
-            path = os.path.join(directory, f"epoch_{epoch + 1:03d}.html")
-            # Serialising a Bokeh document takes ~0.1 s: a worker thread does it
-            # from a copy of the latest matrices so training does not wait.
-            if self._writer is None:
-                self._writer = concurrent.futures.ThreadPoolExecutor(1, "live_attention_snapshot")
-            latest = dict(self._latest)
-            self._pending.append(
-                (path, self._writer.submit(self._write_snapshot, path, latest, epoch + 1))
-            )
+            snapshot = (os.path.join(directory, f"epoch_{epoch + 1:03d}.html"),
+                        dict(self._latest), epoch + 1)
+            # A snapshot may cost what the last one did; written only while
+            # the writer stays inside its share of the budget.
+            share = self.overhead_budget - self._update_budget
+            elapsed = time.perf_counter() - self._fit_start
+            in_flight = self._pending and not self._pending[-1][1].done()
+            if self._snapshots_submitted == 0 or not in_flight and (
+                    self.snapshot_time + self._last_snapshot_cost <= share * elapsed):
+                self._submit_snapshot(*snapshot)
+                self._skipped_snapshot = None
+            else:
+                self._skipped_snapshot = snapshot
         self.time_spent += time.perf_counter() - start
 
     def on_train_end(self, logs=None):
+        if self._skipped_snapshot is not None and self.error is None:
+            # The last epoch's snapshot is always written; training is over.
+            self._submit_snapshot(*self._skipped_snapshot)
+            self._skipped_snapshot = None
         self.wait_for_snapshots()
         if self._writer is not None:
             self._writer.shutdown(wait=True)
@@ -322,7 +354,27 @@ class LiveAttention(keras.callbacks.Callback, Component):
                 if self.error is None:
                     self._report(error)
 
+    _last_snapshot_cost = 0.0
+    _snapshots_submitted = 0
+
+    def _submit_snapshot(self, path, latest, epoch):
+        # Serialising a Bokeh document takes ~0.1 s: a worker thread does it
+        # from a copy of the latest matrices so training does not wait.
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(1, "live_attention_snapshot")
+        self._snapshots_submitted += 1
+        self._pending.append((path, self._writer.submit(self._write_snapshot, path, latest, epoch)))
+
     def _write_snapshot(self, path, latest, epoch):
+        start = time.thread_time()
+        try:
+            self._render_snapshot(path, latest, epoch)
+        finally:
+            cost = time.thread_time() - start
+            self._last_snapshot_cost = cost
+            self.snapshot_time += cost
+
+    def _render_snapshot(self, path, latest, epoch):
         panels = []
         for name, (matrix, title) in latest.items():
             rows, cols = matrix.shape

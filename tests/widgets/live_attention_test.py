@@ -1,4 +1,5 @@
 import os
+import time
 import types
 
 import keras
@@ -47,7 +48,13 @@ class RecordingLiveAttention(LiveAttention):
         self.drawn.append((cells, reference(self.model, self.probe_inputs), self.figures["att"].title.text))
 
 
-def test_updates_patch_every_cell_with_the_current_attention(fake_comm):
+@pytest.fixture
+def no_snapshots(monkeypatch):
+    """As in a notebook: no snapshots, so the updates keep the whole budget."""
+    monkeypatch.setattr(live_attention_module, "in_notebook", lambda: True)
+
+
+def test_updates_patch_every_cell_with_the_current_attention(fake_comm, no_snapshots):
     model = make_model()
     x, y = data()
     callback = RecordingLiveAttention(model, x[:2], every_n_batches=3, min_interval_s=0,
@@ -71,7 +78,7 @@ def test_updates_patch_every_cell_with_the_current_attention(fake_comm):
     assert len(patches) == 6 and '"start":0,"stop":36' in patches[0]
 
 
-def test_every_update_is_kept_and_the_slider_replays_it(fake_comm):
+def test_every_update_is_kept_and_the_slider_replays_it(fake_comm, no_snapshots):
     model = make_model()
     x, y = data()
     callback = RecordingLiveAttention(model, x[:2], every_n_batches=3, min_interval_s=0,
@@ -90,7 +97,7 @@ def test_every_update_is_kept_and_the_slider_replays_it(fake_comm):
     assert callback.figures["att"].title.text == callback.drawn[1][2]
 
 
-def test_the_history_is_bounded_by_max_frames(fake_comm):
+def test_the_history_is_bounded_by_max_frames(fake_comm, no_snapshots):
     model = make_model()
     x, y = data()
     callback = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0,
@@ -104,7 +111,8 @@ def test_defaults_give_a_short_fit_a_watchable_number_of_frames(fake_comm, monke
     # A 2.5 s fit (50 batches of 50 ms) used to get 4 updates. The callback's
     # clock is simulated (updates cost nothing), so only the defaults throttle.
     clock = [0.0]
-    monkeypatch.setattr(live_attention_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(live_attention_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
+                                                                            thread_time=time.thread_time))
     model = make_model()
     x, y = data(samples=200)
     callback = LiveAttention(model, x[:2], snapshot_dir=None)
@@ -219,3 +227,37 @@ def test_model_without_attention_layers_is_rejected(fake_comm):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     with pytest.raises(ValueError, match="no keras_attention attention layers.*Sequential"):
         LiveAttention(model, np.ones((1, 3)))
+
+
+def test_snapshots_stay_inside_their_share_of_the_budget(fake_comm, tmp_path, monkeypatch):
+    # Each snapshot burns 0.2 s of CPU in the writer; epochs take a few ms.
+    # A third of the 3% budget allows no second snapshot mid-fit, so only
+    # the first and the last epoch's are written.
+    monkeypatch.chdir(tmp_path)
+    render = LiveAttention._render_snapshot
+
+    def expensive_render(self, path, latest, epoch):
+        stop = time.thread_time() + 0.2
+        while time.thread_time() < stop:
+            pass
+        render(self, path, latest, epoch)
+
+    monkeypatch.setattr(LiveAttention, "_render_snapshot", expensive_render)
+    model = make_model()
+    x, y = data(samples=8)
+    callback = LiveAttention(model, x[:2])
+    model.fit(x, y, batch_size=4, epochs=6, callbacks=[callback], verbose=0)
+    assert callback.snapshots == [os.path.join("attention_snapshots", f"epoch_00{i}.html")
+                                  for i in (1, 6)]
+    assert "epoch 6 end" in (tmp_path / callback.snapshots[1]).read_text(encoding="utf-8")
+    assert callback.snapshot_time >= 0.4
+    # A snapshot that costs (almost) nothing is written every epoch.
+    def cheap_render(self, path, latest, epoch):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(str(epoch))
+
+    monkeypatch.setattr(LiveAttention, "_render_snapshot", cheap_render)
+    callback = LiveAttention(model, x[:2])
+    model.fit(x, y, batch_size=4, epochs=4, callbacks=[callback], verbose=0)
+    assert len(callback.snapshots) == 4
