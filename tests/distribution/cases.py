@@ -202,6 +202,26 @@ def train(name, weights, scope=None, evaluate=False):
     return run
 
 
+def random_state_report(single, replicas):
+    """Per random variable: how far device copies differ from each other and
+    from single-device training, and how far training (redraws) moved it."""
+    report = {}
+    for key, built in replicas["random_built"].items():
+        trained = replicas["random_trained"][key]
+        report[key] = {
+            "copies": len(built),
+            "copies_differ": max(
+                float(np.max(np.abs(copy - copies[0])))
+                for copies in (built, trained) for copy in copies),
+            "built_vs_single": float(np.max(np.abs(
+                built[0] - single["random_built"][key][0]))),
+            "trained_vs_single": float(np.max(np.abs(
+                trained[0] - single["random_trained"][key][0]))),
+            "moved": float(np.max(np.abs(trained[0] - built[0]))),
+        }
+    return report
+
+
 def differences(weights_a, weights_b):
     return [
         float(np.max(np.abs(np.asarray(a) - np.asarray(b))))

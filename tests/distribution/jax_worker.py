@@ -47,26 +47,6 @@ def shardings(model, differences, layout_map=None):
     return rows
 
 
-def random_state(single, replicas):
-    """Per random variable: how far device copies differ from each other and
-    from single-device training, and how far the redraws moved it."""
-    report = {}
-    for key, built in replicas["random_built"].items():
-        trained = replicas["random_trained"][key]
-        report[key] = {
-            "copies": len(built),
-            "copies_differ": max(
-                float(np.max(np.abs(copy - copies[0])))
-                for copies in (built, trained) for copy in copies),
-            "built_vs_single": float(np.max(np.abs(
-                built[0] - single["random_built"][key][0]))),
-            "trained_vs_single": float(np.max(np.abs(
-                trained[0] - single["random_trained"][key][0]))),
-            "moved": float(np.max(np.abs(trained[0] - built[0]))),
-        }
-    return report
-
-
 def run(names):
     devices = keras.distribution.list_devices()
     assert len(devices) == 4, devices
@@ -96,7 +76,7 @@ def run(names):
                 "variables": shardings(
                     run["model"], cases.differences(single["weights"], run["weights"]),
                     layouts),
-                "random_state": random_state(single, run),
+                "random_state": cases.random_state_report(single, run),
             }
     return results
 

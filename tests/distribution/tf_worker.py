@@ -81,19 +81,7 @@ def compare(single, run, initial):
         ],
     }
     if "random_built" in run:
-        report["random_state"] = {
-            key: {
-                "copies": len(copies),
-                "copies_differ": max(
-                    float(np.max(np.abs(c - group[0])))
-                    for group in (copies, run["random_trained"][key]) for c in group),
-                "built_vs_single": float(np.max(np.abs(
-                    copies[0] - single["random_built"][key][0]))),
-                "trained_vs_single": float(np.max(np.abs(
-                    run["random_trained"][key][0] - single["random_trained"][key][0]))),
-            }
-            for key, copies in run["random_built"].items()
-        }
+        report["random_state"] = cases.random_state_report(single, run)
     return report
 
 
