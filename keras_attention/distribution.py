@@ -2,7 +2,8 @@
 
 `get_layout_map(device_mesh)` returns a `keras.distribution.LayoutMap` for
 `keras.distribution.ModelParallel` (JAX backend), in the manner of KerasHub's
-`Backbone.get_layout_map`: attention heads are sharded on the mesh's
+backbones (`GemmaBackbone.get_layout_map(device_mesh,
+model_parallel_dim_name="model")`): attention heads are sharded on the mesh's
 `"model"` axis (Megatron-style: the query/key/value projections split by
 head, the output projection by its input heads) and the feed-forward
 layers of the Transformer blocks by their hidden units; every other weight
@@ -11,9 +12,10 @@ projections, Sparse block plans, additive/Luong scores) is replicated.
 
 Keys are full-path regular expressions (Keras matches them with
 `re.fullmatch`) anchored on a sublayer name, so one variable path never
-matches two keys: KerasHub's loose `".*query.*kernel"` style patterns can
-match both a projection and a layer whose name merely contains "query",
-which `LayoutMap` rejects at build time.
+matches two keys: loose patterns in KerasHub's style
+(`"decoder_block.*attention.*(query|key|value).*kernel"`) match any path
+that merely contains the words, and `LayoutMap` rejects a variable that two
+keys match.
 
 ```python
 devices = keras.distribution.list_devices()
