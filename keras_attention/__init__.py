@@ -5,6 +5,7 @@ The core imports only keras (and its backend). Widgets live in
 only by the text-processing code that needs it.
 """
 
+from keras_attention import distribution
 from keras_attention import layers
 from keras_attention import ops
 from keras_attention.layers import *  # noqa: F401,F403
@@ -15,4 +16,4 @@ del _register
 
 __version__ = "0.2.0"
 
-__all__ = list(layers.__all__) + ["layers", "ops"]
+__all__ = list(layers.__all__) + ["distribution", "layers", "ops"]

@@ -11,6 +11,7 @@ import inspect
 import keras
 from keras import ops
 
+from keras_attention import distribution
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
 from keras_attention.layers.base_attention import BaseAttention
@@ -306,6 +307,8 @@ class BaseMultiHeadAttention(BaseAttention):
         key_shape = value_shape if key_shape is None else key_shape
         self._check_shapes(query_shape, value_shape, key_shape)
         heads, kv_heads = self.num_heads, self.num_key_value_heads
+        out_dims = self._output_shape or (query_shape[-1],)
+        self._check_layout(query_shape, value_shape, key_shape, out_dims)
         # Keras' names and creation order (query, key, gate, value, output),
         # which is the order of `get_weights()`.
         self._query_dense = self._dense((None, heads, self.key_dim), "de", "query")
@@ -321,7 +324,6 @@ class BaseMultiHeadAttention(BaseAttention):
             (None, kv_heads, self.value_dim), "de", "value"
         )
         self._value_dense.build((None, None, value_shape[-1]))
-        out_dims = self._output_shape or (query_shape[-1],)
         letters = "efghijklmnop"[: len(out_dims)]
         self._output_dense = self._dense(
             (None,) + tuple(out_dims),
@@ -333,6 +335,33 @@ class BaseMultiHeadAttention(BaseAttention):
         self._built_feature_dims = (query_shape[-1], value_shape[-1], key_shape[-1])
         self._check_hook_signature()
         self.built = True
+
+    def _check_layout(self, query_shape, value_shape, key_shape, out_dims):
+        """Under `ModelParallel`, the heads must divide over the mesh."""
+        heads, kv_heads = self.num_heads, self.num_key_value_heads
+        head = ("num_heads", "key_dim")
+        kv_head = ("num_key_value_heads", "key_dim")
+        weights = {
+            "query/kernel": ((query_shape[-1], heads, self.key_dim),
+                             ("query features",) + head),
+            "query/bias": ((heads, self.key_dim), head),
+            "key/kernel": ((key_shape[-1], kv_heads, self.key_dim),
+                           ("key features",) + kv_head),
+            "key/bias": ((kv_heads, self.key_dim), kv_head),
+            "value/kernel": ((value_shape[-1], kv_heads, self.value_dim),
+                             ("value features", "num_key_value_heads",
+                              "value_dim")),
+            "value/bias": ((kv_heads, self.value_dim),
+                           ("num_key_value_heads", "value_dim")),
+            "attention_output/kernel": (
+                (heads, self.value_dim) + tuple(out_dims),
+                ("num_heads", "value_dim") + ("output_shape",) * len(out_dims)),
+        }
+        if self.use_gate:
+            weights["gate/kernel"] = (
+                (query_shape[-1], heads, self.value_dim),
+                ("query features", "num_heads", "value_dim"))
+        distribution.check_layout(self, weights)
 
     @property
     def query_dense(self):

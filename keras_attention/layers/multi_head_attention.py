@@ -10,6 +10,7 @@ from keras_attention.ops import masking
 from keras_attention.ops.cache import update_cache
 from keras_attention.ops import multi_head
 from keras_attention.ops.memory_efficient import memory_efficient_attention
+from keras_attention.ops import ring_attention
 from keras_attention.ops.xla import tensorflow_xla_trace
 
 # The fused kernel, looked up here so that tests can prove it ran.
@@ -211,6 +212,16 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             `"auto"` switches; defaults to 8192.
         block_size: (keyword-only) query and key tile length of the blockwise
             kernel.
+        sequence_parallel: (keyword-only) `None` (default), or the name of
+            an axis of the current `keras.distribution` device mesh (JAX
+            backend): the sequences are split over that axis and exact
+            attention runs ring-style (`keras_attention.ops.ring_attention`:
+            each device keeps its query block while key/value blocks rotate
+            with `jax.lax.ppermute`), so no device holds more than a
+            `(T/N, T/N)` tile of logits. The axis size must divide both
+            sequence lengths. Query, key and causal masks are supported;
+            `attention_mask`, `sliding_window`, dropout and returned or
+            captured weights are not (ValueError).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -291,6 +302,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         memory_efficient="auto",
         memory_efficient_threshold=DEFAULT_MEMORY_EFFICIENT_THRESHOLD,
         block_size=DEFAULT_BLOCK_SIZE,
+        sequence_parallel=None,
         **kwargs,
     ):
         name = type(self).__name__
@@ -353,6 +365,27 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             name, "memory_efficient_threshold", memory_efficient_threshold
         )
         self.block_size = utils.validate_positive_int(name, "block_size", block_size)
+        if sequence_parallel is not None:
+            if not isinstance(sequence_parallel, str) or not sequence_parallel:
+                raise ValueError(
+                    f"{name}: `sequence_parallel` must be None or the name of "
+                    "a device mesh axis. Received: "
+                    f"sequence_parallel={sequence_parallel!r}"
+                )
+            unsupported = {
+                "dropout": (self.dropout > 0.0, dropout),
+                "sliding_window": (sliding_window is not None, sliding_window),
+                "flash_attention": (flash_attention is not None, flash_attention),
+            }
+            for argument, (given, received) in unsupported.items():
+                if given:
+                    raise ValueError(
+                        f"{name}: `sequence_parallel` (ring attention) does "
+                        f"not support `{argument}`. Received: "
+                        f"sequence_parallel={sequence_parallel!r}, "
+                        f"{argument}={received!r}"
+                    )
+        self.sequence_parallel = sequence_parallel
 
     @property
     def attention_axes(self):
@@ -374,7 +407,9 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         return self.dropout > 0 and training is not None and training is not False
 
     def _kernel_for(self, query, key, training, weights_needed):
-        """`"fused"`, `"blockwise"` or `"dense"` (materialised) for this call."""
+        """`"ring"`, `"fused"`, `"blockwise"` or `"dense"` (materialised)."""
+        if self.sequence_parallel is not None:
+            return "ring"
         if weights_needed or self.flash_attention is False:
             return "dense"
         if self.memory_efficient is False:
@@ -430,6 +465,12 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             weights_needed = False
         kernel = self._kernel_for(query, key, training, weights_needed)
         self._last_kernel = kernel  # read by tests and benchmarks
+        if kernel == "ring":
+            output = self._ring_attention(
+                query, key, value, query_mask, key_mask, attention_mask,
+                use_causal_mask, weights_needed or scores_selection is not None,
+            )
+            return output, None
         if kernel == "fused":
             output = self._fused_attention(
                 query, key, value, query_mask, key_mask, attention_mask,
@@ -473,6 +514,35 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 scores_selection,
             )
         return output, weights
+
+    def _ring_attention(self, query, key, value, query_mask, key_mask,
+                        attention_mask, use_causal_mask, weights_needed):
+        axis = self.sequence_parallel
+        if weights_needed or attention_mask is not None:
+            raise ValueError(
+                self._error(
+                    f"`sequence_parallel={axis!r}` (ring attention) never "
+                    "forms the attention weights and takes query, key and "
+                    "causal masks only. Received: "
+                    + ("an attention_mask of shape "
+                       f"{tuple(attention_mask.shape)}" if attention_mask is not None
+                       else "a call that needs the weights (returned, captured "
+                            "or dropped out)")
+                )
+            )
+        mesh = ring_attention.check_sequence_mesh(
+            self._error, "sequence_parallel", axis, query.shape, key.shape)
+        key = multi_head.repeat_key_value_heads(key, self.num_heads)
+        value = multi_head.repeat_key_value_heads(value, self.num_heads)
+        distribution = keras.distribution.distribution()
+        batch_axis = distribution.batch_dim_name
+        if batch_axis == axis or batch_axis not in mesh.axis_names:
+            batch_axis = None
+        return ring_attention.ring_attention(
+            query, key, value, mesh=mesh.backend_mesh, sequence_axis=axis,
+            batch_axis=batch_axis, scale=self._scale, query_mask=query_mask,
+            key_mask=key_mask, use_causal_mask=use_causal_mask,
+        )
 
     def _mask_for(self, query_mask, key_mask, attention_mask, use_causal_mask,
                   query_length, key_length, row_offset=0):
@@ -887,6 +957,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 "memory_efficient": self.memory_efficient,
                 "memory_efficient_threshold": self.memory_efficient_threshold,
                 "block_size": self.block_size,
+                "sequence_parallel": self.sequence_parallel,
             }
         )
         return config

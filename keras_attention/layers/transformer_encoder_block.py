@@ -1,6 +1,7 @@
 import keras
 from keras.src.backend import get_keras_mask
 
+from keras_attention import distribution
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
 from keras_attention.layers.utils import clone_initializer
@@ -201,6 +202,12 @@ class TransformerBlockBase(keras.layers.Layer):
 
     def _build_feedforward(self, inputs_shape):
         hidden = inputs_shape[-1]
+        ff = ("features", "intermediate_dim")
+        distribution.check_layout(self, {
+            "feedforward_intermediate_dense/kernel": ((hidden, self.intermediate_dim), ff),
+            "feedforward_intermediate_dense/bias": ((self.intermediate_dim,), ff[1:]),
+            "feedforward_output_dense/kernel": ((self.intermediate_dim, hidden), ff[::-1]),
+        })
         self.feedforward_layer_norm = self._layer_norm("feedforward_layer_norm")
         self.feedforward_layer_norm.build(inputs_shape)
         self.feedforward_intermediate_dense = self._dense(

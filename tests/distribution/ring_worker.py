@@ -1,0 +1,242 @@
+"""Ring attention on 4 forced host devices (see ring_attention_test).
+
+Usage: python -m tests.distribution.ring_worker
+Prints one JSON object: largest differences of outputs and gradients from a
+NumPy float64 reference, per mask case; what the jaxprs contain; how many
+key/value blocks each case computed; the layer against the exact layer.
+"""
+
+import json
+import os
+
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+
+import keras_attention as ka  # noqa: E402
+from keras_attention.ops import ring_attention as ring  # noqa: E402
+
+B, H, D, DV = 2, 2, 4, 3
+
+
+def reference(q, k, v, key_mask, query_mask, causal, d_out):
+    """Output and (dq, dk, dv) of masked softmax attention, NumPy float64."""
+    q, k, v, d_out = (np.asarray(x, np.float64) for x in (q, k, v, d_out))
+    tq, tk = q.shape[1], k.shape[1]
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    allowed = np.ones((q.shape[0], 1, tq, tk), bool)
+    if key_mask is not None:
+        allowed &= key_mask[:, None, None, :]
+    if causal:
+        allowed &= np.tril(np.ones((tq, tk), bool))[None, None]
+    logits = np.where(allowed, logits, -np.inf)
+    row_max = np.max(logits, axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    exp = np.exp(logits - row_max)
+    total = exp.sum(-1, keepdims=True)
+    probs = np.where(total > 0, exp / np.where(total > 0, total, 1.0), 0.0)
+    keep = np.ones((q.shape[0], tq), bool) if query_mask is None else query_mask
+    out = np.einsum("bhqk,bkhd->bqhd", probs, v) * keep[:, :, None, None]
+    d_out = d_out * keep[:, :, None, None]
+    d_v = np.einsum("bhqk,bqhd->bkhd", probs, d_out)
+    d_probs = np.einsum("bqhd,bkhd->bhqk", d_out, v)
+    d_logits = probs * (d_probs - np.sum(d_probs * probs, -1, keepdims=True))
+    d_q = np.einsum("bhqk,bkhd->bqhd", d_logits, k) * scale
+    d_k = np.einsum("bhqk,bqhd->bkhd", d_logits, q) * scale
+    return out, (d_q, d_k, d_v)
+
+
+CASES = {
+    "plain": dict(tq=16, tk=16),
+    "padding": dict(tq=16, tk=16, key_mask=True, query_mask=True),
+    "causal": dict(tq=16, tk=16, causal=True),
+    "causal_padding": dict(tq=16, tk=16, causal=True, key_mask=True, query_mask=True),
+    "cross_attention": dict(tq=8, tk=20, key_mask=True),
+    "fully_masked_rows": dict(tq=16, tk=16, key_mask="empty_row", causal=True),
+}
+
+
+def inputs(case, seed=0):
+    rng = np.random.default_rng(seed)
+    tq, tk = case["tq"], case["tk"]
+    q = rng.normal(size=(B, tq, H, D)).astype("float32")
+    k = rng.normal(size=(B, tk, H, D)).astype("float32")
+    v = rng.normal(size=(B, tk, H, DV)).astype("float32")
+    d_out = rng.normal(size=(B, tq, H, DV)).astype("float32")
+    key_mask = query_mask = None
+    if case.get("key_mask"):
+        key_mask = rng.random((B, tk)) > 0.3
+        key_mask[:, 0] = True
+        if case["key_mask"] == "empty_row":
+            key_mask[1, :] = False  # batch row 1 attends nothing
+    if case.get("query_mask"):
+        query_mask = rng.random((B, tq)) > 0.25
+    return q, k, v, key_mask, query_mask, d_out
+
+
+def op_checks(mesh):
+    report = {}
+    for name, case in CASES.items():
+        q, k, v, key_mask, query_mask, d_out = inputs(case)
+        causal = case.get("causal", False)
+
+        @jax.jit
+        def forward_backward(q, k, v, d_out):
+            def attend(q, k, v):
+                return ring.ring_attention(
+                    q, k, v, mesh=mesh, key_mask=key_mask, query_mask=query_mask,
+                    use_causal_mask=causal)
+
+            out, pullback = jax.vjp(attend, q, k, v)
+            return out, pullback(d_out)
+
+        out, grads = forward_backward(q, k, v, d_out)
+        want_out, want_grads = reference(q, k, v, key_mask, query_mask, causal, d_out)
+        report[name] = {
+            "output": float(np.max(np.abs(np.asarray(out) - want_out))),
+            "gradients": [float(np.max(np.abs(np.asarray(g) - w)))
+                          for g, w in zip(grads, want_grads)],
+            "finite": bool(all(np.isfinite(np.asarray(x)).all()
+                               for x in (out,) + tuple(grads))),
+            "scale": float(np.max(np.abs(want_out))),
+        }
+    return report
+
+
+def jaxpr_checks(mesh):
+    q, k, v, key_mask, _, d_out = inputs(CASES["causal_padding"])
+
+    def loss(q, k, v):
+        out = ring.ring_attention(q, k, v, mesh=mesh, key_mask=key_mask,
+                                  use_causal_mask=True)
+        return jnp.sum(out * d_out)
+
+    forward = str(jax.make_jaxpr(
+        lambda q, k, v: ring.ring_attention(q, k, v, mesh=mesh))(q, k, v))
+    backward = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
+    return {
+        "forward_has_shard_map": "shard_map" in forward,
+        "forward_ppermutes": forward.count("ppermute"),
+        "backward_ppermutes": backward.count("ppermute"),
+        "backward_has_cond": "cond" in backward,
+    }
+
+
+def blocks_computed(mesh):
+    """Key/value blocks each query block computed, counted on the devices."""
+    counts = {}
+    original = ring._block_update
+
+    def counted(*args, **kwargs):
+        jax.debug.callback(lambda: calls.append(1))
+        return original(*args, **kwargs)
+
+    ring._block_update = counted
+    try:
+        for causal in (False, True):
+            calls = []
+            q, k, v, *_ = inputs(CASES["plain"])
+            out = jax.jit(lambda q, k, v: ring.ring_attention(
+                q, k, v, mesh=mesh, use_causal_mask=causal))(q, k, v)
+            jax.block_until_ready(out)
+            jax.effects_barrier()
+            counts["causal" if causal else "full"] = len(calls)
+    finally:
+        ring._block_update = original
+    return counts
+
+
+def layer_gradients(layer, inputs, cotangent, **call):
+    """Output, input gradients and weight gradients, under `jax.jit`."""
+    non_trainable = [v.value for v in layer.non_trainable_variables]
+
+    @jax.jit
+    def run(weights, *xs):
+        def loss(weights, *xs):
+            out, _ = layer.stateless_call(weights, non_trainable, *xs, **call)
+            return jnp.sum(out * cotangent), out
+
+        (_, out), grads = jax.value_and_grad(
+            loss, argnums=tuple(range(len(xs) + 1)), has_aux=True)(weights, *xs)
+        return out, grads[1:], grads[0]
+
+    out, input_grads, weight_grads = run(
+        [v.value for v in layer.trainable_variables], *inputs)
+    return (np.asarray(out), [np.asarray(g) for g in input_grads],
+            [np.asarray(g) for g in weight_grads])
+
+
+def layer_checks():
+    """Our MultiHeadAttention with sequence_parallel vs the exact layer."""
+    devices = keras.distribution.list_devices()
+    mesh = keras.distribution.DeviceMesh((1, 4), ("batch", "sequence"), devices)
+    distribution = keras.distribution.ModelParallel(
+        layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(B, 16, 8)).astype("float32")
+    mask = np.ones((B, 16), bool)
+    mask[1, 11:] = False
+    cotangent = rng.normal(size=(B, 16, 8)).astype("float32")
+    exact = ka.MultiHeadAttention(4, 4, num_key_value_heads=2, memory_efficient=False)
+    exact.build(x.shape, x.shape)
+    call = dict(query_mask=mask, value_mask=mask, use_causal_mask=True)
+    want = layer_gradients(exact, [x, x], cotangent, **call)
+    report = {}
+    with distribution.scope():
+        layer = ka.MultiHeadAttention(4, 4, num_key_value_heads=2,
+                                      sequence_parallel="sequence")
+        layer.build(x.shape, x.shape)
+        layer.set_weights(exact.get_weights())
+        got = layer_gradients(layer, [x, x], cotangent, **call)
+        report["kernel"] = layer._last_kernel
+        report["output"] = float(np.max(np.abs(got[0] - want[0])))
+        report["input_gradients"] = max(
+            float(np.max(np.abs(g - w))) for g, w in zip(got[1], want[1]))
+        report["weight_gradients"] = max(
+            float(np.max(np.abs(g - w))) for g, w in zip(got[2], want[2]))
+        report["errors"] = {}
+        for label, fn in {
+            "indivisible": lambda: layer(x[:, :14], x[:, :14]),
+            "attention_mask": lambda: layer(x, x, attention_mask=np.ones((B, 16, 16), bool)),
+            "scores": lambda: layer(x, x, return_attention_scores=True),
+            "unknown_axis": lambda: ka.MultiHeadAttention(
+                2, 4, sequence_parallel="context")(x, x),
+        }.items():
+            try:
+                fn()
+                report["errors"][label] = None
+            except ValueError as error:
+                report["errors"][label] = str(error)
+    try:
+        ka.MultiHeadAttention(2, 4, sequence_parallel="sequence")(x, x)
+        report["errors"]["no_distribution"] = None
+    except ValueError as error:
+        report["errors"]["no_distribution"] = str(error)
+    return report
+
+
+def main():
+    import time
+
+    mesh = Mesh(np.array(jax.devices()), ("sequence",))
+    results = {"devices": len(jax.devices()), "seconds": {}}
+    for name, check in (("ops", lambda: op_checks(mesh)),
+                        ("jaxpr", lambda: jaxpr_checks(mesh)),
+                        ("blocks", lambda: blocks_computed(mesh)),
+                        ("layer", layer_checks)):
+        start = time.perf_counter()
+        results[name] = check()
+        results["seconds"][name] = time.perf_counter() - start
+    print("RESULT " + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
