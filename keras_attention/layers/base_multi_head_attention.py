@@ -615,6 +615,13 @@ class BaseMultiHeadAttention(BaseAttention):
         if cache is not None:  # the cache's masked positions, likewise
             projected_key = masking.zero_masked(projected_key, key_mask)
             projected_value = masking.zero_masked(projected_value, key_mask)
+        else:
+            # NaN/Inf at a key that a per-query mask hides from some queries
+            # reaches only those that see it, on every kernel (a cache's
+            # entries are confined when they are written).
+            projected_key, projected_value = masking.confine_nonfinite(
+                projected_key, projected_value
+            )
         if masking.is_statically_empty(projected_query, projected_key):
             # No query, or no key (nothing to attend to: the zeros of a fully
             # masked row), on every kernel and in every subclass.
