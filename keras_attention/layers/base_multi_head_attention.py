@@ -664,9 +664,9 @@ class BaseMultiHeadAttention(BaseAttention):
         output = self._output_dense(output)
         if masking.is_statically_empty(flat_query):
             # TF's einsum gives a fully empty (0, 0, ...) input a batch of 1.
-            output = ops.zeros(
-                tuple(flat_query.shape[:2]) + tuple(output.shape[2:]), output.dtype
-            )
+            # The batch may be unknown here (a compiled call): dynamic shape.
+            batch, length = ops.shape(flat_query)[0], ops.shape(flat_query)[1]
+            output = ops.zeros((batch, length) + tuple(output.shape[2:]), output.dtype)
         output = masking.zero_masked(output, query_mask)
         results = (layout.unflatten(output, query_shape),)
         if return_attention_scores:
