@@ -391,7 +391,9 @@ class BaseMultiHeadAttention(BaseAttention):
         Args:
             query: `(B, Tq, H, D)` projected queries (not yet scaled).
             key: `(B, Tv, Hkv, D)` projected keys (grouped heads not repeated).
-            value: `(B, Tv, Hkv, Dv)` projected values.
+            value: `(B, Tv, Hkv, Dv)` projected values. A position whose key
+                or value held NaN/Inf comes as a NaN key and a zero value
+                (`masking.confine_nonfinite`): mask logits with `where`.
             attention_mask: boolean `(B|1, Tq, Tv)` or `(B|1, H, Tq, Tv)`, or
                 None.
             training: whether dropout is active.
