@@ -35,11 +35,12 @@ from keras import ops
 import keras_attention as ka
 
 # JAX compiles each eager op per shape and dtype: fewer examples keep it near
-# 45 s on a 2-core CPU (TensorFlow runs 300 in about 15 s).
+# 60 s on a loaded 2-core CPU (TensorFlow runs 300 in 12-16 s).
 MAX_EXAMPLES = 300 if keras.backend.backend() == "tensorflow" else 150
 EXAMPLES_RUN = []  # one entry per example, read by the closing check
 # Compiled calls: tf.function (graph) and XLA on TensorFlow, jax.jit on JAX.
-# Each example traces (and compiles) a fresh layer.
+# Each example traces (and compiles) a fresh layer: 160 take 25-38 s on
+# TensorFlow, 150 take ~46 s on JAX (2 cores, load average 4-8).
 COMPILED_MODES = (
     ["tf_function", "xla"] if keras.backend.backend() == "tensorflow" else ["jit"]
 )
