@@ -30,8 +30,10 @@ class BaseAttention(keras.layers.Layer):
       queries, keys and values are zeroed with `where` before any matmul, so
       NaN/Inf in padding reaches no output or gradient (a NaN in an unmasked
       position propagates, on every kernel: a diverging model stays
-      visible). Positions masked only by `attention_mask` or the causal mask
-      get zero weight, but their values still enter the weighted sum;
+      visible). A key hidden from some queries only by `attention_mask`, the
+      causal mask or a kernel's own pattern reaches exactly the queries that
+      see it: their outputs are NaN if its key or value is, the others'
+      are untouched (`ops.masking.confine_nonfinite`);
     - accepts empty inputs: batch 0 or a query of length 0 gives an empty
       output, keys of length 0 the result of a fully masked row;
     - computes in its compute dtype: integer and boolean inputs are cast,

@@ -420,7 +420,9 @@ class BaseMultiHeadAttention(BaseAttention):
         Args:
             query: `(B, Tq, H, D)` projected queries (not yet scaled).
             key: `(B, Tv, Hkv, D)` projected keys (grouped heads not repeated).
-            value: `(B, Tv, Hkv, Dv)` projected values.
+            value: `(B, Tv, Hkv, Dv)` projected values. A position whose key
+                or value held NaN/Inf comes as a NaN key and a zero value
+                (`masking.confine_nonfinite`): mask logits with `where`.
             attention_mask: boolean `(B|1, Tq, Tv)` or `(B|1, H, Tq, Tv)`, or
                 None.
             training: whether dropout is active.
@@ -644,6 +646,13 @@ class BaseMultiHeadAttention(BaseAttention):
         if cache is not None:  # the cache's masked positions, likewise
             projected_key = masking.zero_masked(projected_key, key_mask)
             projected_value = masking.zero_masked(projected_value, key_mask)
+        else:
+            # NaN/Inf at a key that a per-query mask hides from some queries
+            # reaches only those that see it, on every kernel (a cache's
+            # entries are confined when they are written).
+            projected_key, projected_value = masking.confine_nonfinite(
+                projected_key, projected_value
+            )
         if masking.is_statically_empty(projected_query, projected_key):
             # No query, or no key (nothing to attend to: the zeros of a fully
             # masked row), on every kernel and in every subclass.
@@ -686,9 +695,9 @@ class BaseMultiHeadAttention(BaseAttention):
         output = self._output_dense(output)
         if masking.is_statically_empty(flat_query):
             # TF's einsum gives a fully empty (0, 0, ...) input a batch of 1.
-            output = ops.zeros(
-                tuple(flat_query.shape[:2]) + tuple(output.shape[2:]), output.dtype
-            )
+            # The batch may be unknown here (a compiled call): dynamic shape.
+            batch, length = ops.shape(flat_query)[0], ops.shape(flat_query)[1]
+            output = ops.zeros((batch, length) + tuple(output.shape[2:]), output.dtype)
         output = masking.zero_masked(output, query_mask)
         results = (layout.unflatten(output, query_shape),)
         if return_attention_scores:

@@ -674,7 +674,10 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 )
             )
         self._check_cacheable()
-        return ops.stack([self._key_dense(key), self._value_dense(value)], axis=1)
+        return ops.stack(
+            masking.confine_nonfinite(self._key_dense(key), self._value_dense(value)),
+            axis=1,
+        )
 
     def _check_cacheable(self):
         if self.value_dim != self.key_dim:
@@ -802,7 +805,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         if cache_update_index is None:  # read-only: cross-attention keys
             return cache[:, 0], cache[:, 1], attention_mask, use_causal_mask, cache
         step = ops.stack(
-            [self._key_dense(query), self._value_dense(query)], axis=1
+            masking.confine_nonfinite(self._key_dense(query), self._value_dense(query)),
+            axis=1,
         )  # (B, 2, Tq, Hkv, D)
         index = ops.cast(cache_update_index, "int32")
         cache = update_cache(cache, step, index)

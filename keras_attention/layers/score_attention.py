@@ -191,6 +191,9 @@ class ScoreAttention(BaseAttention):
         keys_valid = masking.merge_masks(value_mask, key_mask)
         value = masking.zero_masked(value, keys_valid)
         key = masking.zero_masked(key, keys_valid)
+        # NaN/Inf at a key hidden only by `attention_mask` or the causal mask
+        # reaches only the queries that see it.
+        key, value = masking.confine_nonfinite(key, value)
         # `score` sees the compute dtype (a subclass mixes in its weights);
         # the built-in dot scores form their logits in float32 themselves.
         weights = ops.cast(

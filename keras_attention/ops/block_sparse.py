@@ -544,6 +544,8 @@ def block_sparse_attention(
     nk = _ceil_div(key_length, block_size)
     padded_query_length = nq * block_size
     padded_key_length = nk * block_size
+    # NaN/Inf at a key reaches only the queries whose blocks and masks see it.
+    key, value = masking.confine_nonfinite(key, value)
 
     # (B, H, T, D) with the time axis padded to whole blocks.
     q = ops.transpose(_pad_time(query, padded_query_length), (0, 2, 1, 3))

@@ -104,12 +104,16 @@ def softmax_features(x, projection, *, is_query, mask=None, epsilon=1e-6):
         half_norm = ops.sum(ops.square(scaled), axis=-1, keepdims=True) / 2.0
         if is_query:
             shift = masking.row_max(projected, axis=-1, keepdims=True)
-        elif valid is not None:
-            shift = masking.row_max(
-                ops.where(valid, projected, -1e30), axis=(2, 3), keepdims=True
-            )
         else:
-            shift = masking.row_max(projected, axis=(2, 3), keepdims=True)
+            # Any constant cancels; taken over the valid, finite keys, so that
+            # a NaN key (see `masking.confine_nonfinite`) leaves the features
+            # of the others finite.
+            usable = ops.isfinite(projected)
+            if valid is not None:
+                usable = ops.logical_and(usable, valid)
+            shift = masking.row_max(
+                ops.where(usable, projected, -1e30), axis=(2, 3), keepdims=True
+            )
         features = (ops.exp(projected - (half_norm + shift)) + epsilon) / root
         if valid is not None:
             features = ops.where(valid, features, 0.0)
@@ -153,7 +157,8 @@ def trigonometric_features(x, projection, *, mask=None):
 def _apply_mask(features, mask):
     if mask is None:
         return features
-    return features * ops.cast(mask, "float32")[:, None, :, None]
+    # A `where`, not a product: a masked NaN key contributes nothing.
+    return ops.where(ops.cast(mask, "bool")[:, None, :, None], features, 0.0)
 
 
 def _safe_divide(numerator, denominator):
@@ -218,13 +223,11 @@ def causal_linear_attention(query_features, key_features, value, chunk_size=128)
     key_sums = _exclusive_cumsum(key_sums)
     numerator = ops.einsum("bhncm,bhnmd->bhncd", q, context)
     denominator = ops.einsum("bhncm,bhnm->bhnc", q, key_sums)
-    causal = ops.cast(
-        ops.greater_equal(
-            ops.arange(chunk_size)[:, None], ops.arange(chunk_size)[None, :]
-        ),
-        q.dtype,
+    causal = ops.greater_equal(
+        ops.arange(chunk_size)[:, None], ops.arange(chunk_size)[None, :]
     )
-    local = ops.einsum("bhncm,bhnkm->bhnck", q, k) * causal
+    # A `where`: a NaN key later in the chunk must not reach earlier queries.
+    local = ops.where(causal, ops.einsum("bhncm,bhnkm->bhnck", q, k), 0.0)
     numerator = numerator + ops.einsum("bhnck,bhnkd->bhncd", local, v)
     denominator = denominator + ops.sum(local, axis=-1)
     output = _safe_divide(numerator, denominator)
@@ -239,14 +242,16 @@ def kernel_attention_weights(query_features, key_features, causal=False, mask=No
     `(B, Tq, Tv)` masks that have no linear-time form.
     """
     kernel = ops.einsum("bhqm,bhkm->bhqk", query_features, key_features)
+    # `where`, not products: a NaN key reaches only the queries that see it.
     if causal:
         tq, tv = ops.shape(kernel)[2], ops.shape(kernel)[3]
-        kernel = kernel * ops.cast(
+        kernel = ops.where(
             ops.greater_equal(ops.arange(tq)[:, None], ops.arange(tv)[None, :]),
-            kernel.dtype,
+            kernel,
+            0.0,
         )
     if mask is not None:
-        kernel = kernel * ops.cast(mask, kernel.dtype)[:, None]  # (B, 1, Tq, Tv)
+        kernel = ops.where(ops.cast(mask, "bool")[:, None], kernel, 0.0)  # (B, 1, Tq, Tv)
     return _safe_divide(kernel, ops.sum(kernel, axis=-1))
 
 
@@ -521,6 +526,8 @@ def favor_attention(
             chunk_size=feature_chunk_size,
         )
         return ops.cast(output, dtype)
+    # Queries that cannot see a NaN/Inf key or value stay finite.
+    key, value = masking.confine_nonfinite(key, value)
     q = ops.transpose(query, (0, 2, 1, 3))
     k = ops.transpose(key, (0, 2, 1, 3))
     v = ops.cast(ops.transpose(value, (0, 2, 1, 3)), "float32")

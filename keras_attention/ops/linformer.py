@@ -50,9 +50,9 @@ def linformer_attention(
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     key_projection = ops.cast(key_projection[:length], dtype)  # (Tv, k)
     value_projection = ops.cast(value_projection[:length], dtype)
-    if key_mask is not None:
-        keep = ops.cast(masking.to_bool_mask(key_mask), dtype)[:, :, None, None]
-        key, value = key * keep, value * keep
+    # A `where`, not a product: a masked NaN contributes nothing.
+    key = masking.zero_masked(key, key_mask)
+    value = masking.zero_masked(value, key_mask)
     projected_key = ops.einsum("bthd,tk->bkhd", key, key_projection)
     projected_value = ops.einsum("bthd,tk->bkhd", value, value_projection)
     wide = masking.score_dtype(dtype)  # logits in float32 under half precision

@@ -57,6 +57,36 @@ def zero_masked(x, mask):
     return ops.where(mask, x, ops.zeros((), dtype=x.dtype))
 
 
+def confine_nonfinite(key, value):
+    """`(key, value)` whose NaN/Inf reach only the queries that see them.
+
+    `key` is `(B, Tk, ..., D)` and `value` `(B, Tk, ..., Dv)`: one position
+    per index of every axis but the last. A key hidden from a query by a
+    per-query mask (`attention_mask`, causal, a sliding window, a sparse
+    pattern) gets weight 0, but `0 * NaN` is NaN in the weighted sum, so a
+    non-finite value would reach every query. Here a position whose key or
+    value holds a non-finite number gets a NaN key and a zero value: a query
+    that sees it gets a NaN logit, hence a NaN output (a diverging model
+    stays visible), and one that does not has that logit replaced by the
+    mask's `where` and adds `0 * 0`. Kernels must mask logits with `where`
+    (ours and Keras' `dot_product_attention` do), not by adding a large
+    negative number (`NaN - 1e9` is NaN).
+
+    Cheap (`O(Tk * D)`, against the kernel's `O(Tq * Tk * D)`) and exact:
+    finite inputs come back unchanged (`key + 0`), and applying it twice
+    changes nothing. Only the forward pass is confined: the gradient with
+    respect to a query still meets `0 * NaN` at a hidden NaN key.
+    """
+    # `x * 0` is 0 for a finite x and NaN otherwise: the sum over the
+    # features flags a position without the overflow a plain sum could hit.
+    flag = ops.sum(key * 0, axis=-1) + ops.cast(
+        ops.sum(value * 0, axis=-1), key.dtype
+    )
+    key = key + ops.expand_dims(ops.stop_gradient(flag), -1)
+    value = ops.where(ops.isfinite(value), value, ops.zeros((), dtype=value.dtype))
+    return key, value
+
+
 def is_statically_empty(*tensors):
     """Whether any of `tensors` has a dimension known to be 0."""
     return any(0 in tuple(t.shape) for t in tensors if t is not None)

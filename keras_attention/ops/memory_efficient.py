@@ -140,6 +140,8 @@ def memory_efficient_attention(
         return masking.empty_attention(query, value)
     if scale is None:
         scale = 1.0 / math.sqrt(key_dim)
+    # NaN/Inf at a key reaches only the queries whose masks let them see it.
+    key, value = masking.confine_nonfinite(key, value)
     key_block_size = key_block_size or block_size
     q_block, k_block = min(block_size, q_len), min(key_block_size, k_len)
     num_q_blocks = -(-q_len // q_block)

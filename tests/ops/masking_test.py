@@ -69,3 +69,21 @@ def test_no_mask_sources_gives_none():
 def test_integer_masks_are_accepted():
     got = masking.to_bool_mask(np.array([[1, 0, 2]], "int32"))
     np.testing.assert_array_equal(ops.convert_to_numpy(got), [[True, False, True]])
+
+
+def test_confine_nonfinite_flags_positions_and_keeps_finite_ones_bit_for_bit():
+    rng = np.random.default_rng(0)
+    key = rng.standard_normal((2, 5, 3, 4)).astype("float32")
+    value = rng.standard_normal((2, 5, 3, 6)).astype("float32")
+    key[0, 1, 2, 0] = np.inf  # a non-finite key
+    value[1, 3, 0, 5] = np.nan  # a non-finite value
+    confined_key, confined_value = (
+        ops.convert_to_numpy(x) for x in masking.confine_nonfinite(key, value)
+    )
+    bad = np.zeros((2, 5, 3), bool)
+    bad[0, 1, 2] = bad[1, 3, 0] = True
+    assert np.all(np.isnan(confined_key[bad]))  # every feature of those keys
+    np.testing.assert_array_equal(confined_key[~bad], key[~bad])
+    np.testing.assert_array_equal(confined_value, np.nan_to_num(value, nan=0.0))
+    again = masking.confine_nonfinite(confined_key, confined_value)
+    np.testing.assert_array_equal(ops.convert_to_numpy(again[0]), confined_key)
