@@ -10,6 +10,9 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
+	# Our distribution was called keras-attention before 0.2 (the name of an
+	# unrelated package that imports as keras_attention too): drop either.
+	$(BIN)/python -m pip uninstall -y keras-attention
 	$(BIN)/python -m pip install -e ".[dev,text,widgets,jax]"
 	touch $(STAMP)
 

@@ -1,7 +1,7 @@
 """Notebook widgets for watching attention: step through decoding, follow
 attention live while training, explore every layer and head.
 
-Installed with the `widgets` extra (`pip install "keras-attention[widgets]"`):
+Installed with the `widgets` extra (`pip install "keras-attention-layers[widgets]"`):
 ipywidgets 8, Bokeh 3 and jupyter_bokeh. `import keras_attention` never
 imports them; importing this package without them raises an ImportError that
 names the extra.
@@ -33,7 +33,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "keras_attention.widgets needs the optional `widgets` extra "
-        "(ipywidgets, bokeh, jupyter_bokeh): pip install \"keras-attention[widgets]\". "
+        "(ipywidgets, bokeh, jupyter_bokeh): pip install \"keras-attention-layers[widgets]\". "
         f"Missing module: {error.name}"
     ) from error
 
