@@ -32,7 +32,9 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# A quiet start: `import keras_attention` before keras or tensorflow hides
+# TensorFlow's start-up log block (see keras_attention/_quiet.py).
+os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 NUM_HEADS, KEY_DIM = 8, 64
@@ -61,11 +63,11 @@ def _current_rss_mib():
 
 
 def make_layer(kind):
+    import keras_attention  # first: a quiet TensorFlow start
     import keras
 
     if kind == "keras_exact":
         return keras.layers.MultiHeadAttention(NUM_HEADS, KEY_DIM)
-    import keras_attention
 
     if kind == "sparse":
         return keras_attention.SparseAttention(NUM_HEADS, KEY_DIM, seed=0)
@@ -78,6 +80,7 @@ def make_layer(kind):
 
 def worker(kind, length, repeats):
     """Runs in a subprocess; prints one JSON line."""
+    import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
     import numpy as np
     import tensorflow as tf
 
