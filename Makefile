@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test test-tf test-jax clean
+.PHONY: install demo test test-tf test-jax dist clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,5 +31,9 @@ test-tf: install
 test-jax: install
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tf_only" tests/layers tests/ops tests/keras_ported
 
+# sdist and wheel into dist/ (tests/packaging/wheel_test.py installs them in a fresh venv).
+dist: install
+	$(BIN)/python -m build --outdir dist .
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info
