@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test test-tf test-jax dist clean
+.PHONY: install demo test test-tf test-jax dist docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,5 +35,9 @@ test-jax: install
 dist: install
 	$(BIN)/python -m build --outdir dist .
 
+# API reference and guides into site/ (offline; warnings are errors, as in tests/docs/api_site_test.py).
+docs: install
+	KERAS_BACKEND=tensorflow KERAS_ATTENTION_QUIET_STARTUP=1 $(BIN)/python -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info

@@ -50,3 +50,19 @@ from keras_attention.widgets.figures import heatmap_source
 from keras_attention.widgets.figures import image_heatmap
 from keras_attention.widgets.figures import weighted_sum
 from keras_attention.widgets.live_attention import LiveAttention
+
+__all__ = [
+    "AttentionExplorer",
+    "DecodingStepper",
+    "export_html",
+    "export_png",
+    "find_chromium",
+    "candidate_bars",
+    "distribution_bars",
+    "head_grid",
+    "heatmap",
+    "heatmap_source",
+    "image_heatmap",
+    "weighted_sum",
+    "LiveAttention",
+]
