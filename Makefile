@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test test-tf test-jax dist docs clean
+.PHONY: install demo test test-tf test-jax dist docs figures clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ dist: install
 # API reference and guides into site/ (offline; warnings are errors, as in tests/docs/api_site_test.py).
 docs: install
 	KERAS_BACKEND=tensorflow KERAS_ATTENTION_QUIET_STARTUP=1 $(BIN)/python -m mkdocs build --strict
+
+# README figures: widget screenshots (headless chromium) and the long-sequence plot.
+figures: install
+	$(BIN)/python docs/make_figures.py
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info

@@ -247,7 +247,16 @@ def main():
     parser.add_argument(
         "--plot", default=os.path.join(os.path.dirname(__file__), "long_sequence.png")
     )
+    parser.add_argument("--replot", metavar="JSON", default=None,
+                        help="only redraw --plot from the results a --json run wrote")
     args = parser.parse_args()
+    if args.replot:
+        with open(args.replot) as handle:
+            results = json.load(handle)
+        kinds = [kind for kind in LAYERS if any(r["kind"] == kind for r in results)]
+        plot(results, kinds, args.plot)
+        print(f"redrew {args.plot} from {args.replot}")
+        return
     if args.worker:
         worker(args.worker[0], int(args.worker[1]), args.repeats)
         return

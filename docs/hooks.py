@@ -67,9 +67,12 @@ def _rewrite_links(markdown, page_name, anchors):
         return "../" * depth + target
 
     def link(match):
-        label, target = match.group(1), match.group(2)
+        image, label, target = match.group(1), match.group(2), match.group(3)
         if target.startswith(("http://", "https://", "mailto:")):
             return match.group(0)
+        if image:  # docs/figures/x.png is in the site; other images are copied in
+            inside = target[len("docs/"):] if target.startswith("docs/") else target
+            return f"![{label}]({relative(inside)})"
         if target.startswith("#"):
             page = anchors.get(target[1:])
             return f"[{label}]({relative(page)}{target})" if page else label
@@ -77,7 +80,7 @@ def _rewrite_links(markdown, page_name, anchors):
             return f"[{label}]({relative(EXTRA_PAGES[target])})"
         return label if label.startswith("`") else f"`{target}`"
 
-    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", link, markdown)
+    return re.sub(r"(!?)\[([^\]]+)\]\(([^)\s]+)\)", link, markdown)
 
 
 def on_files(files, config):
@@ -88,6 +91,9 @@ def on_files(files, config):
             anchors.setdefault(slugify(heading.replace("`", ""), "-"), name)
     for name, _, body in pages:
         files.append(File.generated(config, name, content=_rewrite_links(body, name, anchors)))
+        for image in re.findall(r"!\[[^\]]*\]\(([^)\s:]+)\)", body):
+            if not image.startswith("docs/") and files.get_file_from_path(image) is None:
+                files.append(File.generated(config, image, abs_src_path=os.path.join(ROOT, image)))
     for source, name in EXTRA_PAGES.items():
         with open(os.path.join(ROOT, source), encoding="utf-8") as f:
             files.append(File.generated(config, name, content=f.read()))
