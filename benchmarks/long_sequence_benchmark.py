@@ -247,6 +247,9 @@ def main():
     parser.add_argument(
         "--plot", default=os.path.join(os.path.dirname(__file__), "long_sequence.png")
     )
+    parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                        help="1: a keras.utils.Progbar over the runs (default); 2: one JSON "
+                             "line per run as it finishes; 0: only the final table")
     parser.add_argument("--replot", metavar="JSON", default=None,
                         help="only redraw --plot from the results a --json run wrote")
     args = parser.parse_args()
@@ -260,26 +263,33 @@ def main():
     if args.worker:
         worker(args.worker[0], int(args.worker[1]), args.repeats)
         return
+    import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
+    import keras
+
     results = []
     skipped = set()
-    for length in args.lengths:
-        for kind in args.layers:
-            if kind in DENSE and dense_gib(length) > args.dense_budget_gb:
-                result = {"kind": kind, "length": length,
-                          "status": f"not run: needs > {dense_gib(length):.0f} GiB"}
-            elif kind in skipped:
-                result = {"kind": kind, "length": length,
-                          "status": "not run (shorter length timed out)"}
-            elif predicted(results, kind, length, args.repeats) > args.timeout:
-                result = {"kind": kind, "length": length,
-                          "status": "not run: predicted "
-                          f"{predicted(results, kind, length, args.repeats):.0f} s "
-                          f"> {args.timeout:.0f} s"}
-            else:
-                result = run_one(kind, length, args.repeats, args.timeout)
-                if result["status"].startswith("timeout"):
-                    skipped.add(kind)
-            results.append(result)
+    runs = [(length, kind) for length in args.lengths for kind in args.layers]
+    progress = keras.utils.Progbar(len(runs), unit_name="run") if args.verbose == 1 else None
+    for length, kind in runs:
+        if kind in DENSE and dense_gib(length) > args.dense_budget_gb:
+            result = {"kind": kind, "length": length,
+                      "status": f"not run: needs > {dense_gib(length):.0f} GiB"}
+        elif kind in skipped:
+            result = {"kind": kind, "length": length,
+                      "status": "not run (shorter length timed out)"}
+        elif predicted(results, kind, length, args.repeats) > args.timeout:
+            result = {"kind": kind, "length": length,
+                      "status": "not run: predicted "
+                      f"{predicted(results, kind, length, args.repeats):.0f} s "
+                      f"> {args.timeout:.0f} s"}
+        else:
+            result = run_one(kind, length, args.repeats, args.timeout)
+            if result["status"].startswith("timeout"):
+                skipped.add(kind)
+        results.append(result)
+        if progress is not None:
+            progress.add(1)
+        elif args.verbose == 2:
             print(json.dumps(result), flush=True)
     print()
     print(table(results, args.lengths, args.layers))
