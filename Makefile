@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test test-tf test-jax dist docs figures clean
+.PHONY: install demo test test-tf test-jax test-compat dist docs figures clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,27 @@ test-tf: install
 test-jax: install
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tf_only" tests/layers tests/ops tests/keras_ported
 
+# The lowest supported releases (tests/compat/lowest.txt, setup.cfg's floors) in
+# their own venv: installing our package there with those pins proves the ranges
+# admit them, then the layer, op and ported Keras tests run on both backends
+# (without `slow` tests) and the TensorFlow-only translator/export checks.
+COMPAT := .venv-compat
+COMPAT_STAMP := $(COMPAT)/.installed
+COMPAT_TESTS := tests/layers tests/ops tests/keras_ported
+COMPAT_TF_TESTS := tests/models/translate_progress_test.py tests/export/check_progress_test.py \
+	tests/packaging/version_range_test.py
+
+$(COMPAT_STAMP): setup.cfg pyproject.toml tests/compat/lowest.txt
+	test -x $(COMPAT)/bin/python || $(PYTHON) -m venv $(COMPAT)
+	$(COMPAT)/bin/python -m pip install --upgrade pip
+	$(COMPAT)/bin/python -m pip install -c tests/compat/lowest.txt -e ".[text,jax]" \
+		"pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100"
+	touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP)
+	KERAS_BACKEND=tensorflow $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow" $(COMPAT_TESTS) $(COMPAT_TF_TESTS)
+	KERAS_BACKEND=jax $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not tf_only" $(COMPAT_TESTS)
+
 # sdist and wheel into dist/ (tests/packaging/wheel_test.py installs them in a fresh venv).
 dist: install
 	$(BIN)/python -m build --outdir dist .
@@ -44,4 +65,4 @@ figures: install
 	$(BIN)/python docs/make_figures.py
 
 clean:
-	rm -rf $(VENV) build dist site *.egg-info
+	rm -rf $(VENV) $(COMPAT) build dist site *.egg-info
