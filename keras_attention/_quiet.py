@@ -1,15 +1,15 @@
 """TensorFlow's start-up log block, hidden for our own entry points only.
 
-Importing TensorFlow prints an absl/oneDNN/CUDA block on stderr
-("WARNING: All log messages before absl::InitializeLog() ...", `I0000 ...
-port.cc] oneDNN custom operations are on`, `E0000 ... failed call to
-cuInit`) that `TF_CPP_MIN_LOG_LEVEL` does not reach on recent releases (2.21
-here): it is written before absl reads any setting. So an entry point that wants a
-quiet start (our examples, notebooks, benchmarks and the `check` command)
+Importing TensorFlow prints an absl/oneDNN/CUDA block on stderr ("WARNING: All
+log messages before absl::InitializeLog() ...", `I0000 ... port.cc] oneDNN
+custom operations are on`, `E0000 ... failed call to cuInit`) that
+`TF_CPP_MIN_LOG_LEVEL` does not reach on recent releases (2.21 here): it is
+written before absl reads any setting. So an entry point that wants a quiet
+start (our examples, benchmarks, docs/make_figures.py and the `check` command)
 asks for it before `keras` is imported, in one of two ways:
 
 - it sets `KERAS_ATTENTION_QUIET_STARTUP=1` in `os.environ` before its first
-  `import keras_attention` (examples, notebooks, benchmarks), or
+  `import keras_attention` (which must come before `import keras`), or
 - it is our command line, `python -m keras_attention.export` or the
   `keras-attention` console script (read from `sys.orig_argv`).
 
@@ -17,10 +17,10 @@ Then `import keras_attention` sets `TF_CPP_MIN_LOG_LEVEL=3` unless the user
 set it: TensorFlow's later native log lines stay hidden too, including the
 ERROR-level notes it prints mid-training ("oneDNN supports DT_INT64 only on
 platforms with AVX-512"); real failures still reach the program as Python
-exceptions, and FATAL lines always print. While Keras imports TensorFlow it reads file descriptor 2 into a buffer,
-drops the lines of that block and writes every other line back. Any other
-process that imports the library sees no change: no environment variable, no
-logger and no file descriptor is touched.
+exceptions, and FATAL lines always print. While Keras imports TensorFlow, file
+descriptor 2 goes to a buffer; the lines of the block are dropped and every
+other line is written back. Any other process that imports the library sees
+no change: no environment variable, logger or file descriptor is touched.
 """
 
 import contextlib
