@@ -34,10 +34,12 @@ test-jax: install
 # The lowest supported releases (tests/compat/lowest.txt, setup.cfg's floors) in
 # their own venv: installing our package there with those pins proves the ranges
 # admit them, then the layer, op and ported Keras tests run on both backends
-# (without `slow` tests) and the TensorFlow-only translator/export checks.
+# and the TensorFlow-only translator/export checks. Left out for CI time (about
+# 7 minutes on 2 cores after a ~1.5 minute install): `slow` tests, and the hostile-input
+# tests, whose errors are raised by our validation before Keras or a backend runs.
 COMPAT := .venv-compat
 COMPAT_STAMP := $(COMPAT)/.installed
-COMPAT_TESTS := tests/layers tests/ops tests/keras_ported
+COMPAT_TESTS := tests/layers tests/ops tests/keras_ported --ignore=tests/layers/hostile_inputs_test.py
 COMPAT_TF_TESTS := tests/models/translate_progress_test.py tests/export/check_progress_test.py \
 	tests/packaging/version_range_test.py
 
