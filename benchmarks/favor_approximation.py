@@ -26,8 +26,11 @@ import argparse
 import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# A quiet start: `import keras_attention` before keras or tensorflow hides
+# TensorFlow's start-up log block (see keras_attention/_quiet.py).
+os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 
+import keras_attention  # noqa: E402,F401  (first: a quiet TensorFlow start)
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 

@@ -32,7 +32,9 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# A quiet start: `import keras_attention` before keras or tensorflow hides
+# TensorFlow's start-up log block (see keras_attention/_quiet.py).
+os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 NUM_HEADS, KEY_DIM = 8, 64
@@ -61,11 +63,11 @@ def _current_rss_mib():
 
 
 def make_layer(kind):
+    import keras_attention  # first: a quiet TensorFlow start
     import keras
 
     if kind == "keras_exact":
         return keras.layers.MultiHeadAttention(NUM_HEADS, KEY_DIM)
-    import keras_attention
 
     if kind == "sparse":
         return keras_attention.SparseAttention(NUM_HEADS, KEY_DIM, seed=0)
@@ -78,6 +80,7 @@ def make_layer(kind):
 
 def worker(kind, length, repeats):
     """Runs in a subprocess; prints one JSON line."""
+    import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
     import numpy as np
     import tensorflow as tf
 
@@ -244,30 +247,49 @@ def main():
     parser.add_argument(
         "--plot", default=os.path.join(os.path.dirname(__file__), "long_sequence.png")
     )
+    parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                        help="1: a keras.utils.Progbar over the runs (default); 2: one JSON "
+                             "line per run as it finishes; 0: only the final table")
+    parser.add_argument("--replot", metavar="JSON", default=None,
+                        help="only redraw --plot from the results a --json run wrote")
     args = parser.parse_args()
+    if args.replot:
+        with open(args.replot) as handle:
+            results = json.load(handle)
+        kinds = [kind for kind in LAYERS if any(r["kind"] == kind for r in results)]
+        plot(results, kinds, args.plot)
+        print(f"redrew {args.plot} from {args.replot}")
+        return
     if args.worker:
         worker(args.worker[0], int(args.worker[1]), args.repeats)
         return
+    import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
+    import keras
+
     results = []
     skipped = set()
-    for length in args.lengths:
-        for kind in args.layers:
-            if kind in DENSE and dense_gib(length) > args.dense_budget_gb:
-                result = {"kind": kind, "length": length,
-                          "status": f"not run: needs > {dense_gib(length):.0f} GiB"}
-            elif kind in skipped:
-                result = {"kind": kind, "length": length,
-                          "status": "not run (shorter length timed out)"}
-            elif predicted(results, kind, length, args.repeats) > args.timeout:
-                result = {"kind": kind, "length": length,
-                          "status": "not run: predicted "
-                          f"{predicted(results, kind, length, args.repeats):.0f} s "
-                          f"> {args.timeout:.0f} s"}
-            else:
-                result = run_one(kind, length, args.repeats, args.timeout)
-                if result["status"].startswith("timeout"):
-                    skipped.add(kind)
-            results.append(result)
+    runs = [(length, kind) for length in args.lengths for kind in args.layers]
+    progress = keras.utils.Progbar(len(runs), unit_name="run") if args.verbose == 1 else None
+    for length, kind in runs:
+        if kind in DENSE and dense_gib(length) > args.dense_budget_gb:
+            result = {"kind": kind, "length": length,
+                      "status": f"not run: needs > {dense_gib(length):.0f} GiB"}
+        elif kind in skipped:
+            result = {"kind": kind, "length": length,
+                      "status": "not run (shorter length timed out)"}
+        elif predicted(results, kind, length, args.repeats) > args.timeout:
+            result = {"kind": kind, "length": length,
+                      "status": "not run: predicted "
+                      f"{predicted(results, kind, length, args.repeats):.0f} s "
+                      f"> {args.timeout:.0f} s"}
+        else:
+            result = run_one(kind, length, args.repeats, args.timeout)
+            if result["status"].startswith("timeout"):
+                skipped.add(kind)
+        results.append(result)
+        if progress is not None:
+            progress.add(1)
+        elif args.verbose == 2:
             print(json.dumps(result), flush=True)
     print()
     print(table(results, args.lengths, args.layers))

@@ -21,7 +21,9 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# A quiet start: `import keras_attention` before keras or tensorflow hides
+# TensorFlow's start-up log block (see keras_attention/_quiet.py).
+os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven",
@@ -92,6 +94,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: little training, batch 1 only")
     args = parser.parse_args(argv)
+    import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
     import numpy as np
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the ops, as TF Serving links them)

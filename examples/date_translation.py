@@ -31,7 +31,9 @@ import tempfile
 import textwrap
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# A quiet start: `import keras_attention` before keras or tensorflow hides
+# TensorFlow's start-up log block (see keras_attention/_quiet.py).
+os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 EN_MONTHS = ["January", "February", "March", "April", "May", "June", "July",
@@ -154,6 +156,7 @@ RELOAD_SCRIPT = textwrap.dedent("""
 def main(argv=None):
     args = parse_args(argv)
     start = time.time()
+    import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
     import keras
     import numpy as np
 

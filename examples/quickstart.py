@@ -6,11 +6,15 @@ should put its weight on the keyword. Run: `python examples/quickstart.py`.
 """
 
 import argparse
+import os
 
-import keras
-import numpy as np
+# A quiet start: `import keras_attention` before keras or tensorflow hides
+# TensorFlow's start-up log block (see keras_attention/_quiet.py).
+os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 
-import keras_attention
+import keras_attention  # noqa: E402  (first: a quiet TensorFlow start)
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
 
 KEYWORD = 7
 VOCAB = 40

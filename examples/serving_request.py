@@ -13,7 +13,9 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# A quiet start: `import keras_attention` before keras or tensorflow hides
+# TensorFlow's start-up log block (see keras_attention/_quiet.py).
+os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 
 
 def _json_value(value):
@@ -30,6 +32,7 @@ def main(argv):
     if len(argv) < 2:
         print(__doc__)
         return 2
+    import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the ops the model uses)
 

@@ -11,3 +11,11 @@ from keras_attention.export.check import NotASavedModelError
 from keras_attention.export.check import check_servable
 from keras_attention.export.saved_model import export_translator
 from keras_attention.export.warmup import write_warmup_requests
+
+__all__ = [
+    "CheckReport",
+    "NotASavedModelError",
+    "check_servable",
+    "export_translator",
+    "write_warmup_requests",
+]

@@ -10,6 +10,7 @@ import tempfile
 
 from keras_attention.export import serving_process
 from keras_attention.export import tf_serving
+from keras_attention.progress import progress_bar
 
 # Ops TF Serving cannot run: Python callbacks, and XLA-only ops (TF Serving's
 # XLA is off by default).
@@ -153,7 +154,7 @@ def graph_ops(meta_graph):
     return counts, must_compile
 
 
-def check_servable(path, load=True, timeout=600):
+def check_servable(path, load=True, timeout=600, verbose="auto"):
     """Checks that TF Serving can load `path` and answer its warmup requests.
 
     1. The SavedModel has a MetaGraph tagged `serve` with a `serving_default`
@@ -176,6 +177,9 @@ def check_servable(path, load=True, timeout=600):
         path: the SavedModel directory.
         load: run step 3 (set False for a quick static check of 1 and 2).
         timeout: seconds allowed for the fresh process.
+        verbose: 0 silent, 1 a `keras.utils.Progbar` over the stages (read,
+            ops, fresh-process load), 2 one line when done; `"auto"` is 1
+            when `load` (the fresh process takes 10-20 s), else 0.
 
     Returns:
         A `CheckReport`; `report.ok` is True when nothing failed and
@@ -185,8 +189,12 @@ def check_servable(path, load=True, timeout=600):
         NotASavedModelError: `path` is not a SavedModel directory.
     """
     path = os.fspath(path)
+    stages = 3 if load else 2
+    progress = progress_bar(stages, verbose, unit_name="stage", auto=load,
+                            owner="check_servable")
     proto = read_saved_model(path)
     report = CheckReport(path=path)
+    _advance(progress, 1, stages)
     serve = [m for m in proto.meta_graphs if "serve" in m.meta_info_def.tags]
     if not serve:
         tags = [list(m.meta_info_def.tags) for m in proto.meta_graphs]
@@ -194,6 +202,7 @@ def check_servable(path, load=True, timeout=600):
             f"no MetaGraph is tagged 'serve' (tags found: {tags}); TF Serving "
             "loads the 'serve' MetaGraph."
         )
+        _advance(progress, stages, stages)
         return report
     meta_graph = serve[0]
     report.signatures = {
@@ -220,6 +229,7 @@ def check_servable(path, load=True, timeout=600):
         }
     counts, must_compile = graph_ops(meta_graph)
     report.op_counts = dict(sorted(counts.items()))
+    _advance(progress, 2, stages)
     for op in sorted(counts):
         if _is_forbidden(op):
             report.problems.append(
@@ -238,9 +248,15 @@ def check_servable(path, load=True, timeout=600):
         )
     if load:
         _check_in_fresh_process(report, sorted(counts), timeout)
+        _advance(progress, 3, stages)
     else:
         report.notes.append("not loaded in a fresh process (load=False).")
     return report
+
+
+def _advance(progress, done, stages):
+    if progress is not None:
+        progress.update(done, finalize=done == stages)
 
 
 def _fresh_process_env():

@@ -4,6 +4,8 @@ import html
 
 import numpy as np
 
+__all__ = ["alignment_matrix", "merge_subwords", "alignment_text", "alignment_html"]
+
 _SHADES = " .:-=+*#%@"
 
 

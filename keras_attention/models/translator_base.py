@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attention.models import text_processing
+from keras_attention.progress import progress_bar
 from keras_attention.models.decoding import DecodingSession
 from keras_attention.models.decoding import Translation
 from keras_attention.models.text_processing import END_ID
@@ -523,7 +524,7 @@ class Translator(keras.Model):
         return int(beam_width), int(max_length), float(length_penalty)
 
     def translate(self, texts, beam_width=1, max_length=None, length_penalty=0.0,
-                  _method="auto"):
+                  batch_size=256, verbose="auto", _method="auto"):
         """Translates strings; returns one `Translation` per input.
 
         Args:
@@ -537,6 +538,11 @@ class Translator(keras.Model):
                 `max_target_length`. Output stopped by the limit has no `<end>`.
             length_penalty: hypotheses are ranked by
                 `log_prob / num_tokens ** length_penalty` (0: plain log-prob).
+            batch_size: texts decoded per compiled call (outputs do not depend
+                on it).
+            verbose: `0` silent, `1` a `keras.utils.Progbar` over batches,
+                `2` one line at the end (as in `model.predict`); `"auto"` is
+                1 when the texts span more than one batch, else 0.
 
         Greedy and beam search each run as one compiled TensorFlow loop over
         the whole batch; the alignment rows are the decoder's attention
@@ -548,12 +554,26 @@ class Translator(keras.Model):
         texts = text_processing.as_string_array(
             texts, owner=f"{type(self).__name__}.translate"
         )
+        owner = f"{type(self).__name__}.translate"
+        batch_size = positive_int("batch_size", batch_size, owner=owner)
+        starts = range(0, len(texts), batch_size)
+        progress = progress_bar(len(starts), verbose, unit_name="batch",
+                                auto=len(starts) > 1, owner=owner)
         if len(texts) == 0:
             return []
         function = self._decode_function(beam_width, max_length, _method)
-        outputs = function(
-            tf.constant(texts, tf.string), tf.constant(length_penalty, tf.float32)
-        )
+        results = []
+        for done, start in enumerate(starts, 1):
+            batch = texts[start:start + batch_size]
+            outputs = function(
+                tf.constant(batch, tf.string), tf.constant(length_penalty, tf.float32)
+            )
+            results.extend(self._translations(batch, outputs))
+            if progress is not None:
+                progress.update(done, finalize=done == len(starts))
+        return results
+
+    def _translations(self, texts, outputs):
         outputs = {k: v.numpy() for k, v in outputs.items()}
         results = []
         for row in range(len(texts)):

@@ -19,3 +19,25 @@ from keras_attention.ops.favor import random_projection
 from keras_attention.ops.favor import relu_features
 from keras_attention.ops.favor import softmax_features
 from keras_attention.ops.linformer import linformer_attention
+
+__all__ = [
+    "attention_mask_from",
+    "causal_mask",
+    "masked_softmax",
+    "merge_masks",
+    "to_bool_mask",
+    "additive_score",
+    "dot_score",
+    "general_score",
+    "low_rank_score",
+    "weighted_sum",
+    "block_plan",
+    "block_sparse_attention",
+    "causal_linear_attention",
+    "favor_attention",
+    "linear_attention",
+    "random_projection",
+    "relu_features",
+    "softmax_features",
+    "linformer_attention",
+]

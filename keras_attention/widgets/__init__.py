@@ -1,7 +1,7 @@
 """Notebook widgets for watching attention: step through decoding, follow
 attention live while training, explore every layer and head.
 
-Installed with the `widgets` extra (`pip install "keras-attention[widgets]"`):
+Installed with the `widgets` extra (`pip install "keras-attention-layers[widgets]"`):
 ipywidgets 8, Bokeh 3 and jupyter_bokeh. `import keras_attention` never
 imports them; importing this package without them raises an ImportError that
 names the extra.
@@ -34,7 +34,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "keras_attention.widgets needs the optional `widgets` extra "
-        "(ipywidgets, bokeh, jupyter_bokeh): pip install \"keras-attention[widgets]\". "
+        "(ipywidgets, bokeh, jupyter_bokeh): pip install \"keras-attention-layers[widgets]\". "
         f"Missing module: {error.name}"
     ) from error
 
@@ -53,3 +53,19 @@ from keras_attention.widgets.figures import image_heatmap
 from keras_attention.widgets.figures import model_view
 from keras_attention.widgets.figures import weighted_sum
 from keras_attention.widgets.live_attention import LiveAttention
+
+__all__ = [
+    "AttentionExplorer",
+    "DecodingStepper",
+    "export_html",
+    "export_png",
+    "find_chromium",
+    "candidate_bars",
+    "distribution_bars",
+    "head_grid",
+    "heatmap",
+    "heatmap_source",
+    "image_heatmap",
+    "weighted_sum",
+    "LiveAttention",
+]

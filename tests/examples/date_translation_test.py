@@ -6,8 +6,16 @@ import sys
 
 import pytest
 
+from keras_attention import _quiet
+
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples",
                        "date_translation.py")
+
+
+def _env_as_a_user_has_it():
+    """Our test session's environment, less what it sets to quiet TensorFlow."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("TF_CPP_MIN_LOG_LEVEL", _quiet.ENV_VARIABLE)}
 
 
 def _load_example():
@@ -45,9 +53,13 @@ def test_demo_runs_end_to_end_on_reduced_sizes(tmp_path):
          "--epochs", "1", "--units", "8", "--embedding-dim", "4",
          "--min-accuracy", "0", "--examples", "2", "--attention", "low_rank",
          "--output-dir", str(output)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env=_env_as_a_user_has_it(),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # Quiet by default: not one line of TensorFlow's absl/oneDNN/cuInit block.
+    logged = [line for line in (result.stdout + result.stderr).splitlines()
+              if _quiet.is_startup_noise(line) or _quiet._LOG_LINE.match(line)]
+    assert logged == [], logged
     out = result.stdout
     assert "held-out exact match:" in out
     assert "OK, servable by TF Serving" in out

@@ -34,5 +34,5 @@ def test_widgets_without_the_extra_name_the_extra():
     """)
     assert result.returncode == 0, result.stderr
     assert "MESSAGE" in result.stdout
-    assert "`widgets` extra" in result.stdout and "keras-attention[widgets]" in result.stdout
+    assert "`widgets` extra" in result.stdout and "keras-attention-layers[widgets]" in result.stdout
     assert "ipywidgets" in result.stdout

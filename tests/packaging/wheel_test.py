@@ -1,0 +1,143 @@
+"""The built wheel, installed as a user installs it: a fresh venv, only the extras named.
+
+`python -m build` runs on a copy of the tracked files (so nothing untracked or
+built locally can fill a gap); the wheel must hold every tracked file under
+`keras_attention/`, and the sdist everything README.md points to.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+import tarfile
+
+import pytest
+
+from keras_attention import _quiet
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DISTRIBUTION = "keras_attention_layers"
+
+
+def _tracked_files():
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode()
+    return [path for path in listed.split("\0") if path and os.path.isfile(os.path.join(ROOT, path))]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    source = tmp_path_factory.mktemp("source")
+    for path in _tracked_files():
+        os.makedirs(os.path.dirname(source / path), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, path), source / path)
+    out = tmp_path_factory.mktemp("dist")
+    result = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(source)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    wheel, = [out / name for name in os.listdir(out) if name.endswith(".whl")]
+    sdist, = [out / name for name in os.listdir(out) if name.endswith(".tar.gz")]
+    assert wheel.name.startswith(DISTRIBUTION + "-") and sdist.name.startswith(DISTRIBUTION + "-")
+    return {"source": source, "wheel": wheel, "sdist": sdist}
+
+
+def test_wheel_holds_every_package_file(built):
+    with zipfile.ZipFile(built["wheel"]) as wheel:
+        names = set(wheel.namelist())
+    package_files = {p for p in _tracked_files() if p.startswith("keras_attention/")}
+    assert package_files, "no tracked package files?"
+    assert package_files - names == set()
+    assert not {n for n in names if n.startswith(("tests/", "examples/", "benchmarks/"))}
+    entry_points = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    with zipfile.ZipFile(built["wheel"]) as wheel:
+        assert "keras-attention = keras_attention.export.__main__:main" in wheel.read(
+            entry_points[0]).decode()
+
+
+def test_sdist_holds_what_the_readme_points_to(built):
+    with tarfile.open(built["sdist"]) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    # Paths the README names: links and `code` spans that are files of the checkout.
+    mentioned = set(re.findall(r"\]\(([^)#:]+)\)", readme))
+    mentioned |= {p for p in re.findall(r"`([\w./-]+)`", readme)
+                  if os.path.isfile(os.path.join(ROOT, p))}
+    mentioned |= {p for p in _tracked_files() if p.startswith("examples/")}
+    assert "examples/notebooks/decoding_stepper.ipynb" in mentioned
+    assert mentioned - names == set()
+
+
+def _venv_env():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", _quiet.ENV_VARIABLE)}
+    env["KERAS_BACKEND"] = "tensorflow"
+    return env
+
+
+def _run(command, cwd, timeout=600, expect=0):
+    result = subprocess.run(command, cwd=cwd, env=_venv_env(), capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == expect, (
+        f"{command} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+LAYER_CHECK = """
+import importlib.util, os
+import numpy as np
+import keras_attention
+assert "site-packages" in keras_attention.__file__, keras_attention.__file__
+for extra in ("bokeh", "ipywidgets", "tensorflow_text"):
+    assert importlib.util.find_spec(extra) is None, extra  # no extras installed
+x = np.random.default_rng(0).standard_normal((2, 5, 4)).astype("float32")
+out = np.asarray(keras_attention.LuongAttention(score="dot")(x))
+scores = x @ x.transpose(0, 2, 1)
+weights = np.exp(scores - scores.max(-1, keepdims=True))
+weights /= weights.sum(-1, keepdims=True)
+np.testing.assert_allclose(out, weights @ x, rtol=1e-4, atol=1e-5)
+try:
+    import keras_attention.widgets
+except ImportError as error:
+    assert "keras-attention-layers[widgets]" in str(error), error
+else:
+    raise AssertionError("widgets imported without the widgets extra")
+print("layer ok")
+"""
+
+WIDGET_IMPORT = (
+    "from keras_attention.widgets import AttentionExplorer, DecodingStepper, "
+    "LiveAttention, export_html; print('widgets ok')"
+)
+
+
+def test_wheel_installs_and_runs_in_a_fresh_venv(built, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python, pip = str(venv / "bin" / "python"), [str(venv / "bin" / "python"), "-m", "pip"]
+    wheel = str(built["wheel"])
+
+    _run(pip + ["install", "-q", wheel], cwd=tmp_path)
+    assert "layer ok" in _run([python, "-c", LAYER_CHECK], cwd=tmp_path).stdout
+
+    # The console script, beside `python -m keras_attention.export check`.
+    missing = _run([str(venv / "bin" / "keras-attention"), "check", str(tmp_path / "none")],
+                   cwd=tmp_path, expect=2)
+    assert "is not a SavedModel" in missing.stderr
+
+    _run(pip + ["install", "-q", f"{wheel}[text,widgets]"], cwd=tmp_path)
+    assert "widgets ok" in _run([python, "-c", WIDGET_IMPORT], cwd=tmp_path).stdout
+    demo = tmp_path / "demo"
+    example = str(built["source"] / "examples" / "date_translation.py")
+    _run([python, example, "--train-size", "300", "--test-size", "10", "--epochs", "1",
+          "--units", "8", "--embedding-dim", "4", "--min-accuracy", "0", "--examples", "1",
+          "--output-dir", str(demo)], cwd=tmp_path)
+    check = _run([str(venv / "bin" / "keras-attention"), "check", str(demo / "saved_model"),
+                  "--verbose", "0"], cwd=tmp_path)
+    assert "servable by TF Serving" in check.stdout, check.stdout
+    logged = [line for line in (check.stdout + check.stderr).splitlines()
+              if _quiet.is_startup_noise(line)]
+    assert logged == [], logged
