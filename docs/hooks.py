@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PUBLIC_MODULES = (
     "keras_attention",
     "keras_attention.ops",
+    "keras_attention.distribution",
     "keras_attention.models",
     "keras_attention.models.alignment_chart",
     "keras_attention.export",

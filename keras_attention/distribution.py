@@ -69,6 +69,20 @@ def _check_mesh(device_mesh, argument, axis):
 def get_layout_map(device_mesh, model_axis="model"):
     """A `keras.distribution.LayoutMap` sharding our layers' heads.
 
+    The rules, for `keras.distribution.ModelParallel(layout_map=...)`:
+
+    - `.../{query,key,value,gate}/kernel` `(features, H, D)`:
+      `(None, model, None)`; their biases `(H, D)`: `(model, None)`;
+    - `.../attention_output/kernel` `(H, Dv, features)`:
+      `(model, None, None)`; its bias is replicated;
+    - `.../feedforward_intermediate_dense/kernel` `(d, ff)`:
+      `(None, model)`, its bias `(model,)`;
+      `.../feedforward_output_dense/kernel` `(ff, d)`: `(model, None)`;
+    - everything else replicated (no key matches it).
+
+    `H` (and `num_key_value_heads`, and `intermediate_dim`) must be
+    divisible by the size of `model_axis`.
+
     Args:
         device_mesh: a `keras.distribution.DeviceMesh`, for example of shape
             `(data, model)` with axis names `("batch", "model")`.
@@ -76,19 +90,7 @@ def get_layout_map(device_mesh, model_axis="model"):
             feed-forward hidden units) are split over.
 
     Returns:
-        A `LayoutMap` for `keras.distribution.ModelParallel(layout_map=...)`:
-
-        - `.../{query,key,value,gate}/kernel` `(features, H, D)`:
-          `(None, model, None)`; their biases `(H, D)`: `(model, None)`;
-        - `.../attention_output/kernel` `(H, Dv, features)`:
-          `(model, None, None)`; its bias is replicated;
-        - `.../feedforward_intermediate_dense/kernel` `(d, ff)`:
-          `(None, model)`, its bias `(model,)`;
-          `.../feedforward_output_dense/kernel` `(ff, d)`: `(model, None)`;
-        - everything else replicated (no key matches it).
-
-        `H` (and `num_key_value_heads`, and `intermediate_dim`) must be
-        divisible by the size of `model_axis`.
+        The `LayoutMap`.
     """
     _check_mesh(device_mesh, "model_axis", model_axis)
     m = model_axis

@@ -24,9 +24,12 @@ def _import_warnings(site):
         """
     )
     env = dict(os.environ)
-    # Our checkout first (so its keras_attention is imported), the fake metadata next.
+    # The fake metadata first (it holds no package, so our checkout's
+    # keras_attention is still the one imported), so that it is the
+    # `keras-attention` distribution found even where a stale egg-info of our
+    # own pre-rename editable install sits in the checkout.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, str(site)])
+    env["PYTHONPATH"] = os.pathsep.join([str(site), root])
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
