@@ -101,13 +101,29 @@ def _check(name, dtype, poisoned, replaced, call, sees):
     tolerance = 1e-5 if dtype == "float32" else 2e-2
     if name.startswith("performer"):
         # Approximate: the key stabiliser (one constant over all keys) and
-        # the features' epsilon let any key's value move other rows a little.
-        tolerance = 5e-2
+        # the features' epsilon let any key's value move other rows a little
+        # (at most 6e-4 in float32 and 2e-3 in bfloat16 over 300 weight
+        # draws, with the drawn key as the finite stand-in; see _stand_in).
+        tolerance = max(tolerance, 5e-3)
     np.testing.assert_allclose(hidden, clean[~sees], atol=tolerance, rtol=tolerance)
     if isinstance(result, tuple):  # returned weights: NaN in exactly those rows
         rows = _numpy(result[1]).transpose(0, 2, 1, 3)  # (B, Tq, H, Tv)
         assert np.all(np.isnan(rows[sees]).any(axis=-1))
         assert np.all(np.isfinite(rows[~sees]))
+
+
+def _stand_in(name, drawn, finite):
+    """The finite number compared with the NaN/Inf at a hidden position.
+
+    Any finite number gives the same hidden outputs on the exact kernels, so
+    a large one is used. Performer's positive features subtract one
+    stabiliser, the maximum over every key, and a stand-in key that sets that
+    maximum (an entry of -7 does, through the projections) shrinks the other
+    keys' features towards the epsilon and moves the hidden outputs by up to
+    0.1 (measured over 300 weight draws): an approximation effect, with or
+    without NaN. Performer is compared with the key as drawn.
+    """
+    return drawn if name.startswith("performer") else finite
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -129,7 +145,7 @@ def test_nan_value_and_inf_key_behind_an_attention_mask(name, dtype):
     poisoned_key[1, 4, 2] = np.inf
     replaced_value, replaced_key = value.copy(), key.copy()
     replaced_value[0, 3, 1] = 1e3
-    replaced_key[1, 4, 2] = -7.0
+    replaced_key[1, 4, 2] = _stand_in(name, key[1, 4, 2], -7.0)
     allowed = attention_mask & _structural_pattern(name, causal=False)[None]
     sees = np.zeros((BATCH, LENGTH), bool)
     sees[0] = allowed[0, :, 3]
@@ -150,7 +166,7 @@ def test_nan_behind_the_causal_mask(name, dtype):
     inputs = rng.standard_normal((BATCH, LENGTH, FEATURES)).astype("float32")
     poisoned, replaced = inputs.copy(), inputs.copy()
     poisoned[0, 2, 0] = np.nan  # self-attention: query, key and value 2
-    replaced[0, 2, 0] = 5.0
+    replaced[0, 2, 0] = _stand_in(name, inputs[0, 2, 0], 5.0)
     allowed = _structural_pattern(name, causal=True)
     sees = np.zeros((BATCH, LENGTH), bool)
     sees[0] = allowed[:, 2]

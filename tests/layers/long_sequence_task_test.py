@@ -52,6 +52,11 @@ def train_and_score(make_attention):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="a modelling check (~70 s), run once, on TensorFlow: the layers match "
+    "NumPy and train under jax.jit in tests/layers and tests/ops on every backend",
+)
 def test_sparse_and_performer_learn_long_range_retrieval_like_exact_attention():
     exact = train_and_score(lambda i: MultiHeadAttention(2, 16, memory_efficient=False))
     sparse = train_and_score(lambda i: SparseAttention(

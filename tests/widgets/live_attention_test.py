@@ -1,3 +1,4 @@
+import concurrent.futures
 import os
 import time
 import types
@@ -259,5 +260,16 @@ def test_snapshots_stay_inside_their_share_of_the_budget(fake_comm, tmp_path, mo
 
     monkeypatch.setattr(LiveAttention, "_render_snapshot", cheap_render)
     callback = LiveAttention(model, x[:2])
-    model.fit(x, y, batch_size=4, epochs=4, callbacks=[callback], verbose=0)
+
+    class WriterCatchesUp(keras.callbacks.Callback):
+        # Epochs of 8 samples take a few ms, and a third of 3% of that is
+        # less than a file write: give each epoch 50 ms of training time. On a
+        # loaded machine the writer thread may not have run by the next
+        # epoch's end, and a snapshot still in flight rightly skips that
+        # epoch's; let it finish so only the budget decides here.
+        def on_epoch_begin(self, epoch, logs=None):
+            time.sleep(0.05)
+            concurrent.futures.wait([future for _, future in callback._pending])
+
+    model.fit(x, y, batch_size=4, epochs=4, callbacks=[callback, WriterCatchesUp()], verbose=0)
     assert len(callback.snapshots) == 4
