@@ -14,7 +14,17 @@ def _reset_keras_state():
     keras.backend.clear_session()
 
 
+def _is_layer_detail(item):
+    """A tests/layers test other than a layer's contract and the family checks."""
+    path = item.path.as_posix()
+    return ("/tests/layers/" in path and not path.endswith("/layer_family_test.py")
+            and not item.originalname.startswith("test_layer_contract"))
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _is_layer_detail(item):
+            item.add_marker(pytest.mark.layer_detail)
     if keras.backend.backend() == "tensorflow":
         return
     skip = pytest.mark.skip(reason="needs the TensorFlow backend")
