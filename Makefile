@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test test-tf test-jax test-compat dist docs figures clean
+.PHONY: install demo test test-tf test-jax test-compat test-compat-full dist docs figures clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,14 @@ test-compat: $(COMPAT_STAMP)
 	KERAS_BACKEND=tensorflow $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not layer_detail" \
 		$(COMPAT_TESTS) $(COMPAT_TF_TESTS)
 	KERAS_BACKEND=jax $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not tf_only" $(COMPAT_TESTS)
+
+# Everything but `slow` on the lowest releases, both backends (~12 minutes): what
+# test-compat leaves out for CI time, for a change that touches version-sensitive code.
+test-compat-full: $(COMPAT_STAMP)
+	KERAS_BACKEND=tensorflow $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow" \
+		$(COMPAT_TESTS) $(COMPAT_TF_TESTS)
+	KERAS_BACKEND=jax $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not tf_only" \
+		$(COMPAT_TESTS) tests/layers
 
 # sdist and wheel into dist/ (tests/packaging/wheel_test.py installs them in a fresh venv).
 dist: install
