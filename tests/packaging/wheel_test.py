@@ -120,8 +120,7 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(built, tmp_path):
     python, pip = str(venv / "bin" / "python"), [str(venv / "bin" / "python"), "-m", "pip"]
     wheel = str(built["wheel"])
 
-    # --no-compile: byte-compiling all of TensorFlow is a third of the install.
-    _run(pip + ["install", "-q", "--no-compile", wheel], cwd=tmp_path)
+    _run(pip + ["install", "-q", wheel], cwd=tmp_path)
     assert "layer ok" in _run([python, "-c", LAYER_CHECK], cwd=tmp_path).stdout
 
     # The console script, beside `python -m keras_attention.export check`.
@@ -129,7 +128,7 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(built, tmp_path):
                    cwd=tmp_path, expect=2)
     assert "is not a SavedModel" in missing.stderr
 
-    _run(pip + ["install", "-q", "--no-compile", f"{wheel}[text,widgets]"], cwd=tmp_path)
+    _run(pip + ["install", "-q", f"{wheel}[text,widgets]"], cwd=tmp_path)
     assert "widgets ok" in _run([python, "-c", WIDGET_IMPORT], cwd=tmp_path).stdout
     demo = tmp_path / "demo"
     example = str(built["source"] / "examples" / "date_translation.py")
