@@ -36,6 +36,7 @@ an error deep inside JAX's sharding.
 
 import keras
 
+from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 
 # Sublayer names of the multi-head family (Keras' own MultiHeadAttention
@@ -129,7 +130,7 @@ def check_layout(layer, weights):
         axes = tuple(getattr(layout, "axes", layout))
         if len(axes) > len(shape):
             raise ValueError(
-                f"{type(layer).__name__} (layer '{layer.name}'): the layout "
+                f"{validation.owner_name(layer)}: the layout "
                 f"of weight '{path}' (shape {tuple(shape)}) is {axes}, which "
                 f"has more axes than the weight; mesh {_describe_mesh(mesh)}"
             )
@@ -137,7 +138,7 @@ def check_layout(layer, weights):
             if axis is None or shape[dim] % sizes[axis] == 0:
                 continue
             raise ValueError(
-                f"{type(layer).__name__} (layer '{layer.name}'): "
+                f"{validation.owner_name(layer)}: "
                 f"`{names[dim]}`={shape[dim]} is not divisible by the mesh "
                 f"axis '{axis}' of size {sizes[axis]} that the layout "
                 f"{axes} of weight '{path}' (shape {tuple(shape)}) shards it "

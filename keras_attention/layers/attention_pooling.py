@@ -1,6 +1,7 @@
 import keras
 from keras import ops
 
+from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
 from keras_attention.layers.additive_attention import AdditiveAttention
@@ -99,7 +100,7 @@ class AttentionPooling(keras.layers.Layer):
         self.supports_masking = True
 
     def _error(self, message):
-        return f"{type(self).__name__} (layer '{self.name}'): {message}"
+        return validation.error(self, message)
 
     def _check_inputs_shape(self, shape):
         if len(shape) != 3:
@@ -129,7 +130,7 @@ class AttentionPooling(keras.layers.Layer):
                 )
             )
         self._check_inputs_shape(tuple(inputs.shape))
-        utils.check_mask(self._error, "mask", mask, tuple(inputs.shape[:2]))
+        utils.check_mask(self, "mask", mask, tuple(inputs.shape[:2]))
 
     def __call__(self, inputs, *args, **kwargs):
         self._check_call(inputs, kwargs.get("mask", args[0] if args else None))

@@ -7,6 +7,7 @@ score function) and `BaseMultiHeadAttention` (projected heads with a kernel).
 import keras
 
 from keras_attention.api_export import keras_attention_export
+from keras_attention import validation
 from keras_attention.layers import utils
 
 
@@ -91,7 +92,7 @@ class BaseAttention(keras.layers.Layer):
         for name in ("query_mask", "value_mask", "key_mask", "attention_mask"):
             mask = kwargs.get(name)
             if mask is not None and hasattr(mask, "dtype"):
-                utils.check_mask_dtype(self._error, name, mask)
+                utils.check_mask_dtype(self, name, mask)
         return super().__call__(*args, **kwargs)
 
     def _to_compute_dtype(self, x):
@@ -99,7 +100,7 @@ class BaseAttention(keras.layers.Layer):
         return utils.cast_to_compute_dtype(self, x)
 
     def _error(self, message):
-        return f"{type(self).__name__} (layer '{self.name}'): {message}"
+        return validation.error(self, message)
 
     def _check_tensor(self, name, x):
         if x is not None and not (hasattr(x, "shape") and hasattr(x, "dtype")):
@@ -121,7 +122,7 @@ class BaseAttention(keras.layers.Layer):
 
     def _check_mask(self, name, mask, expected, broadcast=False):
         """Checks a mask's dtype and shape; see `utils.check_mask`."""
-        utils.check_mask(self._error, name, mask, expected, broadcast=broadcast)
+        utils.check_mask(self, name, mask, expected, broadcast=broadcast)
 
     def _resolve_inputs(self, query, value, key):
         """Self-attention when `value` is None; `key` defaults to `value`."""

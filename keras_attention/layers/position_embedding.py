@@ -3,6 +3,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.utils import validate_positive_int
 from keras_attention.layers.sinusoidal_position_encoding import check_sequence_rank
@@ -62,7 +63,7 @@ class PositionEmbedding(keras.layers.Layer):
         offset = start_index if isinstance(start_index, numbers.Integral) else 0
         if length is not None and offset + length > self.sequence_length:
             raise ValueError(
-                f"PositionEmbedding (layer '{self.name}'): the input covers "
+                f"{validation.owner_name(self)}: the input covers "
                 f"positions up to {offset + length - 1} but the layer was "
                 f"built with sequence_length={self.sequence_length}. Received: "
                 f"inputs with shape {tuple(shape)}, start_index={start_index!r}"
@@ -73,7 +74,7 @@ class PositionEmbedding(keras.layers.Layer):
         features = inputs_shape[-1]
         if features is None:
             raise ValueError(
-                f"PositionEmbedding (layer '{self.name}'): the feature "
+                f"{validation.owner_name(self)}: the feature "
                 f"dimension of `inputs` must be known. Received: inputs with "
                 f"shape {tuple(inputs_shape)}"
             )

@@ -3,6 +3,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 
 
@@ -12,14 +13,14 @@ def check_start_index(layer, start_index):
         isinstance(start_index, numbers.Integral) and start_index < 0
     ):
         raise ValueError(
-            f"{type(layer).__name__} (layer '{layer.name}'): `start_index` must "
+            f"{validation.owner_name(layer)}: `start_index` must "
             f"be a non-negative integer. Received: start_index={start_index!r}"
         )
     if not isinstance(start_index, numbers.Integral) and "int" not in str(
         getattr(start_index, "dtype", "")
     ):
         raise TypeError(
-            f"{type(layer).__name__} (layer '{layer.name}'): `start_index` must "
+            f"{validation.owner_name(layer)}: `start_index` must "
             f"be an integer or an integer scalar tensor. Received: "
             f"start_index={start_index!r}"
         )
@@ -28,7 +29,7 @@ def check_start_index(layer, start_index):
 def check_sequence_rank(layer, shape):
     if len(shape) < 2:
         raise ValueError(
-            f"{type(layer).__name__} (layer '{layer.name}'): `inputs` must have "
+            f"{validation.owner_name(layer)}: `inputs` must have "
             f"rank >= 2 (..., sequence, features). Received: inputs with shape "
             f"{tuple(shape)}"
         )

@@ -1,6 +1,7 @@
 import keras
 from keras import ops
 
+from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
 from keras_attention.layers.utils import clone_initializer
@@ -9,22 +10,21 @@ from keras_attention.layers.utils import validate_positive_int
 
 def check_feature_map_shape(layer, shape, ratio):
     """Raises unless `shape` is `(B, H, W, C)` with `C // ratio >= 1`."""
-    name = type(layer).__name__
     if len(shape) != 4:
         raise ValueError(
-            f"{name} (layer '{layer.name}'): `inputs` must be a channels-last "
+            f"{validation.owner_name(layer)}: `inputs` must be a channels-last "
             f"feature map of rank 4 (batch, height, width, channels). "
             f"Received: inputs with shape {tuple(shape)}"
         )
     channels = shape[-1]
     if channels is None:
         raise ValueError(
-            f"{name} (layer '{layer.name}'): the channel dimension of `inputs` "
+            f"{validation.owner_name(layer)}: the channel dimension of `inputs` "
             f"must be known. Received: inputs with shape {tuple(shape)}"
         )
     if channels // ratio < 1:
         raise ValueError(
-            f"{name} (layer '{layer.name}'): `ratio` must not exceed the number "
+            f"{validation.owner_name(layer)}: `ratio` must not exceed the number "
             f"of channels, or the reduced layer would have "
             f"{channels} // {ratio} = 0 units. Received: ratio={ratio}, "
             f"inputs with shape {tuple(shape)}"

@@ -1,6 +1,7 @@
 import keras
 from keras import ops
 
+from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
 from keras_attention.layers.transformer_encoder_block import TransformerBlockBase
@@ -165,7 +166,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
     def _require_built(self, method, cross=False):
         if not self.built or (cross and not self.has_cross_attention):
             raise ValueError(
-                f"TransformerDecoderBlock (layer '{self.name}'): `{method}` needs "
+                f"{validation.owner_name(self)}: `{method}` needs "
                 f"a block built{' with encoder outputs' if cross else ''}; call "
                 f"it once on (inputs, encoder_outputs) or `build` it first. "
                 f"Received: a block with built={self.built}, "
@@ -198,7 +199,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
 
     # ----------------------------------------------------------------- call
     def _error(self, message):
-        return f"TransformerDecoderBlock (layer '{self.name}'): {message}"
+        return validation.error(self, message)
 
     def _validate_call(
         self,

@@ -1,6 +1,7 @@
 import keras
 from keras.src.backend import get_keras_mask
 
+from keras_attention import validation
 from keras_attention import distribution
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
@@ -58,7 +59,7 @@ def keras_mask_of(tensor):
 def check_sequence_shape(block, name, shape):
     if len(shape) != 3 or shape[-1] is None:
         raise ValueError(
-            f"{type(block).__name__} (layer '{block.name}'): `{name}` must have "
+            f"{validation.owner_name(block)}: `{name}` must have "
             f"rank 3 (batch, time, features) with known features. Received: "
             f"{name} with shape {tuple(shape)}"
         )
@@ -68,7 +69,7 @@ def check_mask(block, name, mask, expected_shape):
     """Raises unless `mask` is a boolean/integer tensor of `expected_shape`."""
     if mask is None:
         return
-    prefix = f"{type(block).__name__} (layer '{block.name}'): "
+    prefix = f"{validation.owner_name(block)}: "
     dtype = str(getattr(mask, "dtype", ""))
     if not hasattr(mask, "shape") or not ("bool" in dtype or "int" in dtype):
         raise TypeError(
@@ -173,7 +174,7 @@ class TransformerBlockBase(keras.layers.Layer):
             output_shape
         ) != 3:
             raise ValueError(
-                f"{type(self).__name__} (layer '{self.name}'): the attention "
+                f"{validation.owner_name(self)}: the attention "
                 f"output {tuple(output_shape)} cannot be added to the residual "
                 f"{tuple(inputs_shape)}; leave the attention's `output_shape` "
                 f"unset. Received: {attention.name}={attention!r}"
