@@ -26,9 +26,11 @@ import math
 
 from keras import ops
 
+from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import loops
 from keras_attention.ops import masking
 from keras_attention.ops import memory_efficient
+from keras_attention.ops import online_softmax
 
 
 def _length(x, axis):
@@ -123,13 +125,6 @@ def _pad_time(x, length, axis=1, value=0):
     return ops.pad(x, widths, constant_values=value)
 
 
-# Score of masked keys inside the recomputing kernel: finite, so that a row
-# with no visible key gives `exp(0)` (discarded) rather than NaN, and far
-# below every real score. Rows with no visible key store this huge
-# log-sum-exp, so `exp(score - lse)` is exactly 0 in the backward.
-_MASKED = -1e30
-_NO_KEY_LSE = 1e30
-
 # Query rows per chunk of the recomputing kernel (rounded to whole blocks).
 DEFAULT_CHUNK_ROWS = 1024
 
@@ -144,7 +139,7 @@ def _recomputed_block_rows(
     *,
     block_size,
     chunk_blocks,
-    causal,
+    rules,
     token_k=None,
     token_v=None,
     token_mask=None,
@@ -167,7 +162,8 @@ def _recomputed_block_rows(
         index, slot_valid: the `(nq, S)` plan of `block_plan`.
         key_valid: boolean `(B or 1, Tkp)`.
         chunk_blocks: query blocks per chunk (need not divide `nq`).
-        causal: mask keys after each query inside the gathered blocks.
+        rules: the `AttentionMask` of the positional rules (causal), applied
+            to the gathered keys at their absolute positions.
         token_k, token_v, token_mask: Longformer global tokens as extra keys
             of every row: `(B, H, G, D)`, `(B, H, G, Dv)` and boolean
             `(B or 1, nq, 1 or block_size, G)`; or all `None`.
@@ -217,7 +213,7 @@ def _recomputed_block_rows(
         keys = ops.take(key_valid_blocks, chunk_index, axis=1)
         keys = ops.reshape(keys, (-1, chunk_blocks, keys_per_row))
         mask = ops.logical_and(slots[None], keys)[:, :, None, :]
-        if causal:
+        if rules.has_positional:
             key_positions = ops.reshape(
                 chunk_index[:, None] * bs + block_offsets,
                 (chunk_blocks, keys_per_row),
@@ -226,9 +222,7 @@ def _recomputed_block_rows(
             query_positions = first[:, None] + block_offsets  # (C, bs)
             mask = ops.logical_and(
                 mask,
-                ops.less_equal(
-                    key_positions[:, None, :], query_positions[:, :, None]
-                )[None],
+                rules.allows(query_positions[:, :, None], key_positions[:, None, :])[None],
             )
         return mask[:, None]
 
@@ -242,74 +236,77 @@ def _recomputed_block_rows(
     def scores_of(c, q_chunk, k_blocks, token_k):
         chunk_index = ops.take(index, c, axis=0)
         k_chunk = gather(k_blocks, chunk_index)
-        scores = ops.einsum("bhiqd,bhikd->bhiqk", q_chunk, k_chunk)
-        mask = chunk_mask(c, chunk_index)
-        scores = ops.where(mask, scores, _MASKED)
-        attended = ops.any(mask, axis=-1)  # (Bm, 1, C, 1 or bs)
+        scores = online_softmax.mask_logits(
+            ops.einsum("bhiqd,bhikd->bhiqk", q_chunk, k_chunk),
+            chunk_mask(c, chunk_index),
+        )
         token_scores = None
         if has_tokens:
             t_mask = ops.take(token_mask, c, axis=0)[:, None]  # (Bm, 1, C, ., G)
-            token_scores = ops.einsum("bhiqd,bhgd->bhiqg", q_chunk, token_k)
-            token_scores = ops.where(t_mask, token_scores, _MASKED)
-            attended = ops.logical_or(attended, ops.any(t_mask, axis=-1))
-        return chunk_index, k_chunk, scores, token_scores, attended
+            token_scores = online_softmax.mask_logits(
+                ops.einsum("bhiqd,bhgd->bhiqg", q_chunk, token_k), t_mask
+            )
+        return chunk_index, k_chunk, scores, token_scores
 
     def forward(q, k_blocks, v_blocks, token_k, token_v):
         def step(c, buffers):
             out_buffer, lse_buffer = buffers
             q_chunk = ops.take(q, c, axis=0)
-            chunk_index, _, scores, token_scores, attended = scores_of(
+            chunk_index, _, scores, token_scores = scores_of(
                 c, q_chunk, k_blocks, token_k
             )
-            row_max = masking.row_max(scores, axis=-1)
-            if has_tokens:
-                row_max = ops.maximum(row_max, masking.row_max(token_scores, axis=-1))
-            probs = ops.exp(scores - row_max[..., None])
-            total = ops.sum(probs, axis=-1)
-            out = ops.einsum(
-                "bhiqk,bhikd->bhiqd", probs, gather(v_blocks, chunk_index)
+            v_chunk = gather(v_blocks, chunk_index)
+            # The gathered blocks, then the global tokens: two blocks of keys
+            # of one online softmax.
+            state = online_softmax.update(
+                online_softmax.initial_state(rows, value_dim),
+                scores,
+                lambda probs: ops.einsum("bhiqk,bhikd->bhiqd", probs, v_chunk),
             )
             if has_tokens:
-                token_probs = ops.exp(token_scores - row_max[..., None])
-                total = total + ops.sum(token_probs, axis=-1)
-                out = out + ops.einsum("bhiqg,bhgd->bhiqd", token_probs, token_v)
-            attended = ops.broadcast_to(attended, ops.shape(total))
-            out = ops.where(attended[..., None], out / total[..., None], 0.0)
-            lse = ops.where(attended, row_max + ops.log(total), _NO_KEY_LSE)
+                state = online_softmax.update(
+                    state,
+                    token_scores,
+                    lambda probs: ops.einsum("bhiqg,bhgd->bhiqd", probs, token_v),
+                )
+            out, lse = online_softmax.finish(state)
             out_buffer = ops.slice_update(
                 out_buffer, (c, 0, 0, 0, 0, 0), out[None]
             )
             lse_buffer = ops.slice_update(lse_buffer, (c, 0, 0, 0, 0), lse[None])
             return out_buffer, lse_buffer
 
-        rows = (num_chunks, ops.shape(q)[1], heads, chunk_blocks, bs)
-        return loops.sequential_fori_loop(
+        rows = (ops.shape(q)[1], heads, chunk_blocks, bs)
+        out, lse = loops.sequential_fori_loop(
             0,
             num_chunks,
             step,
             (
-                ops.zeros(rows + (value_dim,), dtype="float32"),
-                ops.zeros(rows, dtype="float32"),
+                ops.zeros((num_chunks,) + rows + (value_dim,), dtype="float32"),
+                ops.zeros((num_chunks,) + rows, dtype="float32"),
             ),
         )
+        return out, (out, lse)
 
-    def backward(q, k_blocks, v_blocks, token_k, token_v, out, lse, d_out):
-        delta = ops.sum(d_out * out, axis=-1)  # (nc, B, H, C, bs)
+    def backward(inputs, saved, d_out):
+        q, k_blocks, v_blocks, token_k, token_v = inputs
+        out, lse = saved
+        delta = online_softmax.output_delta(out, d_out)  # (nc, B, H, C, bs)
 
         def step(c, state):
             dq_buffer, dk_blocks, dv_blocks, dtoken_k, dtoken_v = state
             q_chunk = ops.take(q, c, axis=0)
             d_out_chunk = ops.take(d_out, c, axis=0)
-            chunk_lse = ops.take(lse, c, axis=0)[..., None]
-            chunk_delta = ops.take(delta, c, axis=0)[..., None]
-            chunk_index, k_chunk, scores, token_scores, _ = scores_of(
+            chunk_lse = ops.take(lse, c, axis=0)
+            chunk_delta = ops.take(delta, c, axis=0)
+            chunk_index, k_chunk, scores, token_scores = scores_of(
                 c, q_chunk, k_blocks, token_k
             )
-            probs = ops.exp(scores - chunk_lse)
+            probs = online_softmax.probabilities(scores, chunk_lse)
             d_probs = ops.einsum(
                 "bhiqd,bhikd->bhiqk", d_out_chunk, gather(v_blocks, chunk_index)
             )
-            d_scores = probs * (d_probs - chunk_delta)
+            d_scores = online_softmax.logits_gradient(probs, d_probs, chunk_delta)
             dq = ops.einsum("bhiqk,bhikd->bhiqd", d_scores, k_chunk)
 
             def scatter(gathered):
@@ -331,9 +328,11 @@ def _recomputed_block_rows(
                 ops.einsum("bhiqk,bhiqd->bhikd", probs, d_out_chunk)
             )
             if has_tokens:
-                token_probs = ops.exp(token_scores - chunk_lse)
+                token_probs = online_softmax.probabilities(token_scores, chunk_lse)
                 d_token_probs = ops.einsum("bhiqd,bhgd->bhiqg", d_out_chunk, token_v)
-                d_token_scores = token_probs * (d_token_probs - chunk_delta)
+                d_token_scores = online_softmax.logits_gradient(
+                    token_probs, d_token_probs, chunk_delta
+                )
                 dq = dq + ops.einsum("bhiqg,bhgd->bhiqd", d_token_scores, token_k)
                 dtoken_k = dtoken_k + ops.einsum(
                     "bhiqg,bhiqd->bhgd", d_token_scores, q_chunk
@@ -362,18 +361,7 @@ def _recomputed_block_rows(
         dv_blocks = ops.transpose(dv_blocks, (1, 2, 0, 3, 4))
         return dq, dk_blocks, dv_blocks, dtoken_k, dtoken_v
 
-    @ops.custom_gradient
-    def attend(q, k_blocks, v_blocks, token_k, token_v):
-        out, lse = forward(q, k_blocks, v_blocks, token_k, token_v)
-
-        def grad(*args, upstream=None):
-            if upstream is None:
-                (upstream,) = args
-            return backward(
-                q, k_blocks, v_blocks, token_k, token_v, out, lse, upstream
-            )
-
-        return out, grad
+    attend = online_softmax.recomputing_gradient(forward, backward)
 
     if not has_tokens:
         # Zero global tokens: (B, H, 0, d) placeholders keep one signature.
@@ -389,7 +377,7 @@ def _recomputed_block_rows(
 
 def _gathered_block_rows(
     q, k, v, index, slot_valid, key_valid, attention_mask, q_block_positions,
-    token_k, token_v, token_mask, *, block_size, causal, dropout,
+    token_k, token_v, token_mask, *, block_size, rules, dropout,
 ):
     """Block rows by autodiff over gathered keys and values (the general path).
 
@@ -426,12 +414,10 @@ def _gathered_block_rows(
         slot_mask[None],
         ops.reshape(block_key_valid, (-1, nq, num_slots * block_size)),
     )[:, :, None, :]
-    if causal:
+    if rules.has_positional:
         block_mask = ops.logical_and(
             block_mask,
-            ops.less_equal(
-                key_positions[:, None, :], q_block_positions[:, :, None]
-            )[None],
+            rules.allows(q_block_positions[:, :, None], key_positions[:, None, :])[None],
         )
     if attention_mask is not None:
         # (B, nq, bs, nk, bs) gathered to (B, nq, bs, S, bs).
@@ -460,7 +446,7 @@ def _gathered_block_rows(
             ],
             axis=-1,
         )[:, None]
-    weights = masking.masked_softmax(scores, mask)
+    weights = online_softmax.masked_softmax(scores, mask)
     dropped = weights if dropout is None else dropout(weights)
     block_weights = dropped[..., : num_slots * block_size]
     output = ops.einsum("bhiqk,bhikd->bhiqd", block_weights, gathered_v)
@@ -490,6 +476,7 @@ def block_sparse_attention(
     dropout=None,
     return_weights=False,
     chunk_blocks=None,
+    mask=None,
 ):
     """Block-sparse softmax attention over projected multi-head tensors.
 
@@ -517,6 +504,10 @@ def block_sparse_attention(
         chunk_blocks: query blocks per chunk of the recomputing kernel
             (default: `1024 // block_size` blocks, at least 1); it need not
             divide the number of blocks.
+        mask: an `AttentionMask` in place of `causal`, `query_mask`,
+            `key_mask` and `attention_mask` (its per-head pair mask must be
+            one for all heads). Its positional rules mask keys inside the
+            pattern; the pattern itself looks backwards when it is causal.
 
     Returns:
         `output (B, Tq, H, Dv)` and, with `return_weights`, the weights.
@@ -531,7 +522,15 @@ def block_sparse_attention(
     they go through autodiff over the gathered keys, `O(L * S * bs)`
     memory. Both paths give the same result.
     """
-    del query_mask  # Rows are independent; the caller zeroes masked rows.
+    if mask is None:
+        mask = attention_masks.AttentionMask(
+            key_mask=key_mask, pair_mask=attention_mask, causal=causal)
+    key_mask = mask.key_mask
+    attention_mask = None if mask.pair_mask is None else mask.pair_mask[:, 0]
+    causal = mask.causal
+    # Rows are independent (the caller zeroes masked query rows); the
+    # positional rules are the description's, evaluated inside the pattern.
+    rules = mask.replace(query_mask=None, key_mask=None, pair_mask=None)
     dtype = query.dtype
     if masking.is_statically_empty(query, key):
         # No query, or nothing to attend to: the zeros of a fully masked row.
@@ -603,12 +602,10 @@ def block_sparse_attention(
         token_mask = ops.logical_and(
             token_valid[:, None, :], ops.logical_not(covered)[None]
         )[:, :, None, :]  # (B or 1, nq, 1, G)
-        if causal:
+        if rules.has_positional:
             token_mask = ops.logical_and(
                 token_mask,
-                ops.less_equal(
-                    token_positions[None, None, :], q_block_positions[:, :, None]
-                )[None],
+                rules.allows(q_block_positions[:, :, None], token_positions[None, None, :])[None],
             )
         if attention_mask is not None:
             columns = ops.take(attention_mask, token_index, axis=2)  # (B, Tqp, G)
@@ -639,7 +636,7 @@ def block_sparse_attention(
             key_valid,
             block_size=block_size,
             chunk_blocks=chunk_blocks or max(1, DEFAULT_CHUNK_ROWS // block_size),
-            causal=causal,
+            rules=rules,
             token_k=as_float(token_k),
             token_v=as_float(token_v),
             token_mask=token_mask,
@@ -649,7 +646,7 @@ def block_sparse_attention(
         output, weights = _gathered_block_rows(
             q, k, v, index, slot_valid, key_valid, attention_mask,
             q_block_positions, token_k, token_v, token_mask,
-            block_size=block_size, causal=causal, dropout=dropout,
+            block_size=block_size, rules=rules, dropout=dropout,
         )
 
     # ---------------------------------------------------- global query rows
@@ -662,13 +659,10 @@ def block_sparse_attention(
         row_index = ops.minimum(row_positions, padded_query_length - 1)
         row_q = ops.take(q, row_index, axis=2)  # (B, H, R, D)
         row_mask = key_valid[:, None, :]  # (B or 1, 1, Tkp)
-        if causal:
+        if rules.has_positional:
             row_mask = ops.logical_and(
                 row_mask,
-                ops.less_equal(
-                    ops.arange(padded_key_length, dtype="int32")[None, :],
-                    row_positions[:, None],
-                )[None],
+                rules.positional(row_positions, ops.arange(padded_key_length, dtype="int32"))[None],
             )
         if attention_mask is not None:
             row_mask = ops.logical_and(
@@ -689,7 +683,7 @@ def block_sparse_attention(
             row_output = ops.transpose(row_output, (0, 2, 1, 3))
         else:
             row_scores = ops.einsum("bhrd,bhkd->bhrk", row_q, k)
-            row_weights = masking.masked_softmax(row_scores, row_mask[:, None])
+            row_weights = online_softmax.masked_softmax(row_scores, row_mask[:, None])
             row_dropped = row_weights if dropout is None else dropout(row_weights)
             row_output = ops.einsum("bhrk,bhkd->bhrd", row_dropped, v)
         # Scatter the rows back with a one-hot matrix (rows past the end of

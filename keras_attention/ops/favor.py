@@ -22,6 +22,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention.ops import masking
+from keras_attention.ops import online_softmax
 
 from keras_attention.ops import loops
 
@@ -96,9 +97,7 @@ def softmax_features(x, projection, *, is_query, mask=None, epsilon=1e-6):
     projection = ops.stop_gradient(ops.cast(projection, "float32"))
     valid = None if mask is None else ops.cast(mask, "bool")[:, None, :, None]
 
-    @ops.custom_gradient
-    def features_of(x):
-        dtype = x.dtype
+    def forward(x):
         scaled = ops.cast(x, "float32") * scale
         projected = ops.einsum("bhtd,md->bhtm", scaled, projection)
         half_norm = ops.sum(ops.square(scaled), axis=-1, keepdims=True) / 2.0
@@ -112,27 +111,27 @@ def softmax_features(x, projection, *, is_query, mask=None, epsilon=1e-6):
             if valid is not None:
                 usable = ops.logical_and(usable, valid)
             shift = masking.row_max(
-                ops.where(usable, projected, -1e30), axis=(2, 3), keepdims=True
+                ops.where(usable, projected, online_softmax.INITIAL_MAX),
+                axis=(2, 3), keepdims=True,
             )
         features = (ops.exp(projected - (half_norm + shift)) + epsilon) / root
         if valid is not None:
             features = ops.where(valid, features, 0.0)
+        return features, features
 
-        def grad(*args, upstream=None):
-            if upstream is None:
-                (upstream,) = args
-            d_logits = upstream * (features - epsilon / root)
-            if valid is not None:
-                d_logits = ops.where(valid, d_logits, 0.0)
-            d_scaled = ops.einsum(
-                "bhtm,md->bhtd", d_logits, projection
-            ) - ops.cast(x, "float32") * scale * ops.sum(
-                d_logits, axis=-1, keepdims=True
-            )
-            return ops.cast(d_scaled * scale, dtype)
+    def backward(inputs, features, upstream):
+        (x,) = inputs
+        d_logits = upstream * (features - epsilon / root)
+        if valid is not None:
+            d_logits = ops.where(valid, d_logits, 0.0)
+        d_scaled = ops.einsum(
+            "bhtm,md->bhtd", d_logits, projection
+        ) - ops.cast(x, "float32") * scale * ops.sum(
+            d_logits, axis=-1, keepdims=True
+        )
+        return ops.cast(d_scaled * scale, x.dtype)
 
-        return features, grad
-
+    features_of = online_softmax.recomputing_gradient(forward, backward)
     return features_of(x)
 
 
@@ -337,11 +336,11 @@ def chunked_softmax_attention(
             _, projected = projected_of(ops.take(k, j, axis=0))
             mask = chunk_valid(j)
             if mask is not None:
-                projected = ops.where(mask, projected, -1e30)
+                projected = ops.where(mask, projected, online_softmax.INITIAL_MAX)
             return ops.maximum(shift, masking.row_max(projected, axis=(2, 3), keepdims=True))
 
         batch = ops.shape(k)[1]
-        init = ops.full((batch, heads, 1, 1), -1e30, dtype="float32")
+        init = ops.full((batch, heads, 1, 1), online_softmax.INITIAL_MAX, dtype="float32")
         return loops.sequential_fori_loop(0, nk, step, init)
 
     def forward(q, k, v):
@@ -385,9 +384,11 @@ def chunked_softmax_attention(
             query_step,
             (ops.zeros(rows + (value_dim,), "float32"), ops.zeros(rows, "float32")),
         )
-        return out, denominator, context, key_sum, shift
+        return out, (out, denominator, context, key_sum, shift)
 
-    def backward(q, k, v, out, denominator, context, key_sum, shift, d_out):
+    def backward(inputs, saved, d_out):
+        q, k, v = inputs
+        out, denominator, context, key_sum, shift = saved
         no_key = ops.equal(denominator, 0)
         inverse = ops.where(no_key, 0.0, 1.0 / ops.where(no_key, 1.0, denominator))
         batch = ops.shape(k)[1]
@@ -440,19 +441,7 @@ def chunked_softmax_attention(
         )
         return dq, dk, dv
 
-    @ops.custom_gradient
-    def attend(q, k, v):
-        out, denominator, context, key_sum, shift = forward(q, k, v)
-
-        def grad(*args, upstream=None):
-            if upstream is None:
-                (upstream,) = args
-            return backward(
-                q, k, v, out, denominator, context, key_sum, shift, upstream
-            )
-
-        return out, grad
-
+    attend = online_softmax.recomputing_gradient(forward, backward)
     out = attend(
         loops.to_time_blocks(ops.cast(query, "float32"), nq, q_chunk),
         loops.to_time_blocks(ops.cast(key, "float32"), nk, k_chunk),

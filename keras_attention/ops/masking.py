@@ -7,9 +7,10 @@ never overflow or produce NaN for fully masked rows.
 
 from keras import ops
 
-# Large enough to send exp() to exactly zero in float32, small enough that
-# subtracting the row maximum cannot overflow.
-_MASKED_SCORE = -1e9
+# One masked softmax and one empty-safe row maximum, shared with the chunked
+# kernels' online softmax.
+from keras_attention.ops.online_softmax import masked_softmax  # noqa: F401
+from keras_attention.ops.online_softmax import row_max  # noqa: F401
 
 
 def to_bool_mask(mask):
@@ -19,16 +20,6 @@ def to_bool_mask(mask):
     if "bool" in str(mask.dtype):
         return mask
     return ops.not_equal(mask, 0)
-
-
-def row_max(x, axis=-1, keepdims=False):
-    """`ops.max` that accepts empty tensors (batch 0, length 0).
-
-    TensorFlow's eager `max` asserts on an empty tensor even when only the
-    other axes are empty; with `initial=-inf` the reduction is defined for
-    every shape, equal to the max otherwise, and still propagates NaN.
-    """
-    return ops.max(x, axis=axis, keepdims=keepdims, initial=float("-inf"))
 
 
 def score_dtype(dtype):
@@ -162,30 +153,3 @@ def attention_mask_from(
     if use_causal_mask:
         parts.append(causal_mask(query_length, key_length))
     return merge_masks(*parts)
-
-
-def masked_softmax(scores, mask=None, axis=-1):
-    """Softmax over `axis` that ignores masked positions.
-
-    The softmax runs in float32 whatever the input dtype; the result is cast
-    back. Masked positions get weight 0, and a row whose positions are all
-    masked gets weight 0 everywhere (not a uniform distribution, not NaN).
-
-    Args:
-        scores: float tensor of attention logits.
-        mask: boolean tensor broadcastable to `scores`, `True` = keep.
-        axis: the axis to normalise over.
-    """
-    dtype = scores.dtype
-    scores = ops.cast(scores, "float32")
-    if mask is not None:
-        mask = to_bool_mask(mask)
-        scores = ops.where(mask, scores, _MASKED_SCORE)
-    # Written out rather than ops.softmax, which warns on a length-1 axis,
-    # a legitimate case here (a single key).
-    exp = ops.exp(scores - row_max(scores, axis=axis, keepdims=True))
-    if mask is not None:
-        exp = ops.where(mask, exp, 0.0)
-    total = ops.sum(exp, axis=axis, keepdims=True)
-    weights = exp / ops.maximum(total, 1e-30)
-    return ops.cast(weights, dtype)

@@ -18,6 +18,13 @@ tile; the forward takes two), writing `dK`/`dV` blocks with
 With `use_causal_mask=True` the loops stop at the diagonal: key blocks that
 lie entirely in the future of a query block are never computed.
 
+Every mask comes from one `AttentionMask` (`attention_mask.py`): each tile
+takes its rows of the query/key/pair masks and asks the description for the
+positional rules at its absolute positions, and the loops visit only the key
+blocks `key_block_range` leaves visible (causal and sliding-window tiles
+beyond the band are never computed, a decoding cache's offset included). The
+running softmax is `online_softmax`'s.
+
 Everything runs in float32 whatever the input dtype; the result is cast back.
 Loops are `keras.ops.fori_loop` (a `lax.while_loop` on JAX) or, on
 TensorFlow, a `tf.while_loop` that runs one query block at a time (graph mode
@@ -30,26 +37,18 @@ import math
 
 from keras import ops
 
+from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import masking
-
+from keras_attention.ops import online_softmax
 from keras_attention.ops.loops import sequential_fori_loop
 from keras_attention.ops.loops import to_time_blocks
 
-# Running maximum before any key is seen: finite, so `exp(m_old - m_new)`
-# is never `exp(-inf + inf)`, and below every real score.
-_INITIAL_MAX = -1e30
-_NO_KEY_LSE = 1e30
 # TF graph mode only: query blocks run one after the other (their tiles are
 # what costs memory); two key steps may overlap so that the next tile's
 # matmul starts while the previous tile's softmax finishes. Measured at
 # L = 8192 (8 heads, block 1024): peak RSS 1.16 GiB (1, 1), 1.29 (1, 2),
 # 1.46 (1, 10), 2.14 (10, 10, the `tf.while_loop` default).
 _QUERY_PARALLEL, _KEY_PARALLEL = 1, 2
-
-
-def _append(x, column):
-    """Appends `column` (shaped like `x[..., 0]`) as a last feature."""
-    return ops.concatenate([x, ops.expand_dims(column, -1)], axis=-1)
 
 
 def _to_query_blocks(x, num_blocks, block, num_kv_heads):
@@ -88,6 +87,7 @@ def memory_efficient_attention(
     value,
     *,
     scale=None,
+    mask=None,
     query_mask=None,
     key_mask=None,
     attention_mask=None,
@@ -104,6 +104,8 @@ def memory_efficient_attention(
             `h` uses key/value head `h // (H // Hkv)`).
         value: `(B, Tk, Hkv, Dv)` projected values.
         scale: multiplies the logits; defaults to `1 / sqrt(D)`.
+        mask: an `AttentionMask` (what each query may see, with absolute
+            positions), or None to build one from the arguments below.
         query_mask: `(B, Tq)` boolean, `False` rows get zero output.
         key_mask: `(B, Tk)` boolean, `False` keys are never attended.
         attention_mask: `(B, Tq, Tk)` or per head `(B, H, Tq, Tk)` boolean,
@@ -120,6 +122,17 @@ def memory_efficient_attention(
         `(B, Tq, H, Dv)` in the dtype of `query`. A query row with no allowed
         key gets zeros (never NaN), as does its gradient.
     """
+    if mask is None:
+        mask = attention_masks.AttentionMask(
+            query_mask=query_mask, key_mask=key_mask, pair_mask=attention_mask,
+            causal=use_causal_mask, sliding_window=sliding_window,
+        )
+    elif any(x is not None for x in (query_mask, key_mask, attention_mask,
+                                      sliding_window)) or use_causal_mask:
+        raise ValueError(
+            "memory_efficient_attention: pass either `mask` (an AttentionMask) "
+            "or the separate mask arguments, not both."
+        )
     dtype = query.dtype
     q_len, num_heads, key_dim = query.shape[1], query.shape[2], query.shape[3]
     k_len, num_kv_heads = key.shape[1], key.shape[2]
@@ -146,7 +159,7 @@ def memory_efficient_attention(
     q_block, k_block = min(block_size, q_len), min(key_block_size, k_len)
     num_q_blocks = -(-q_len // q_block)
     num_k_blocks = -(-k_len // k_block)
-    pads_keys = num_k_blocks * k_block != k_len
+    groups = num_heads // num_kv_heads
 
     q = _to_query_blocks(
         ops.cast(query, "float32") * scale, num_q_blocks, q_block, num_kv_heads
@@ -154,83 +167,68 @@ def memory_efficient_attention(
     k = to_time_blocks(ops.cast(key, "float32"), num_k_blocks, k_block)
     v = to_time_blocks(ops.cast(value, "float32"), num_k_blocks, k_block)
 
-    # Masks, cut into blocks once; each tile picks its slice.
-    if key_mask is None and pads_keys:
-        key_mask = ops.ones((1, k_len), dtype="bool")
-    key_blocks = (
-        None
-        if key_mask is None
-        else _mask_blocks(ops.cast(key_mask, "bool"), num_k_blocks, k_block, k_len)
-    )
-    query_blocks = (
-        None
-        if query_mask is None
-        else _mask_blocks(
-            ops.cast(query_mask, "bool"), num_q_blocks, q_block, q_len
-        )
-    )
+    # The description's masks, cut into blocks once; each tile picks its slice.
+    key_valid = mask.key_mask
+    if key_valid is None and num_k_blocks * k_block != k_len:
+        key_valid = ops.ones((1, k_len), dtype="bool")  # hides the padding
+    key_blocks = None if key_valid is None else _mask_blocks(
+        key_valid, num_k_blocks, k_block, k_len)
+    query_blocks = None if mask.query_mask is None else _mask_blocks(
+        mask.query_mask, num_q_blocks, q_block, q_len)
     pair_blocks = None
-    pair_heads = (1, 1)  # the mask's (Hkv, G): per-head masks split like q
-    if attention_mask is not None:
-        mask = ops.cast(attention_mask, "bool")
-        if len(mask.shape) == 3:
-            mask = ops.expand_dims(mask, 1)  # (Bm, 1, Tq, Tk)
-        if mask.shape[1] != 1:
-            pair_heads = (num_kv_heads, num_heads // num_kv_heads)
+    pair_heads = (1, 1)  # the pair mask's (Hkv, G): per-head masks split like q
+    if mask.pair_mask is not None:
+        pair = mask.pair_mask  # (Bm, H|1, Tq|1, Tk|1)
+        if mask.per_head:
+            pair_heads = (num_kv_heads, groups)
+        pair = ops.broadcast_to(
+            pair, (ops.shape(pair)[0], pair.shape[1], q_len, k_len))
         pad_q, pad_k = num_q_blocks * q_block - q_len, num_k_blocks * k_block - k_len
         if pad_q or pad_k:
-            mask = ops.pad(
-                mask, ((0, 0), (0, 0), (0, pad_q), (0, pad_k)), constant_values=False
+            pair = ops.pad(
+                pair, ((0, 0), (0, 0), (0, pad_q), (0, pad_k)), constant_values=False
             )
-        mask = ops.reshape(
-            mask, (-1,) + pair_heads + (num_q_blocks, q_block, num_k_blocks, k_block)
+        pair = ops.reshape(
+            pair, (-1,) + pair_heads + (num_q_blocks, q_block, num_k_blocks, k_block)
         )
         # (nq, nk, Bm, Hkv|1, G|1, bq, bk)
-        pair_blocks = ops.transpose(mask, (3, 5, 0, 1, 2, 4, 6))
+        pair_blocks = ops.transpose(pair, (3, 5, 0, 1, 2, 4, 6))
 
     def tile_mask(i, j):
-        """`(Bm, 1, 1, bq, bk)` boolean mask of tile (i, j), or None."""
-        parts = []
+        """`(Bm, Hkv|1, G|1, bq, bk)` boolean mask of tile (i, j), or None."""
+        allowed = None
         if key_blocks is not None:
-            parts.append(ops.reshape(_take(key_blocks, j), (-1, 1, 1, 1, k_block)))
+            allowed = ops.reshape(_take(key_blocks, j), (-1, 1, 1, 1, k_block))
         if query_blocks is not None:
-            parts.append(ops.reshape(_take(query_blocks, i), (-1, 1, 1, q_block, 1)))
+            allowed = attention_masks._and(
+                allowed, ops.reshape(_take(query_blocks, i), (-1, 1, 1, q_block, 1)))
         if pair_blocks is not None:
-            tile = _take(_take(pair_blocks, i), j)
-            parts.append(ops.reshape(tile, (-1,) + pair_heads + (q_block, k_block)))
-        if use_causal_mask or sliding_window is not None:
-            rows = ops.expand_dims(i * q_block + ops.arange(q_block), 1)
-            cols = ops.expand_dims(j * k_block + ops.arange(k_block), 0)
-        if use_causal_mask:
-            causal = ops.greater_equal(rows, cols)
-            parts.append(ops.reshape(causal, (1, 1, 1, q_block, k_block)))
-        if sliding_window is not None:
-            band = ops.less(ops.abs(rows - cols), sliding_window)
-            parts.append(ops.reshape(band, (1, 1, 1, q_block, k_block)))
-        if not parts:
-            return None
-        mask = parts[0]
-        for part in parts[1:]:
-            mask = ops.logical_and(mask, part)
-        return mask
+            tile = ops.reshape(_take(_take(pair_blocks, i), j),
+                               (-1,) + pair_heads + (q_block, k_block))
+            allowed = attention_masks._and(allowed, tile)
+        if mask.has_positional:
+            rows = mask.query_positions(i * q_block, q_block)
+            cols = j * k_block + ops.arange(k_block, dtype="int32")
+            positional = mask.positional(rows, cols)
+            allowed = attention_masks._and(
+                allowed, ops.reshape(positional, (1, 1, 1, q_block, k_block)))
+        return allowed
 
     def masked_logits(q_tile, k_tile, i, j):
         logits = ops.einsum("bhgqd,bhkd->bhgqk", q_tile, k_tile)
-        mask = tile_mask(i, j)
-        if mask is None:
-            return logits
-        return ops.where(mask, logits, float("-inf"))
+        return online_softmax.mask_logits(logits, tile_mask(i, j))
 
-    def key_stop(i):
-        """One past the last key block query block `i` may see."""
-        if not use_causal_mask:
-            return num_k_blocks
-        last_row = (i + 1) * q_block - 1
-        return ops.minimum(last_row // k_block + 1, num_k_blocks)
+    def key_range(i):
+        """The key blocks query block `i` may see, from the description."""
+        offset = mask.query_offset
+        if not isinstance(offset, int):
+            offset = ops.cast(offset, "int32")
+        first = offset + i * q_block
+        return mask.key_block_range(first, first + q_block - 1, k_block, num_k_blocks)
 
     def forward(q, k, v):
         batch = ops.shape(q)[1]
-        row_shape = (batch, num_kv_heads, num_heads // num_kv_heads, q_block)
+        row_shape = (batch, num_kv_heads, groups, q_block)
         value_dim = v.shape[-1]
 
         def query_step(i, buffers):
@@ -238,37 +236,20 @@ def memory_efficient_attention(
             q_tile = _take(q, i)
 
             def key_step(j, state):
-                running_max, running_sum, acc = state
-                logits = masked_logits(q_tile, _take(k, j), i, j)
-                new_max = ops.maximum(running_max, masking.row_max(logits, axis=-1))
-                probs = ops.exp(logits - ops.expand_dims(new_max, -1))
-                correction = ops.exp(running_max - new_max)
-                running_sum = running_sum * correction + ops.sum(probs, axis=-1)
-                acc = acc * ops.expand_dims(correction, -1) + ops.einsum(
-                    "bhgqk,bhkd->bhgqd", probs, _take(v, j)
+                v_tile = _take(v, j)
+                return online_softmax.update(
+                    state,
+                    masked_logits(q_tile, _take(k, j), i, j),
+                    lambda probs: ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile),
                 )
-                return new_max, running_sum, acc
 
-            init = (
-                ops.full(row_shape, _INITIAL_MAX, dtype="float32"),
-                ops.zeros(row_shape, dtype="float32"),
-                ops.zeros(row_shape + (value_dim,), dtype="float32"),
+            start, stop = key_range(i)
+            state = sequential_fori_loop(
+                start, stop, key_step,
+                online_softmax.initial_state(row_shape, value_dim),
+                parallel_iterations=_KEY_PARALLEL,
             )
-            running_max, running_sum, acc = sequential_fori_loop(
-                0, key_stop(i), key_step, init, parallel_iterations=_KEY_PARALLEL
-            )
-            # `!= 0`, not `> 0`: a NaN row must stay NaN (the exact kernel
-            # propagates it), so a diverging model stays visible.
-            attended = ops.not_equal(running_sum, 0.0)
-            safe_sum = ops.where(attended, running_sum, 1.0)
-            out = ops.where(
-                ops.expand_dims(attended, -1),
-                acc / ops.expand_dims(safe_sum, -1),
-                0.0,
-            )
-            # Huge for rows with no key: exp(logit - lse) = 0 in the backward
-            # (finite, as it goes through a matmul there).
-            lse = ops.where(attended, running_max + ops.log(safe_sum), _NO_KEY_LSE)
+            out, lse = online_softmax.finish(state)
             out_buffer = ops.slice_update(
                 out_buffer, (i, 0, 0, 0, 0, 0), ops.expand_dims(out, 0)
             )
@@ -281,19 +262,22 @@ def memory_efficient_attention(
             ops.zeros((num_q_blocks,) + row_shape + (value_dim,), dtype="float32"),
             ops.zeros((num_q_blocks,) + row_shape, dtype="float32"),
         )
-        return sequential_fori_loop(
+        out, lse = sequential_fori_loop(
             0, num_q_blocks, query_step, buffers, parallel_iterations=_QUERY_PARALLEL
         )
+        return out, (out, lse)
 
-    def backward(q, k, v, out, lse, d_out):
-        delta = ops.sum(d_out * out, axis=-1)  # rowsum(dO * O), (nq, B, Hkv, G, bq)
+    def backward(inputs, saved, d_out):
+        q, k, v = inputs
+        out, lse = saved
+        delta = online_softmax.output_delta(out, d_out)  # (nq, B, Hkv, G, bq)
         # One extra feature folds the row terms into the matmuls:
         # [q, -lse] . [k, 1] = logits - lse and [dO, -delta] . [v, 1] = dP - delta,
         # saving two elementwise passes over every tile.
-        q_lse = _append(q, -lse)
-        d_out_delta = _append(d_out, -delta)
-        k_one = _append(k, ops.ones_like(k[..., 0]))
-        v_one = _append(v, ops.ones_like(v[..., 0]))
+        q_lse = online_softmax.append_column(q, -lse)
+        d_out_delta = online_softmax.append_column(d_out, -delta)
+        k_one = online_softmax.append_column(k, ops.ones_like(k[..., 0]))
+        v_one = online_softmax.append_column(v, ops.ones_like(v[..., 0]))
 
         def query_step(i, buffers):
             dq_buffer, dk_buffer, dv_buffer = buffers
@@ -322,11 +306,11 @@ def memory_efficient_attention(
                 )
                 return dq, dk_buffer, dv_buffer
 
+            start, stop = key_range(i)
             dq, dk_buffer, dv_buffer = sequential_fori_loop(
-                0,
-                key_stop(i),
-                key_step,
-                (ops.zeros_like(q_tile), dk_buffer, dv_buffer), parallel_iterations=_KEY_PARALLEL
+                start, stop, key_step,
+                (ops.zeros_like(q_tile), dk_buffer, dv_buffer),
+                parallel_iterations=_KEY_PARALLEL,
             )
             dq_buffer = ops.slice_update(
                 dq_buffer, (i, 0, 0, 0, 0, 0), ops.expand_dims(dq, 0)
@@ -334,22 +318,11 @@ def memory_efficient_attention(
             return dq_buffer, dk_buffer, dv_buffer
 
         return sequential_fori_loop(
-            0,
-            num_q_blocks,
-            query_step,
-            (ops.zeros_like(q), ops.zeros_like(k), ops.zeros_like(v)), parallel_iterations=_QUERY_PARALLEL
+            0, num_q_blocks, query_step,
+            (ops.zeros_like(q), ops.zeros_like(k), ops.zeros_like(v)),
+            parallel_iterations=_QUERY_PARALLEL,
         )
 
-    @ops.custom_gradient
-    def attend(q, k, v):
-        out, lse = forward(q, k, v)
-
-        def grad(*args, upstream=None):
-            if upstream is None:
-                (upstream,) = args
-            return backward(q, k, v, out, lse, upstream)
-
-        return out, grad
-
+    attend = online_softmax.recomputing_gradient(forward, backward)
     out = attend(q, k, v)
     return ops.cast(_from_query_blocks(out, q_len), dtype)

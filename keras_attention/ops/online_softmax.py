@@ -1,0 +1,181 @@
+"""The online softmax: one engine for every chunked exact kernel.
+
+Softmax attention over keys that arrive in blocks (Milakov & Gimelshein
+2018, as FlashAttention, Dao et al. 2022): each query row keeps a running
+maximum `m`, a running sum `l` of `exp(logit - m)` and a running weighted
+sum `acc`; a new block rescales them by `exp(m_old - m_new)`. At the end,
+`acc / l` is the output and `m + log(l)` the row's log-sum-exp, from which a
+recomputing backward pass rebuilds each block's probabilities.
+
+Used by the blockwise exact kernel (`memory_efficient.py`), the block-sparse
+kernel (`block_sparse.py`) and ring attention (`ring_attention.py`); the
+masked softmax of the materialised kernels is here too, so there is one
+definition of "a masked logit" and of "a row with no key".
+
+Conventions, everywhere:
+- logits are float32; a masked logit is `-inf` inside the engine (exactly
+  zero probability in every block and in the backward), and the finite
+  `MASKED_LOGIT` in the one-shot masked softmax (where a fully masked row
+  would otherwise be `exp(-inf + inf)`);
+- a row with no visible key has output 0, log-sum-exp `NO_KEY_LSE` (so its
+  recomputed probabilities `exp(logit - lse)` are 0) and zero gradients;
+- a NaN logit (a NaN key the row may see) keeps the row NaN: a diverging
+  model stays visible.
+"""
+
+from keras import ops
+
+# Running maximum before any key is seen: finite, so that the correction
+# `exp(m_old - m_new)` is never `exp(-inf + inf)`, and below every real logit.
+INITIAL_MAX = -1e30
+# Log-sum-exp stored for a row with no visible key: `exp(logit - lse)` is 0
+# for every finite logit, and finite through the backward's matmuls.
+NO_KEY_LSE = 1e30
+# Masked logit of the one-shot softmax: exp() of it minus any row max is 0.
+MASKED_LOGIT = -1e30
+
+
+def row_max(x, axis=-1, keepdims=False):
+    """`ops.max` that accepts empty tensors (batch 0, length 0).
+
+    TensorFlow's eager `max` asserts on an empty tensor even when only the
+    other axes are empty; with `initial=-inf` the reduction is defined for
+    every shape, equal to the max otherwise, and still propagates NaN.
+    """
+    return ops.max(x, axis=axis, keepdims=keepdims, initial=float("-inf"))
+
+
+def mask_logits(logits, allowed):
+    """`logits` with `-inf` where `allowed` is False (`None`: nothing masked).
+
+    A `where`, so a NaN logit behind the mask is dropped too.
+    """
+    if allowed is None:
+        return logits
+    return ops.where(allowed, logits, float("-inf"))
+
+
+def initial_state(row_shape, value_dim):
+    """`(running_max, running_sum, acc)` for rows of `row_shape`, float32."""
+    return (
+        ops.full(row_shape, INITIAL_MAX, dtype="float32"),
+        ops.zeros(row_shape, dtype="float32"),
+        ops.zeros(tuple(row_shape) + (value_dim,), dtype="float32"),
+    )
+
+
+def update(state, logits, weighted_sum):
+    """Folds one block of keys into the running state.
+
+    Args:
+        state: `(running_max, running_sum, acc)`, shaped `rows`, `rows` and
+            `rows + (Dv,)`.
+        logits: `rows + (keys,)`, float32, masked with `mask_logits`.
+        weighted_sum: `probs -> rows + (Dv,)`, the block's probabilities
+            times its values (the layout of the matmul is the caller's).
+
+    Returns:
+        The new state.
+    """
+    running_max, running_sum, acc = state
+    # The shift cancels in the output: no gradient flows through it (ring
+    # attention differentiates this function; the other kernels recompute).
+    new_max = ops.stop_gradient(ops.maximum(running_max, row_max(logits, axis=-1)))
+    probs = ops.exp(logits - ops.expand_dims(new_max, -1))
+    correction = ops.exp(running_max - new_max)
+    running_sum = running_sum * correction + ops.sum(probs, axis=-1)
+    acc = acc * ops.expand_dims(correction, -1) + weighted_sum(probs)
+    return new_max, running_sum, acc
+
+
+def finish(state):
+    """`(output, lse)` of a finished state; a row with no key gives zeros."""
+    running_max, running_sum, acc = state
+    # `!= 0`, not `> 0`: a NaN row must stay NaN (the dense kernels propagate
+    # it), so a diverging model stays visible.
+    attended = ops.not_equal(running_sum, 0.0)
+    safe_sum = ops.where(attended, running_sum, 1.0)
+    output = ops.where(
+        ops.expand_dims(attended, -1), acc / ops.expand_dims(safe_sum, -1), 0.0
+    )
+    lse = ops.where(attended, running_max + ops.log(safe_sum), NO_KEY_LSE)
+    return output, lse
+
+
+def probabilities(logits, lse):
+    """A block's probabilities recomputed from the row's log-sum-exp."""
+    return ops.exp(logits - ops.expand_dims(lse, -1))
+
+
+def output_delta(output, d_output):
+    """`rowsum(dO * O)`: the softmax backward's row term."""
+    return ops.sum(d_output * output, axis=-1)
+
+
+def logits_gradient(probs, d_probs, delta):
+    """`dL/dlogits = P * (dP - delta)` for one block."""
+    return probs * (d_probs - ops.expand_dims(delta, -1))
+
+
+def recomputing_gradient(forward, backward):
+    """`f(*inputs)` whose gradient is `backward`, with nothing autodiff keeps.
+
+    `forward(*inputs) -> (outputs, saved)` and
+    `backward(inputs, saved, d_outputs) -> gradients` (one per input). The
+    forward pass's intermediates are dropped: the backward recomputes what
+    it needs from `inputs` and `saved` (for attention: the outputs and the
+    log-sum-exp), so memory stays linear in the sequence length.
+    """
+
+    @ops.custom_gradient
+    def function(*inputs):
+        outputs, saved = forward(*inputs)
+
+        def grad(*args, upstream=None):
+            # Keras passes the upstream gradient positionally on TensorFlow
+            # and as `upstream=` on JAX.
+            if upstream is None:
+                (upstream,) = args
+            return backward(inputs, saved, upstream)
+
+        return outputs, grad
+
+    return function
+
+
+def masked_softmax(logits, mask=None, axis=-1, fused=True):
+    """Softmax over `axis` that ignores masked positions; float32 inside.
+
+    Masked positions get weight exactly 0, and a row whose positions are all
+    masked gets weight 0 everywhere (not a uniform distribution, not NaN).
+    The result has the dtype of `logits`.
+
+    With `fused=True` the backend's softmax op runs (one pass forward, one
+    fused gradient: faster at long lengths); it is skipped for a length-1
+    axis, where `ops.softmax` warns, and for other axes than the last.
+    """
+    dtype = logits.dtype
+    logits = ops.cast(logits, "float32")
+    if mask is not None and "bool" not in str(mask.dtype):
+        mask = ops.not_equal(mask, 0)
+    if mask is not None:
+        logits = ops.where(mask, logits, MASKED_LOGIT)
+    length = logits.shape[axis]
+    if fused and axis in (-1, len(logits.shape) - 1) and length is not None and length > 1:
+        weights = ops.softmax(logits, axis=-1)
+    else:
+        exp = ops.exp(logits - row_max(logits, axis=axis, keepdims=True))
+        weights = exp / ops.maximum(ops.sum(exp, axis=axis, keepdims=True), 1e-30)
+    if mask is not None:
+        # A row with no allowed key came out uniform: zero it.
+        weights = ops.where(mask, weights, 0.0)
+    return ops.cast(weights, dtype)
+
+
+def append_column(x, column):
+    """`x` with `column` (shaped like `x[..., 0]`) as one more feature.
+
+    Folds a per-row term into a matmul: `[q, -lse] . [k, 1] = q . k - lse`,
+    one elementwise pass over a tile fewer.
+    """
+    return ops.concatenate([x, ops.expand_dims(column, -1)], axis=-1)
