@@ -15,9 +15,10 @@ transpose of the ring (the transpose of a `ppermute` is the reverse
 `ppermute`), recomputes each tile instead of storing it, so per-device
 memory grows as `T/N`.
 
-With `use_causal_mask=True`, a key block that lies entirely in the future of
-the device's query block is skipped (`lax.cond`): its tile is never
-computed, though the block still moves on round the ring.
+The masks come as one `AttentionMask`; a key block that lies wholly outside
+what the device's queries may see (in their future, with the causal rule) is
+skipped (`lax.cond`): its tile is never computed, though the block still
+moves on round the ring. The running softmax is `online_softmax`'s.
 
 JAX only: the collectives are JAX's. The engines' own pieces are used
 throughout (`shard_map`, `ppermute`, the mesh of `keras.distribution`).
@@ -25,42 +26,54 @@ throughout (`shard_map`, `ppermute`, the mesh of `keras.distribution`).
 
 import math
 
-_INITIAL_MAX = -1e30  # finite: exp(m_old - m_new) is never exp(-inf + inf)
+from keras import ops
+
+from keras_attention.ops import attention_mask as attention_masks
+from keras_attention.ops import online_softmax
 
 
-def _block_update(state, q, k, v, key_mask, q_start, k_start, causal):
+def _block_update(state, q, k, v, key_mask, rows, cols, mask):
     """One key/value block folded into the running softmax of a query block.
 
     `q`: `(B, bq, H, D)` (scaled), `k`/`v`: `(B, bk, H, D|Dv)`, `key_mask`:
-    `(B, bk)` boolean or None; `q_start`/`k_start`: global positions of the
-    blocks' first rows (for the causal mask).
+    `(B, bk)` boolean or None; `rows`/`cols`: the blocks' absolute positions,
+    for the positional rules of the `AttentionMask` `mask`.
+    """
+    logits = ops.einsum("bqhd,bkhd->bhqk", q, k)
+    allowed = None if key_mask is None else key_mask[:, None, None, :]
+    positional = mask.positional(rows, cols) if mask.has_positional else None
+    if positional is not None:
+        allowed = attention_masks._and(allowed, positional[None, None])
+    return online_softmax.update(
+        state,
+        online_softmax.mask_logits(logits, allowed),
+        lambda probs: ops.einsum("bhqk,bkhd->bhqd", probs, v),
+    )
+
+
+def _block_positions(index, block, parts, num_devices):
+    """Absolute positions of device `index`'s block, part by part.
+
+    One part: the contiguous block `index`. Two parts (zigzag): half-blocks
+    `index` and `2N - 1 - index` of `2N`, so that under the causal rule every
+    device has the same work (see `ring_attention`).
     """
     import jax.numpy as jnp
-    from jax import lax
 
-    running_max, running_sum, acc = state
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
-    allowed = None
-    if key_mask is not None:
-        allowed = key_mask[:, None, None, :]
-    if causal:
-        rows = q_start + jnp.arange(q.shape[1])[:, None]
-        cols = k_start + jnp.arange(k.shape[1])[None, :]
-        future = (rows >= cols)[None, None]
-        allowed = future if allowed is None else jnp.logical_and(allowed, future)
-    if allowed is not None:
-        logits = jnp.where(allowed, logits, -jnp.inf)
-    # The shift cancels in the softmax: no gradient through the maximum.
-    new_max = lax.stop_gradient(jnp.maximum(running_max, jnp.max(logits, axis=-1)))
-    probs = jnp.exp(logits - new_max[..., None])
-    correction = jnp.exp(running_max - new_max)
-    running_sum = running_sum * correction + jnp.sum(probs, axis=-1)
-    acc = acc * correction[..., None] + jnp.einsum("bhqk,bkhd->bhqd", probs, v)
-    return new_max, running_sum, acc
+    if parts == 1:
+        return [index * block + jnp.arange(block, dtype=jnp.int32)]
+    half = block // 2
+    return [index * half + jnp.arange(half, dtype=jnp.int32),
+            (2 * num_devices - 1 - index) * half + jnp.arange(half, dtype=jnp.int32)]
 
 
-def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, causal):
-    """The per-device program: `q`/`k`/`v` are this device's blocks."""
+def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts):
+    """The per-device program: `q`/`k`/`v` are this device's blocks.
+
+    With `parts=2` (zigzag), each block is two half-blocks far apart in the
+    sequence; every (query half, key half) tile is folded in on its own and
+    skipped when the description hides it whole.
+    """
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -68,49 +81,65 @@ def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, causal):
     index = lax.axis_index(axis)
     batch, q_block, heads, _ = q.shape
     k_block, value_dim = k.shape[1], v.shape[-1]
-    rows = (batch, heads, q_block)
-    state = (
-        jnp.full(rows, _INITIAL_MAX, jnp.float32),
-        jnp.zeros(rows, jnp.float32),
-        jnp.zeros(rows + (value_dim,), jnp.float32),
-    )
-    q_start = index * q_block
+    q_size, k_size = q_block // parts, k_block // parts
+    offset = mask.query_offset
+    rows = [offset + r for r in _block_positions(index, q_block, parts, num_devices)]
+    q_parts = [q[:, p * q_size:(p + 1) * q_size] for p in range(parts)]
+    states = [online_softmax.initial_state((batch, heads, q_size), value_dim)
+              for _ in range(parts)]
     # Device i sends to i + 1: at step s, device i holds the block of i - s.
     permutation = [(i, (i + 1) % num_devices) for i in range(num_devices)]
     update = jax.checkpoint(
-        lambda state, k, v, m, k_start: _block_update(
-            state, q, k, v, m, q_start, k_start, causal),
+        lambda state, q, k, v, m, rows, cols: _block_update(
+            state, q, k, v, m, rows, cols, mask),
     )
+
+    def visible(rows, cols):
+        """Whether a row of `rows` may see a key of `cols` (both contiguous)."""
+        start, stop = mask.key_range(rows[0], rows[-1])
+        seen = cols[-1] >= start
+        return seen if stop is None else jnp.logical_and(seen, cols[0] < stop)
+
     for step in range(num_devices):
         source = (index - step) % num_devices
-        k_start = source * k_block
-        if causal:
-            # Skip a block whose first key is after this block's last query.
-            visible = k_start <= q_start + q_block - 1
-            state = lax.cond(
-                visible,
-                lambda state, k, v, m, start: update(state, k, v, m, start),
-                lambda state, k, v, m, start: state,
-                state, k, v, key_mask, k_start,
-            )
-        else:
-            state = update(state, k, v, key_mask, k_start)
+        cols = _block_positions(source, k_block, parts, num_devices)
+        for qp in range(parts):
+            for kp in range(parts):
+                piece = (slice(None), slice(kp * k_size, (kp + 1) * k_size))
+                k_part, v_part = k[piece], v[piece]
+                m_part = None if key_mask is None else key_mask[piece]
+                operands = (states[qp], q_parts[qp], k_part, v_part, m_part,
+                            rows[qp], cols[kp])
+                if mask.has_positional:
+                    states[qp] = lax.cond(
+                        visible(rows[qp], cols[kp]),
+                        lambda *o: update(*o),
+                        lambda state, *rest: state,
+                        *operands,
+                    )
+                else:
+                    states[qp] = update(*operands)
         if step < num_devices - 1:
             k, v = lax.ppermute((k, v), axis, permutation)
             if key_mask is not None:
                 key_mask = lax.ppermute(key_mask, axis, permutation)
-    _, running_sum, acc = state
-    # A row with no allowed key (sum 0) gets zeros, never NaN.
-    attended = running_sum != 0.0
-    out = jnp.where(
-        attended[..., None],
-        acc / jnp.where(attended, running_sum, 1.0)[..., None],
-        0.0,
-    )
+    out = jnp.concatenate([online_softmax.finish(state)[0] for state in states], axis=2)
     out = jnp.transpose(out, (0, 2, 1, 3))  # (B, bq, H, Dv)
     if query_mask is not None:
         out = jnp.where(query_mask[:, :, None, None], out, 0.0)
     return out
+
+
+def zigzag_order(length, num_devices):
+    """The sequence order that gives device `i` half-blocks `i` and `2N-1-i`."""
+    import numpy as np
+
+    half = length // (2 * num_devices)
+    blocks = []
+    for i in range(num_devices):
+        blocks += [np.arange(i * half, (i + 1) * half),
+                   np.arange((2 * num_devices - 1 - i) * half, (2 * num_devices - i) * half)]
+    return np.concatenate(blocks)
 
 
 def ring_attention(
@@ -122,9 +151,11 @@ def ring_attention(
     sequence_axis="sequence",
     batch_axis=None,
     scale=None,
+    mask=None,
     query_mask=None,
     key_mask=None,
     use_causal_mask=False,
+    balance="auto",
 ):
     """Exact multi-head softmax attention, the sequence sharded over `mesh`.
 
@@ -137,18 +168,36 @@ def ring_attention(
             `N` must divide `Tq` and `Tk`.
         batch_axis: a mesh axis the batch is split over, or None.
         scale: multiplies the logits; defaults to `1 / sqrt(D)`.
+        mask: an `AttentionMask` with query/key masks and positional rules
+            (causal, sliding window) but no pair mask; or None to build one
+            from the three arguments below.
         query_mask: `(B, Tq)` boolean, `False` rows get zero output.
         key_mask: `(B, Tk)` boolean, `False` keys are never attended.
         use_causal_mask: query `i` attends keys `j <= i` only.
+        balance: `"auto"` (zigzag under the causal rule for self-attention
+            whose length `2N` divides, else contiguous), `"zigzag"` or
+            `"contiguous"`. Zigzag gives device `i` the half-blocks `i` and
+            `2N - 1 - i`, as context-parallel training does, so that every
+            device computes the same number of tiles under the causal rule
+            (`2N + 1` half-tiles each); contiguous blocks give device `i`
+            `i + 1` tiles.
 
     Returns:
         `(B, Tq, H, Dv)` in the dtype of `query`; rows with no allowed key
         are zeros.
     """
+    import numpy as np
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
+    if mask is None:
+        mask = attention_masks.AttentionMask(
+            query_mask=query_mask, key_mask=key_mask, causal=use_causal_mask)
+    if mask.pair_mask is not None:
+        raise ValueError(
+            "ring_attention takes query and key masks and positional rules "
+            "only; a (Tq, Tk) pair mask would be whole on every device.")
     num_devices = mesh.shape[sequence_axis]
     dtype = query.dtype
     if scale is None:
@@ -159,16 +208,32 @@ def ring_attention(
     sequences = P(batch_axis, sequence_axis)
     blocks = P(batch_axis, sequence_axis, None, None)
     masks = [
-        None if mask is None else jnp.asarray(mask, bool)
-        for mask in (key_mask, query_mask)
+        None if m is None else jnp.asarray(m, bool)
+        for m in (mask.key_mask, mask.query_mask)
     ]
-    present = [mask is not None for mask in masks]
+    present = [m is not None for m in masks]
+    # The per-device program sees its own blocks of the masks; the
+    # positional rules travel as the description without them.
+    positional = mask.replace(query_mask=None, key_mask=None)
+
+    # Zigzag placement balances the causal rule's work over the devices (a
+    # contiguous split gives the last device N times the first's tiles).
+    parts = 1
+    if balance == "zigzag" or (balance == "auto" and mask.causal):
+        length = q.shape[1]
+        if k.shape[1] == length and length % (2 * num_devices) == 0:
+            parts = 2
+    order = None
+    if parts == 2:
+        order = zigzag_order(q.shape[1], num_devices)
+        q, k, v = (jnp.take(x, order, axis=1) for x in (q, k, v))
+        masks = [None if m is None else jnp.take(m, order, axis=1) for m in masks]
 
     def per_device(q, k, v, *given):
         given = iter(given)
         key_mask, query_mask = (next(given) if p else None for p in present)
         return _ring(q, k, v, key_mask, query_mask, axis=sequence_axis,
-                     num_devices=num_devices, causal=use_causal_mask)
+                     num_devices=num_devices, mask=positional, parts=parts)
 
     program = jax.shard_map(
         per_device,
@@ -177,7 +242,9 @@ def ring_attention(
         out_specs=blocks,
         check_vma=False,
     )
-    out = program(q, k, v, *(mask for mask in masks if mask is not None))
+    out = program(q, k, v, *(m for m in masks if m is not None))
+    if order is not None:
+        out = jnp.take(out, np.argsort(order), axis=1)
     return out.astype(dtype)
 
 
@@ -218,3 +285,17 @@ def check_sequence_mesh(error, argument, axis, query_shape, key_shape):
                 f"divide the {name} length. Received: {argument}={axis!r}, "
                 f"{name} with shape {tuple(shape)}"))
     return mesh
+
+
+def check_batch_axis(error, mesh, batch_axis, batch_size):
+    """Raises a ValueError naming the mesh when the mesh axis the batch is
+    split over does not divide a (static) batch size."""
+    if batch_axis is None or batch_size is None:
+        return
+    size = dict(zip(mesh.axis_names, mesh.shape))[batch_axis]
+    if batch_size % size:
+        raise ValueError(error(
+            f"the batch is split over the mesh axis {batch_axis!r} of size "
+            f"{size} (DeviceMesh(shape={tuple(mesh.shape)}, axis_names="
+            f"{tuple(mesh.axis_names)})), which must divide the batch size. "
+            f"Received: a batch of {batch_size}"))

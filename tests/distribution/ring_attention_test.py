@@ -16,8 +16,8 @@ import keras_attention as ka
 from tests.distribution.subprocesses import run_worker
 
 TOLERANCE = 1e-5
-CASES = ["plain", "padding", "causal", "causal_padding", "cross_attention",
-         "fully_masked_rows"]
+CASES = ["plain", "padding", "causal", "causal_contiguous", "causal_padding",
+         "cross_attention", "fully_masked_rows"]
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +48,15 @@ def test_the_ring_ran(results):
 
 
 @pytest.mark.slow
-def test_causal_mask_skips_blocks_in_the_future(results):
-    # 4 query blocks x 4 key blocks; causal: block i sees blocks 0..i.
-    assert results["blocks"] == {"full": 16, "causal": 10}
+def test_causal_mask_skips_blocks_in_the_future_and_zigzag_balances_them(results):
+    blocks = results["blocks"]
+    # 4 query blocks x 4 key blocks, every tile computed.
+    assert blocks["full"] == [4, 4, 4, 4]
+    # Contiguous blocks under the causal rule: block i sees blocks 0..i.
+    assert blocks["causal_contiguous"] == [1, 2, 3, 4]
+    # Zigzag (the default under the causal rule): device i holds half-blocks
+    # i and 7 - i of 8, and every device computes 2N + 1 = 9 half-tiles.
+    assert blocks["causal"] == [9, 9, 9, 9]
 
 
 @pytest.mark.slow

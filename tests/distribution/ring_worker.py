@@ -58,6 +58,7 @@ CASES = {
     "plain": dict(tq=16, tk=16),
     "padding": dict(tq=16, tk=16, key_mask=True, query_mask=True),
     "causal": dict(tq=16, tk=16, causal=True),
+    "causal_contiguous": dict(tq=16, tk=16, causal=True, balance="contiguous"),
     "causal_padding": dict(tq=16, tk=16, causal=True, key_mask=True, query_mask=True),
     "cross_attention": dict(tq=8, tk=20, key_mask=True),
     "fully_masked_rows": dict(tq=16, tk=16, key_mask="empty_row", causal=True),
@@ -93,7 +94,7 @@ def op_checks(mesh):
             def attend(q, k, v):
                 return ring.ring_attention(
                     q, k, v, mesh=mesh, key_mask=key_mask, query_mask=query_mask,
-                    use_causal_mask=causal)
+                    use_causal_mask=causal, balance=case.get("balance", "auto"))
 
             out, pullback = jax.vjp(attend, q, k, v)
             return out, pullback(d_out)
@@ -131,24 +132,39 @@ def jaxpr_checks(mesh):
 
 
 def blocks_computed(mesh):
-    """Key/value blocks each query block computed, counted on the devices."""
+    """Tiles each device computed, counted on the devices.
+
+    `{"full" | "causal" | "causal_contiguous": [tiles of device 0, 1, ...]}`;
+    a zigzag tile is a (half-block x half-block) tile.
+    """
     counts = {}
     original = ring._block_update
+    devices = mesh.shape["sequence"]
 
-    def counted(*args, **kwargs):
-        jax.debug.callback(lambda: calls.append(1))
-        return original(*args, **kwargs)
+    def counted(state, q, k, v, key_mask, rows, cols, mask):
+        jax.debug.callback(lambda first, size: calls.append((int(first), int(size))),
+                           rows[0], rows.shape[0])
+        return original(state, q, k, v, key_mask, rows, cols, mask)
 
     ring._block_update = counted
     try:
-        for causal in (False, True):
+        for name, causal, balance in (("full", False, "auto"), ("causal", True, "auto"),
+                                      ("causal_contiguous", True, "contiguous")):
             calls = []
             q, k, v, *_ = inputs(CASES["plain"])
             out = jax.jit(lambda q, k, v: ring.ring_attention(
-                q, k, v, mesh=mesh, use_causal_mask=causal))(q, k, v)
+                q, k, v, mesh=mesh, use_causal_mask=causal, balance=balance))(q, k, v)
             jax.block_until_ready(out)
             jax.effects_barrier()
-            counts["causal" if causal else "full"] = len(calls)
+            per_device = [0] * devices
+            for first, size in calls:
+                block = first // size  # which block (or half-block) of the sequence
+                if size * devices == q.shape[1]:
+                    device = block
+                else:  # zigzag: half-blocks i and 2N - 1 - i on device i
+                    device = block if block < devices else 2 * devices - 1 - block
+                per_device[device] += 1
+            counts[name] = per_device
     finally:
         ring._block_update = original
     return counts
@@ -195,8 +211,19 @@ def layer_checks():
                                       sequence_parallel="sequence")
         layer.build(x.shape, x.shape)
         layer.set_weights(exact.get_weights())
-        got = layer_gradients(layer, [x, x], cotangent, **call)
-        report["kernel"] = layer._last_kernel
+        ran = []
+        original = ring.ring_attention
+
+        def spy(*args, **kwargs):
+            ran.append("ring")
+            return original(*args, **kwargs)
+
+        ring.ring_attention = spy
+        try:
+            got = layer_gradients(layer, [x, x], cotangent, **call)
+        finally:
+            ring.ring_attention = original
+        report["kernel"] = ran[0] if ran else None
         report["output"] = float(np.max(np.abs(got[0] - want[0])))
         report["input_gradients"] = max(
             float(np.max(np.abs(g - w))) for g, w in zip(got[1], want[1]))
