@@ -23,7 +23,8 @@ def multi_head_attention(layer, query, value, mask=None, query_mask=None):
     """Returns `(output (B, Tq, d), weights (B, H, Tq, Tv))`.
 
     `mask` is `(B, Tq, Tv)` boolean; fully masked rows get zero weights, and
-    rows with `query_mask` False get zero output (our layers' contract).
+    rows with `query_mask` False a zero attention result, so the output
+    projection's bias (our multi-head layers' contract).
     """
 
     def project(dense, x):
@@ -45,10 +46,10 @@ def multi_head_attention(layer, query, value, mask=None, query_mask=None):
     total = exp.sum(-1, keepdims=True)
     weights = np.where(total > 0, exp / np.where(total > 0, total, 1.0), 0.0)
     heads = np.einsum("bhqt,bthv->bqhv", weights, v)
+    if query_mask is not None:
+        heads = heads * query_mask[..., None, None]
     output = np.einsum("bqhv,hvd->bqd", heads, numpy_of(layer.output_dense.kernel))
     output = output + numpy_of(layer.output_dense.bias)
-    if query_mask is not None:
-        output = output * query_mask[..., None]
     return output, weights
 
 

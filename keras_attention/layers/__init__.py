@@ -13,6 +13,8 @@ from keras_attention.layers.cbam import CBAM
 from keras_attention.layers.linformer_attention import LinformerAttention
 from keras_attention.layers.low_rank_attention import LowRankAttention
 from keras_attention.layers.luong_attention import LuongAttention
+from keras_attention.layers.memory_budget import attention_memory_budget
+from keras_attention.layers.memory_budget import set_attention_memory_budget
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.performer_attention import PerformerAttention
 from keras_attention.layers.performer_attention import RedrawFeatures

@@ -74,6 +74,11 @@ class BaseAttention(keras.layers.Layer):
 
     # ------------------------------------------------------------- validation
     def __call__(self, *args, **kwargs):
+        if not type(self).call.__module__.startswith("keras_attention."):
+            # A subclass written for Keras' layer with a `call` of its own
+            # (KerasHub's XLNet attention takes `content_stream`): its inputs
+            # are its own business.
+            return super().__call__(*args, **kwargs)
         # Before Keras builds the layer from the inputs' shapes: a missing
         # query or a `key` without `value` would otherwise surface as a Keras
         # error about `build()`, or as a shape error naming the wrong input.

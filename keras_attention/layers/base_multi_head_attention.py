@@ -3,82 +3,26 @@
 `MultiHeadAttention` (exact attention), `SparseAttention`,
 `PerformerAttention` and `LinformerAttention` are siblings: each subclasses
 `BaseMultiHeadAttention`, takes its own arguments and supplies only its
-attention kernel.
+attention kernel. The base holds what all of them use: the projections, the
+call's validation, one `AttentionMask` built from every mask spelling, and
+the output projection. Features of one family (MultiHeadAttention's decoding
+cache, selected weights, kernel choice) live in that family's class.
 """
 
 import inspect
+import math
 
 import keras
 from keras import ops
 
 from keras_attention import distribution
+from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import utils
+from keras_attention.layers import attention_layout
 from keras_attention.layers.base_attention import BaseAttention
+from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import masking
 from keras_attention.ops import multi_head
-
-
-class _Layout:
-    """How an input of rank > 3 maps to the `(B', T, features)` the kernels see.
-
-    The attention axes are flattened into one time axis; the other middle
-    axes join the batch. `keras.layers.MultiHeadAttention` computes the same
-    thing with generated einsum equations.
-    """
-
-    def __init__(self, rank, attention_axes):
-        self.rank = rank
-        self.attention_axes = tuple(attention_axes)
-        self.batch_axes = tuple(
-            axis for axis in range(1, rank - 1) if axis not in self.attention_axes
-        )
-        self.trivial = rank == 3  # (B, T, F): nothing to move
-
-    def flatten(self, x, features=True):
-        """`(B, ..., F)` -> `(B', T, F)`; `features=False` for masks `(B, ...)`."""
-        if self.trivial or x is None:
-            return x
-        last = (self.rank - 1,) if features else ()
-        x = ops.transpose(x, (0,) + self.batch_axes + self.attention_axes + last)
-        shape = ops.shape(x)
-        start = 1 + len(self.batch_axes)
-        length = shape[start]
-        for i in range(1, len(self.attention_axes)):
-            length = length * shape[start + i]
-        return ops.reshape(x, (-1, length) + ((x.shape[-1],) if features else ()))
-
-    def unflatten(self, x, query_shape):
-        """`(B', Tq, *out)` back to `(B, ..., *out)` in the query's axis order."""
-        if self.trivial:
-            return x
-        out_dims = tuple(x.shape[2:])
-        order = (0,) + self.batch_axes + self.attention_axes
-        x = ops.reshape(x, tuple(query_shape[a] for a in order) + out_dims)
-        inverse = [order.index(axis) for axis in range(self.rank - 1)]
-        inverse += [self.rank - 1 + i for i in range(len(out_dims))]
-        return ops.transpose(x, inverse)
-
-    def scores_shape(self, query_shape, key_shape, num_heads):
-        """Keras' layout: `(B, <batch axes>, H, <query axes>, <key axes>)`."""
-        return (
-            (query_shape[0],)
-            + tuple(query_shape[a] for a in self.batch_axes)
-            + (num_heads,)
-            + tuple(query_shape[a] for a in self.attention_axes)
-            + tuple(key_shape[a] for a in self.attention_axes)
-        )
-
-
-def _zero_masked_weights(weights, query_mask, key_mask):
-    """`(B, H, Tq, Tv)` weights, zero on masked query rows and keys."""
-    keep = masking.merge_masks(
-        None if query_mask is None else query_mask[:, None, :, None],
-        None if key_mask is None else key_mask[:, None, None, :],
-    )
-    if keep is None:
-        return weights
-    return ops.where(keep, weights, ops.zeros((), dtype=weights.dtype))
 
 
 @keras_attention_export("layers")
@@ -90,8 +34,19 @@ class BaseMultiHeadAttention(BaseAttention):
     (sublayers named `query`, `key`, `value`, `gate`, `attention_output`,
     created in Keras' order, so `set_weights` / `load_weights` of a Keras
     layer's weights and `DTypePolicyMap` or quantization keyed on those names
-    work unchanged), the call signature and its masks, the optional sigmoid
-    gate, the output projection and zeroed masked query rows.
+    work unchanged), Keras' protected attributes and hooks (`_num_heads`,
+    `_key_dim`, `_query_dense`, `_get_common_kwargs_for_sublayer`,
+    `_build_attention`, `_masked_softmax`, `_compute_attention`, ...), so
+    that subclasses written for Keras' layer run on ours, the call signature
+    and its masks, the optional sigmoid gate and the output projection.
+
+    Every mask a call gives (Keras masks, `query_mask` / `value_mask` /
+    `key_mask`, `attention_mask` of any shape Keras accepts, causal, the
+    layer's own positional rules) becomes one `ops.attention_mask.
+    AttentionMask` that the kernel consumes. A query row with nothing to
+    attend to, however that is spelled, has zero weights and a zero
+    attention result, so the layer returns the output projection's bias for
+    it (a linear map of a zero context).
 
     A subclass implements `_attend` (heads already repeated to one key/value
     head per query head) or, for full control, `_compute_attention`.
@@ -118,6 +73,9 @@ class BaseMultiHeadAttention(BaseAttention):
         **kwargs: base layer arguments (`name`, `dtype`, ...).
     """
 
+    # MultiHeadAttention's positional rule; the other families have none.
+    _sliding_window = None
+
     def __init__(
         self,
         num_heads,
@@ -138,63 +96,96 @@ class BaseMultiHeadAttention(BaseAttention):
         num_key_value_heads=None,
         **kwargs,
     ):
-        name = type(self).__name__
-        utils.validate_positive_int(name, "num_heads", num_heads)
-        utils.validate_positive_int(name, "key_dim", key_dim)
-        utils.validate_positive_int(name, "value_dim", value_dim, allow_none=True)
-        utils.validate_positive_int(
-            name, "num_key_value_heads", num_key_value_heads, allow_none=True
-        )
+        owner = type(self).__name__
+        num_heads = validation.validate_positive_int(owner, "num_heads", num_heads)
+        key_dim = validation.validate_positive_int(owner, "key_dim", key_dim)
+        value_dim = validation.validate_positive_int(
+            owner, "value_dim", value_dim, allow_none=True)
+        num_key_value_heads = validation.validate_positive_int(
+            owner, "num_key_value_heads", num_key_value_heads, allow_none=True)
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
             raise ValueError(
-                f"{name}: `num_key_value_heads` must divide `num_heads` "
+                f"{owner}: `num_key_value_heads` must divide `num_heads` "
                 f"({num_heads}). Received: num_key_value_heads="
                 f"{num_key_value_heads!r}"
             )
+        use_bias = validation.validate_bool(owner, "use_bias", use_bias)
+        use_gate = validation.validate_bool(owner, "use_gate", use_gate)
+        output_shape = self._standardize_output_shape(output_shape)
         super().__init__(dropout=dropout, seed=seed, **kwargs)
-        self.num_heads = int(num_heads)
-        self.key_dim = int(key_dim)
-        self.value_dim = int(value_dim or key_dim)
-        self.num_key_value_heads = int(num_key_value_heads or num_heads)
-        self.use_bias = bool(use_bias)
-        self.use_gate = bool(use_gate)
-        self._output_shape = self._standardize_output_shape(output_shape)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self._projection_activity_regularizer = keras.regularizers.get(
-            activity_regularizer
-        )
-        self.kernel_constraint = keras.constraints.get(kernel_constraint)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
-        self._scale = utils.inverse_sqrt(self.key_dim)
+        # Keras' attribute names: subclasses written for Keras read them.
+        self._num_heads = num_heads
+        self._key_dim = key_dim
+        self._value_dim = value_dim or key_dim
+        self._num_key_value_heads = num_key_value_heads or num_heads
+        self._use_bias = use_bias
+        self._use_gate = use_gate
+        self._output_shape = output_shape
+        self._kernel_initializer = keras.initializers.get(kernel_initializer)
+        self._bias_initializer = keras.initializers.get(bias_initializer)
+        self._kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self._bias_regularizer = keras.regularizers.get(bias_regularizer)
+        # As Keras: the projections' and this layer's activity regularizer.
+        self._activity_regularizer = keras.regularizers.get(activity_regularizer)
+        self._kernel_constraint = keras.constraints.get(kernel_constraint)
+        self._bias_constraint = keras.constraints.get(bias_constraint)
+        self._inverse_sqrt_key_dim = 1.0 / math.sqrt(float(self._key_dim))
         self._attention_axes = None  # None: every axis between batch and features
 
     def _standardize_output_shape(self, output_shape):
         if output_shape is None:
             return None
-        dims = (output_shape,) if isinstance(output_shape, int) else output_shape
+        output_shape = validation.as_python_scalar(output_shape)
+        dims = (output_shape,) if validation.is_int(output_shape) else output_shape
         try:
             dims = tuple(dims)
         except TypeError:
             dims = None
-        if not dims or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims
-        ):
+        if not dims or not all(validation.is_int(d) and d > 0 for d in dims):
             raise ValueError(
                 f"{type(self).__name__}: Invalid `output_shape`: it must be a "
                 "positive integer or a tuple of positive integers. Received: "
                 f"output_shape={output_shape!r}"
             )
-        return dims
+        return tuple(int(d) for d in dims)
+
+    # ------------------------------------------------ Keras' public surface
+    num_heads = property(lambda self: self._num_heads)
+    key_dim = property(lambda self: self._key_dim)
+    value_dim = property(lambda self: self._value_dim)
+    num_key_value_heads = property(lambda self: self._num_key_value_heads)
+    use_bias = property(lambda self: self._use_bias)
+    use_gate = property(lambda self: self._use_gate)
+    kernel_initializer = property(lambda self: self._kernel_initializer)
+    bias_initializer = property(lambda self: self._bias_initializer)
+    kernel_regularizer = property(lambda self: self._kernel_regularizer)
+    bias_regularizer = property(lambda self: self._bias_regularizer)
+    kernel_constraint = property(lambda self: self._kernel_constraint)
+    bias_constraint = property(lambda self: self._bias_constraint)
+    # Keras' protected names for the dropout rate and the logit scale.
+    _dropout = property(lambda self: self.dropout)
+    _scale = property(lambda self: self._inverse_sqrt_key_dim)
+
+    @property
+    def attention_axes(self):
+        return self._attention_axes
+
+    query_dense = property(lambda self: self._query_dense)
+    key_dense = property(lambda self: self._key_dense)
+    value_dense = property(lambda self: self._value_dense)
+    output_dense = property(lambda self: self._output_dense)
+
+    @property
+    def gate_dense(self):
+        return self._gate_dense if self._use_gate else None
 
     # --------------------------------------------------------------- shapes
     def _layout(self, rank):
         axes = self._attention_axes
         if axes is None:
             axes = tuple(range(1, rank - 1))
-        return _Layout(rank, tuple(a if a >= 0 else rank + a for a in axes))
+        axes = validation.resolve_axes(self, "attention_axes", axes, rank)
+        return attention_layout.Layout(rank, axes)
 
     def _check_shapes(self, query_shape, value_shape, key_shape):
         """Keras' rules, with errors that name the layer and the shapes."""
@@ -205,76 +196,46 @@ class BaseMultiHeadAttention(BaseAttention):
             if shape is not None and not isinstance(shape, (tuple, list)) and not (
                 hasattr(shape, "__len__") and hasattr(shape, "__getitem__")
             ):
-                raise ValueError(
-                    self._error(
-                        f"`{name}` must be a shape (a tuple of dimensions). "
-                        f"Received: {name}={shape!r}"
-                    )
-                )
+                raise ValueError(self._error(
+                    f"`{name}` must be a shape (a tuple of dimensions). "
+                    f"Received: {name}={shape!r}"))
         query_shape, value_shape = tuple(query_shape), tuple(value_shape)
         key_shape = value_shape if key_shape is None else tuple(key_shape)
         if tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
-            raise ValueError(
-                self._error(
-                    "All dimensions of `value` and `key`, except the last one, "
-                    f"must be equal. Received: value_shape={value_shape} and "
-                    f"key_shape={key_shape}"
-                )
-            )
+            raise ValueError(self._error(
+                "All dimensions of `value` and `key`, except the last one, "
+                f"must be equal. Received: value_shape={value_shape} and "
+                f"key_shape={key_shape}"))
         for name, shape in (("query", query_shape), ("value", value_shape)):
             if len(shape) < 3:
-                raise ValueError(
-                    self._error(
-                        f"`{name}` must have rank >= 3 (batch, time..., "
-                        f"features). Received: {name} with shape {shape}"
-                    )
-                )
+                raise ValueError(self._error(
+                    f"`{name}` must have rank >= 3 (batch, time..., "
+                    f"features). Received: {name} with shape {shape}"))
         if len(value_shape) != len(query_shape):
-            raise ValueError(
-                self._error(
-                    "`query` and `value` must have the same rank, and all "
-                    "dimensions except the attention axes and the last one "
-                    f"must be equal. Received: query_shape={query_shape} and "
-                    f"value_shape={value_shape}"
-                )
-            )
+            raise ValueError(self._error(
+                "`query` and `value` must have the same rank, and all "
+                "dimensions except the attention axes and the last one "
+                f"must be equal. Received: query_shape={query_shape} and "
+                f"value_shape={value_shape}"))
         layout = self._layout(len(query_shape))
-        for axis in layout.attention_axes:
-            if not 1 <= axis <= len(query_shape) - 2:
-                raise ValueError(
-                    self._error(
-                        "`attention_axes` must name axes between the batch and "
-                        f"the feature axis. Received: attention_axes="
-                        f"{self._attention_axes} for inputs of rank "
-                        f"{len(query_shape)}"
-                    )
-                )
         for axis in layout.batch_axes:
             q, v = query_shape[axis], value_shape[axis]
             if q is not None and v is not None and q != v:
-                raise ValueError(
-                    self._error(
-                        "All dimensions of `query` and `value` outside the "
-                        "attention axes, except the last one, must be equal. "
-                        f"Received: query_shape={query_shape} and "
-                        f"value_shape={value_shape}"
-                    )
-                )
+                raise ValueError(self._error(
+                    "All dimensions of `query` and `value` outside the "
+                    "attention axes, except the last one, must be equal. "
+                    f"Received: query_shape={query_shape} and "
+                    f"value_shape={value_shape}"))
         built = getattr(self, "_built_feature_dims", None)
         if built is not None:
             for name, shape, dim in zip(
-                ("query", "value", "key"),
-                (query_shape, value_shape, key_shape),
-                built,
+                ("query", "value", "key"), (query_shape, value_shape, key_shape), built
             ):
                 if shape[-1] is not None and shape[-1] != dim:
-                    raise ValueError(
-                        self._error(
-                            f"`{name}` has {shape[-1]} features but the layer "
-                            f"was built for {dim}. Received: {name} with shape "
-                            f"{shape}"
-                        )
-                    )
+                    raise ValueError(self._error(
+                        f"`{name}` has {shape[-1]} features but the layer "
+                        f"was built for {dim}. Received: {name} with shape "
+                        f"{shape}"))
         return layout
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
@@ -284,123 +245,128 @@ class BaseMultiHeadAttention(BaseAttention):
         return tuple(query_shape[:-1]) + tuple(dims)
 
     # ------------------------------------------------------------------ build
+    def _get_common_kwargs_for_sublayer(self):
+        """Keras' hook: the projections' arguments, fresh initializer copies."""
+        return dict(
+            kernel_initializer=self._kernel_initializer.__class__.from_config(
+                self._kernel_initializer.get_config()),
+            bias_initializer=self._bias_initializer.__class__.from_config(
+                self._bias_initializer.get_config()),
+            kernel_regularizer=self._kernel_regularizer,
+            bias_regularizer=self._bias_regularizer,
+            activity_regularizer=self._activity_regularizer,
+            kernel_constraint=self._kernel_constraint,
+            bias_constraint=self._bias_constraint,
+            dtype=self.dtype_policy,
+        )
+
     def _dense(self, output_shape, bias_axes, name, equation="abc,cde->abde",
                activation=None):
         return keras.layers.EinsumDense(
             equation,
             output_shape=output_shape,
-            bias_axes=bias_axes if self.use_bias else None,
+            bias_axes=bias_axes if self._use_bias else None,
             activation=activation,
-            kernel_initializer=utils.clone_initializer(self.kernel_initializer),
-            bias_initializer=utils.clone_initializer(self.bias_initializer),
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            activity_regularizer=self._projection_activity_regularizer,
-            kernel_constraint=self.kernel_constraint,
-            bias_constraint=self.bias_constraint,
-            dtype=self.dtype_policy,
             name=name,
+            **self._get_common_kwargs_for_sublayer(),
         )
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
         self._check_shapes(query_shape, value_shape, key_shape)
-        heads, kv_heads = self.num_heads, self.num_key_value_heads
+        heads, kv_heads = self._num_heads, self._num_key_value_heads
         out_dims = self._output_shape or (query_shape[-1],)
         self._check_layout(query_shape, value_shape, key_shape, out_dims)
         # Keras' names and creation order (query, key, gate, value, output),
-        # which is the order of `get_weights()`.
-        self._query_dense = self._dense((None, heads, self.key_dim), "de", "query")
+        # which is the order of `get_weights()`. The kernels see inputs
+        # flattened to (B', T, features), so one equation serves every rank.
+        self._query_dense = self._dense((None, heads, self._key_dim), "de", "query")
         self._query_dense.build((None, None, query_shape[-1]))
-        self._key_dense = self._dense((None, kv_heads, self.key_dim), "de", "key")
+        self._key_dense = self._dense((None, kv_heads, self._key_dim), "de", "key")
         self._key_dense.build((None, None, key_shape[-1]))
-        if self.use_gate:
+        if self._use_gate:
             self._gate_dense = self._dense(
-                (None, heads, self.value_dim), "de", "gate", activation="sigmoid"
-            )
+                (None, heads, self._value_dim), "de", "gate", activation="sigmoid")
             self._gate_dense.build((None, None, query_shape[-1]))
         self._value_dense = self._dense(
-            (None, kv_heads, self.value_dim), "de", "value"
-        )
+            (None, kv_heads, self._value_dim), "de", "value")
         self._value_dense.build((None, None, value_shape[-1]))
         letters = "efghijklmnop"[: len(out_dims)]
         self._output_dense = self._dense(
-            (None,) + tuple(out_dims),
-            letters,
-            "attention_output",
+            (None,) + tuple(out_dims), letters, "attention_output",
             equation=f"abcd,cd{letters}->ab{letters}",
         )
-        self._output_dense.build((None, None, heads, self.value_dim))
+        self._output_dense.build((None, None, heads, self._value_dim))
+        self._build_attention(4)
         self._built_feature_dims = (query_shape[-1], value_shape[-1], key_shape[-1])
-        self._check_hook_signature()
         self.built = True
+
+    def _build_attention(self, rank):
+        """Keras' hook: the einsum equations and softmax of projected heads.
+
+        `rank` is the projected tensors' rank, `(B, <axes>, H, D)`; the
+        attention axes are the time axes (ours flattens them to one).
+        """
+        axes = tuple(range(1, rank - 2))
+        self._dot_product_equation, self._combine_equation, scores_rank = (
+            attention_layout.attention_equations(rank, axes))
+        self._softmax = keras.layers.Softmax(
+            axis=tuple(range(scores_rank - len(axes), scores_rank)),
+            dtype=self.dtype_policy,
+        )
 
     def _check_layout(self, query_shape, value_shape, key_shape, out_dims):
         """Under `ModelParallel`, the heads must divide over the mesh."""
-        heads, kv_heads = self.num_heads, self.num_key_value_heads
+        heads, kv_heads = self._num_heads, self._num_key_value_heads
         head = ("num_heads", "key_dim")
         kv_head = ("num_key_value_heads", "key_dim")
+        value_head = ("num_key_value_heads", "value_dim")
         weights = {
-            "query/kernel": ((query_shape[-1], heads, self.key_dim),
+            "query/kernel": ((query_shape[-1], heads, self._key_dim),
                              ("query features",) + head),
-            "query/bias": ((heads, self.key_dim), head),
-            "key/kernel": ((key_shape[-1], kv_heads, self.key_dim),
+            "query/bias": ((heads, self._key_dim), head),
+            "key/kernel": ((key_shape[-1], kv_heads, self._key_dim),
                            ("key features",) + kv_head),
-            "key/bias": ((kv_heads, self.key_dim), kv_head),
-            "value/kernel": ((value_shape[-1], kv_heads, self.value_dim),
-                             ("value features", "num_key_value_heads",
-                              "value_dim")),
-            "value/bias": ((kv_heads, self.value_dim),
-                           ("num_key_value_heads", "value_dim")),
+            "key/bias": ((kv_heads, self._key_dim), kv_head),
+            "value/kernel": ((value_shape[-1], kv_heads, self._value_dim),
+                             ("value features",) + value_head),
+            "value/bias": ((kv_heads, self._value_dim), value_head),
             "attention_output/kernel": (
-                (heads, self.value_dim) + tuple(out_dims),
+                (heads, self._value_dim) + tuple(out_dims),
                 ("num_heads", "value_dim") + ("output_shape",) * len(out_dims)),
         }
-        if self.use_gate:
+        if self._use_gate:
             weights["gate/kernel"] = (
-                (query_shape[-1], heads, self.value_dim),
+                (query_shape[-1], heads, self._value_dim),
                 ("query features", "num_heads", "value_dim"))
         distribution.check_layout(self, weights)
 
-    @property
-    def query_dense(self):
-        return self._query_dense
-
-    @property
-    def key_dense(self):
-        return self._key_dense
-
-    @property
-    def value_dense(self):
-        return self._value_dense
-
-    @property
-    def output_dense(self):
-        return self._output_dense
-
-    @property
-    def gate_dense(self):
-        return self._gate_dense if self.use_gate else None
-
-    def _check_hook_signature(self):
-        # A subclass written for keras.layers.MultiHeadAttention overrides
-        # `_compute_attention(query, key, value, attention_mask, training,
-        # return_attention_scores)`: it gets one merged mask, as in Keras.
-        parameters = inspect.signature(self._compute_attention).parameters
-        self._hook_takes_split_masks = "query_mask" in parameters
-        self._hook_takes_scores_flag = "return_attention_scores" in parameters
-
     # ------------------------------------------------------------ kernel hook
+    def _masked_softmax(self, attention_scores, attention_mask=None):
+        """Keras' hook: softmax of `(B, H, Tq, Tk)` scores under a mask.
+
+        As Keras, a mask of lower rank gets the head axis; unlike Keras' (a
+        uniform distribution), a row with no allowed key gets zero weights.
+        """
+        if attention_mask is not None:
+            while len(attention_mask.shape) < len(attention_scores.shape):
+                attention_mask = ops.expand_dims(attention_mask, -3)
+        return masking.masked_softmax(attention_scores, attention_mask)
+
     def _dropout_callable(self, training):
         """The attention dropout as a callable, or `None` when it cannot act."""
         if self.dropout > 0 and training is not None and training is not False:
-
-            def dropout(weights):
-                return self._dropout_layer(weights, training=training)
-
-            return dropout
+            return lambda weights: self._dropout_layer(weights, training=training)
         return None
+
+    def _as_attention_mask(self, attention_mask, use_causal_mask=False):
+        """An `AttentionMask`, from ours or from a Keras-style tensor mask."""
+        if isinstance(attention_mask, attention_masks.AttentionMask):
+            if use_causal_mask and not attention_mask.causal:
+                return attention_mask.replace(causal=True)
+            return attention_mask
+        return attention_masks.from_keras_mask(attention_mask, use_causal_mask)
 
     def _compute_attention(
         self,
@@ -411,11 +377,8 @@ class BaseMultiHeadAttention(BaseAttention):
         training=None,
         return_attention_scores=False,
         use_causal_mask=False,
-        *,
-        query_mask=None,
-        key_mask=None,
     ):
-        """The attention kernel over projected heads.
+        """The attention kernel over projected heads (Keras' hook).
 
         Args:
             query: `(B, Tq, H, D)` projected queries (not yet scaled).
@@ -423,47 +386,45 @@ class BaseMultiHeadAttention(BaseAttention):
             value: `(B, Tv, Hkv, Dv)` projected values. A position whose key
                 or value held NaN/Inf comes as a NaN key and a zero value
                 (`masking.confine_nonfinite`): mask logits with `where`.
-            attention_mask: boolean `(B|1, Tq, Tv)` or `(B|1, H, Tq, Tv)`, or
-                None.
+            attention_mask: an `AttentionMask` (from this layer's call), or,
+                as in Keras, a boolean or 0/1 tensor broadcastable to
+                `(B, Tq, Tv)` or `(B, H, Tq, Tv)`, or None.
             training: whether dropout is active.
             return_attention_scores: whether the caller needs the weights.
-            use_causal_mask: query `i` sees keys `j <= i`.
-            query_mask: `(B, Tq)` boolean or None.
-            key_mask: `(B, Tv)` boolean or None (value and key masks merged).
+            use_causal_mask: query `i` sees keys `j <= i` as well.
 
         Returns:
             `(output (B, Tq, H, Dv), weights (B, H, Tq, Tv) or None)`. The
-            caller applies the gate and output projection, zeroes masked
-            query rows and records the weights for `capture_attention`.
+            caller applies the gate and output projection and records the
+            weights for `capture_attention`.
         """
-        key = multi_head.repeat_key_value_heads(key, self.num_heads)
-        value = multi_head.repeat_key_value_heads(value, self.num_heads)
+        mask = self._as_attention_mask(attention_mask, use_causal_mask)
+        if mask.sliding_window is not None or mask.key_length is not None or (
+            not isinstance(mask.query_offset, int) or mask.query_offset
+        ):
+            raise ValueError(self._error(
+                "this attention kernel takes no sliding window or decoding "
+                "positions. Received: an attention mask with them"))
+        pair = mask.pair_mask
+        if pair is not None and not mask.per_head:
+            pair = pair[:, 0]  # one mask for every head: (B|1, Tq, Tv)
+        key = multi_head.repeat_key_value_heads(key, self._num_heads)
+        value = multi_head.repeat_key_value_heads(value, self._num_heads)
         result = self._attend(
             query,
             key,
             value,
-            query_mask=query_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
+            query_mask=mask.query_mask,
+            key_mask=mask.key_mask,
+            attention_mask=pair,
+            use_causal_mask=mask.causal,
             dropout=self._dropout_callable(training),
             return_weights=return_attention_scores or self._capturing_attention,
         )
         return result if isinstance(result, tuple) else (result, None)
 
-    def _attend(
-        self,
-        query,
-        key,
-        value,
-        *,
-        query_mask,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-        dropout,
-        return_weights,
-    ):
+    def _attend(self, query, key, value, *, query_mask, key_mask,
+                attention_mask, use_causal_mask, dropout, return_weights):
         """A sibling's kernel: `output`, or `(output, weights)` with `return_weights`.
 
         `query` is `(B, Tq, H, D)`, `key`/`value` `(B, Tv, H, D)` with the
@@ -491,23 +452,22 @@ class BaseMultiHeadAttention(BaseAttention):
             and len(attention_mask.shape) == 4
             and attention_mask.shape[1] not in (1, None)
         ):
-            raise ValueError(
-                self._error(
-                    "a per-head `attention_mask` (B, H, Tq, Tv) is not "
-                    "supported by this kernel; pass one mask for all heads, "
-                    "(B, Tq, Tv). Received: attention_mask with shape "
-                    f"{tuple(attention_mask.shape)}"
-                )
-            )
+            raise ValueError(self._error(
+                "a per-head `attention_mask` (B, H, Tq, Tv) is not "
+                "supported by this kernel; pass one mask for all heads, "
+                "(B, Tq, Tv). Received: attention_mask with shape "
+                f"{tuple(attention_mask.shape)}"))
 
     # ------------------------------------------------------------------- call
     def _prepare(self, query, value, key, query_mask, value_mask, key_mask,
-                 attention_mask, use_causal_mask):
+                 attention_mask, use_causal_mask, mask):
         """Validates a call; returns the resolved inputs, masks and layout."""
         for name, x in (("query", query), ("value", value), ("key", key)):
             self._check_tensor(name, x)
         if query is None:
             raise TypeError(self._error("`query` is required. Received: query=None"))
+        if query_mask is None:
+            query_mask = mask  # the Keras mask of a one-input call
         self._check_call_options(query, value, attention_mask, use_causal_mask)
         if value is None and value_mask is None:
             value_mask = query_mask  # self-attention: the keys are the queries
@@ -520,96 +480,73 @@ class BaseMultiHeadAttention(BaseAttention):
         batch = (query_shape[0],) + tuple(query_shape[a] for a in layout.batch_axes)
         q_axes = tuple(query_shape[a] for a in layout.attention_axes)
         k_axes = tuple(value_shape[a] for a in layout.attention_axes)
-        if attention_mask is not None and len(attention_mask.shape) == (
-            len(batch) + 1 + len(q_axes) + len(k_axes)
-        ):  # with a head axis, as `(B, H, Tq, Tv)`
-            expected = batch + (self.num_heads,) + q_axes + k_axes
+        if attention_mask is not None and hasattr(attention_mask, "shape") and len(
+            attention_mask.shape
+        ) == (len(batch) + 1 + len(q_axes) + len(k_axes)):  # with a head axis
+            expected = batch + (self._num_heads,) + q_axes + k_axes
         else:
             expected = batch + q_axes + k_axes
         self._check_mask("attention_mask", attention_mask, expected, broadcast=True)
         return query, value, key, query_mask, value_mask, layout
 
-    def _normalize_attention_mask(self, attention_mask, layout, query_mask,
-                                  key_mask, query, value, flat_query, flat_value):
-        """Keras' mask shapes -> `(query_mask, key_mask, attention_mask)`.
+    def _attention_mask(self, layout, query, value, query_mask, key_mask,
+                        attention_mask, flat_query_length, flat_key_length,
+                        causal, **positions):
+        """The call's one `AttentionMask`, from every spelling of a mask.
 
-        `attention_mask` comes out boolean and flattened like the inputs,
-        `(B|1, Tq, Tv)` or `(B|1, H, Tq, Tv)`. A mask that varies only along
-        the keys (as `(B, 1, Tv)`) or only along the queries is folded into
-        `key_mask` / `query_mask`, so memory-linear kernels never see a
-        `(Tq, Tv)` array.
+        `query_mask` / `key_mask` come flattened like the inputs. An
+        `attention_mask` that varies only along the keys (`(B, 1, Tv)`) is a
+        key mask, one that varies only along the queries (`(B, Tq, 1)`) a
+        query mask, and a head axis of 1 is dropped, so memory-linear kernels
+        see a `(Tq, Tv)` array only when the mask has one; a row that any
+        spelling hides gets the same zero attention result.
         """
-        if attention_mask is None:
-            return query_mask, key_mask, None
-        mask = masking.to_bool_mask(attention_mask)
-        n = len(layout.attention_axes)
-        batch_rank = 1 + len(layout.batch_axes)
-        heads = len(mask.shape) == batch_rank + 1 + 2 * n
-        for _ in range(batch_rank + int(heads) + 2 * n - len(mask.shape)):
-            mask = ops.expand_dims(mask, 0)
-        if not layout.trivial:
-            # Rare (images, video): broadcast to full size, then flatten.
-            q_shape, v_shape = ops.shape(query), ops.shape(value)
-            full = (
-                (q_shape[0],)
-                + tuple(q_shape[a] for a in layout.batch_axes)
-                + ((mask.shape[batch_rank],) if heads else ())
-                + tuple(q_shape[a] for a in layout.attention_axes)
-                + tuple(v_shape[a] for a in layout.attention_axes)
-            )
-            mask = ops.broadcast_to(mask, full)
-            mask = ops.reshape(
-                mask,
-                (-1,)
-                + ((full[batch_rank],) if heads else ())
-                + (ops.shape(flat_query)[1], ops.shape(flat_value)[1]),
-            )
-        if heads and mask.shape[1] == 1:
-            mask, heads = mask[:, 0], False
-        if heads:
-            return query_mask, key_mask, mask
-        batch = ops.shape(flat_query)[0]
-        if mask.shape[1] == 1:  # (B|1, 1, Tv): a key mask
-            length = ops.shape(flat_value)[1]
-            folded = ops.broadcast_to(mask[:, 0, :], (batch, length))
-            return query_mask, masking.merge_masks(key_mask, folded), None
-        if mask.shape[2] == 1:  # (B|1, Tq, 1): a query mask
-            length = ops.shape(flat_query)[1]
-            folded = ops.broadcast_to(mask[:, :, 0], (batch, length))
-            return masking.merge_masks(query_mask, folded), key_mask, None
-        return query_mask, key_mask, mask
+        if attention_mask is not None:
+            mask = masking.to_bool_mask(attention_mask)
+            n = len(layout.attention_axes)
+            batch_rank = 1 + len(layout.batch_axes)
+            heads = len(mask.shape) == batch_rank + 1 + 2 * n
+            for _ in range(batch_rank + int(heads) + 2 * n - len(mask.shape)):
+                mask = ops.expand_dims(mask, 0)
+            if not layout.trivial:
+                # Rare (images, video): broadcast to full size, then flatten.
+                q_shape, v_shape = ops.shape(query), ops.shape(value)
+                full = (
+                    (q_shape[0],)
+                    + tuple(q_shape[a] for a in layout.batch_axes)
+                    + ((mask.shape[batch_rank],) if heads else ())
+                    + tuple(q_shape[a] for a in layout.attention_axes)
+                    + tuple(v_shape[a] for a in layout.attention_axes)
+                )
+                mask = ops.broadcast_to(mask, full)
+                mask = ops.reshape(
+                    mask,
+                    (-1,) + ((full[batch_rank],) if heads else ())
+                    + (flat_query_length, flat_key_length),
+                )
+            if heads and mask.shape[1] == 1:
+                mask, heads = mask[:, 0], False
+            if not heads and mask.shape[1] == 1:  # (B|1, 1, Tv): a key mask
+                key_mask = masking.merge_masks(key_mask, mask[:, 0, :])
+                mask = None
+            elif not heads and mask.shape[2] == 1:  # (B|1, Tq, 1): a query mask
+                query_mask = masking.merge_masks(query_mask, mask[:, :, 0])
+                mask = None
+            attention_mask = mask
+        return attention_masks.AttentionMask(
+            query_mask=query_mask, key_mask=key_mask, pair_mask=attention_mask,
+            causal=causal, sliding_window=self._sliding_window, **positions,
+        )
 
-    def _project_keys(self, query, value, key, cache, cache_update_index,
-                      attention_mask, use_causal_mask):
-        """Projected `(key, value)`; MultiHeadAttention adds its decoding cache."""
-        return self._key_dense(key), self._value_dense(value), attention_mask, use_causal_mask, None
-
-    def _attention_call(
-        self,
-        query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        return_attention_scores,
-        training,
-        use_causal_mask,
-        mask,
-        cache=None,
-        cache_update_index=None,
-        scores_selection=None,
-    ):
-        if query_mask is None:
-            query_mask = mask
-        query, value, key, query_mask, value_mask, layout = self._prepare_or_cache(
+    def _prepare_inputs(self, query, value, key, query_mask, value_mask, key_mask,
+                        attention_mask, use_causal_mask, mask):
+        """`_Call` of a call without a cache: flat inputs and one mask."""
+        query, value, key, query_mask, value_mask, layout = self._prepare(
             query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            use_causal_mask, cache, cache_update_index,
+            use_causal_mask, mask,
         )
         # Integer inputs run in the compute dtype, as Keras' layers compute.
         query, value, key = (self._to_compute_dtype(x) for x in (query, value, key))
-        query_shape = ops.shape(query)
         flat_query = layout.flatten(query)
         flat_value, flat_key = layout.flatten(value), layout.flatten(key)
         query_mask = masking.to_bool_mask(layout.flatten(query_mask, features=False))
@@ -617,144 +554,98 @@ class BaseMultiHeadAttention(BaseAttention):
             layout.flatten(value_mask, features=False),
             layout.flatten(key_mask, features=False),
         )
-        query_mask, key_mask, attention_mask = self._normalize_attention_mask(
-            attention_mask, layout, query_mask, key_mask, query,
-            value if cache is None else None, flat_query,
-            flat_value if cache is None else cache[:, 0],
+        spec = self._attention_mask(
+            layout, query, value, query_mask, key_mask, attention_mask,
+            ops.shape(flat_query)[1], ops.shape(flat_value)[1], use_causal_mask,
         )
-        # Masked positions are zeroed before the projections (a `where`, not a
-        # product), so whatever they hold (NaN, Inf) contributes nothing to
-        # any kernel's output or gradient. It also keeps the caller's Keras
-        # masks off the projections (Keras clears the caller's tensors).
-        flat_query = masking.zero_masked(ops.copy(flat_query), query_mask)
-        if flat_value is not None:
-            flat_value = masking.zero_masked(ops.copy(flat_value), key_mask)
-            flat_key = masking.zero_masked(ops.copy(flat_key), key_mask)
-        projected_query = self._query_dense(flat_query)  # (B, Tq, H, D)
-        gate = self._gate_dense(flat_query) if self.use_gate else None
-        projected_key, projected_value, attention_mask, use_causal_mask, new_cache = (
-            self._project_keys(
-                flat_query,
-                flat_value,
-                flat_key,
-                cache,
-                cache_update_index,
-                attention_mask,
-                use_causal_mask,
-            )
-        )
-        if cache is not None:  # the cache's masked positions, likewise
-            projected_key = masking.zero_masked(projected_key, key_mask)
-            projected_value = masking.zero_masked(projected_value, key_mask)
-        else:
-            # NaN/Inf at a key that a per-query mask hides from some queries
-            # reaches only those that see it, on every kernel (a cache's
-            # entries are confined when they are written).
-            projected_key, projected_value = masking.confine_nonfinite(
-                projected_key, projected_value
-            )
-        if masking.is_statically_empty(projected_query, projected_key):
+        # Masked positions are zeroed before the projections (a `where`, not
+        # a product), so whatever they hold (NaN, Inf) contributes nothing to
+        # any kernel's output or gradient. `ops.copy` keeps the caller's
+        # Keras masks off the projections' inputs.
+        flat_value = masking.zero_masked(ops.copy(flat_value), spec.key_mask)
+        flat_key = masking.zero_masked(ops.copy(flat_key), spec.key_mask)
+        return _Call(query, flat_query, flat_key, flat_value, spec, layout,
+                     tuple(ops.shape(value)))
+
+    def _project_query(self, call):
+        """`(projected query (B, Tq, H, D), gate or None)`."""
+        flat_query = masking.zero_masked(ops.copy(call.flat_query), call.mask.query_mask)
+        gate = self._gate_dense(flat_query) if self._use_gate else None
+        return self._query_dense(flat_query), gate
+
+    def _project_key_value(self, key, value):
+        """Projected `(key, value)`, non-finite positions confined."""
+        return masking.confine_nonfinite(self._key_dense(key), self._value_dense(value))
+
+    def _run_compute_attention(self, query, key, value, mask, training,
+                               return_attention_scores):
+        """`_compute_attention`, given a Keras-style merged mask when a
+        subclass written for Keras overrides it."""
+        hook = type(self)._compute_attention
+        if hook.__module__.startswith("keras_attention."):
+            return self._compute_attention(
+                query, key, value, mask, training, return_attention_scores)
+        merged = mask.dense(ops.shape(query)[1], ops.shape(key)[1])
+        if merged is not None:
+            if not mask.per_head:
+                merged = merged[:, 0]
+            merged = ops.broadcast_to(
+                merged, (ops.shape(query)[0],) + tuple(
+                    ops.shape(merged)[1:-2]) + (ops.shape(query)[1], ops.shape(key)[1]))
+        optional = {"training": training}
+        if "return_attention_scores" in inspect.signature(hook).parameters:
+            optional["return_attention_scores"] = return_attention_scores
+        return self._compute_attention(query, key, value, merged, **optional)
+
+    def _attend_and_project(self, call, query, gate, key, value, training,
+                            return_attention_scores, weights_requested=None):
+        """Kernel, gate, output projection and result tuple of a call."""
+        if weights_requested is None:
+            weights_requested = return_attention_scores
+        if masking.is_statically_empty(query, key):
             # No query, or no key (nothing to attend to: the zeros of a fully
             # masked row), on every kernel and in every subclass.
-            output, weights = masking.empty_attention(
-                projected_query, projected_value, return_weights=True
-            )
-            if scores_selection is not None:
-                weights = ops.zeros(
-                    scores_selection.shape(tuple(ops.shape(weights))),
-                    dtype=weights.dtype,
-                )
+            output, weights = masking.empty_attention(query, value, return_weights=True)
         else:
-            output, weights = self._run_hook(
-                projected_query,
-                projected_key,
-                projected_value,
-                query_mask=query_mask,
-                key_mask=key_mask,
-                attention_mask=attention_mask,
-                use_causal_mask=use_causal_mask,
-                training=training,
-                return_attention_scores=return_attention_scores,
-                scores_selection=scores_selection,
-            )
-            if weights is not None and scores_selection is None:
-                # Every kernel's weights honour the masks: zero for masked
-                # query rows and masked keys (approximate kernels would not).
-                weights = _zero_masked_weights(weights, query_mask, key_mask)
-        if return_attention_scores and weights is None:
-            raise ValueError(
-                self._error(
-                    "this attention kernel does not compute attention weights; "
-                    "call with return_attention_scores=False"
-                )
-            )
-        if scores_selection is None:
-            self._record_attention(weights)
+            output, weights = self._run_compute_attention(
+                query, key, value, call.mask, training, weights_requested)
+            if weights is not None:
+                weights = self._zero_hidden_weights(weights, call.mask)
+        if weights_requested and weights is None:
+            raise ValueError(self._error(
+                "this attention kernel does not compute attention weights; "
+                "call with return_attention_scores=False"))
+        self._record_attention(weights)
+        # A masked query row's attention result is zero on every kernel, so
+        # its output is the output projection's bias, as a row with no key.
+        output = masking.zero_masked(output, call.mask.query_mask)
         if gate is not None:
             output = output * gate
         output = self._output_dense(output)
-        if masking.is_statically_empty(flat_query):
+        if masking.is_statically_empty(call.flat_query):
             # TF's einsum gives a fully empty (0, 0, ...) input a batch of 1.
             # The batch may be unknown here (a compiled call): dynamic shape.
-            batch, length = ops.shape(flat_query)[0], ops.shape(flat_query)[1]
+            batch, length = ops.shape(call.flat_query)[0], ops.shape(call.flat_query)[1]
             output = ops.zeros((batch, length) + tuple(output.shape[2:]), output.dtype)
-        output = masking.zero_masked(output, query_mask)
-        results = (layout.unflatten(output, query_shape),)
-        if return_attention_scores:
-            if not layout.trivial:
-                weights = ops.reshape(
-                    weights,
-                    layout.scores_shape(query_shape, ops.shape(value), self.num_heads),
-                )
-            results += (weights,)
-        if new_cache is not None:
-            results += (new_cache,)
-        return results[0] if len(results) == 1 else results
+        output = call.layout.unflatten(output, tuple(ops.shape(call.query)))
+        if not return_attention_scores:
+            return (output,)
+        if not call.layout.trivial and weights is not None:
+            weights = ops.reshape(weights, call.layout.scores_shape(
+                tuple(ops.shape(call.query)), call.value_shape, self._num_heads))
+        return output, weights
 
-    def _prepare_or_cache(self, query, value, key, query_mask, value_mask, key_mask,
-                          attention_mask, use_causal_mask, cache, cache_update_index):
-        query, value, key, query_mask, value_mask, layout = self._prepare(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            use_causal_mask,
+    @staticmethod
+    def _zero_hidden_weights(weights, mask):
+        """`(B, H, Tq, Tv)` weights, zero on masked query rows and keys (the
+        approximate kernels would not be)."""
+        keep = masking.merge_masks(
+            None if mask.query_mask is None else mask.query_mask[:, None, :, None],
+            None if mask.key_mask is None else mask.key_mask[:, None, None, :],
         )
-        return query, value, key, query_mask, value_mask, layout
-
-    def _run_hook(self, query, key, value, *, query_mask, key_mask, attention_mask,
-                  use_causal_mask, training, return_attention_scores,
-                  scores_selection):
-        if self._hook_takes_split_masks:
-            kwargs = {}
-            if scores_selection is not None:
-                kwargs["scores_selection"] = scores_selection
-            return self._compute_attention(
-                query,
-                key,
-                value,
-                attention_mask,
-                training,
-                return_attention_scores,
-                use_causal_mask,
-                query_mask=query_mask,
-                key_mask=key_mask,
-                **kwargs,
-            )
-        # A Keras-style override: one merged `(B, Tq, Tv)` mask.
-        merged = masking.attention_mask_from(
-            query_mask=query_mask,
-            value_mask=key_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-            query_length=ops.shape(query)[1],
-            key_length=ops.shape(key)[1],
-        )
-        if merged is not None and len(merged.shape) == 3:
-            merged = ops.broadcast_to(
-                merged, (ops.shape(query)[0], ops.shape(query)[1], ops.shape(key)[1])
-            )
-        optional = {"training": training}
-        if self._hook_takes_scores_flag:
-            optional["return_attention_scores"] = return_attention_scores
-        return self._compute_attention(query, key, value, merged, **optional)
+        if keep is None:
+            return weights
+        return ops.where(keep, weights, ops.zeros((), dtype=weights.dtype))
 
     def call(
         self,
@@ -771,38 +662,46 @@ class BaseMultiHeadAttention(BaseAttention):
         *,
         mask=None,
     ):
-        return self._attention_call(
+        return_attention_scores = validation.validate_call_flag(
+            self, "return_attention_scores", return_attention_scores)
+        use_causal_mask = validation.validate_call_flag(self, "use_causal_mask", use_causal_mask)
+        call = self._prepare_inputs(
             query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            return_attention_scores, training, use_causal_mask, mask,
+            use_causal_mask, mask,
         )
+        projected_query, gate = self._project_query(call)
+        projected_key, projected_value = self._project_key_value(
+            call.flat_key, call.flat_value)
+        results = self._attend_and_project(
+            call, projected_query, gate, projected_key, projected_value, training,
+            return_attention_scores,
+        )
+        return results[0] if len(results) == 1 else results
 
     def _output_spec(self, query, value, key, query_mask, value_mask, key_mask,
                      attention_mask, return_attention_scores, use_causal_mask,
-                     cache=None, cache_update_index=None, scores_selection=None):
-        query, value, key, _, _, layout = self._prepare_or_cache(
+                     keys_shape=None):
+        query, value, key, _, _, layout = self._prepare(
             query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            use_causal_mask, cache, cache_update_index,
+            use_causal_mask, None,
         )
         dims = self._output_shape or (query.shape[-1],)
-        results = (
-            keras.KerasTensor(
-                tuple(query.shape[:-1]) + tuple(dims), dtype=self.compute_dtype
-            ),
-        )
+        results = (keras.KerasTensor(
+            tuple(query.shape[:-1]) + tuple(dims), dtype=self.compute_dtype),)
         if return_attention_scores:
-            if cache is not None:
-                keys_shape = (cache.shape[0], cache.shape[2], None)
-            else:
-                keys_shape = tuple(value.shape)
-            shape = layout.scores_shape(tuple(query.shape), keys_shape, self.num_heads)
-            if scores_selection is not None:
-                shape = scores_selection.shape(shape)
+            keys_shape = tuple(value.shape) if keys_shape is None else keys_shape
+            shape = layout.scores_shape(tuple(query.shape), keys_shape, self._num_heads)
             results += (keras.KerasTensor(shape, dtype=self.compute_dtype),)
-        if cache is not None:
-            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
-        return results[0] if len(results) == 1 else results
+        return results
 
-    def compute_output_spec(
+    def compute_output_spec(self, *args, **kwargs):
+        if not type(self).call.__module__.startswith("keras_attention."):
+            # A subclass written for Keras' layer (KerasHub's cached
+            # attention): trace its own `call`.
+            return keras.layers.Layer.compute_output_spec(self, *args, **kwargs)
+        return self._compute_output_spec(*args, **kwargs)
+
+    def _compute_output_spec(
         self,
         query,
         value=None,
@@ -817,44 +716,48 @@ class BaseMultiHeadAttention(BaseAttention):
         *,
         mask=None,
     ):
-        return self._output_spec(
+        results = self._output_spec(
             query, value, key, query_mask, value_mask, key_mask, attention_mask,
             return_attention_scores, use_causal_mask,
         )
+        return results[0] if len(results) == 1 else results
 
     # ---------------------------------------------------------------- config
     def get_config(self):
         config = super().get_config()
         config.update(
             {
-                "num_heads": self.num_heads,
-                "key_dim": self.key_dim,
-                "value_dim": self.value_dim,
-                "use_bias": self.use_bias,
+                "num_heads": self._num_heads,
+                "key_dim": self._key_dim,
+                "value_dim": self._value_dim,
+                "use_bias": self._use_bias,
                 "output_shape": self._output_shape,
-                "use_gate": self.use_gate,
-                "num_key_value_heads": self.num_key_value_heads,
+                "use_gate": self._use_gate,
+                "num_key_value_heads": self._num_key_value_heads,
                 "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
+                    self._kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self._bias_initializer),
                 "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "bias_regularizer": keras.regularizers.serialize(
-                    self.bias_regularizer
-                ),
+                    self._kernel_regularizer),
+                "bias_regularizer": keras.regularizers.serialize(self._bias_regularizer),
                 "activity_regularizer": keras.regularizers.serialize(
-                    self._projection_activity_regularizer
-                ),
-                "kernel_constraint": keras.constraints.serialize(
-                    self.kernel_constraint
-                ),
-                "bias_constraint": keras.constraints.serialize(
-                    self.bias_constraint
-                ),
+                    self._activity_regularizer),
+                "kernel_constraint": keras.constraints.serialize(self._kernel_constraint),
+                "bias_constraint": keras.constraints.serialize(self._bias_constraint),
             }
         )
         return config
+
+
+class _Call:
+    """One call's validated inputs: flat `(B', T, F)` tensors and one mask."""
+
+    def __init__(self, query, flat_query, flat_key, flat_value, mask, layout,
+                 value_shape):
+        self.query = query  # as given (for the output's shape)
+        self.flat_query = flat_query
+        self.flat_key = flat_key
+        self.flat_value = flat_value
+        self.mask = mask  # the AttentionMask
+        self.layout = layout
+        self.value_shape = value_shape

@@ -1,33 +1,30 @@
-import numbers
+import math
 
 import keras
 from keras import ops
 
+from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import utils
+from keras_attention.layers import kernel_selector
+from keras_attention.layers import memory_budget
+from keras_attention.layers import scores_selection
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.layers.kernel_selector import Kernel
+from keras_attention.ops import dense_attention
 from keras_attention.ops import masking
-from keras_attention.ops.cache import update_cache
 from keras_attention.ops import multi_head
-from keras_attention.ops.memory_efficient import memory_efficient_attention
 from keras_attention.ops import ring_attention
+from keras_attention.ops.cache import update_cache
+from keras_attention.ops.memory_efficient import memory_efficient_attention
 from keras_attention.ops.xla import tensorflow_xla_trace
 
-# The fused kernel, looked up here so that tests can prove it ran.
-dot_product_attention = ops.dot_product_attention
-
-# Keys at or beyond this length switch "auto" to the memory-efficient kernel.
-# Measured with benchmarks/mha_benchmark.py on a 2-core CPU (TF graph mode,
-# batch 1, 8 heads of 64): the recomputing backward does 7/6 of the exact
-# kernel's matmul work, and on a CPU the exact kernel's matmuls run at full
-# speed, so the memory-efficient kernel is ~1.1x slower at 8192; but there the
-# exact kernel (ours or Keras') peaks at 7.3 GiB against 1.3 GiB, and at 16384
-# it runs out of memory. See benchmarks/RESULTS.md.
-DEFAULT_MEMORY_EFFICIENT_THRESHOLD = 8192
 DEFAULT_BLOCK_SIZE = 1024
+# Captured before any code substitutes ours for Keras' class.
+_KerasMultiHeadAttention = keras.layers.MultiHeadAttention
+_KerasGroupQueryAttention = keras.layers.GroupQueryAttention
 
 
-def _fused_kernel_available():
+def fused_kernel_available():
     """Whether `keras.ops.dot_product_attention` has a fused kernel here."""
     backend = keras.backend.backend()
     if backend == "jax":
@@ -39,111 +36,6 @@ def _fused_kernel_available():
 
         return torch.cuda.is_available()
     return False
-
-
-def _softmax(logits, mask):
-    """`masking.masked_softmax`, on the backend's fused softmax when it can.
-
-    The fused op (one pass forward, one fused gradient) is measurably faster
-    than the written-out softmax at long lengths; it is skipped for a
-    length-1 key axis, where `ops.softmax` warns.
-    """
-    if logits.shape[-1] is None or logits.shape[-1] < 2:
-        return masking.masked_softmax(logits, mask)
-    dtype = logits.dtype
-    if mask is None:
-        return ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), dtype)
-    weights = ops.softmax(ops.where(mask, ops.cast(logits, "float32"), -1e9), axis=-1)
-    # A row with no allowed key would be uniform: zero it.
-    return ops.cast(ops.where(mask, weights, 0.0), dtype)
-
-
-class _ScoresSelection:
-    """Which heads and query rows `return_attention_scores` returns."""
-
-    def __init__(self, layer, heads, query_range):
-        self.heads = None
-        if heads is not None:
-            received = heads
-            if isinstance(heads, numbers.Integral):
-                heads = [heads]
-            valid = (
-                isinstance(heads, (list, tuple))
-                and heads
-                and all(
-                    isinstance(h, numbers.Integral)
-                    and not isinstance(h, bool)
-                    and 0 <= h < layer.num_heads
-                    for h in heads
-                )
-            )
-            if not valid or isinstance(received, bool):
-                raise ValueError(
-                    layer._error(
-                        "`attention_scores_heads` must be a head index or a "
-                        f"non-empty list of indices in [0, {layer.num_heads}). "
-                        f"Received: attention_scores_heads={received!r}"
-                    )
-                )
-            self.heads = [int(h) for h in heads]
-        self.query_range = None
-        if query_range is not None:
-            ok = (
-                isinstance(query_range, (tuple, list))
-                and len(query_range) == 2
-                and all(
-                    isinstance(x, numbers.Integral) and not isinstance(x, bool)
-                    for x in query_range
-                )
-                and 0 <= query_range[0] < query_range[1]
-            )
-            if not ok:
-                raise ValueError(
-                    layer._error(
-                        "`attention_scores_query_range` must be (start, stop) "
-                        "with 0 <= start < stop. Received: "
-                        f"attention_scores_query_range={query_range!r}"
-                    )
-                )
-            self.query_range = (int(query_range[0]), int(query_range[1]))
-
-    def check_length(self, layer, query_length):
-        if self.query_range and query_length is not None:
-            if self.query_range[1] > query_length:
-                raise ValueError(
-                    layer._error(
-                        "`attention_scores_query_range` must lie inside the "
-                        f"query of length {query_length}. Received: "
-                        f"attention_scores_query_range={self.query_range}"
-                    )
-                )
-
-    def shape(self, full):
-        """The selected scores' shape given the full `(B, H, Tq, Tv)`."""
-        batch, heads, rows, keys = full
-        if self.heads is not None:
-            heads = len(self.heads)
-        if self.query_range is not None:
-            rows = self.query_range[1] - self.query_range[0]
-        return (batch, heads, rows, keys)
-
-
-def _validate_attention_axes(attention_axes):
-    if attention_axes is None:
-        return None
-    if isinstance(attention_axes, numbers.Integral) and not isinstance(
-        attention_axes, bool
-    ):
-        return (int(attention_axes),)
-    if not isinstance(attention_axes, (list, tuple)) or not all(
-        isinstance(a, numbers.Integral) and not isinstance(a, bool)
-        for a in attention_axes
-    ) or not attention_axes:
-        raise ValueError(
-            "MultiHeadAttention: `attention_axes` must be an int, list, or "
-            f"tuple of ints. Received: attention_axes={attention_axes!r}"
-        )
-    return tuple(int(a) for a in attention_axes)
 
 
 @keras_attention_export("layers")
@@ -171,13 +63,19 @@ class MultiHeadAttention(BaseMultiHeadAttention):
       any shape Keras accepts, and zero output for fully masked rows in any
       dtype.
 
-    Kernels: `flash_attention=True` runs the backend's fused kernel where one
-    exists (`keras.ops.dot_product_attention` on JAX GPU/TPU and torch CUDA)
-    and our blockwise kernel elsewhere (TensorFlow, CPUs), where Keras would
-    raise; `flash_attention=False` always materialises the weights;
+    Kernels: one function, `layers.kernel_selector.select_kernel`, picks the
+    kernel of each call from the configuration, the static shapes, what the
+    call needs and the backend (its docstring has the table).
+    `flash_attention=True` runs the backend's fused kernel where one exists
+    (`keras.ops.dot_product_attention` on JAX GPU/TPU and torch CUDA) and our
+    blockwise kernel elsewhere (TensorFlow, CPUs), where Keras would raise;
+    `flash_attention=False` always materialises the weights;
     `flash_attention=None` (default) follows `memory_efficient`. Weights that
     must be stored (returned, captured, or dropped out in training) always
-    come from the materialised path.
+    come from the materialised path. Every kernel reads the call's masks from
+    one `ops.attention_mask.AttentionMask` with absolute positions, so a
+    sliding window under a decoding cache is measured from the cache
+    position on every kernel.
 
     Args:
         num_heads: number of query heads `H`.
@@ -203,13 +101,18 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         num_key_value_heads: (keyword-only) number of key/value heads `Hkv`;
             must divide `num_heads`. Defaults to `num_heads`.
         memory_efficient: (keyword-only) `"auto"` (default), `True` or
-            `False`. `"auto"` uses the blockwise kernel when the key length is
-            at least `memory_efficient_threshold` and the weights need not be
-            stored; `True` whenever they need not be stored and lengths are
-            static; `False` never (the documented way back to speed at
-            L = 8192 on CPU, see benchmarks/RESULTS.md).
-        memory_efficient_threshold: (keyword-only) key length from which
-            `"auto"` switches; defaults to 8192.
+            `False`. `"auto"` materialises the logits (the fastest exact
+            kernel) when their forward + backward working set fits the memory
+            budget and runs the blockwise, memory-linear kernel otherwise;
+            `True` runs the blockwise kernel whenever the weights need not be
+            stored and lengths are static; `False` never does.
+        memory_efficient_threshold: (keyword-only) `None` (default), or a
+            key length from which `"auto"` switches to the blockwise kernel
+            whatever the budget (the rule before budgets).
+        memory_budget: (keyword-only) bytes the materialised kernel's
+            working set may take under `"auto"`; `None` (default) uses
+            `keras_attention.attention_memory_budget()` (half the memory
+            available when first read; `set_attention_memory_budget` sets it).
         block_size: (keyword-only) query and key tile length of the blockwise
             kernel.
         sequence_parallel: (keyword-only) `None` (default), or the name of
@@ -263,8 +166,10 @@ class MultiHeadAttention(BaseMultiHeadAttention):
     Returns:
         `(B, Tq, *output_shape)`; with `return_attention_scores=True` also the
         weights (`(B, H, Tq, Tv)`, or the selection); with a cache also the
-        (updated) cache, last. Query rows masked by `query_mask` (or the
-        Keras mask) are zero.
+        (updated) cache, last. A query row with nothing to attend to (masked
+        by `query_mask` or the Keras mask, or with every key hidden by any
+        mask) has all-zero weights and a zero attention result: its output is
+        the output projection's bias.
 
     Example:
 
@@ -300,96 +205,71 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         *,
         num_key_value_heads=None,
         memory_efficient="auto",
-        memory_efficient_threshold=DEFAULT_MEMORY_EFFICIENT_THRESHOLD,
+        memory_efficient_threshold=None,
+        memory_budget=None,
         block_size=DEFAULT_BLOCK_SIZE,
         sequence_parallel=None,
         **kwargs,
     ):
-        name = type(self).__name__
+        owner = type(self).__name__
+        attention_axes = validation.validate_axes(owner, "attention_axes", attention_axes)
+        sliding_window = validation.validate_positive_int(
+            owner, "sliding_window", sliding_window, allow_none=True)
+        flash_attention = validation.validate_choice(
+            owner, "flash_attention", flash_attention, (None, True, False))
+        memory_efficient = validation.validate_choice(
+            owner, "memory_efficient", memory_efficient, ("auto", True, False))
+        if flash_attention is not None and memory_efficient is (not flash_attention):
+            raise ValueError(
+                f"{owner}: flash_attention={flash_attention} contradicts "
+                f"memory_efficient={memory_efficient}; set only one. Received: "
+                f"flash_attention={flash_attention!r}, "
+                f"memory_efficient={memory_efficient!r}")
         super().__init__(
-            num_heads,
-            key_dim,
-            value_dim=value_dim,
-            dropout=dropout,
-            use_bias=use_bias,
-            output_shape=output_shape,
+            num_heads, key_dim, value_dim=value_dim, dropout=dropout,
+            use_bias=use_bias, output_shape=output_shape,
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
             kernel_regularizer=kernel_regularizer,
             bias_regularizer=bias_regularizer,
             activity_regularizer=activity_regularizer,
-            kernel_constraint=kernel_constraint,
-            bias_constraint=bias_constraint,
-            use_gate=use_gate,
-            seed=seed,
-            num_key_value_heads=num_key_value_heads,
+            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint,
+            use_gate=use_gate, seed=seed, num_key_value_heads=num_key_value_heads,
             **kwargs,
         )
-        self._attention_axes = _validate_attention_axes(attention_axes)
-        if sliding_window is not None and (
-            isinstance(sliding_window, bool)
-            or not isinstance(sliding_window, numbers.Integral)
-            or sliding_window <= 0
-        ):
-            raise ValueError(
-                f"{name}: `sliding_window` must be `None` or a positive "
-                f"integer. Received: sliding_window={sliding_window!r}"
-            )
-        self._sliding_window = sliding_window
-        if flash_attention not in (None, True, False):
-            raise ValueError(
-                f"{name}: `flash_attention` must be None, True or False. "
-                f"Received: flash_attention={flash_attention!r}"
-            )
-        self.flash_attention = flash_attention
         if flash_attention and self.dropout > 0.0:
             raise ValueError(
-                f"{name}: Dropout is not supported when flash attention is "
+                f"{owner}: Dropout is not supported when flash attention is "
                 "enabled. Please set dropout to 0.0 to use flash attention. "
-                f"Received: dropout={dropout!r}, flash_attention=True"
-            )
-        if memory_efficient not in (True, False, "auto"):
-            raise ValueError(
-                f"{name}: `memory_efficient` must be True, False or 'auto'. "
-                f"Received: memory_efficient={memory_efficient!r}"
-            )
-        if flash_attention is not None and memory_efficient is (not flash_attention):
-            raise ValueError(
-                f"{name}: flash_attention={flash_attention} contradicts "
-                f"memory_efficient={memory_efficient}; set only one. Received: "
-                f"flash_attention={flash_attention!r}, "
-                f"memory_efficient={memory_efficient!r}"
-            )
+                f"Received: dropout={dropout!r}, flash_attention=True")
+        self._attention_axes = attention_axes
+        self._sliding_window = sliding_window
+        self.flash_attention = flash_attention
         self.memory_efficient = memory_efficient
-        self.memory_efficient_threshold = utils.validate_positive_int(
-            name, "memory_efficient_threshold", memory_efficient_threshold
-        )
-        self.block_size = utils.validate_positive_int(name, "block_size", block_size)
+        self.memory_efficient_threshold = validation.validate_positive_int(
+            owner, "memory_efficient_threshold", memory_efficient_threshold,
+            allow_none=True)
+        self.memory_budget = validation.validate_positive_int(
+            owner, "memory_budget", memory_budget, allow_none=True)
+        self.block_size = validation.validate_positive_int(owner, "block_size", block_size)
         if sequence_parallel is not None:
             if not isinstance(sequence_parallel, str) or not sequence_parallel:
                 raise ValueError(
-                    f"{name}: `sequence_parallel` must be None or the name of "
+                    f"{owner}: `sequence_parallel` must be None or the name of "
                     "a device mesh axis. Received: "
-                    f"sequence_parallel={sequence_parallel!r}"
-                )
-            unsupported = {
-                "dropout": (self.dropout > 0.0, dropout),
-                "sliding_window": (sliding_window is not None, sliding_window),
-                "flash_attention": (flash_attention is not None, flash_attention),
-            }
-            for argument, (given, received) in unsupported.items():
+                    f"sequence_parallel={sequence_parallel!r}")
+            for argument, given, received in (
+                ("dropout", self.dropout > 0.0, dropout),
+                ("sliding_window", sliding_window is not None, sliding_window),
+                ("flash_attention", flash_attention is not None, flash_attention),
+            ):
                 if given:
                     raise ValueError(
-                        f"{name}: `sequence_parallel` (ring attention) does "
+                        f"{owner}: `sequence_parallel` (ring attention) does "
                         f"not support `{argument}`. Received: "
                         f"sequence_parallel={sequence_parallel!r}, "
-                        f"{argument}={received!r}"
-                    )
+                        f"{argument}={received!r}")
         self.sequence_parallel = sequence_parallel
-
-    @property
-    def attention_axes(self):
-        return self._attention_axes
 
     @property
     def sliding_window(self):
@@ -401,36 +281,60 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         return bool(self.flash_attention)
 
     # ------------------------------------------------------ kernel selection
-    def _weights_must_be_stored(self, training, return_attention_scores):
+    def kernel_for(self, query_shape, key_shape=None, *, training=False,
+                   return_attention_scores=False):
+        """The `Kernel` a call on inputs of these shapes would run.
+
+        A pure query of `kernel_selector.select_kernel` (nothing runs):
+        `query_shape` / `key_shape` are the inputs' shapes (`key_shape`
+        defaults to `query_shape`, self-attention), `training` whether
+        dropout would act, `return_attention_scores` whether all weights are
+        asked for. Inside a TensorFlow XLA trace the answer can differ (see
+        the selector's table).
+        """
+        key_shape = query_shape if key_shape is None else key_shape
+        layout = self._layout(len(query_shape))
+
+        def length(shape):
+            dims = [shape[a] for a in layout.attention_axes]
+            return None if None in dims else math.prod(dims)
+
+        batch = query_shape[0]
+        if batch is not None and layout.batch_axes:
+            batch = math.prod([batch] + [query_shape[a] for a in layout.batch_axes])
+        shapes = (batch, length(query_shape)), (batch, length(key_shape))
+        return kernel_selector.select_kernel(self._kernel_request(
+            *shapes, self._weights_needed(training, return_attention_scores)))
+
+    def _kernel_request(self, query, key, weights_needed):
+        """The `KernelRequest` of a call (see `kernel_selector`); `query` and
+        `key` are the projected heads or their `(batch, length)` shapes."""
+        query = tuple(query.shape) if hasattr(query, "shape") else query
+        key = tuple(key.shape) if hasattr(key, "shape") else key
+        budget = self.memory_budget
+        if budget is None and self.memory_efficient == "auto":
+            budget = memory_budget.attention_memory_budget()
+        return kernel_selector.KernelRequest(
+            sequence_parallel=self.sequence_parallel is not None,
+            flash_attention=self.flash_attention,
+            memory_efficient=self.memory_efficient,
+            memory_efficient_threshold=self.memory_efficient_threshold,
+            equal_head_dims=self._value_dim == self._key_dim,
+            batch_size=query[0],
+            num_heads=self._num_heads,
+            query_length=query[1],
+            key_length=key[1],
+            weights_needed=weights_needed,
+            fused_available=fused_kernel_available(),
+            flash_enabled=keras.config.is_flash_attention_enabled(),
+            xla=tensorflow_xla_trace(),
+            memory_budget=budget,
+        )
+
+    def _weights_needed(self, training, return_attention_scores):
         if return_attention_scores or self._capturing_attention:
             return True
-        return self.dropout > 0 and training is not None and training is not False
-
-    def _kernel_for(self, query, key, training, weights_needed):
-        """`"ring"`, `"fused"`, `"blockwise"` or `"dense"` (materialised)."""
-        if self.sequence_parallel is not None:
-            return "ring"
-        if weights_needed or self.flash_attention is False:
-            return "dense"
-        if self.memory_efficient is False:
-            return "dense"
-        static = query.shape[1] is not None and key.shape[1] is not None
-        # The fused kernels need equal key and value head sizes.
-        fused_allowed = (
-            keras.config.is_flash_attention_enabled() is not False
-            and self.value_dim == self.key_dim
-        )
-        if self.flash_attention:
-            fused = _fused_kernel_available() and self.value_dim == self.key_dim
-            return "fused" if fused else ("blockwise" if static else "dense")
-        if fused_allowed and _fused_kernel_available():
-            return "fused"
-        if not static:
-            return "dense"
-        if self.memory_efficient == "auto":
-            long = key.shape[1] >= self.memory_efficient_threshold
-            return "blockwise" if long and query.shape[1] > 1 else "dense"
-        return "blockwise"
+        return self._dropout_callable(training) is not None
 
     def _compute_attention(
         self,
@@ -441,217 +345,64 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         training=None,
         return_attention_scores=False,
         use_causal_mask=False,
-        *,
-        query_mask=None,
-        key_mask=None,
-        scores_selection=None,
     ):
-        """The exact kernels over projected heads (see `BaseMultiHeadAttention`).
-
-        Also takes `scores_selection` (the heads/rows to return weights for).
-        """
-        full_weights = return_attention_scores and scores_selection is None
-        if full_weights and self.flash_attention:
-            raise ValueError(
-                self._error(
-                    "Returning attention scores is not supported when flash "
-                    "attention is enabled. Please disable flash attention to "
-                    "access attention scores, or select heads/rows with "
-                    "`attention_scores_heads` / `attention_scores_query_range`."
-                )
-            )
-        weights_needed = self._weights_must_be_stored(training, full_weights)
-        if scores_selection is not None and self._capturing_attention:
-            weights_needed = False
-        kernel = self._kernel_for(query, key, training, weights_needed)
-        self._last_kernel = kernel  # read by tests and benchmarks
-        if kernel == "ring":
-            output = self._ring_attention(
-                query, key, value, query_mask, key_mask, attention_mask,
-                use_causal_mask, weights_needed or scores_selection is not None,
-            )
-            return output, None
-        if kernel == "fused":
-            output = self._fused_attention(
-                query, key, value, query_mask, key_mask, attention_mask,
-                use_causal_mask, flash_attention=True if self.flash_attention else None,
-            )
-            weights = None
-        elif kernel == "blockwise":
+        """The exact kernels over projected heads (Keras' hook; see
+        `BaseMultiHeadAttention._compute_attention`): one kernel choice, then
+        one dispatch."""
+        if return_attention_scores and self.flash_attention:
+            raise ValueError(self._error(
+                "Returning attention scores is not supported when flash "
+                "attention is enabled. Please disable flash attention to "
+                "access attention scores, or select heads/rows with "
+                "`attention_scores_heads` / `attention_scores_query_range`."))
+        mask = self._as_attention_mask(attention_mask, use_causal_mask)
+        kernel = kernel_selector.select_kernel(self._kernel_request(
+            query, key, self._weights_needed(training, return_attention_scores)))
+        scale = self._inverse_sqrt_key_dim
+        if kernel is Kernel.DENSE:
+            return dense_attention.dense_attention(
+                query, key, value, mask, scale=scale,
+                dropout=self._dropout_callable(training))
+        if kernel is Kernel.RING:
+            if self._weights_needed(training, return_attention_scores):
+                raise ValueError(self._error(
+                    f"`sequence_parallel={self.sequence_parallel!r}` (ring "
+                    "attention) never forms the attention weights. Received: a "
+                    "call that needs the weights (returned, captured or dropped "
+                    "out)"))
+            return self._ring_attention(query, key, value, mask), None
+        if kernel is Kernel.BLOCKWISE:
             output = memory_efficient_attention(
-                query,
-                key,
-                value,
-                scale=self._scale,
-                query_mask=query_mask,
-                key_mask=key_mask,
-                attention_mask=attention_mask,
-                use_causal_mask=use_causal_mask,
-                sliding_window=self._sliding_window,
-                block_size=self.block_size,
+                query, key, value, scale=scale, mask=mask, block_size=self.block_size)
+        else:  # FUSED, COMPOSITE: keras.ops.dot_product_attention
+            output = dense_attention.composite_attention(
+                query, key, value, mask, scale=scale, num_heads=self._num_heads,
+                flash_attention=(
+                    False if kernel is Kernel.COMPOSITE
+                    else (True if self.flash_attention else None)),
             )
-            weights = None
-        elif (
-            weights_needed
-            or self.value_dim != self.key_dim  # JAX's composite kernel needs it
-            or tensorflow_xla_trace()  # XLA fuses ours: 0.52x Keras' time at 4096
-        ):
-            output, weights = self._dense_attention(
-                query, key, value, query_mask, key_mask, attention_mask,
-                use_causal_mask, training,
-            )
-        else:
-            # What Keras runs when no weights are needed: the backend's
-            # composite kernel, materialised but never kept for the caller.
-            output = self._fused_attention(
-                query, key, value, query_mask, key_mask, attention_mask,
-                use_causal_mask, flash_attention=False,
-            )
-            weights = None
-        if scores_selection is not None:
-            weights = self._selected_weights(
-                query, key, query_mask, key_mask, attention_mask, use_causal_mask,
-                scores_selection,
-            )
-        return output, weights
+        return output, None
 
-    def _ring_attention(self, query, key, value, query_mask, key_mask,
-                        attention_mask, use_causal_mask, weights_needed):
+    def _ring_attention(self, query, key, value, mask):
         axis = self.sequence_parallel
-        if weights_needed or attention_mask is not None:
-            raise ValueError(
-                self._error(
-                    f"`sequence_parallel={axis!r}` (ring attention) never "
-                    "forms the attention weights and takes query, key and "
-                    "causal masks only. Received: "
-                    + ("an attention_mask of shape "
-                       f"{tuple(attention_mask.shape)}" if attention_mask is not None
-                       else "a call that needs the weights (returned, captured "
-                            "or dropped out)")
-                )
-            )
+        if mask.pair_mask is not None:
+            raise ValueError(self._error(
+                f"`sequence_parallel={axis!r}` (ring attention) takes query, "
+                "key and causal masks only. Received: an attention_mask of "
+                f"shape {tuple((mask.pair_mask if mask.per_head else mask.pair_mask[:, 0]).shape)}"))
         mesh = ring_attention.check_sequence_mesh(
             self._error, "sequence_parallel", axis, query.shape, key.shape)
-        key = multi_head.repeat_key_value_heads(key, self.num_heads)
-        value = multi_head.repeat_key_value_heads(value, self.num_heads)
         distribution = keras.distribution.distribution()
         batch_axis = distribution.batch_dim_name
         if batch_axis == axis or batch_axis not in mesh.axis_names:
             batch_axis = None
+        ring_attention.check_batch_axis(
+            self._error, mesh, batch_axis, query.shape[0])
+        key = multi_head.repeat_key_value_heads(key, self._num_heads)
+        value = multi_head.repeat_key_value_heads(value, self._num_heads)
         return ring_attention.ring_attention(
             query, key, value, mesh=mesh.backend_mesh, sequence_axis=axis,
-            batch_axis=batch_axis, scale=self._scale, query_mask=query_mask,
-            key_mask=key_mask, use_causal_mask=use_causal_mask,
-        )
-
-    def _mask_for(self, query_mask, key_mask, attention_mask, use_causal_mask,
-                  query_length, key_length, row_offset=0):
-        """The merged boolean mask `(B|1, 1|H, Tq, Tv)`, or None."""
-        if attention_mask is not None and len(attention_mask.shape) == 3:
-            attention_mask = ops.expand_dims(attention_mask, 1)
-        parts = []
-        if query_mask is not None:
-            parts.append(query_mask[:, None, :, None])
-        if key_mask is not None:
-            parts.append(key_mask[:, None, None, :])
-        if attention_mask is not None:
-            parts.append(attention_mask)
-        rows = row_offset + ops.arange(query_length)[:, None]
-        cols = ops.arange(key_length)[None, :]
-        if use_causal_mask:
-            parts.append((rows >= cols)[None, None])
-        if self._sliding_window is not None:
-            parts.append((ops.abs(rows - cols) < self._sliding_window)[None, None])
-        return masking.merge_masks(*parts)
-
-    def _dense_attention(self, query, key, value, query_mask, key_mask,
-                         attention_mask, use_causal_mask, training):
-        mask = self._mask_for(
-            query_mask, key_mask, attention_mask, use_causal_mask,
-            ops.shape(query)[1], ops.shape(key)[1],
-        )
-        # Logits in float32 under half precision (masking.score_dtype).
-        wide = masking.score_dtype(query.dtype)
-        query = ops.cast(query, wide) * ops.cast(self._scale, wide)
-        logits = multi_head.multi_head_logits(query, ops.cast(key, wide))
-        weights = ops.cast(_softmax(logits, mask), value.dtype)  # (B, H, Tq, Tv)
-        dropped = self._dropout_layer(weights, training=training)
-        return multi_head.multi_head_weighted_sum(dropped, value), weights
-
-    def _selected_weights(self, query, key, query_mask, key_mask, attention_mask,
-                          use_causal_mask, selection):
-        """Exact weights of the selected heads and query rows only.
-
-        Each selected row's softmax is over all keys, so only
-        `(B, heads, rows, Tv)` is ever formed.
-        """
-        start = 0
-        if selection.query_range is not None:
-            start, stop = selection.query_range
-            query = query[:, start:stop]
-            query_mask = None if query_mask is None else query_mask[:, start:stop]
-            if attention_mask is not None:
-                attention_mask = attention_mask[..., start:stop, :]
-        groups = self.num_heads // self.num_key_value_heads
-        if selection.heads is not None:
-            query = ops.take(query, selection.heads, axis=2)
-            key = ops.take(key, [h // groups for h in selection.heads], axis=2)
-            if attention_mask is not None and len(attention_mask.shape) == 4:
-                if attention_mask.shape[1] != 1:
-                    attention_mask = ops.take(attention_mask, selection.heads, axis=1)
-        else:
-            key = multi_head.repeat_key_value_heads(key, self.num_heads)
-        mask = self._mask_for(
-            query_mask, key_mask, attention_mask, use_causal_mask,
-            ops.shape(query)[1], ops.shape(key)[1], row_offset=start,
-        )
-        query = ops.cast(query, "float32") * self._scale
-        logits = ops.einsum("bqhd,bkhd->bhqk", query, ops.cast(key, "float32"))
-        return ops.cast(masking.masked_softmax(logits, mask), self.compute_dtype)
-
-    def _fused_attention(self, query, key, value, query_mask, key_mask,
-                         attention_mask, use_causal_mask, flash_attention):
-        if flash_attention is False:
-            # The composite kernel forms logits in the input dtype: in float32
-            # under half precision, as the dense path (the fused GPU kernels
-            # accumulate in float32 themselves).
-            dtype = query.dtype
-            wide = masking.score_dtype(dtype)
-            if wide != str(getattr(dtype, "name", dtype)):
-                output = self._fused_attention(
-                    *(ops.cast(x, wide) for x in (query, key, value)),
-                    query_mask, key_mask, attention_mask, use_causal_mask,
-                    flash_attention=False,
-                )
-                return ops.cast(output, dtype)
-        if keras.backend.backend() != "jax":  # only JAX takes grouped heads
-            key = multi_head.repeat_key_value_heads(key, self.num_heads)
-            value = multi_head.repeat_key_value_heads(value, self.num_heads)
-        mask = self._mask_for(
-            query_mask, key_mask, attention_mask, False,
-            ops.shape(query)[1], ops.shape(key)[1],
-        )
-        if mask is None:  # causal alone: the kernel's own causal mode
-            return dot_product_attention(
-                query, key, value, scale=self._scale, is_causal=use_causal_mask,
-                flash_attention=flash_attention,
-            )
-        if use_causal_mask:
-            mask = self._mask_for(
-                query_mask, key_mask, attention_mask, True,
-                ops.shape(query)[1], ops.shape(key)[1],
-            )
-        heads = 1 if mask.shape[1] == 1 else self.num_heads
-        mask = ops.broadcast_to(
-            mask, (ops.shape(query)[0], heads, ops.shape(query)[1], ops.shape(key)[1])
-        )
-        output = dot_product_attention(
-            query, key, value, mask=mask, scale=self._scale,
-            flash_attention=flash_attention,
-        )
-        # The fused kernels spread a row with no allowed key uniformly: zero it.
-        attended = ops.transpose(ops.any(mask, axis=-1), (0, 2, 1))  # (B, Tq, H|1)
-        return output * ops.cast(attended[..., None], output.dtype)
+            batch_axis=batch_axis, scale=self._inverse_sqrt_key_dim, mask=mask)
 
     # ---------------------------------------------------------------- caching
     def precompute_key_value(self, value, key=None):
@@ -667,167 +418,123 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         """
         key = value if key is None else key
         if not self.built:
-            raise ValueError(
-                self._error(
-                    "precompute_key_value needs a built layer: call it once on "
-                    "(query, value) or build it. Received: an unbuilt layer"
-                )
-            )
+            raise ValueError(self._error(
+                "precompute_key_value needs a built layer: call it once on "
+                "(query, value) or build it. Received: an unbuilt layer"))
         self._check_cacheable()
-        return ops.stack(
-            masking.confine_nonfinite(self._key_dense(key), self._value_dense(value)),
-            axis=1,
-        )
+        return ops.stack(self._project_key_value(key, value), axis=1)
 
     def _check_cacheable(self):
-        if self.value_dim != self.key_dim:
-            raise ValueError(
-                self._error(
-                    "a key/value cache needs `value_dim == key_dim`. Received: "
-                    f"key_dim={self.key_dim}, value_dim={self.value_dim}"
-                )
-            )
+        if self._value_dim != self._key_dim:
+            raise ValueError(self._error(
+                "a key/value cache needs `value_dim == key_dim`. Received: "
+                f"key_dim={self._key_dim}, value_dim={self._value_dim}"))
+        if self.sequence_parallel is not None:
+            raise ValueError(self._error(
+                f"`sequence_parallel={self.sequence_parallel!r}` (ring "
+                "attention) does not support a decoding `cache`: decode "
+                "without sequence parallelism. Received: a cache"))
 
     def _check_cache(self, query, value, key, cache, cache_update_index):
         self._check_cacheable()
         if not hasattr(cache, "shape"):
-            raise TypeError(
-                self._error(f"`cache` must be a tensor. Received: cache={cache!r}")
-            )
+            raise TypeError(self._error(
+                f"`cache` must be a tensor. Received: cache={cache!r}"))
         shape = tuple(cache.shape)
-        expected = (
-            query.shape[0],
-            2,
-            None,
-            self.num_key_value_heads,
-            self.key_dim,
-        )
+        expected = (query.shape[0], 2, None, self._num_key_value_heads, self._key_dim)
         if len(shape) != 5 or not all(
             got is None or want is None or got == want
             for got, want in zip(shape, expected)
         ):
-            raise ValueError(
-                self._error(
-                    "`cache` must have shape (batch, 2, max_length, "
-                    f"num_key_value_heads, key_dim) = {expected} (None = any). "
-                    f"Received: cache with shape {shape}"
-                )
-            )
+            raise ValueError(self._error(
+                "`cache` must have shape (batch, 2, max_length, "
+                f"num_key_value_heads, key_dim) = {expected} (None = any). "
+                f"Received: cache with shape {shape}"))
         if cache_update_index is None:
             if value is not None or key is not None:
-                raise ValueError(
-                    self._error(
-                        "a read-only `cache` (cache_update_index=None) holds the "
-                        "keys and values; do not pass `value` or `key` too. "
-                        f"Received: value={value is not None}, key={key is not None}"
-                    )
-                )
+                raise ValueError(self._error(
+                    "a read-only `cache` (cache_update_index=None) holds the "
+                    "keys and values; do not pass `value` or `key` too. "
+                    f"Received: value={value is not None}, key={key is not None}"))
             return
-        if value is not None or key is not None:
-            raise ValueError(
-                self._error(
-                    "`cache_update_index` is for self-attention decoding; "
-                    "`value` and `key` must be None. Received a `value` or `key`"
-                )
-            )
+        if key is not None or (value is not None and value is not query):
+            raise ValueError(self._error(
+                "`cache_update_index` is for self-attention decoding: `value` "
+                "and `key` must be None (or `value` the query itself). "
+                f"Received: value={value is not None}, key={key is not None}"))
         if isinstance(cache_update_index, (bool, float)):
-            raise TypeError(
-                self._error(
-                    "`cache_update_index` must be an int or an int tensor. "
-                    f"Received: cache_update_index={cache_update_index!r}"
-                )
-            )
-        index = utils.concrete_int(cache_update_index)
-        if index is not None:
-            # A concrete index (Python int, eager tensor) is checked; only a
-            # compiled loop's symbolic index is clamped by the update slice.
-            max_length, steps = shape[2], query.shape[1]
-            if index < 0 or (
-                max_length is not None
-                and steps is not None
-                and index + steps > max_length
-            ):
-                raise ValueError(
-                    self._error(
-                        "`cache_update_index` plus the query length "
-                        f"({steps}) must fit in the cache length ({max_length}). "
-                        f"Received: cache_update_index={index}"
-                    )
-                )
+            raise TypeError(self._error(
+                "`cache_update_index` must be an int or an int tensor. "
+                f"Received: cache_update_index={cache_update_index!r}"))
+        index = scores_selection.static_int(cache_update_index)
+        max_length, steps = shape[2], query.shape[1]
+        if index is not None and (index < 0 or (
+            max_length is not None and steps is not None and index + steps > max_length
+        )):
+            # A concrete index is checked; only a compiled loop's symbolic
+            # index is clamped by the update slice.
+            raise ValueError(self._error(
+                "`cache_update_index` plus the query length "
+                f"({steps}) must fit in the cache length ({max_length}). "
+                f"Received: cache_update_index={index}"))
 
-
-    def _prepare_or_cache(self, query, value, key, query_mask, value_mask, key_mask,
-                          attention_mask, use_causal_mask, cache, cache_update_index):
-        if cache is None:
-            if cache_update_index is not None:
-                raise ValueError(
-                    self._error(
-                        "`cache_update_index` needs a `cache`. Received: "
-                        f"cache_update_index={cache_update_index!r}, cache=None"
-                    )
-                )
-            return super()._prepare_or_cache(
-                query, value, key, query_mask, value_mask, key_mask,
-                attention_mask, use_causal_mask, cache, cache_update_index,
-            )
+    def _prepare_cached(self, query, value, key, query_mask, value_mask, key_mask,
+                        attention_mask, use_causal_mask, mask, cache,
+                        cache_update_index):
+        """Validation of a call with a cache; returns the query and masks."""
         self._check_tensor("query", query)
         self._check_rank("query", tuple(query.shape))
         self._check_cache(query, value, key, cache, cache_update_index)
         built = getattr(self, "_built_feature_dims", None)
         if built is not None and query.shape[-1] not in (None, built[0]):
-            raise ValueError(
-                self._error(
-                    f"`query` has {query.shape[-1]} features but the layer was "
-                    f"built for {built[0]}. Received: query with shape "
-                    f"{tuple(query.shape)}"
-                )
-            )
+            raise ValueError(self._error(
+                f"`query` has {query.shape[-1]} features but the layer was "
+                f"built for {built[0]}. Received: query with shape "
+                f"{tuple(query.shape)}"))
+        if query_mask is None:
+            query_mask = mask
         batch, steps, cache_length = query.shape[0], query.shape[1], cache.shape[2]
-        for name, mask, expected in (
+        for name, given, expected in (
             ("query_mask", query_mask, (batch, steps)),
             ("value_mask", value_mask, (batch, cache_length)),
             ("key_mask", key_mask, (batch, cache_length)),
         ):
-            self._check_mask(name, mask, expected)
+            self._check_mask(name, given, expected)
         self._check_mask(
             "attention_mask", attention_mask, (batch, steps, cache_length),
-            broadcast=True,
+            broadcast=True)
+        return query, query_mask
+
+    def _cached_call(self, query, query_mask, value_mask, key_mask, attention_mask,
+                     use_causal_mask, cache, cache_update_index):
+        """`(call, projected query, gate, key, value, new cache)` of a call
+        with a cache: the query's keys/values are written at
+        `cache_update_index` and the queries sit at that absolute position."""
+        query = self._to_compute_dtype(query)
+        layout = self._layout(3)
+        positions = {}
+        if cache_update_index is not None:
+            index = ops.cast(cache_update_index, "int32")
+            step = ops.stack(self._project_key_value(query, query), axis=1)
+            cache = update_cache(cache, step, index)  # (B, 2, T_max, Hkv, D)
+            positions["query_offset"] = (
+                scores_selection.static_int(cache_update_index)
+                if scores_selection.static_int(cache_update_index) is not None else index)
+            if not use_causal_mask:  # every written position, none beyond
+                positions["key_length"] = index + ops.shape(query)[1]
+        spec = self._attention_mask(
+            layout, query, None, masking.to_bool_mask(query_mask),
+            masking.merge_masks(value_mask, key_mask), attention_mask,
+            ops.shape(query)[1], ops.shape(cache)[2],
+            use_causal_mask and cache_update_index is not None, **positions,
         )
-        return query, None, None, query_mask, value_mask, self._layout(3)
-
-    def _project_keys(self, query, value, key, cache, cache_update_index,
-                      attention_mask, use_causal_mask):
-        if cache is None:
-            return super()._project_keys(
-                query, value, key, cache, cache_update_index, attention_mask,
-                use_causal_mask,
-            )
-        if cache_update_index is None:  # read-only: cross-attention keys
-            return cache[:, 0], cache[:, 1], attention_mask, use_causal_mask, cache
-        step = ops.stack(
-            masking.confine_nonfinite(self._key_dense(query), self._value_dense(query)),
-            axis=1,
-        )  # (B, 2, Tq, Hkv, D)
-        index = ops.cast(cache_update_index, "int32")
-        cache = update_cache(cache, step, index)
-        decoding = self._decoding_mask(
-            index, ops.shape(query)[1], ops.shape(cache)[2], use_causal_mask
-        )
-        attention_mask = masking.merge_masks(attention_mask, decoding)
-        return cache[:, 0], cache[:, 1], attention_mask, False, cache
-
-    @staticmethod
-    def _decoding_mask(index, steps, cache_length, use_causal_mask):
-        """`(1, Tq, T_max)`: which cache positions each new step may see."""
-        positions = ops.arange(cache_length, dtype="int32")
-        rows = index + ops.arange(steps, dtype="int32")  # absolute positions
-        if use_causal_mask:
-            allowed = ops.expand_dims(positions, 0) <= ops.expand_dims(rows, 1)
-        else:
-            allowed = ops.expand_dims(positions, 0) < index + steps
-            allowed = ops.broadcast_to(allowed, (steps, cache_length))
-        return ops.expand_dims(allowed, 0)
-
+        key, value = cache[:, 0], cache[:, 1]
+        # The cache's masked positions contribute nothing, whatever they hold.
+        key = masking.zero_masked(key, spec.key_mask)
+        value = masking.zero_masked(value, spec.key_mask)
+        call = _CachedCall(query, spec, layout, tuple(ops.shape(cache[:, 0]))[:2] + (None,))
+        projected_query, gate = self._project_query(call)
+        return call, projected_query, gate, key, value, cache
 
     # ------------------------------------------------------------------- call
     def call(
@@ -849,18 +556,48 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         cache=None,
         cache_update_index=None,
     ):
+        return_attention_scores = validation.validate_call_flag(
+            self, "return_attention_scores", return_attention_scores)
+        use_causal_mask = validation.validate_call_flag(self, "use_causal_mask", use_causal_mask)
         selection = self._selection(
             query, return_attention_scores, attention_scores_heads,
-            attention_scores_query_range,
+            attention_scores_query_range)
+        if cache is None:
+            if cache_update_index is not None:
+                raise ValueError(self._error(
+                    "`cache_update_index` needs a `cache`. Received: "
+                    f"cache_update_index={cache_update_index!r}, cache=None"))
+            call = self._prepare_inputs(
+                query, value, key, query_mask, value_mask, key_mask,
+                attention_mask, use_causal_mask, mask)
+            projected_query, gate = self._project_query(call)
+            projected_key, projected_value = self._project_key_value(
+                call.flat_key, call.flat_value)
+        else:
+            query, query_mask = self._prepare_cached(
+                query, value, key, query_mask, value_mask, key_mask,
+                attention_mask, use_causal_mask, mask, cache, cache_update_index)
+            call, projected_query, gate, projected_key, projected_value, cache = (
+                self._cached_call(
+                    query, query_mask, value_mask, key_mask, attention_mask,
+                    use_causal_mask, cache, cache_update_index))
+        results = self._attend_and_project(
+            call, projected_query, gate, projected_key, projected_value, training,
+            return_attention_scores,
+            weights_requested=return_attention_scores and selection is None,
         )
-        return self._attention_call(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            return_attention_scores, training, use_causal_mask, mask,
-            cache=cache, cache_update_index=cache_update_index,
-            scores_selection=selection,
-        )
+        if selection is not None:
+            # A step after the kernel: the exact weights of the selection only.
+            results = (results[0], dense_attention.selected_weights(
+                projected_query, projected_key, call.mask,
+                scale=self._inverse_sqrt_key_dim, num_heads=self._num_heads,
+                heads=selection.heads, rows=selection.query_range,
+                dtype=self.compute_dtype))
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
 
-    def compute_output_spec(
+    def _compute_output_spec(
         self,
         query,
         value=None,
@@ -881,34 +618,42 @@ class MultiHeadAttention(BaseMultiHeadAttention):
     ):
         selection = self._selection(
             query, return_attention_scores, attention_scores_heads,
-            attention_scores_query_range,
-        )
-        return self._output_spec(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            return_attention_scores, use_causal_mask, cache=cache,
-            cache_update_index=cache_update_index, scores_selection=selection,
-        )
+            attention_scores_query_range)
+        if cache is None:
+            results = self._output_spec(
+                query, value, key, query_mask, value_mask, key_mask,
+                attention_mask, return_attention_scores, use_causal_mask)
+        else:
+            query, _ = self._prepare_cached(
+                query, value, key, query_mask, value_mask, key_mask,
+                attention_mask, use_causal_mask, mask, cache, cache_update_index)
+            dims = self._output_shape or (query.shape[-1],)
+            results = (keras.KerasTensor(
+                tuple(query.shape[:-1]) + tuple(dims), dtype=self.compute_dtype),)
+            if return_attention_scores:
+                shape = (query.shape[0], self._num_heads, query.shape[1], cache.shape[2])
+                results += (keras.KerasTensor(shape, dtype=self.compute_dtype),)
+            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+        if selection is not None:
+            scores = results[1]
+            results = (results[0], keras.KerasTensor(
+                selection.shape(tuple(scores.shape)), dtype=scores.dtype)) + results[2:]
+        return results[0] if len(results) == 1 else results
 
     def _selection(self, query, return_attention_scores, heads, query_range):
         if heads is None and query_range is None:
             return None
         if not return_attention_scores:
-            raise ValueError(
-                self._error(
-                    "`attention_scores_heads` / `attention_scores_query_range` "
-                    "select returned weights: pass return_attention_scores=True. "
-                    f"Received: attention_scores_heads={heads!r}, "
-                    f"attention_scores_query_range={query_range!r}"
-                )
-            )
+            raise ValueError(self._error(
+                "`attention_scores_heads` / `attention_scores_query_range` "
+                "select returned weights: pass return_attention_scores=True. "
+                f"Received: attention_scores_heads={heads!r}, "
+                f"attention_scores_query_range={query_range!r}"))
         if hasattr(query, "shape") and len(query.shape) != 3:
-            raise ValueError(
-                self._error(
-                    "selected attention scores need rank-3 inputs. Received: "
-                    f"query with shape {tuple(query.shape)}"
-                )
-            )
-        selection = _ScoresSelection(self, heads, query_range)
+            raise ValueError(self._error(
+                "selected attention scores need rank-3 inputs. Received: "
+                f"query with shape {tuple(query.shape)}"))
+        selection = scores_selection.ScoresSelection(self, heads, query_range)
         if hasattr(query, "shape"):
             selection.check_length(self, query.shape[1])
         return selection
@@ -919,35 +664,38 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         """Builds ours from a built `keras.layers.MultiHeadAttention` or
         `keras.layers.GroupQueryAttention`, with the same weights.
 
-        Outputs match to float rounding without retraining. `kwargs` override
-        constructor arguments (for example `memory_efficient=False`).
+        Outputs match to float rounding without retraining, for inputs of
+        any rank the Keras layer was built for (images with
+        `attention_axes=(1, 2)` too). `kwargs` override constructor arguments
+        (for example `memory_efficient=False`).
         """
-        grouped = isinstance(layer, keras.layers.GroupQueryAttention)
-        if not (grouped or isinstance(layer, keras.layers.MultiHeadAttention)):
+        grouped = isinstance(layer, _KerasGroupQueryAttention)
+        if not (grouped or isinstance(layer, _KerasMultiHeadAttention)):
             raise TypeError(
                 "MultiHeadAttention.from_keras expects a "
                 "keras.layers.MultiHeadAttention or "
                 "keras.layers.GroupQueryAttention. Received: "
-                f"{type(layer).__name__}"
-            )
+                f"{type(layer).__name__}")
         if not layer.built:
             raise ValueError(
                 "MultiHeadAttention.from_keras needs a built layer (call it "
-                f"once). Received: unbuilt layer '{layer.name}'"
-            )
+                f"once). Received: unbuilt layer '{layer.name}'")
         config = layer.get_config()
         if grouped:
             config["num_heads"] = config.pop("num_query_heads")
             config["key_dim"] = config.pop("head_dim")
             config["value_dim"] = config["key_dim"]
             config.pop("flash_attention", None)
+        dense = (layer._query_dense, layer._value_dense, layer._key_dense)
+        # The rank each projection was built for: its equation's input operand.
+        rank = len(layer._query_dense.equation.split(",")[0])
+        if not grouped and config.get("attention_axes") is not None:
+            # Keras stores the axes resolved for the projected rank.
+            config["attention_axes"] = tuple(
+                a if a >= 0 else a + rank for a in config["attention_axes"])
         config.update(kwargs)
         new = cls.from_config(config)
-        features = [
-            tuple(dense.kernel.shape)[0]
-            for dense in (layer._query_dense, layer._value_dense, layer._key_dense)
-        ]
-        new.build(*[(None, None, f) for f in features])
+        new.build(*[(None,) * (rank - 1) + (tuple(d.kernel.shape)[0],) for d in dense])
         new.set_weights(layer.get_weights())
         return new
 
@@ -960,8 +708,20 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 "flash_attention": self.flash_attention,
                 "memory_efficient": self.memory_efficient,
                 "memory_efficient_threshold": self.memory_efficient_threshold,
+                "memory_budget": self.memory_budget,
                 "block_size": self.block_size,
                 "sequence_parallel": self.sequence_parallel,
             }
         )
         return config
+
+
+class _CachedCall:
+    """A cached call's inputs, as `_Call` holds them for the kernels."""
+
+    def __init__(self, query, mask, layout, value_shape):
+        self.query = query
+        self.flat_query = query
+        self.mask = mask
+        self.layout = layout
+        self.value_shape = value_shape

@@ -4,12 +4,12 @@ from keras import ops
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
-from keras_attention.layers.transformer_encoder_block import TransformerBlockBase
-from keras_attention.layers.transformer_encoder_block import attention_prototype
-from keras_attention.layers.transformer_encoder_block import check_mask
-from keras_attention.layers.transformer_encoder_block import check_sequence_shape
-from keras_attention.layers.transformer_encoder_block import keras_mask_of
-from keras_attention.layers.transformer_encoder_block import serialize_prototype
+from keras_attention.layers.transformer_block import TransformerBlockBase
+from keras_attention.layers.transformer_block import attention_prototype
+from keras_attention.layers.transformer_block import check_mask
+from keras_attention.layers.transformer_block import check_sequence_shape
+from keras_attention.layers.transformer_block import keras_mask_of
+from keras_attention.layers.transformer_block import serialize_prototype
 
 
 @keras_attention_export("layers")

@@ -9,7 +9,7 @@ from keras_attention.layers.sinusoidal_position_encoding import (
 )
 from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
-from keras_attention.layers.transformer_encoder_block import attention_prototype
+from keras_attention.layers.transformer_block import attention_prototype
 from keras_attention.layers.utils import validate_rate
 from keras_attention.layers.utils import validate_seed
 from keras_attention.models.text_processing import PAD_ID

@@ -11,6 +11,8 @@ from keras_attention.layers import multi_head_attention as mha_module
 from tests.reference import combined_mask
 from tests.reference import softmax_with_mask
 from tests.testing import random_inputs
+from keras_attention.layers.kernel_selector import Kernel
+from tests.kernel_spy import spy_kernels
 
 
 def _np(x):
@@ -36,7 +38,8 @@ BUILDS = {
     "TransformerDecoderBlock": (lambda: ka.TransformerDecoderBlock(2, 3, 6), [(2, 5, 6), (2, 4, 6)]),
 }
 NOT_LAYERS = {"capture_attention", "RedrawFeatures", "BaseAttention", "ScoreAttention",
-              "BaseMultiHeadAttention", "SinusoidalPositionEncoding"}  # no weights
+              "BaseMultiHeadAttention", "SinusoidalPositionEncoding",  # no weights
+              "attention_memory_budget", "set_attention_memory_budget"}  # functions
 
 
 def test_every_public_layer_is_covered():
@@ -132,21 +135,6 @@ def test_single_head_layers_take_the_list_call(make):
 
 
 # ------------------------------------------------------------ which kernel ran
-def _spy(monkeypatch, name):
-    calls = []
-    original = getattr(mha_module, name)
-
-    def spy(*args, **kwargs):
-        calls.append(dict(kwargs))
-        if name == "dot_product_attention":
-            # Records the flag asked for; this CPU has no flash kernel to run.
-            kwargs["flash_attention"] = None
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(mha_module, name, spy)
-    return calls
-
-
 def _numpy_mha(layer, query, value_mask=None, causal=False):
     """Independent reference: NumPy attention over our projections' weights."""
     wq, bq, wk, bk, wv, bv, wo, bo = [_np(w) for w in layer.weights]
@@ -162,10 +150,11 @@ def _numpy_mha(layer, query, value_mask=None, causal=False):
 
 @pytest.mark.parametrize("flash_attention", [True, None])
 def test_fused_branch_runs_when_a_fused_kernel_exists(monkeypatch, flash_attention):
-    monkeypatch.setattr(mha_module, "_fused_kernel_available", lambda: True)
-    fused_calls = _spy(monkeypatch, "dot_product_attention")
-    blockwise_calls = _spy(monkeypatch, "memory_efficient_attention")
-    layer = ka.MultiHeadAttention(2, 4, flash_attention=flash_attention)
+    monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: True)
+    flags = []
+    ran = spy_kernels(monkeypatch, flash_flags=flags)
+    layer = ka.MultiHeadAttention(2, 4, flash_attention=flash_attention,
+                                  bias_initializer="random_normal")
     query = random_inputs((2, 7, 8), seed=3)
     valid = np.arange(7)[None, :] < np.array([[7], [3]])
     for kwargs in (dict(), dict(value_mask=valid, use_causal_mask=True)):
@@ -175,34 +164,32 @@ def test_fused_branch_runs_when_a_fused_kernel_exists(monkeypatch, flash_attenti
             _numpy_mha(layer, query, kwargs.get("value_mask"), kwargs.get("use_causal_mask", False)),
             atol=1e-5,
         )
-    assert len(fused_calls) == 2 and not blockwise_calls
-    assert [c.get("flash_attention") for c in fused_calls] == [
-        True if flash_attention else None
-    ] * 2
+    assert ran == [Kernel.FUSED] * 2
+    assert flags == [True if flash_attention else None] * 2
 
 
 def test_flash_attention_true_without_a_fused_kernel_runs_the_blockwise_kernel(monkeypatch):
-    monkeypatch.setattr(mha_module, "_fused_kernel_available", lambda: False)
-    fused_calls = _spy(monkeypatch, "dot_product_attention")
-    blockwise_calls = _spy(monkeypatch, "memory_efficient_attention")
-    layer = ka.MultiHeadAttention(2, 4, flash_attention=True, block_size=3)
+    monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: False)
+    ran = spy_kernels(monkeypatch)
+    layer = ka.MultiHeadAttention(2, 4, flash_attention=True, block_size=3,
+                                  bias_initializer="random_normal")
     query = random_inputs((2, 7, 8), seed=4)
     np.testing.assert_allclose(_np(layer(query)), _numpy_mha(layer, query), atol=1e-5)
-    assert len(blockwise_calls) == 1 and not fused_calls
+    assert ran == [Kernel.BLOCKWISE]
 
 
 def test_flash_attention_false_materialises_the_weights(monkeypatch):
-    monkeypatch.setattr(mha_module, "_fused_kernel_available", lambda: True)
-    fused_calls = _spy(monkeypatch, "dot_product_attention")
-    blockwise_calls = _spy(monkeypatch, "memory_efficient_attention")
-    layer = ka.MultiHeadAttention(2, 4, flash_attention=False, memory_efficient_threshold=1)
+    monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: True)
+    flags = []
+    ran = spy_kernels(monkeypatch, flash_flags=flags)
+    layer = ka.MultiHeadAttention(2, 4, flash_attention=False, memory_efficient_threshold=1,
+                                  bias_initializer="random_normal")
     query = random_inputs((2, 7, 8), seed=5)
     np.testing.assert_allclose(_np(layer(query)), _numpy_mha(layer, query), atol=1e-5)
     # As Keras: the backend's composite kernel, never the flash one.
-    assert [c.get("flash_attention") for c in fused_calls] == [False]
-    assert not blockwise_calls
+    assert ran == [Kernel.COMPOSITE] and flags == [False]
     _, weights = layer(query, return_attention_scores=True)  # weights: our softmax
-    assert len(fused_calls) == 1 and tuple(weights.shape) == (2, 2, 7, 7)
+    assert ran == [Kernel.COMPOSITE, Kernel.DENSE] and tuple(weights.shape) == (2, 2, 7, 7)
     with pytest.raises(ValueError, match="contradicts"):
         ka.MultiHeadAttention(2, 4, flash_attention=False, memory_efficient=True)
 
@@ -212,7 +199,7 @@ def test_flash_attention_false_materialises_the_weights(monkeypatch):
 def test_selected_scores_match_the_dense_weights_while_the_blockwise_kernel_runs(
     monkeypatch, grouped
 ):
-    blockwise_calls = _spy(monkeypatch, "memory_efficient_attention")
+    ran = spy_kernels(monkeypatch)
     options = dict(num_key_value_heads=2 if grouped else None)
     layer = ka.MultiHeadAttention(4, 4, memory_efficient=True, block_size=4, **options)
     dense = ka.MultiHeadAttention(4, 4, memory_efficient=False, **options)
@@ -228,7 +215,9 @@ def test_selected_scores_match_the_dense_weights_while_the_blockwise_kernel_runs
                           attention_scores_query_range=(2, 9), **kwargs)
         np.testing.assert_allclose(_np(out), _np(full_out), atol=1e-5)
         np.testing.assert_allclose(_np(part), _np(full)[:, [3, 1], 2:9], atol=1e-5)
-    assert len(blockwise_calls) == 2  # the output never came from the dense path
+    # The output never came from a materialised kernel: the selection is
+    # computed after the blockwise one.
+    assert ran.count(Kernel.BLOCKWISE) == 2 and ran.count(Kernel.DENSE) == 2
     symbolic = layer(keras.Input((11, 8)), return_attention_scores=True,
                      attention_scores_heads=0, attention_scores_query_range=(0, 4))
     assert tuple(symbolic[1].shape) == (None, 1, 4, 11)
@@ -280,15 +269,15 @@ def test_tensorflow_graphs_run_the_composite_kernel_and_xla_runs_ours(monkeypatc
     # written-out softmax, which XLA fuses (about 2x faster at 4096 on CPU).
     import tensorflow as tf
 
-    fused_calls = _spy(monkeypatch, "dot_product_attention")
-    layer = ka.MultiHeadAttention(2, 4)
+    ran = spy_kernels(monkeypatch)
+    layer = ka.MultiHeadAttention(2, 4, bias_initializer="random_normal")
     query = tf.constant(random_inputs((2, 7, 8), seed=9))
     layer(query)  # builds
-    fused_calls.clear()
+    ran.clear()
     graph = tf.function(lambda x: layer(x))(query)
-    assert len(fused_calls) == 1
+    assert ran == [Kernel.COMPOSITE]
     compiled = tf.function(lambda x: layer(x), jit_compile=True)(query)
-    assert len(fused_calls) == 1
+    assert ran == [Kernel.COMPOSITE, Kernel.DENSE]
     expected = _numpy_mha(layer, query.numpy())
     np.testing.assert_allclose(_np(graph), expected, atol=1e-5)
     np.testing.assert_allclose(_np(compiled), expected, atol=1e-5)

@@ -9,6 +9,8 @@ from keras_attention.layers import multi_head_attention as mha_module
 from tests.gradients import layer_gradients
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test
+from keras_attention.layers.kernel_selector import Kernel
+from tests.kernel_spy import spy_kernels
 
 
 def _np(x):
@@ -274,7 +276,8 @@ def test_memory_efficient_path_matches_exact_values_and_gradients(case):
 @pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])
 def test_fused_kernel_path_matches_exact_path(monkeypatch, grouped):
     # The fused path runs on GPU only; force it to check its masking on CPU.
-    monkeypatch.setattr(mha_module, "_fused_kernel_available", lambda: True)
+    monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: True)
+    ran = spy_kernels(monkeypatch)
     heads = dict(num_heads=4, key_dim=4, num_key_value_heads=2 if grouped else None)
     exact = MultiHeadAttention(**heads, memory_efficient=False)
     fused = MultiHeadAttention(**heads)
@@ -286,9 +289,12 @@ def test_fused_kernel_path_matches_exact_path(monkeypatch, grouped):
     value_mask[1] = False  # no key at all: zeros, not the fused kernel's mean
     for kwargs in (dict(), dict(value_mask=value_mask, use_causal_mask=True)):
         # The reference asks for weights, so it runs our own softmax path.
+        ran.clear()
         reference, _ = exact(query, return_attention_scores=True, **kwargs)
-        np.testing.assert_allclose(_np(fused(query, **kwargs)), _np(reference), atol=1e-5)
-        assert fused._last_kernel == "fused" and exact._last_kernel == "dense"
+        assert ran == [Kernel.DENSE]
+        output = fused(query, **kwargs)
+        assert ran == [Kernel.DENSE, Kernel.FUSED]
+        np.testing.assert_allclose(_np(output), _np(reference), atol=1e-5)
 
 
 def _spy_memory_efficient(monkeypatch):
@@ -322,9 +328,8 @@ def test_auto_switches_to_memory_efficient_only_for_long_keys(monkeypatch):
     )
     never(random_inputs((1, 9, 8)))
     assert len(calls) == 1
-    assert MultiHeadAttention(2, 4).memory_efficient_threshold == (
-        mha_module.DEFAULT_MEMORY_EFFICIENT_THRESHOLD
-    )
+    # The default decides by the memory budget, not by a length.
+    assert MultiHeadAttention(2, 4).memory_efficient_threshold is None
 
 
 def test_memory_efficient_path_trains_in_fit_with_jit_compile():
@@ -531,3 +536,60 @@ def test_layer_contract(tmp_path, options):
         tmp_path,
         expected_cross_output_shape=(2, 5, 8),
     )
+
+
+@pytest.mark.parametrize("argument", ["use_gate", "use_bias"])
+@pytest.mark.parametrize("value", ["no", "yes", 1, None])
+def test_boolean_arguments_take_bools_only(argument, value):
+    with pytest.raises(TypeError, match=rf"MultiHeadAttention: `{argument}` must be True or False"):
+        MultiHeadAttention(2, 4, **{argument: value})
+    # NumPy bools are bools; a config written with a string fails to load
+    # with our message, not Keras' "expected 2 variables".
+    assert MultiHeadAttention(2, 4, **{argument: np.bool_(False)}).get_config()[argument] is False
+    config = MultiHeadAttention(2, 4).get_config()
+    config[argument] = value
+    with pytest.raises(TypeError, match=argument):
+        MultiHeadAttention.from_config(config)
+
+
+def test_from_keras_takes_layers_built_on_images():
+    images = random_inputs((2, 3, 4, 6), seed=21)
+    keras_layer = keras.layers.MultiHeadAttention(
+        2, 4, attention_axes=(1, 2), bias_initializer="random_normal")
+    expected, scores = keras_layer(images, images, return_attention_scores=True)
+    ours = MultiHeadAttention.from_keras(keras_layer)
+    got, got_scores = ours(images, images, return_attention_scores=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(got),
+                               keras.ops.convert_to_numpy(expected), atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(got_scores),
+                               keras.ops.convert_to_numpy(scores), atol=1e-6)
+
+
+@pytest.mark.parametrize("axes", [(1, 1), [2, 2, 1]])
+def test_repeated_attention_axes_are_refused_by_name(axes):
+    with pytest.raises(ValueError, match=r"MultiHeadAttention: `attention_axes` must not repeat"):
+        MultiHeadAttention(2, 4, attention_axes=axes)
+
+
+def test_attention_axes_naming_one_axis_two_ways_are_refused_at_build():
+    layer = MultiHeadAttention(2, 4, attention_axes=(1, -2))
+    with pytest.raises(ValueError, match=r"names one axis twice.*attention_axes=\(1, -2\)"):
+        layer(random_inputs((1, 3, 8)))
+    with pytest.raises(ValueError, match=r"attention_axes.*rank 3.*attention_axes=\(2,\)"):
+        MultiHeadAttention(2, 4, attention_axes=2)(random_inputs((1, 3, 8)))
+
+
+def test_numpy_scalars_select_heads_and_rows():
+    layer = MultiHeadAttention(4, 2, bias_initializer="random_normal")
+    x = random_inputs((1, 6, 8), seed=22)
+    _, full = layer(x, return_attention_scores=True)
+    _, part = layer(x, return_attention_scores=True, attention_scores_heads=np.int64(2),
+                    attention_scores_query_range=(np.int64(1), np.int64(4)))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(part),
+                               keras.ops.convert_to_numpy(full)[:, 2:3, 1:4], atol=1e-6)
+
+
+def test_attention_mask_given_as_a_list_is_named():
+    layer = MultiHeadAttention(2, 4)
+    with pytest.raises(TypeError, match=r"`attention_mask` must be a boolean tensor.*np.asarray"):
+        layer(random_inputs((1, 2, 8)), attention_mask=[[True, False], [True, True]])

@@ -196,7 +196,7 @@ def numpy_rows(layer, x, q0, q1, head):
 def test_scores_on_demand_windows_are_the_layers_exact_rows(fake_comm, monkeypatch):
     from bokeh.models import CustomJS
 
-    from keras_attention.layers import multi_head_attention
+    from keras_attention.ops import dense_attention
 
     length = 300
     x = np.random.default_rng(5).normal(size=(1, length, 8)).astype("float32")
@@ -205,7 +205,7 @@ def test_scores_on_demand_windows_are_the_layers_exact_rows(fake_comm, monkeypat
     # The path that forms the full (Tq, Tv) weights never runs.
     def no_full_weights(*args, **kwargs):
         raise AssertionError("the full weights were formed")
-    monkeypatch.setattr(multi_head_attention.MultiHeadAttention, "_dense_attention", no_full_weights)
+    monkeypatch.setattr(dense_attention, "dense_attention", no_full_weights)
     explorer = AttentionExplorer(layer, x, scores_on_demand=True, max_tokens=64, rows_per_call=100)
     assert explorer.weights is None and explorer.shapes == {"long": (2, length, length)}
     explorer.query_start.value = 200

@@ -1,0 +1,145 @@
+"""Which exact-attention kernel a `MultiHeadAttention` call runs: one function.
+
+`select_kernel(request)` maps what a call is (the layer's configuration, the
+static shapes, what the caller asked for, the backend and trace mode, the
+memory budget) to a `Kernel`. The layer builds the `KernelRequest`, calls it
+once and dispatches on the answer; nothing else chooses. The rules, first
+match wins (a test checks this table against the code):
+
+| rule | when | kernel |
+| --- | --- | --- |
+| ring | `sequence_parallel` is set | RING |
+| weights | the weights must be stored (returned, captured, dropout in training) | DENSE |
+| forced-materialised | `flash_attention=False` or `memory_efficient=False` | MATERIALISED |
+| forced-flash-fused | `flash_attention=True`, a fused kernel here, equal head dims | FUSED |
+| forced-flash-blockwise | `flash_attention=True`, static lengths | BLOCKWISE |
+| forced-flash-dynamic | `flash_attention=True` | MATERIALISED |
+| fused | a fused kernel here, flash not disabled globally, equal head dims | FUSED |
+| dynamic | a sequence length is not static | MATERIALISED |
+| forced-blockwise | `memory_efficient=True` | BLOCKWISE |
+| single-query | one query row (a decoding step) | MATERIALISED |
+| length-threshold | `memory_efficient_threshold` set: key length at or above it | BLOCKWISE |
+| over-budget | the dense working set exceeds the memory budget | BLOCKWISE |
+| fits | otherwise | MATERIALISED |
+
+MATERIALISED is COMPOSITE (`keras.ops.dot_product_attention` without a fused
+kernel, what Keras' own layer runs) unless the value and key head sizes
+differ (JAX's composite kernel needs them equal) or TensorFlow is compiling
+with XLA (which fuses our written-out DENSE kernel better: 0.52x Keras' time
+at 4096), in which case DENSE.
+
+The dense working set is what forward + backward keep of the
+`(B, H, Tq, Tk)` logits: `DENSE_WORKING_SET_TENSORS` float32 tensors of that
+shape (logits, weights, their gradients). When the batch size is not static
+(a TensorFlow graph traced for any batch), one example is counted and keys
+of `UNKNOWN_BATCH_KEY_LENGTH` or more go blockwise as before.
+"""
+
+import dataclasses
+import enum
+from typing import Optional
+
+# float32 (B, H, Tq, Tk) tensors alive at once in a materialised forward +
+# backward (measured: 7.3 GiB peak at L = 8192, 8 heads, where one such
+# tensor is 2 GiB; see benchmarks/RESULTS.md).
+DENSE_WORKING_SET_TENSORS = 4
+# With the batch unknown, keys this long always go blockwise (the former
+# fixed threshold): one example's working set cannot bound a whole batch's.
+UNKNOWN_BATCH_KEY_LENGTH = 8192
+
+
+class Kernel(enum.Enum):
+    """The exact-attention kernels of `MultiHeadAttention`."""
+
+    RING = "ring"  # ops.ring_attention over a device-mesh axis (JAX)
+    FUSED = "fused"  # the backend's fused kernel (flash attention)
+    BLOCKWISE = "blockwise"  # ops.memory_efficient_attention, linear memory
+    COMPOSITE = "composite"  # keras.ops.dot_product_attention, materialised
+    DENSE = "dense"  # ops.dense_attention: materialised, returns the weights
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelRequest:
+    """Everything the choice depends on (see the module docstring)."""
+
+    # The layer's configuration.
+    sequence_parallel: bool = False
+    flash_attention: Optional[bool] = None
+    memory_efficient: object = "auto"
+    memory_efficient_threshold: Optional[int] = None
+    equal_head_dims: bool = True
+    # Static shapes (None: unknown until run time).
+    batch_size: Optional[int] = None
+    num_heads: int = 1
+    query_length: Optional[int] = None
+    key_length: Optional[int] = None
+    # What the call needs.
+    weights_needed: bool = False
+    # Backend and trace mode.
+    fused_available: bool = False
+    flash_enabled: Optional[bool] = None
+    xla: bool = False
+    # Bytes the dense working set may take (None: no limit).
+    memory_budget: Optional[int] = None
+
+    @property
+    def static_lengths(self):
+        return self.query_length is not None and self.key_length is not None
+
+    def dense_working_set(self):
+        """Bytes of the materialised kernel's logits-shaped tensors."""
+        batch = self.batch_size if self.batch_size is not None else 1
+        return (
+            DENSE_WORKING_SET_TENSORS
+            * 4
+            * batch
+            * self.num_heads
+            * self.query_length
+            * self.key_length
+        )
+
+
+def _materialised(request):
+    if request.weights_needed or not request.equal_head_dims or request.xla:
+        return Kernel.DENSE
+    return Kernel.COMPOSITE
+
+
+def decide(request):
+    """`(rule, kernel)`: the first rule of the table that holds."""
+    r = request
+    if r.sequence_parallel:
+        return "ring", Kernel.RING
+    if r.weights_needed:
+        return "weights", Kernel.DENSE
+    if r.flash_attention is False or r.memory_efficient is False:
+        return "forced-materialised", _materialised(r)
+    if r.flash_attention is True:
+        if r.fused_available and r.equal_head_dims:
+            return "forced-flash-fused", Kernel.FUSED
+        if r.static_lengths:
+            return "forced-flash-blockwise", Kernel.BLOCKWISE
+        return "forced-flash-dynamic", _materialised(r)
+    if r.fused_available and r.flash_enabled is not False and r.equal_head_dims:
+        return "fused", Kernel.FUSED
+    if not r.static_lengths:
+        return "dynamic", _materialised(r)
+    if r.memory_efficient is True:
+        return "forced-blockwise", Kernel.BLOCKWISE
+    if r.query_length <= 1:
+        return "single-query", _materialised(r)
+    if r.memory_efficient_threshold is not None:
+        if r.key_length >= r.memory_efficient_threshold:
+            return "length-threshold", Kernel.BLOCKWISE
+        return "fits", _materialised(r)
+    over = r.memory_budget is not None and r.dense_working_set() > r.memory_budget
+    if r.batch_size is None and r.key_length >= UNKNOWN_BATCH_KEY_LENGTH:
+        over = True
+    if over:
+        return "over-budget", Kernel.BLOCKWISE
+    return "fits", _materialised(r)
+
+
+def select_kernel(request):
+    """The `Kernel` for `request` (a `KernelRequest`)."""
+    return decide(request)[1]

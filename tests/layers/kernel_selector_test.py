@@ -1,0 +1,116 @@
+"""The kernel selector as a table: one pure function, its docstring checked."""
+
+import re
+
+import pytest
+
+from keras_attention.layers import kernel_selector
+from keras_attention.layers.kernel_selector import Kernel
+from keras_attention.layers.kernel_selector import KernelRequest
+from keras_attention.layers.kernel_selector import decide
+
+GIB = 2**30
+# A CPU call of 8 heads at L = 1024, batch 2: dense working set 256 MiB.
+BASE = dict(batch_size=2, num_heads=8, query_length=1024, key_length=1024,
+            memory_budget=4 * GIB)
+
+
+def request(**changes):
+    return KernelRequest(**{**BASE, **changes})
+
+
+# (changes to BASE, expected rule, expected kernel)
+TABLE = [
+    (dict(), "fits", Kernel.COMPOSITE),
+    (dict(xla=True), "fits", Kernel.DENSE),
+    (dict(equal_head_dims=False), "fits", Kernel.DENSE),
+    (dict(sequence_parallel=True, weights_needed=True), "ring", Kernel.RING),
+    (dict(weights_needed=True, fused_available=True), "weights", Kernel.DENSE),
+    (dict(flash_attention=False, fused_available=True), "forced-materialised", Kernel.COMPOSITE),
+    (dict(memory_efficient=False, query_length=65536, key_length=65536),
+     "forced-materialised", Kernel.COMPOSITE),
+    (dict(flash_attention=True, fused_available=True), "forced-flash-fused", Kernel.FUSED),
+    (dict(flash_attention=True, fused_available=True, equal_head_dims=False),
+     "forced-flash-blockwise", Kernel.BLOCKWISE),
+    (dict(flash_attention=True), "forced-flash-blockwise", Kernel.BLOCKWISE),
+    (dict(flash_attention=True, key_length=None), "forced-flash-dynamic", Kernel.COMPOSITE),
+    (dict(fused_available=True), "fused", Kernel.FUSED),
+    (dict(fused_available=True, flash_enabled=False), "fits", Kernel.COMPOSITE),
+    (dict(fused_available=True, memory_efficient=True), "fused", Kernel.FUSED),
+    (dict(query_length=None), "dynamic", Kernel.COMPOSITE),
+    (dict(memory_efficient=True), "forced-blockwise", Kernel.BLOCKWISE),
+    (dict(query_length=1, key_length=10**6), "single-query", Kernel.COMPOSITE),
+    (dict(memory_efficient_threshold=1024), "length-threshold", Kernel.BLOCKWISE),
+    (dict(memory_efficient_threshold=1025, memory_budget=1), "fits", Kernel.COMPOSITE),
+    # 2 x 8 x 8192^2 x 4 bytes x 4 tensors = 32 GiB > 4 GiB.
+    (dict(query_length=8192, key_length=8192), "over-budget", Kernel.BLOCKWISE),
+    (dict(query_length=8192, key_length=8192, memory_budget=64 * GIB), "fits", Kernel.COMPOSITE),
+    (dict(query_length=8192, key_length=8192, memory_budget=None), "fits", Kernel.COMPOSITE),
+    # Unknown batch: one example counted, and long keys go blockwise.
+    (dict(batch_size=None, query_length=4096, key_length=4096), "fits", Kernel.COMPOSITE),
+    (dict(batch_size=None, query_length=4096, key_length=8192, memory_budget=64 * GIB),
+     "over-budget", Kernel.BLOCKWISE),
+]
+
+
+@pytest.mark.parametrize("changes, rule, kernel", TABLE)
+def test_selector_table(changes, rule, kernel):
+    assert decide(request(**changes)) == (rule, kernel)
+    assert kernel_selector.select_kernel(request(**changes)) is kernel
+
+
+def test_every_rule_of_the_docstring_is_reached_by_the_table():
+    rules = {rule for _, rule, _ in TABLE}
+    documented = re.findall(r"^\| ([a-z-]+) \|", kernel_selector.__doc__, re.M)
+    documented = [r for r in documented if r not in ("rule", "---")]
+    assert set(documented) == rules
+    # The docstring's kernel column matches what each rule returns.
+    rows = dict(re.findall(r"^\| ([a-z-]+) \| .* \| ([A-Z]+) \|$", kernel_selector.__doc__, re.M))
+    for changes, rule, kernel in TABLE:
+        expected = rows[rule]
+        if expected == "MATERIALISED":
+            assert kernel in (Kernel.COMPOSITE, Kernel.DENSE), rule
+        else:
+            assert kernel.name == expected, rule
+
+
+def test_docstring_rules_are_in_the_order_the_code_tries_them():
+    documented = [r for r in re.findall(r"^\| ([a-z-]+) \|", kernel_selector.__doc__, re.M)
+                  if r not in ("rule", "---")]
+    import inspect
+
+    source = inspect.getsource(kernel_selector.decide)
+    positions = [source.rindex(f'"{rule}"') for rule in documented]
+    assert positions == sorted(positions)
+
+
+def test_working_set_counts_logits_shaped_float32_tensors():
+    r = request(batch_size=3, num_heads=2, query_length=5, key_length=7)
+    assert r.dense_working_set() == kernel_selector.DENSE_WORKING_SET_TENSORS * 4 * 3 * 2 * 5 * 7
+
+
+def test_layer_reads_the_budget_once_and_a_layer_budget_wins(monkeypatch):
+    """Fake memory readings: the default is half of what is available."""
+    import numpy as np
+
+    from keras_attention import MultiHeadAttention
+    from keras_attention.layers import memory_budget
+    from tests.kernel_spy import spy_kernels
+
+    reads = []
+    monkeypatch.setattr(memory_budget, "_budget", None)
+    monkeypatch.setattr(memory_budget, "_reader", lambda: reads.append(1) or 2 * GIB)
+    assert memory_budget.attention_memory_budget() == GIB
+    assert memory_budget.attention_memory_budget() == GIB and len(reads) == 1
+    ran = spy_kernels(monkeypatch)
+    x = np.random.default_rng(0).normal(size=(1, 64, 8)).astype("float32")
+    # 1 x 2 heads x 64 x 64 x 4 bytes x 4 tensors = 128 KiB.
+    MultiHeadAttention(2, 4, memory_budget=2**17)(x)
+    MultiHeadAttention(2, 4, memory_budget=2**17 - 1)(x)
+    memory_budget.set_attention_memory_budget(2**16)
+    MultiHeadAttention(2, 4)(x)
+    memory_budget.set_attention_memory_budget(None)
+    MultiHeadAttention(2, 4)(x)  # back to half the (fake) available memory
+    assert ran == [Kernel.COMPOSITE, Kernel.BLOCKWISE, Kernel.BLOCKWISE, Kernel.COMPOSITE]
+    with pytest.raises(ValueError, match="num_bytes=0"):
+        memory_budget.set_attention_memory_budget(0)
