@@ -32,7 +32,7 @@ test-tf: install
 	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile tests
 
 test-jax: install
-	KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tf_only" tests/layers tests/ops tests/keras_ported
+	KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tf_only" tests/layers tests/ops tests/keras_ported tests/keras_hub
 
 # The lowest supported releases (tests/compat/lowest.txt, setup.cfg's floors) in
 # their own venv: installing our package there with those pins proves the ranges
