@@ -65,7 +65,7 @@ def step_ratio(length, repeats, causal):
             store.extend(_timed(function, 1))
         ratios.append(on[-1] / off[-1])
     print(
-        f"step  L={length} causal={causal} kernel={layer._last_kernel}: "
+        f"step  L={length} causal={causal} kernel={layer.kernel_for(tuple(x.shape)).value}: "
         f"with {np.median(on):.3f} s, without {np.median(off):.3f} s, "
         f"median ratio {np.median(ratios):.3f} (min {min(ratios):.3f}, "
         f"max {max(ratios):.3f}, {repeats} pairs)"

@@ -20,7 +20,7 @@ the whole run fits in ~8 minutes on an H200:
    (one sequence with no key at all), so the masked gradients are checked
    too. MultiHeadAttention runs once per kernel (fused, blockwise, dense);
    its reference is always the dense kernel. The kernel a layer picked is
-   read from `layer._last_kernel` after tracing, and whether the compiled
+   asked of `layer.kernel_for(query_shape)` (the selector's pure answer), and whether the compiled
    step calls cuDNN's fused attention from the lowered program.
 
 2. Speed (one child process per implementation and shape, so the device
@@ -97,6 +97,8 @@ NOT_LAYERS = {
     "BaseAttention",
     "ScoreAttention",
     "BaseMultiHeadAttention",
+    "attention_memory_budget",
+    "set_attention_memory_budget",
 }
 
 
@@ -333,6 +335,13 @@ def _step_functions(layer, count):
     return jax.jit(train)
 
 
+def _planned_kernel(layer, inputs):
+    """The kernel MultiHeadAttention's selector picks for the first input."""
+    if not hasattr(layer, "kernel_for") or not inputs:
+        return None
+    return layer.kernel_for(tuple(inputs[0].shape)).value
+
+
 def _run_case(layer, positional, keyword, device, flash):
     import jax
     import numpy as np
@@ -362,7 +371,7 @@ def _run_case(layer, positional, keyword, device, flash):
         "loss": float(loss),
         "updated_finite": all(bool(np.all(np.isfinite(w))) for w in updated),
         "weights_changed": all(changed) if changed else None,
-        "kernel": getattr(layer, "_last_kernel", None),
+        "kernel": _planned_kernel(layer, list(floats.values())),
         "cudnn_attention": _uses_cudnn_attention(lowered),
     }
 
@@ -563,7 +572,7 @@ def _speed_row(args, impl, length, device, deadline, stop):
     start = time.perf_counter()
     with _flash(flash):
         lowered = grad.lower(trainable, non_trainable, x)
-    row["kernel"] = getattr(layer, "_last_kernel", None)
+    row["kernel"] = _planned_kernel(layer, [x])
     row["cudnn_attention"] = _uses_cudnn_attention(lowered)
     compiled = lowered.compile()
     row["compile_s"] = time.perf_counter() - start

@@ -117,7 +117,8 @@ def run_jax(args):
     with sequence_parallel.scope():
         model = encoder_model(length, sequence_parallel="sequence")
         losses = fit(model, args, length=length)
-    kernel = model.get_layer("encoder").self_attention._last_kernel
+    kernel = model.get_layer("encoder").self_attention.kernel_for(
+        (16, length, 32)).value
     print(f"Sequence parallel over {len(devices)} devices (L={length}, kernel "
           f"{kernel!r}): loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
