@@ -334,3 +334,21 @@ def check_mask(owner, argument, mask, expected, broadcast=False):
                 f"any). Received: {argument} with shape {shape}",
             )
         )
+
+
+def validate_call_flag(owner, argument, value):
+    """A call-time flag (`use_causal_mask`, `return_attention_scores`) as a
+    bool: `True`/`False`, NumPy bools and the integers 0 and 1 (Keras' own
+    tests pass `use_causal_mask=0`); anything else is a TypeError."""
+    value_ = as_python_scalar(value)
+    if isinstance(value_, bool):
+        return value_
+    if is_int(value_) and value_ in (0, 1):
+        return bool(value_)
+    raise TypeError(
+        error(
+            owner,
+            f"`{argument}` must be True or False. Received: "
+            f"{argument}={value!r}",
+        )
+    )
