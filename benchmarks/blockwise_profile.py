@@ -20,17 +20,11 @@ import argparse
 import os
 import time
 
+from mha_benchmark import best_time  # noqa: E402  (benchmarks/ is the script's folder)
+
 HEADS, KEY_DIM = 8, 64
 
 
-def _best(run, repeats):
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main():
@@ -80,7 +74,7 @@ def main():
     a = keras.ops.convert_to_tensor(np.random.default_rng(0).standard_normal((size, size)),
                                     "float32")
     matmul = compile_(lambda a: ops.matmul(a, a))
-    ceiling = 2 * size**3 / _best(lambda: sync(matmul(a)), 5)
+    ceiling = 2 * size**3 / best_time(lambda: sync(matmul(a)), 5)
     print(f"# {args.backend}: fp32 matmul {size}^3 {ceiling / 1e9:.1f} GF/s; "
           f"{HEADS} heads x {KEY_DIM}, batch 1, block {args.block_size}", flush=True)
     print(f"{'L':>6} {'what':>18} {'seconds':>9} {'% of matmul peak':>17}", flush=True)
@@ -125,7 +119,7 @@ def main():
             "matmuls only": compile_(matmuls_only),
         }
         for what, fn in runs.items():
-            seconds = _best(lambda: sync(fn(q, k, v)), args.repeats)
+            seconds = best_time(lambda: sync(fn(q, k, v)), args.repeats)
             flops = useful[what] * length**2 * HEADS * KEY_DIM
             if what == "matmuls only":
                 flops = 14 * length**2 * HEADS * KEY_DIM  # 7 einsums per tile

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from mha_benchmark import best_time  # noqa: E402  (benchmarks/ is the script's folder)
+
 SETTINGS = {
     "default": "",
     "onednn": "--xla_cpu_use_onednn=true",
@@ -30,14 +32,6 @@ SETTINGS = {
 HEADS, KEY_DIM = 8, 64
 
 
-def _best(run, repeats):
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def jax_child(args):
@@ -48,7 +42,7 @@ def jax_child(args):
     size = args.matmul_size
     a = jnp.asarray(np.random.default_rng(0).standard_normal((size, size)), jnp.float32)
     matmul = jax.jit(jnp.matmul)
-    seconds = _best(lambda: matmul(a, a).block_until_ready(), 5)
+    seconds = best_time(lambda: matmul(a, a).block_until_ready(), 5)
     result = {"matmul_gflops": 2 * size**3 / seconds / 1e9, "steps": {}}
     import keras
 
@@ -69,7 +63,7 @@ def jax_child(args):
             grad = jax.jit(jax.grad(loss, argnums=(0, 2)))
             trainable = [v.value for v in layer.trainable_variables]
             non_trainable = [v.value for v in layer.non_trainable_variables]
-            seconds = _best(lambda: jax.block_until_ready(grad(trainable, non_trainable, x)),
+            seconds = best_time(lambda: jax.block_until_ready(grad(trainable, non_trainable, x)),
                             args.repeats)
             flops = 12 * length**2 * HEADS * KEY_DIM + 24 * length * (HEADS * KEY_DIM) ** 2
             row[name] = {"seconds": seconds,
@@ -85,7 +79,7 @@ def tf_child(args):
     size = args.matmul_size
     a = tf.constant(np.random.default_rng(0).standard_normal((size, size)), tf.float32)
     matmul = tf.function(lambda a: tf.matmul(a, a))
-    seconds = _best(lambda: matmul(a).numpy(), 5)
+    seconds = best_time(lambda: matmul(a).numpy(), 5)
     print(json.dumps({"matmul_gflops": 2 * size**3 / seconds / 1e9}))
 
 

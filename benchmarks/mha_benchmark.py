@@ -63,7 +63,7 @@ def _useful_flops(length):
     return 12 * length**2 * HEADS * KEY_DIM + 24 * length * WIDTH**2
 
 
-def _best_time(run, repeats):
+def best_time(run, repeats):
     run()
     best = float("inf")
     for _ in range(repeats):
@@ -82,7 +82,7 @@ def _matmul_flops_per_second(backend, dtype, size=None, repeats=5):
         size = size or (8192 if jax.default_backend() == "gpu" else 2048)
         a = jnp.ones((size, size), dtype) / size
         matmul = jax.jit(lambda a, b: jnp.sum(jnp.matmul(a, b), dtype="float32"))
-        seconds = _best_time(lambda: matmul(a, a).block_until_ready(), repeats)
+        seconds = best_time(lambda: matmul(a, a).block_until_ready(), repeats)
     else:
         import tensorflow as tf
 
@@ -92,7 +92,7 @@ def _matmul_flops_per_second(backend, dtype, size=None, repeats=5):
         matmul = tf.function(
             lambda a, b: tf.reduce_sum(tf.cast(tf.matmul(a, b), "float32"))
         )
-        seconds = _best_time(lambda: matmul(a, a).numpy(), repeats)
+        seconds = best_time(lambda: matmul(a, a).numpy(), repeats)
     return 2 * size**3 / seconds
 
 
