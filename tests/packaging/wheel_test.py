@@ -58,6 +58,28 @@ def test_wheel_holds_every_package_file(built):
             entry_points[0]).decode()
 
 
+def _apache_license_text(text):
+    # The full Apache-2.0 text, not a stub or the metadata's one word.
+    return ("Apache License" in text and "Version 2.0, January 2004" in text
+            and "END OF TERMS AND CONDITIONS" in text and len(text) > 10000)
+
+
+def test_wheel_and_sdist_hold_the_license(built):
+    license_text = open(os.path.join(ROOT, "LICENSE"), encoding="utf-8").read()
+    assert _apache_license_text(license_text)
+    with zipfile.ZipFile(built["wheel"]) as wheel:
+        shipped = [n for n in wheel.namelist()
+                   if ".dist-info/" in n and n.rsplit("/", 1)[-1] == "LICENSE"]
+        assert shipped, wheel.namelist()
+        assert wheel.read(shipped[0]).decode() == license_text
+        metadata, = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+        assert "License-File: LICENSE" in wheel.read(metadata).decode()
+    with tarfile.open(built["sdist"]) as sdist:
+        member, = [m for m in sdist.getmembers() if m.name.count("/") == 1
+                   and m.name.endswith("/LICENSE")]
+        assert sdist.extractfile(member).read().decode() == license_text
+
+
 def test_sdist_holds_what_the_readme_points_to(built):
     with tarfile.open(built["sdist"]) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
