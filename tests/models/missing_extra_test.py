@@ -69,13 +69,17 @@ def test_export_translator_names_the_text_extra(monkeypatch, tmp_path):
     assert not os.path.exists(tmp_path / "model")
 
 
-def test_an_unrelated_missing_module_is_not_blamed_on_the_extra(monkeypatch):
+def test_a_module_tensorflow_text_needs_keeps_its_own_error(monkeypatch):
+    # tensorflow-text installed but its own import failing on another module:
+    # that error is clearer than "install the extra", which is installed.
     from keras_attention import _extras
 
-    monkeypatch.setitem(sys.modules, "tensorflow_text", None)
-    monkeypatch.setitem(sys.modules, "some_module_tensorflow_text_needs", None)
-    with pytest.raises(ModuleNotFoundError):
-        _extras.require("some_module_tensorflow_text_needs", "text", "f")
+    def import_module(name):
+        raise ModuleNotFoundError("No module named 'tensorflow_hub'", name="tensorflow_hub")
+
+    monkeypatch.setattr(_extras.importlib, "import_module", import_module)
+    with pytest.raises(ModuleNotFoundError, match="tensorflow_hub"):
+        _extras.require_tensorflow_text("Seq2SeqTranslator")
 
 
 SHADOW = (
