@@ -89,3 +89,12 @@ def test_block_runs_and_prints_what_it_states(document, index, tmp_path, monkeyp
     for expected in stated_outputs(block):
         assert any(line == expected for line in remaining), (
             f"{document} block {index} states {expected!r}; printed {printed}")
+
+
+def test_the_kernel_table_is_the_selectors():
+    # docs/guides/long-sequences.md says the suite checks this.
+    from keras_attention.layers import kernel_selector
+
+    table = re.compile(r"^\| rule \| when \| kernel \|\n(?:^\|.*\|\n)+", flags=re.M)
+    guide = open(os.path.join(ROOT, "docs", "guides", "long-sequences.md"), encoding="utf-8").read()
+    assert table.search(guide).group(0) == table.search(kernel_selector.__doc__ + "\n").group(0)
