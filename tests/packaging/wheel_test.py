@@ -133,8 +133,21 @@ except ImportError as error:
     assert "keras-attention-layers[widgets]" in str(error), error
 else:
     raise AssertionError("widgets imported without the widgets extra")
+try:
+    from keras_attention.models import Seq2SeqTranslator
+    Seq2SeqTranslator.from_texts(["one two"], ["two one"])
+except ImportError as error:  # tensorflow-text really missing here: the extra is named
+    assert "Seq2SeqTranslator.from_texts needs tensorflow-text" in str(error), error
+    assert 'pip install "keras-attention-layers[text]"' in str(error), error
+else:
+    raise AssertionError("from_texts ran without the text extra")
 print("layer ok")
 """
+
+
+def _readme_first_example():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    return re.findall(r"```python\n(.*?)```", readme, flags=re.S)[0]
 
 WIDGET_IMPORT = (
     "from keras_attention.widgets import AttentionExplorer, DecodingStepper, "
@@ -150,6 +163,9 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(built, tmp_path):
 
     _run(pip + ["install", "-q", wheel], cwd=tmp_path)
     assert "layer ok" in _run([python, "-c", LAYER_CHECK], cwd=tmp_path).stdout
+    # The README's 30-second example, on the bare install it tells users to make.
+    example = _run([python, "-c", _readme_first_example()], cwd=tmp_path)
+    assert example.stdout.splitlines()[-1] == "(2, 1)", example.stdout
 
     # The console script, beside `python -m keras_attention.export check`.
     missing = _run([str(venv / "bin" / "keras-attention"), "check", str(tmp_path / "none")],
