@@ -93,6 +93,15 @@ def test_each_symbol_is_listed_once_with_a_signature(site):
     heading = page[page.index('id="keras_attention.layers.multi_head_attention.MultiHeadAttention"'):]
     signature = heading[:heading.index("</pre>") if "</pre>" in heading else 5000]
     assert "num_heads" in re.sub(r"<[^>]+>", "", signature), signature[:2000]
+    # Types in the parameter lists: from literal defaults where the code has no annotation.
+    mha = page[page.index('id="keras_attention.layers.multi_head_attention.MultiHeadAttention"'):]
+    mha = mha[:mha.index('class="doc doc-object doc-class"') if 'class="doc doc-object doc-class"' in mha else None]
+    for name, type_name in (("use_bias", "bool"), ("dropout", "float"), ("num_heads", None)):
+        item = mha[mha.index(f"<b><code>{name}</code></b>"):][:300]
+        if type_name:
+            assert f'title="{type_name}">{type_name}</span>' in item, item
+        else:  # required, no annotation: no guessed type
+            assert "title=" not in item.split("</li>")[0], item
     # The sidebar names each symbol once (not also as `keras_attention.X`).
     assert "keras_attention.MultiHeadAttention</a>" not in page
 
