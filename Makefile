@@ -3,7 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-export TF_CPP_MIN_LOG_LEVEL ?= 2
+DEMO_STAMP := $(VENV)/.installed-demo
+# The test targets run with TensorFlow's INFO and WARNING lines off; the demo sets
+# nothing: it asks for our quiet start, which sets TF_CPP_MIN_LOG_LEVEL=3 before
+# TensorFlow loads (a global 2 here let ERROR-level notes such as "oneDNN
+# supports DT_INT64 only on platforms with AVX-512" through mid-training).
+TEST_ENV := TF_CPP_MIN_LOG_LEVEL=2
 
 .PHONY: install demo test test-tf test-jax test-compat test-compat-full dist docs figures clean
 
@@ -21,7 +26,16 @@ $(STAMP): setup.cfg pyproject.toml
 
 install: $(STAMP)
 
-demo: install
+# The demo needs only the `text` extra (tensorflow-text): no test or docs
+# toolchain (CONTRIBUTING.md has the measured install sizes and times).
+$(DEMO_STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip uninstall -y keras-attention
+	$(BIN)/python -m pip install -e ".[text]"
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/date_translation.py
 
 # The whole suite on the TensorFlow backend, then the layers, ops and the ported
@@ -29,10 +43,10 @@ demo: install
 test: test-tf test-jax
 
 test-tf: install
-	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile tests
+	$(TEST_ENV) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile tests
 
 test-jax: install
-	KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tf_only" tests/layers tests/ops tests/keras_ported tests/keras_hub
+	$(TEST_ENV) KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tf_only" tests/layers tests/ops tests/keras_ported tests/keras_hub
 
 # The lowest supported releases (tests/compat/lowest.txt, setup.cfg's floors) in
 # their own venv: installing our package there with those pins proves the ranges
@@ -58,16 +72,16 @@ $(COMPAT_STAMP): setup.cfg pyproject.toml tests/compat/lowest.txt
 	touch $(COMPAT_STAMP)
 
 test-compat: $(COMPAT_STAMP)
-	KERAS_BACKEND=tensorflow $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not layer_detail" \
+	$(TEST_ENV) KERAS_BACKEND=tensorflow $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not layer_detail" \
 		$(COMPAT_TESTS) $(COMPAT_TF_TESTS)
-	KERAS_BACKEND=jax $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not tf_only" $(COMPAT_TESTS)
+	$(TEST_ENV) KERAS_BACKEND=jax $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not tf_only" $(COMPAT_TESTS)
 
 # Everything but `slow` on the lowest releases, both backends (~12 minutes): what
 # test-compat leaves out for CI time, for a change that touches version-sensitive code.
 test-compat-full: $(COMPAT_STAMP)
-	KERAS_BACKEND=tensorflow $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow" \
+	$(TEST_ENV) KERAS_BACKEND=tensorflow $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow" \
 		$(COMPAT_TESTS) $(COMPAT_TF_TESTS)
-	KERAS_BACKEND=jax $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not tf_only" \
+	$(TEST_ENV) KERAS_BACKEND=jax $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not tf_only" \
 		$(COMPAT_TESTS) tests/layers
 
 # sdist and wheel into dist/ (tests/packaging/wheel_test.py installs them in a fresh venv).

@@ -1,4 +1,4 @@
-"""Regenerates the README's figures with the library itself.
+"""Regenerates the README's and the guides' figures with the library itself.
 
     python docs/make_figures.py          # or: make figures
 

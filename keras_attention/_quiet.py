@@ -13,6 +13,9 @@ asks for it before `keras` is imported, in one of two ways:
 - it is our command line, `python -m keras_attention.export` or the
   `keras-attention` console script (read from `sys.orig_argv`).
 
+Asked for after tensorflow was imported (a script that imports keras first),
+it can do nothing and says so in a RuntimeWarning.
+
 Then `import keras_attention` sets `TF_CPP_MIN_LOG_LEVEL=3` unless the user
 set it: TensorFlow's later native log lines stay hidden too, including the
 ERROR-level notes it prints mid-training ("oneDNN supports DT_INT64 only on
@@ -28,6 +31,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 
 ENV_VARIABLE = "KERAS_ATTENTION_QUIET_STARTUP"
 CONSOLE_SCRIPT = "keras-attention"
@@ -98,10 +102,28 @@ def filtered_stderr():
                 sys.stderr.flush()
 
 
+LATE_WARNING = (
+    f"{ENV_VARIABLE}=1 has no effect here: tensorflow was imported before "
+    "keras_attention (`import keras` imports it), so TensorFlow's start-up log is "
+    "already printed and its native log level is fixed. Set the variable and "
+    "`import keras_attention` before keras or tensorflow, or set "
+    "TF_CPP_MIN_LOG_LEVEL=3 in the environment before Python starts."
+)
+
+
 @contextlib.contextmanager
 def quiet_startup():
-    """Around the first `import keras`, when the entry point asked for it."""
-    if not requested() or "tensorflow" in sys.modules:
+    """Around the first `import keras`, when the entry point asked for it.
+
+    Too late when tensorflow is already imported: then it warns once
+    (`LATE_WARNING`), unless `TF_CPP_MIN_LOG_LEVEL=3` was set already.
+    """
+    if not requested():
+        yield
+        return
+    if "tensorflow" in sys.modules:
+        if os.environ.get("TF_CPP_MIN_LOG_LEVEL") != "3":
+            warnings.warn(LATE_WARNING, RuntimeWarning, stacklevel=3)
         yield
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 
+from keras_attention import _extras
 from keras_attention.export import serving_process
 from keras_attention.export import tf_serving
 from keras_attention.progress import progress_bar
@@ -35,7 +36,9 @@ class CheckReport:
         notes: things worth knowing that are not failures.
         op_counts: `{op: number of nodes}` over the graph and its function
             library.
-        op_sources: `{op: "tensorflow" | "tensorflow-text" | "unregistered"}`.
+        op_sources: `{op: "tensorflow" | "tensorflow-text" | "unregistered"}`;
+            `"tensorflow-text (not importable here)"` for an op TF Serving
+            links from tensorflow-text when this environment lacks it.
         signature_inputs, signature_outputs: of `serving_default`,
             `{name: "dtype shape"}`.
         signatures: every signature, `{name: {"inputs": {...}, "outputs":
@@ -313,13 +316,40 @@ def _check_in_fresh_process(report, ops, timeout):
     if result.get("keras_attention_importable"):
         report.notes.append("keras_attention was importable in the fresh process.")
     report.op_sources = result["op_sources"]
+    text_error, local = result.get("tensorflow_text_error"), []
     unregistered = sorted(
         op for op, source in report.op_sources.items() if source == "unregistered"
     )
+    if text_error:
+        # Without tensorflow-text here, its ops are unregistered in this
+        # process although TF Serving links them: a local problem, told apart
+        # from ops TF Serving would not have.
+        local = [op for op in unregistered if op in tf_serving.TENSORFLOW_TEXT_OPS]
+        unregistered = [op for op in unregistered if op not in local]
+        for op in local:
+            report.op_sources[op] = "tensorflow-text (not importable here)"
+        if result.get("tensorflow_text_missing"):
+            cause = ("tensorflow-text is not installed here (a gap of this "
+                     "environment, not of the model; " + _extras.install_hint("text")
+                     + ")")
+        else:
+            cause = f"tensorflow_text failed to import here ({text_error})"
+        if local:
+            report.problems.append(
+                f"{cause}, so this check could not load and run the model. Its "
+                f"tensorflow-text ops are ones TF Serving links: {', '.join(local)}."
+            )
+        else:
+            report.notes.append(f"{cause}; the model uses none of its ops.")
     if unregistered:
         report.problems.append(
             "ops registered by neither TensorFlow nor tensorflow-text (TF "
-            f"Serving will not find kernels for them): {', '.join(unregistered)}"
+            f"Serving would not have them): {', '.join(unregistered)}"
+            if not text_error else
+            "ops TensorFlow does not register that are not among the "
+            "tensorflow-text ops TF Serving links (TF Serving would not have "
+            "them): "
+            f"{', '.join(unregistered)}"
         )
     not_linked = sorted(
         op for op, source in report.op_sources.items()
@@ -338,11 +368,9 @@ def _check_in_fresh_process(report, ops, timeout):
             f"{tf_serving.TENSORFLOW_TEXT_VERSION}; checked here with "
             f"{report.tensorflow_text_version}."
         )
-    if result.get("tensorflow_text_error"):
-        report.problems.append(
-            f"tensorflow_text failed to import: {result['tensorflow_text_error']}"
-        )
-    if not result.get("loaded"):
+    if not result.get("loaded") and text_error and local:
+        pass  # the problem above says why
+    elif not result.get("loaded"):
         report.problems.append(
             "the v1 session loader (as in TF Serving) could not load the model: "
             f"{result.get('load_error')}"

@@ -4,6 +4,7 @@ import os
 
 import tensorflow as tf
 
+from keras_attention import _extras
 from keras_attention.export.warmup import write_warmup_requests
 
 SERVING_OUTPUTS = (
@@ -73,6 +74,8 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
             "export_translator: `translator` must be a keras_attention "
             f"translator. Received: {type(translator).__name__}"
         )
+    # The exported graph tokenizes with tensorflow-text's ops.
+    _extras.require_tensorflow_text("export_translator")
     beam_width, max_length, length_penalty = translator._check_decoding_arguments(
         beam_width, max_length, length_penalty
     )

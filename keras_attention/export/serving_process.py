@@ -91,13 +91,17 @@ def _classify_ops(op_names):
     from tensorflow.python.framework import op_def_registry
 
     core = {name for name in op_names if op_def_registry.get(name) is not None}
-    text_error, text_version = None, None
+    text_error, text_version, text_missing = None, None, False
     try:
         import tensorflow_text  # (registers its kernels)
 
         text_version = getattr(tensorflow_text, "__version__", None)
     except Exception as error:  # report it; the load below will fail too
         text_error = f"{type(error).__name__}: {error}"
+        # Not installed in this environment (as opposed to installed but
+        # broken, e.g. built for another TensorFlow).
+        text_missing = (isinstance(error, ModuleNotFoundError)
+                        and (error.name or "").split(".")[0] == "tensorflow_text")
     sources = {}
     for name in op_names:
         if name in core:
@@ -106,7 +110,7 @@ def _classify_ops(op_names):
             sources[name] = "tensorflow-text"
         else:
             sources[name] = "unregistered"
-    return sources, text_error, text_version
+    return sources, text_error, text_version, text_missing
 
 
 def _run_signature(session, signature, arrays):
@@ -159,7 +163,8 @@ def main(argv):
         report["keras_attention_importable"] = False
 
     (report["op_sources"], report["tensorflow_text_error"],
-     report["tensorflow_text_version"]) = _classify_ops(op_names)
+     report["tensorflow_text_version"],
+     report["tensorflow_text_missing"]) = _classify_ops(op_names)
 
     import numpy as np
     import tensorflow as tf

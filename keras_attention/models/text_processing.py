@@ -25,6 +25,8 @@ import collections
 import numpy as np
 import tensorflow as tf
 
+from keras_attention import _extras
+
 PAD, UNK, START, END = "<pad>", "<unk>", "<start>", "<end>"
 RESERVED_TOKENS = (PAD, UNK, START, END)
 PAD_ID, UNK_ID, START_ID, END_ID = 0, 1, 2, 3
@@ -40,12 +42,11 @@ def _check_split(split, owner="TextEncoder", argument="split"):
         )
 
 
-def _tf_text():
+def _tf_text(feature="keras_attention.models.text_processing"):
     # Imported when text is first processed, so registering the translators
     # (`import keras_attention`) does not load tensorflow-text's kernels.
-    import tensorflow_text
-
-    return tensorflow_text
+    # Without the `text` extra: an ImportError naming it and the pip command.
+    return _extras.require_tensorflow_text(feature)
 
 
 def split_text(texts, split, lowercase, wordpiece=None):
@@ -181,7 +182,7 @@ class TextEncoder(tf.Module):
         self.separator = "" if split == "character" else " "
         self._wordpiece = None
         if split == "wordpiece":
-            self._wordpiece = _tf_text().FastWordpieceTokenizer(
+            self._wordpiece = _tf_text(owner).FastWordpieceTokenizer(
                 vocab=vocabulary, suffix_indicator=SUFFIX, unknown_token=UNK,
                 token_out_type=tf.string, no_pretokenization=True,
             )

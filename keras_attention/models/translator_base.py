@@ -23,6 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_attention import _extras
 from keras_attention.models import text_processing
 from keras_attention.progress import progress_bar
 from keras_attention.models.decoding import DecodingSession
@@ -118,6 +119,9 @@ class Translator(keras.Model):
             target_vocabulary, target_split, lowercase, self.max_target_length,
             name="target_text", owner=owner, role="target",
         )
+        # Every translator tokenizes with tensorflow-text (the `text` extra):
+        # say so here, not from deep inside the first `fit` or `translate`.
+        _extras.require_tensorflow_text(owner)
         self._decode_functions = _FunctionCache()
 
     def _build_weights(self):
@@ -161,6 +165,7 @@ class Translator(keras.Model):
                 f"source texts, at least one. Received: {len(source_texts)} "
                 f"source and {len(target_texts)} target texts"
             )
+        _extras.require_tensorflow_text(f"{cls.__name__}.from_texts")
         source_vocabulary = text_processing.build_vocabulary(
             source_texts, source_split, lowercase, max_tokens, min_count
         )

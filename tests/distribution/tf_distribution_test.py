@@ -58,7 +58,7 @@ def test_random_state_is_identical_across_replicas(results, variable):
 
 def test_replicas_draw_the_same_dropout_masks(results):
     # Keras' SeedGenerator state is a mirrored variable: every replica draws
-    # the same mask stream (documented in the README). Pinned so a change in
+    # the same mask stream (documented in docs/guides/distribution.md). Pinned so a change in
     # Keras shows up here.
     report = results["dropout_masks"]
     assert report["dropout_acted"] > 1e-3
@@ -98,7 +98,7 @@ def test_multi_worker_mirrored_strategy_is_broken_in_keras_fit():
         # The cluster formed (2 replicas) and single-device training works;
         # fit under the strategy fails where Keras builds the model from a
         # distributed batch (keras-team/keras#20585). If this assertion
-        # fails, Keras fixed it: update the README's strategy list.
+        # fails, Keras fixed it: update the strategy list in docs/guides/distribution.md.
         assert "error" in report, "MultiWorkerMirroredStrategy works now"
         assert report["error"].startswith(
             "ValueError: Attempt to convert a value (PerReplica"), report["error"]

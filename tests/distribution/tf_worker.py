@@ -39,7 +39,7 @@ def _make_translator(name):
     cls = Seq2SeqTranslator if name == "seq2seq_translator" else TransformerTranslator
     # Every text has 3 tokens: each replica holds as many real (non-padding)
     # target tokens, so the per-replica mean loss Keras averages equals the
-    # single-device mean (see the README on masked losses).
+    # single-device mean (see docs/guides/distribution.md on masked losses).
     rng = np.random.default_rng(4)
     digits = rng.integers(0, 10, (32, 3))
     sources = [" ".join(WORDS[d] for d in row) for row in digits]

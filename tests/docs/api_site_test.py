@@ -35,6 +35,10 @@ def every_public_symbol():
     return found
 
 
+class Site(dict):
+    """{page path: HTML}, and `directory`, where the site was built."""
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     site_dir = tmp_path_factory.mktemp("site")
@@ -47,7 +51,8 @@ def site(tmp_path_factory):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "WARNING" not in result.stderr, result.stderr[-5000:]
-    pages = {}
+    pages = Site()
+    pages.directory = str(site_dir)
     for folder, _, files in os.walk(site_dir):
         for name in files:
             if name.endswith(".html"):
@@ -67,20 +72,87 @@ def test_every_public_symbol_has_an_entry(site):
     assert missing == []
 
 
-def test_readme_sections_are_guide_pages(site):
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    titles = [t.replace("`", "") for t in re.findall(r"^## (.+)$", readme, flags=re.MULTILINE)]
-    headings = []
-    for name, page in site.items():
-        if name.startswith("guides" + os.sep):
-            for heading in re.findall(r"<h1[^>]*>(.*?)</h1>", page, flags=re.DOTALL):
-                text = re.sub(r"<[^>]+>|¶|&para;", "", heading).replace("&#x27;", "'").strip()
-                headings.append(text)
-    assert len(titles) > 5
-    assert sorted(headings) == sorted(titles)
+def test_guides_are_pages_and_the_readme_is_home(site):
+    guides = sorted(name for name in os.listdir(os.path.join(ROOT, "docs", "guides"))
+                    if name.endswith(".md"))
+    assert len(guides) >= 5
+    for name in guides:
+        assert os.path.join("guides", name[:-3] + ".html") in site, name
+    home = site["index.html"]
+    assert "A 30-second example" in home and "LuongAttention" in home
+    assert 'href="guides/long-sequences.html"' in home
+
+
+def test_each_symbol_is_listed_once_with_a_signature(site):
+    for module, name, path in every_public_symbol():
+        if module not in ("keras_attention", "keras_attention.models"):
+            continue
+        page = site[os.path.join("api", module + ".html")]
+        assert page.count(f'id="{path}"') == 1, path
+    page = site[os.path.join("api", "keras_attention.html")]
+    heading = page[page.index('id="keras_attention.layers.multi_head_attention.MultiHeadAttention"'):]
+    signature = heading[:heading.index("</pre>") if "</pre>" in heading else 5000]
+    assert "num_heads" in re.sub(r"<[^>]+>", "", signature), signature[:2000]
+    # Types in the parameter lists: from literal defaults where the code has no annotation.
+    mha = page[page.index('id="keras_attention.layers.multi_head_attention.MultiHeadAttention"'):]
+    mha = mha[:mha.index('class="doc doc-object doc-class"') if 'class="doc doc-object doc-class"' in mha else None]
+    for name, type_name in (("use_bias", "bool"), ("dropout", "float"), ("num_heads", None)):
+        item = mha[mha.index(f"<b><code>{name}</code></b>"):][:300]
+        if type_name:
+            assert f'title="{type_name}">{type_name}</span>' in item, item
+        else:  # required, no annotation: no guessed type
+            assert "title=" not in item.split("</li>")[0], item
+    # The sidebar names each symbol once (not also as `keras_attention.X`).
+    assert "keras_attention.MultiHeadAttention</a>" not in page
 
 
 def test_site_needs_no_network(site):
     for name, page in site.items():
         external = re.findall(r'<(?:script|link)[^>]+(?:src|href)="(https?:[^"]+)"', page)
         assert external == [], (name, external)
+
+
+CHROMIUM_PAGES = ("index.html", "api/keras_attention.html")
+
+
+def test_pages_fit_a_1280_px_window_and_show_signatures(site, tmp_path_factory):
+    widgets_export = pytest.importorskip("keras_attention.widgets.export")
+    chromium = widgets_export.find_chromium()
+    if chromium is None:
+        pytest.skip("no chromium installed (run .ci/install-browser.sh)")
+    from playwright.sync_api import sync_playwright
+
+    site_dir = site.directory
+    shots = tmp_path_factory.mktemp("screenshots")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True,
+                                             args=list(widgets_export.CHROMIUM_ARGS))
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            for name in CHROMIUM_PAGES:
+                page.goto("file://" + os.path.join(site_dir, name))
+                page.screenshot(path=str(shots / (name.replace("/", "_") + ".png")),
+                                full_page=True)
+                widths = page.evaluate(
+                    "[document.documentElement.scrollWidth, document.body.scrollWidth,"
+                    " window.innerWidth]")
+                assert max(widths[:2]) <= widths[2], (name, widths)
+                if name.startswith("api/"):
+                    signature = page.locator(
+                        '[id="keras_attention.layers.multi_head_attention.MultiHeadAttention"]'
+                        ' ~ .doc-signature, [id="keras_attention.layers.multi_head_attention.'
+                        'MultiHeadAttention"] + .doc-signature').first
+                    if signature.count() == 0:
+                        signature = page.locator(".doc-signature").first
+                    assert signature.is_visible()
+                    box = signature.bounding_box()
+                    assert box["x"] >= 0 and box["x"] + box["width"] <= 1280, box
+                    assert "num_heads" in signature.inner_text()
+                    # Every parameter table and code block inside the window.
+                    overflowing = page.evaluate(
+                        "[...document.querySelectorAll('table, pre')].filter("
+                        "e => e.getBoundingClientRect().right > window.innerWidth + 1"
+                        " || e.scrollWidth > e.clientWidth + 1).length")
+                    assert overflowing == 0, overflowing
+        finally:
+            browser.close()

@@ -60,6 +60,10 @@ def test_demo_runs_end_to_end_on_reduced_sizes(tmp_path):
     logged = [line for line in (result.stdout + result.stderr).splitlines()
               if _quiet.is_startup_noise(line) or _quiet._LOG_LINE.match(line)]
     assert logged == [], logged
+    # Piped to a file: plain lines, no escape codes (progress bars included).
+    escapes = [line for line in (result.stdout + result.stderr).splitlines(True)
+               if any(code in line for code in ("\x1b", "\r", "\b"))]
+    assert escapes == [], escapes
     out = result.stdout
     assert "held-out exact match:" in out
     assert "OK, servable by TF Serving" in out

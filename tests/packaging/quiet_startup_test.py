@@ -104,3 +104,24 @@ def test_check_command_starts_quiet(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "is not a SavedModel" in result.stderr
     assert tensorflow_log_lines(result.stdout + result.stderr) == [], result.stderr
+
+
+LATE = (
+    "import warnings\n"
+    "warnings.simplefilter('always')\n"
+    "import keras\n"
+    "import keras_attention\n"
+    "print('imported')\n"
+)
+
+
+def test_the_switch_after_keras_warns_exactly_once():
+    late = subprocess.run([sys.executable, "-c", LATE], env=clean_env(**{_quiet.ENV_VARIABLE: "1"}),
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert late.stderr.count(_quiet.LATE_WARNING) == 1, late.stderr
+    assert "RuntimeWarning" in late.stderr and "imported" in late.stdout
+    # Without the switch, or with TensorFlow's own level already at 3: no warning.
+    for env in (clean_env(), clean_env(**{_quiet.ENV_VARIABLE: "1", "TF_CPP_MIN_LOG_LEVEL": "3"})):
+        plain = subprocess.run([sys.executable, "-c", LATE], env=env, capture_output=True,
+                               text=True, timeout=300, check=True)
+        assert _quiet.ENV_VARIABLE not in plain.stderr, plain.stderr

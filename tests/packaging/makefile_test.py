@@ -1,0 +1,53 @@
+"""`make demo` installs only the `text` extra and leaves TensorFlow's log level to
+the demo's quiet start; `make test` installs the dev set. Read from `make -n`
+(what make would run), so nothing is installed."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def dry_run(target):
+    result = subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, check=True,
+                            env={k: v for k, v in os.environ.items()
+                                 if k != "TF_CPP_MIN_LOG_LEVEL"})
+    return result.stdout
+
+
+def recipe_environment(tmp_path):
+    """The environment the Makefile gives its recipes (one added target prints it)."""
+    probe = tmp_path / "probe.mk"
+    probe.write_text("print-environment:\n\t@env\n")
+    result = subprocess.run(["make", "-s", "-f", "Makefile", "-f", str(probe),
+                             "print-environment"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60, check=True,
+                            env={k: v for k, v in os.environ.items()
+                                 if k != "TF_CPP_MIN_LOG_LEVEL"})
+    return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+
+
+def test_demo_installs_only_the_text_extra():
+    commands = dry_run("demo")
+    installs = [line for line in commands.splitlines() if "pip install -e" in line]
+    assert installs == ['.venv/bin/python -m pip install -e ".[text]"'], installs
+    assert commands.splitlines()[-1] == ".venv/bin/python examples/date_translation.py"
+
+
+def test_demo_leaves_the_log_level_to_the_quiet_start(tmp_path):
+    # An exported TF_CPP_MIN_LOG_LEVEL=2 won over the quiet start's 3 (which only
+    # sets it when unset) and let TensorFlow's E lines through mid-demo.
+    assert "TF_CPP_MIN_LOG_LEVEL" not in dry_run("demo")
+    assert "TF_CPP_MIN_LOG_LEVEL" not in recipe_environment(tmp_path)
+
+
+def test_make_test_installs_the_dev_set():
+    commands = dry_run("test-tf")
+    assert '.venv/bin/python -m pip install -e ".[dev,text,widgets,jax]"' in commands
+    assert "TF_CPP_MIN_LOG_LEVEL=2 KERAS_BACKEND=tensorflow" in commands
