@@ -131,12 +131,18 @@ def test_dropout_only_in_training_and_seeded():
     np.testing.assert_allclose(trained, repeat)
 
 
-def test_dropout_does_not_change_returned_weights_sum():
+def test_returned_weights_are_those_applied_to_the_values():
+    # As keras.layers.Attention: after dropout when training, each weight
+    # dropped (0) or kept and scaled by 1 / (1 - rate).
     query = random_inputs((2, 6, 8), seed=0)
-    _, weights = LuongAttention(dropout=0.5, seed=1)(
-        query, training=True, return_attention_scores=True
-    )
-    np.testing.assert_allclose(_numpy(weights).sum(-1), 1.0, atol=1e-5)
+    layer = LuongAttention(dropout=0.5, seed=1)
+    _, clean = layer(query, return_attention_scores=True)
+    output, weights = layer(query, training=True, return_attention_scores=True)
+    weights, clean = _numpy(weights), _numpy(clean)
+    kept = weights != 0
+    assert kept.any() and not kept.all()
+    np.testing.assert_allclose(weights[kept], 2 * clean[kept], rtol=1e-5)
+    np.testing.assert_allclose(_numpy(output), weights @ query, atol=1e-5)
 
 
 def test_cross_attention_symbolic_shapes_with_different_lengths():
@@ -158,7 +164,7 @@ def test_key_defaults_to_value_and_value_to_query():
 # ---------------------------------------------------------------- bad input
 def test_wrong_rank_names_layer_argument_and_shape():
     layer = AdditiveAttention(name="att")
-    with pytest.raises(ValueError, match=r"AdditiveAttention \(layer 'att'\): `value` must have rank 3.*\(2, 5\)"):
+    with pytest.raises(ValueError, match=r"AdditiveAttention \(layer 'att'\): `value` must have rank >= 3.*\(2, 5\)"):
         layer(np.ones((2, 3, 4), "float32"), np.ones((2, 5), "float32"))
 
 
