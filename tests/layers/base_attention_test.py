@@ -6,6 +6,7 @@ import pytest
 from keras import ops
 
 import keras_attention
+from keras_attention import layers as ka
 from keras_attention.layers import AdditiveAttention
 from keras_attention.layers import LowRankAttention
 from keras_attention.layers import LuongAttention
@@ -232,3 +233,25 @@ def test_bad_dropout(dropout):
 def test_bad_seed():
     with pytest.raises(TypeError, match=r"`seed` must be an integer or None. Received: seed='x'"):
         LuongAttention(seed="x")
+
+
+NO_CACHE = {
+    "LuongAttention": lambda: ka.LuongAttention(name="x"),
+    "AdditiveAttention": lambda: ka.AdditiveAttention(name="x"),
+    "LowRankAttention": lambda: ka.LowRankAttention(rank=2, name="x"),
+    "SparseAttention": lambda: ka.SparseAttention(2, 4, name="x"),
+    "PerformerAttention": lambda: ka.PerformerAttention(2, 4, name="x"),
+    "LinformerAttention": lambda: ka.LinformerAttention(2, 4, 2, 8, name="x"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NO_CACHE))
+@pytest.mark.parametrize("argument", ["cache", "cache_update_index"])
+def test_layers_without_a_cache_refuse_one_by_name(name, argument):
+    layer = NO_CACHE[name]()
+    query = random_inputs((1, 4, 8))
+    given = {"cache": np.zeros((1, 2, 8, 2, 4), "float32"), "cache_update_index": 0}
+    with pytest.raises(TypeError, match=rf"^{name} \(layer 'x'\): this layer takes no "
+                                        rf"decoding `cache`.*Received: {argument}="):
+        layer(query, **{argument: given[argument]})
+    assert not layer.built  # refused before Keras builds anything
