@@ -61,6 +61,18 @@ def readme_pages():
     return pages
 
 
+def written_guides():
+    """[(file name, title)] of the guides written as pages (docs/guides/)."""
+    folder = os.path.join(ROOT, "docs", "guides")
+    guides = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+        if name.endswith(".md"):
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                title = f.readline().lstrip("# ").strip()
+            guides.append(("guides/" + name, title))
+    return guides
+
+
 def _rewrite_links(markdown, page_name, anchors):
     depth = page_name.count("/")
 
@@ -112,7 +124,8 @@ def on_files(files, config):
 def on_config(config):
     config["nav"] = [
         {"Home": "index.md"},
-        {"Guides": [{title: name} for name, title, _ in readme_pages()[1:]]},
+        {"Guides": [{title: name} for name, title, _ in readme_pages()[1:]]
+                   + [{title: name} for name, title in written_guides()]},
         {"API reference": [{module: f"api/{module}.md"} for module in PUBLIC_MODULES]},
         {"Benchmarks": "benchmarks.md"},
     ]

@@ -72,7 +72,8 @@ def test_readme_sections_are_guide_pages(site):
     titles = [t.replace("`", "") for t in re.findall(r"^## (.+)$", readme, flags=re.MULTILINE)]
     headings = []
     for name, page in site.items():
-        if name.startswith("guides" + os.sep):
+        written = os.path.join(ROOT, "docs", os.path.splitext(name)[0] + ".md")
+        if name.startswith("guides" + os.sep) and not os.path.exists(written):
             for heading in re.findall(r"<h1[^>]*>(.*?)</h1>", page, flags=re.DOTALL):
                 text = re.sub(r"<[^>]+>|¶|&para;", "", heading).replace("&#x27;", "'").strip()
                 headings.append(text)
