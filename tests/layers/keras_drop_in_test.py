@@ -181,3 +181,20 @@ def test_nd_leading_dims_must_agree():
 def test_attention_pooling_errors_name_attention_pooling(arguments, message):
     with pytest.raises((ValueError, TypeError), match=r"^AttentionPooling: " + message):
         ka.AttentionPooling(**arguments)
+
+
+def test_keras_masks_of_the_list_fill_the_entries_mask_leaves_none():
+    # With `mask=` given, Keras fills `query_mask` with the list's Keras
+    # masks; the value's Embedding mask applies where `mask` says None.
+    layer = ka.LuongAttention()
+    q_in, v_in = keras.Input((3, 4)), keras.Input((5,), dtype="int32")
+    q_mask_in = keras.Input((3,), dtype="bool")
+    embed = keras.layers.Embedding(10, 4, mask_zero=True)
+    model = keras.Model([q_in, v_in, q_mask_in],
+                        layer([q_in, embed(v_in)], mask=[q_mask_in, None]))
+    query = random_inputs((2, 3, 4), seed=1)
+    tokens = np.array([[1, 2, 0, 0, 0], [3, 4, 5, 6, 7]])
+    query_mask = np.array([[True, True, False], [True, True, True]])
+    expected = layer(query, embed(tokens), query_mask=query_mask, value_mask=tokens != 0)
+    np.testing.assert_allclose(_np(model([query, tokens, query_mask])), _np(expected),
+                               atol=1e-6)
