@@ -51,7 +51,10 @@ class AttentionPooling(keras.layers.Layer):
             `"dot"`, `"scaled_dot"`, `"general"`, `"concat"`, or any
             keras_attention single-head attention layer instance (e.g.
             `LowRankAttention(rank=4)`).
-        units: hidden width for the `"additive"` and `"concat"` scores.
+        units: hidden width of Bahdanau's (`"additive"`) and Luong's
+            (`"concat"`) projected scores; `None` uses Keras' forms of those
+            scores, without projections (see `AdditiveAttention`,
+            `LuongAttention`).
         dropout: fraction of attention weights dropped during training.
         seed: seed for the dropout.
         query_initializer: initializer of the learned query.
