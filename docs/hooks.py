@@ -79,6 +79,7 @@ def readme_pages():
     return [("index.md", "Home", text)]
 
 
+
 def _rewrite_links(markdown, page_name, anchors):
     depth = page_name.count("/")
 

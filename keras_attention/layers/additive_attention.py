@@ -1,35 +1,54 @@
 import keras
+from keras import ops
 
+from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.luong_attention import _from_keras
 from keras_attention.layers.score_attention import ScoreAttention
 from keras_attention.layers.utils import clone_initializer
-from keras_attention.layers.utils import validate_positive_int
 from keras_attention.ops import scores as score_ops
 
 
 @keras_attention_export("layers")
 class AdditiveAttention(ScoreAttention):
-    """Additive (Bahdanau) attention: `score(q, k) = v^T tanh(Wq q + Wk k + b)`.
+    """Additive (Bahdanau) attention; a drop-in for `keras.layers.AdditiveAttention`.
 
     Bahdanau, Cho and Bengio, "Neural Machine Translation by Jointly Learning
     to Align and Translate", 2014 (https://arxiv.org/abs/1409.0473).
 
-    Unlike `keras.layers.AdditiveAttention`, the query and key are projected by
-    learned matrices, so their feature sizes may differ, as in the paper.
+    The first two arguments are `keras.layers.AdditiveAttention`'s, in its
+    order, with its weight name (`scale`); our extras are keyword-only.
+
+    - Without `units`: Keras' score, `sum(scale * tanh(q + k))` over the
+      features (`scale` a learned `(dq,)` vector with `use_scale=True`, else
+      1), so a Keras user's swap computes the same thing and
+      `AdditiveAttention.from_keras(layer)` copies a Keras layer's weights.
+      It has no learned projections (Bahdanau's has), so query and key need
+      the same feature size.
+    - With `units`: Bahdanau's score, `v^T tanh(Wq q + Wk k + b)`, with
+      `Wq` `(dq, units)`, `Wk` `(dk, units)` (weights `query_kernel`,
+      `key_kernel`, `bias`), and `v` the `(units,)` weight `scale`
+      (`use_scale=True`, the default; `False` fixes `v` to ones). Query and
+      key sizes may differ, as in the paper.
 
     Args:
-        units: width of the hidden layer of the score MLP; defaults to the
-            key's feature size.
-        use_bias: whether to add `b` inside the `tanh`.
+        use_scale: learn the vector `scale` (`v`), as Keras.
         dropout: fraction of attention weights dropped during training.
-        seed: seed for the dropout.
-        kernel_initializer, bias_initializer: initializers for `Wq`, `Wk`,
-            `v` and for `b`.
-        kernel_regularizer: regularizer for `Wq`, `Wk` and `v`.
+        seed: (keyword-only) seed for the dropout.
+        units: (keyword-only) width of the hidden layer of Bahdanau's score;
+            `None` is Keras' score without projections.
+        use_bias: (keyword-only) whether to add `b` inside the `tanh` (with
+            `units`).
+        kernel_initializer, bias_initializer: (keyword-only) initializers for
+            `Wq`, `Wk`, `scale` and for `b`.
+        kernel_regularizer: (keyword-only) regularizer for `Wq`, `Wk` and
+            `scale`.
 
-    Call arguments and returns: see `ScoreAttention`. Shapes: query
-    `(B, Tq, dq)`, value `(B, Tv, dv)` -> output `(B, Tq, dv)`, weights
-    `(B, Tq, Tv)`.
+    Call arguments and returns: see `ScoreAttention` (Keras' list call
+    `layer([query, value(, key)], mask=[query_mask, value_mask])` included,
+    inputs of any rank >= 3). Shapes: query `(B, Tq, dq)`, value
+    `(B, Tv, dv)` -> output `(B, Tq, dv)`, weights `(B, Tq, Tv)`. Unlike
+    Keras, a masked query row gets zero weights, not a distribution.
 
     Example:
 
@@ -45,65 +64,99 @@ class AdditiveAttention(ScoreAttention):
 
     def __init__(
         self,
+        use_scale=True,
+        dropout=0.0,
+        *,
+        seed=None,
         units=None,
         use_bias=True,
-        dropout=0.0,
-        seed=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         kernel_regularizer=None,
         **kwargs,
     ):
+        owner = kwargs.get("_owner") or type(self).__name__
         super().__init__(dropout=dropout, seed=seed, **kwargs)
-        self.units = validate_positive_int(
-            "AdditiveAttention", "units", units, allow_none=True
+        self.use_scale = validation.validate_bool(owner, "use_scale", use_scale)
+        self.units = validation.validate_positive_int(
+            owner, "units", units, allow_none=True
         )
-        self.use_bias = bool(use_bias)
+        self.use_bias = validation.validate_bool(owner, "use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
 
-    def build_score(self, query_shape, key_shape):
-        units = self.units or key_shape[-1]
-        self.query_kernel = self.add_weight(
-            name="query_kernel",
-            shape=(query_shape[-1], units),
-            initializer=clone_initializer(self.kernel_initializer),
-            regularizer=self.kernel_regularizer,
-        )
-        self.key_kernel = self.add_weight(
-            name="key_kernel",
-            shape=(key_shape[-1], units),
-            initializer=clone_initializer(self.kernel_initializer),
-            regularizer=self.kernel_regularizer,
-        )
-        self.bias = (
-            self.add_weight(
-                name="bias", shape=(units,), initializer=clone_initializer(self.bias_initializer)
+    @classmethod
+    def from_keras(cls, layer, **kwargs):
+        """Builds ours from a built `keras.layers.AdditiveAttention`, with its
+        weights. Outputs match Keras' to float rounding (rows with an
+        unmasked query). `kwargs` override constructor arguments."""
+        if type(layer) is not keras.layers.AdditiveAttention:
+            raise TypeError(
+                f"{cls.__name__}.from_keras expects a "
+                "keras.layers.AdditiveAttention. Received: "
+                f"{type(layer).__name__}"
             )
-            if self.use_bias
-            else None
-        )
-        self.score_vector = self.add_weight(
-            name="score_vector",
-            shape=(units,),
-            initializer=clone_initializer(self.kernel_initializer),
-            regularizer=self.kernel_regularizer,
-        )
+        return _from_keras(cls, layer, kwargs)
+
+    def build_score(self, query_shape, key_shape):
+        self.query_kernel = self.key_kernel = self.bias = self.scale = None
+        width = self.units
+        if width is None:
+            if query_shape[-1] != key_shape[-1]:
+                raise ValueError(
+                    self._error(
+                        "without `units` the score is Keras' sum(scale * "
+                        "tanh(q + k)), which needs query and key with the same "
+                        f"number of features. Received: query features "
+                        f"{query_shape[-1]}, key features {key_shape[-1]}. Pass "
+                        "units=... for Bahdanau's projected score."
+                    )
+                )
+            width = query_shape[-1]
+        else:
+            self.query_kernel = self.add_weight(
+                name="query_kernel",
+                shape=(query_shape[-1], width),
+                initializer=clone_initializer(self.kernel_initializer),
+                regularizer=self.kernel_regularizer,
+            )
+            self.key_kernel = self.add_weight(
+                name="key_kernel",
+                shape=(key_shape[-1], width),
+                initializer=clone_initializer(self.kernel_initializer),
+                regularizer=self.kernel_regularizer,
+            )
+            if self.use_bias:
+                self.bias = self.add_weight(
+                    name="bias", shape=(width,),
+                    initializer=clone_initializer(self.bias_initializer),
+                )
+        if self.use_scale:
+            self.scale = self.add_weight(
+                name="scale",
+                shape=(width,),
+                initializer=clone_initializer(self.kernel_initializer),
+                regularizer=self.kernel_regularizer,
+            )
 
     def score(self, query, key):
-        projected_query = keras.ops.matmul(query, self.query_kernel)
-        if self.bias is not None:
-            projected_query = projected_query + self.bias
-        projected_key = keras.ops.matmul(key, self.key_kernel)
-        return score_ops.additive_score(
-            projected_query, projected_key, self.score_vector
-        )
+        if self.units is not None:
+            query = ops.matmul(query, self.query_kernel)
+            if self.bias is not None:
+                query = query + self.bias
+            key = ops.matmul(key, self.key_kernel)
+        if self.scale is not None:
+            return score_ops.additive_score(query, key, self.scale)
+        # Keras' use_scale=False: the plain sum of the tanh.
+        hidden = ops.tanh(ops.expand_dims(query, -2) + ops.expand_dims(key, -3))
+        return ops.sum(hidden, axis=-1)
 
     def get_config(self):
         config = super().get_config()
         config.update(
             {
+                "use_scale": self.use_scale,
                 "units": self.units,
                 "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(

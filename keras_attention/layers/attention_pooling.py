@@ -27,12 +27,14 @@ def _score_layer(score, units, dropout, seed, dtype, name):
             "AttentionPooling: `units` only applies to score='additive' or "
             f"'concat'. Received: units={units!r} with score={score!r}"
         )
-    common = dict(dropout=dropout, seed=seed, dtype=dtype, name=name)
+    # The user built AttentionPooling: the sublayer's errors say so.
+    common = dict(dropout=dropout, seed=seed, dtype=dtype, name=name,
+                  _owner="AttentionPooling")
     if score == "additive":
         return AdditiveAttention(units=units, **common)
     if score == "scaled_dot":
-        return LuongAttention(score="dot", scale=True, **common)
-    return LuongAttention(score=score, units=units, **common)
+        return LuongAttention(score_mode="dot", scale=True, **common)
+    return LuongAttention(score_mode=score, units=units, **common)
 
 
 @keras_attention_export("layers")
@@ -49,7 +51,10 @@ class AttentionPooling(keras.layers.Layer):
             `"dot"`, `"scaled_dot"`, `"general"`, `"concat"`, or any
             keras_attention single-head attention layer instance (e.g.
             `LowRankAttention(rank=4)`).
-        units: hidden width for the `"additive"` and `"concat"` scores.
+        units: hidden width of Bahdanau's (`"additive"`) and Luong's
+            (`"concat"`) projected scores; `None` uses Keras' forms of those
+            scores, without projections (see `AdditiveAttention`,
+            `LuongAttention`).
         dropout: fraction of attention weights dropped during training.
         seed: seed for the dropout.
         query_initializer: initializer of the learned query.

@@ -4,6 +4,8 @@ Two families build on it: `ScoreAttention` (single-head layers that supply a
 score function) and `BaseMultiHeadAttention` (projected heads with a kernel).
 """
 
+import inspect
+
 import keras
 
 from keras_attention.api_export import keras_attention_export
@@ -54,9 +56,12 @@ class BaseAttention(keras.layers.Layer):
     _attention_recorder = None
 
     def __init__(self, dropout=0.0, seed=None, **kwargs):
+        # A composed layer (AttentionPooling) names itself in the errors of
+        # the layer it builds: the user built the composite, not this one.
+        owner = kwargs.pop("_owner", None) or type(self).__name__
         super().__init__(**kwargs)
-        self.dropout = utils.validate_rate(type(self).__name__, "dropout", dropout)
-        self.seed = utils.validate_seed(type(self).__name__, seed)
+        self.dropout = utils.validate_rate(owner, "dropout", dropout)
+        self.seed = utils.validate_seed(owner, seed)
         self.supports_masking = True
         self._dropout_layer = keras.layers.Dropout(
             rate=self.dropout, seed=seed, dtype=self.dtype_policy
@@ -79,6 +84,7 @@ class BaseAttention(keras.layers.Layer):
             # (KerasHub's XLNet attention takes `content_stream`): its inputs
             # are its own business.
             return super().__call__(*args, **kwargs)
+        self._refuse_cache(kwargs)
         # Before Keras builds the layer from the inputs' shapes: a missing
         # query or a `key` without `value` would otherwise surface as a Keras
         # error about `build()`, or as a shape error naming the wrong input.
@@ -99,6 +105,24 @@ class BaseAttention(keras.layers.Layer):
             if mask is not None and hasattr(mask, "dtype"):
                 utils.check_mask_dtype(self, name, mask)
         return super().__call__(*args, **kwargs)
+
+    def _refuse_cache(self, kwargs):
+        """A decoding `cache` given to a layer whose `call` takes none gets
+        our error, not Python's "unexpected keyword argument"."""
+        given = [name for name in ("cache", "cache_update_index") if name in kwargs]
+        if not given:
+            return
+        parameters = inspect.signature(type(self).call).parameters
+        if all(name in parameters for name in given):
+            return
+        raise TypeError(
+            self._error(
+                "this layer takes no decoding `cache` (the key/value cache "
+                "is MultiHeadAttention's); call it on the whole "
+                f"sequence. Received: {given[0]}="
+                f"{utils.describe(kwargs[given[0]])}"
+            )
+        )
 
     def _to_compute_dtype(self, x):
         """Integer and boolean inputs are cast to the compute dtype."""
@@ -145,10 +169,12 @@ class BaseAttention(keras.layers.Layer):
             key = value
         return query, value, key
 
-    def compute_mask(self, inputs, previous_mask=None):
-        if isinstance(previous_mask, (list, tuple)):  # list call: the query's
-            return previous_mask[0] if previous_mask else None
-        return previous_mask
+    def compute_mask(self, inputs, mask=None):
+        # The output carries the query's mask; a list call's is the first
+        # of `mask=[query_mask, value_mask]`, as in keras.layers.Attention.
+        if isinstance(mask, (list, tuple)):
+            mask = mask[0] if mask else None
+        return None if mask is None else keras.ops.convert_to_tensor(mask)
 
     def get_config(self):
         config = super().get_config()

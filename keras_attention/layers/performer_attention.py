@@ -31,7 +31,9 @@ class PerformerAttention(BaseMultiHeadAttention):
     two with `set_weights`. The random projection is a non-trainable float32
     weight `(num_features, key_dim)` drawn from `seed` in `build` and saved
     with the model, so serving is deterministic. `redraw_features()` (or the
-    `RedrawFeatures` callback during training) draws a new one.
+    `RedrawFeatures` callback during training) draws a new one; the count of
+    redraws is the non-trainable int32 weight `redraws`, saved too, so a
+    loaded layer's next redraw is the one the saved layer would have drawn.
 
     Args:
         num_heads, key_dim: as `MultiHeadAttention`.
@@ -111,17 +113,16 @@ class PerformerAttention(BaseMultiHeadAttention):
         self.kernel = kernel
         self.orthogonal = orthogonal
         self.causal = causal
-        self._redraws = 0
 
-    def _draw_projection(self):
-        seed = None if self.seed is None else (self.seed, self._redraws)
+    def _draw_projection(self, redraw):
+        seed = None if self.seed is None else (self.seed, redraw)
         return favor.random_projection(
             self.num_features, self.key_dim, orthogonal=self.orthogonal, seed=seed
         )
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
-        initial = self._draw_projection()
+        initial = self._draw_projection(0)
         # Created after the parent's weights and non-trainable, so that
         # `trainable_weights` are exactly MultiHeadAttention's.
         self.projection = self.add_weight(
@@ -131,6 +132,12 @@ class PerformerAttention(BaseMultiHeadAttention):
             initializer=lambda shape, dtype=None: ops.convert_to_tensor(
                 initial, dtype="float32"
             ),
+            trainable=False,
+        )
+        # How many redraws this projection is past the first: layer state,
+        # saved with the model, so a loaded layer redraws onwards.
+        self.redraws = self.add_weight(
+            name="redraws", shape=(), dtype="int32", initializer="zeros",
             trainable=False,
         )
 
@@ -147,8 +154,9 @@ class PerformerAttention(BaseMultiHeadAttention):
                     "Received: an unbuilt layer"
                 )
             )
-        self._redraws += 1
-        self.projection.assign(self._draw_projection())
+        redraw = int(ops.convert_to_numpy(self.redraws.value)) + 1
+        self.redraws.assign(redraw)
+        self.projection.assign(self._draw_projection(redraw))
 
     def _check_call_options(self, query, value, attention_mask, use_causal_mask):
         self._reject_per_head_mask(attention_mask)

@@ -3,7 +3,9 @@
 import keras
 from keras import ops
 
+from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers import utils
 from keras_attention.layers.base_attention import BaseAttention
 from keras_attention.ops import masking
 from keras_attention.ops import scores as score_ops
@@ -24,9 +26,13 @@ class ScoreAttention(BaseAttention):
         seed: seed for the dropout.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
-    Call arguments:
+    Call arguments (Keras' `keras.layers.Attention` call, plus ours):
         query: `(B, Tq, dq)`, or a list `[query, value]` /
-            `[query, value, key]` as `keras.layers.Attention` takes.
+            `[query, value, key]` as `keras.layers.Attention` takes
+            (`[query]` alone is self-attention). Inputs may have any rank
+            >= 3: every axis before the last two is a batch axis
+            (`(B, H, W, C)` attends over `W` for each `(B, H)`), and masks
+            and weights carry the same leading axes.
         value: `(B, Tv, dv)`; `None` means self-attention (`value = query`),
             which is what `model.add(layer)` uses.
         key: `(B, Tv, dk)`; `None` means `key = value`.
@@ -37,10 +43,12 @@ class ScoreAttention(BaseAttention):
             `(B, 1, Tv)`), `True` where query `i` may attend to key `j`.
         use_causal_mask: if `True`, query `i` sees only keys `j <= i`.
         return_attention_scores: if `True`, also return the attention
-            weights (after softmax, before dropout).
+            weights applied to the values (after the masked softmax, and
+            after dropout when training, as `keras.layers.Attention`).
         training: whether dropout is active.
-        mask: the Keras mask of `query` (or, for a list call, the list of
-            masks), filled in automatically by Keras.
+        mask: the Keras mask of `query`, filled in automatically by Keras;
+            with a list input, Keras' list `[query_mask, value_mask]`
+            (either may be `None`; a third entry is a key mask).
 
     Masks may be boolean or 0/1 numbers. Keras masks propagate: an upstream
     `Embedding(mask_zero=True)` fills in `query_mask`/`value_mask`, and the
@@ -62,13 +70,52 @@ class ScoreAttention(BaseAttention):
             f"{type(self).__name__} must implement `score(query, key)`."
         )
 
+    def _calculate_scores(self, query, key):
+        """Keras' protected name for `score` (`keras.layers.Attention`)."""
+        return self.score(query, key)
+
+    def _calculate_score_mask(self, scores, v_mask, use_causal_mask):
+        """Keras' helper: the value mask `(B, 1, Tv)` ANDed with the causal
+        mask `(1, Tq, Tv)` when `use_causal_mask`, else `v_mask` as given."""
+        if not use_causal_mask:
+            return v_mask
+        shape = ops.shape(scores)
+        causal = masking.causal_mask(shape[-2], shape[-1])
+        if v_mask is None:
+            return causal
+        return ops.logical_and(
+            ops.expand_dims(masking.to_bool_mask(v_mask), -2), causal
+        )
+
     # ------------------------------------------------------------- validation
     def _check_input_shapes(self, query_shape, value_shape, key_shape):
-        self._check_rank("query", query_shape)
-        self._check_rank("value", value_shape)
-        self._check_rank("key", key_shape)
+        for name, shape in (
+            ("query", query_shape), ("value", value_shape), ("key", key_shape)
+        ):
+            if shape is not None and len(shape) < 3:
+                raise ValueError(
+                    self._error(
+                        f"`{name}` must have rank >= 3 (batch..., time, "
+                        f"features). Received: {name} with shape {tuple(shape)}"
+                    )
+                )
+        for name, shape in (("value", value_shape), ("key", key_shape)):
+            if shape is None or query_shape is None:
+                continue
+            if len(shape) != len(query_shape) or any(
+                q is not None and v is not None and q != v
+                for q, v in zip(query_shape[:-2], shape[:-2])
+            ):
+                raise ValueError(
+                    self._error(
+                        f"`query` and `{name}` must have the same leading "
+                        "(batch) dimensions: all but the last two. Received: "
+                        f"query shape {tuple(query_shape)}, {name} shape "
+                        f"{tuple(shape)}"
+                    )
+                )
         if value_shape is not None and key_shape is not None:
-            tv, tk = value_shape[1], key_shape[1]
+            tv, tk = value_shape[-2], key_shape[-2]
             if tv is not None and tk is not None and tv != tk:
                 raise ValueError(
                     self._error(
@@ -83,7 +130,12 @@ class ScoreAttention(BaseAttention):
         for name, shape, dim in zip(
             ("query", "value", "key"), (query_shape, value_shape, key_shape), built
         ):
-            if shape is not None and shape[-1] is not None and shape[-1] != dim:
+            if (
+                shape is not None
+                and dim is not None
+                and shape[-1] is not None
+                and shape[-1] != dim
+            ):
                 raise ValueError(
                     self._error(
                         f"`{name}` has {shape[-1]} features but the layer was "
@@ -92,65 +144,127 @@ class ScoreAttention(BaseAttention):
                     )
                 )
 
-    @staticmethod
-    def _unpack_list_call(query, value, key, mask):
-        """`layer([query, value(, key)])`, the `keras.layers.Attention` call."""
-        masks = [None, None]
-        if isinstance(query, (list, tuple)):
-            if value is not None or key is not None or not 1 <= len(query) <= 3:
-                raise ValueError(
-                    "a list input must be [query], [query, value] or "
-                    "[query, value, key], with no separate `value`/`key`. "
-                    f"Received: a list of {len(query)} tensors"
-                    + (", and `value`/`key`" if value is not None or key is not None else "")
+    def _unpack_list_call(self, query, value, key, mask):
+        """`layer([query, value(, key)], mask=[query_mask, value_mask])`, the
+        `keras.layers.Attention` call; `[query]` alone is self-attention.
+
+        Returns `(query, value, key, mask, [query_mask, value_mask, key_mask])`.
+        """
+        masks = [None, None, None]
+        if not isinstance(query, (list, tuple)):
+            return query, value, key, mask, masks
+        if value is not None or key is not None:
+            raise ValueError(
+                self._error(
+                    "a list input [query, value(, key)] takes no separate "
+                    "`value`/`key`. Received: a list of "
+                    f"{len(query)} tensors and `value`/`key`"
                 )
-            query, value, key = (list(query) + [None, None])[:3]
-            if isinstance(mask, (list, tuple)):
-                masks = (list(mask) + [None, None])[:2]
-                mask = None
-        return query, value, key, mask, masks
+            )
+        if not 1 <= len(query) <= 3:
+            raise ValueError(
+                self._error(
+                    "the layer accepts an inputs list of length 2 or 3, namely "
+                    "[query, value] or [query, value, key] (or [query] for "
+                    f"self-attention). Received length: {len(query)}"
+                )
+            )
+        inputs = len(query)
+        query, value, key = (list(query) + [None, None])[:3]
+        if mask is not None:
+            if not isinstance(mask, (list, tuple)):
+                raise ValueError(
+                    self._error(
+                        "with a list input, the layer mask must be a list, "
+                        "namely [query_mask, value_mask] (either may be None). "
+                        f"Received: mask={utils.describe(mask)}"
+                    )
+                )
+            if not 1 <= len(mask) <= 3 or (len(mask) == 1 and inputs > 1):
+                raise ValueError(
+                    self._error(
+                        "the layer accepts a mask list of length 2 or 3, namely "
+                        "[query_mask, value_mask(, key_mask)]. Received length: "
+                        f"{len(mask)}"
+                    )
+                )
+            masks = (list(mask) + [None, None])[:3]
+        return query, value, key, None, masks
 
     def _prepare(self, query, value, key, query_mask, value_mask, key_mask,
                  attention_mask, mask):
-        try:
-            query, value, key, mask, list_masks = self._unpack_list_call(
-                query, value, key, mask
-            )
-        except ValueError as error:
-            raise ValueError(self._error(str(error))) from None
+        keras_masks = [None, None, None]
+        if isinstance(query, (list, tuple)) and isinstance(query_mask, (list, tuple)):
+            # Keras fills `query_mask` with the Keras masks of a list input's
+            # tensors: they apply where `mask` gives none.
+            keras_masks = (list(query_mask) + [None, None])[:3]
+            query_mask = None
+        query, value, key, mask, list_masks = self._unpack_list_call(
+            query, value, key, mask
+        )
+        list_masks = [
+            given if given is not None else filled
+            for given, filled in zip(list_masks, keras_masks)
+        ]
         for name, x in (("query", query), ("value", value), ("key", key)):
             self._check_tensor(name, x)
         if query is None:
             raise TypeError(self._error("`query` is required. Received: query=None"))
+        for name, given, listed in (
+            ("query_mask", query_mask, list_masks[0]),
+            ("value_mask", value_mask, list_masks[1]),
+            ("key_mask", key_mask, list_masks[2]),
+        ):
+            if given is not None and listed is not None:
+                raise ValueError(
+                    self._error(
+                        f"`{name}` was given twice: as `{name}=` and in the "
+                        "`mask` list. Received: both"
+                    )
+                )
+        query_mask = query_mask if query_mask is not None else list_masks[0]
+        value_mask = value_mask if value_mask is not None else list_masks[1]
+        key_mask = key_mask if key_mask is not None else list_masks[2]
         if query_mask is None:
-            query_mask = mask if mask is not None else list_masks[0]
-        if value_mask is None:
-            value_mask = list_masks[1]
+            query_mask = mask
         if value is None and value_mask is None:
             value_mask = query_mask  # self-attention: the keys are the queries
         query, value, key = self._resolve_inputs(query, value, key)
-        self._check_input_shapes(
-            tuple(query.shape), tuple(value.shape), tuple(key.shape)
-        )
-        batch, tq, tv = query.shape[0], query.shape[1], value.shape[1]
-        self._check_mask("query_mask", query_mask, (batch, tq))
-        self._check_mask("value_mask", value_mask, (batch, tv))
-        self._check_mask("key_mask", key_mask, (batch, tv))
+        query_shape, value_shape = tuple(query.shape), tuple(value.shape)
+        self._check_input_shapes(query_shape, value_shape, tuple(key.shape))
+        self._check_mask("query_mask", query_mask, query_shape[:-1])
+        self._check_mask("value_mask", value_mask, value_shape[:-1])
+        self._check_mask("key_mask", key_mask, value_shape[:-1])
         self._check_mask(
-            "attention_mask", attention_mask, (batch, tq, tv), broadcast=True
+            "attention_mask", attention_mask,
+            query_shape[:-1] + (value_shape[-2],), broadcast=True,
         )
-        return query, value, key, query_mask, value_mask
+        return query, value, key, query_mask, value_mask, key_mask
 
     # --------------------------------------------------------------- keras API
-    def build(self, query_shape, value_shape=None, key_shape=None):
+    def build(self, query_shape=None, value_shape=None, key_shape=None, **shapes):
+        # Keras' `build(input_shape=[query_shape, value_shape(, key_shape)])`.
+        input_shape = shapes.pop("input_shape", None)
+        if shapes:
+            raise TypeError(
+                self._error(
+                    "build takes query_shape, value_shape, key_shape (or "
+                    f"Keras' input_shape). Received: {sorted(shapes)}"
+                )
+            )
+        if query_shape is None:
+            query_shape = input_shape
         if isinstance(query_shape, (list, tuple)) and query_shape and isinstance(
             query_shape[0], (list, tuple)
         ):  # list call: build([query_shape, value_shape(, key_shape)])
             query_shape, value_shape, key_shape = (list(query_shape) + [None] * 2)[:3]
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
+        query_shape, value_shape, key_shape = (
+            tuple(s) for s in (query_shape, value_shape, key_shape)
+        )
         self._check_input_shapes(query_shape, value_shape, key_shape)
-        self.build_score(tuple(query_shape), tuple(key_shape))
+        self.build_score(query_shape, key_shape)
         self._built_feature_dims = (query_shape[-1], value_shape[-1], key_shape[-1])
         self.built = True
 
@@ -169,9 +283,58 @@ class ScoreAttention(BaseAttention):
         training=None,
         mask=None,
     ):
-        query, value, key, query_mask, value_mask = self._prepare(
+        use_causal_mask = validation.validate_call_flag(
+            self, "use_causal_mask", use_causal_mask
+        )
+        return_attention_scores = validation.validate_call_flag(
+            self, "return_attention_scores", return_attention_scores
+        )
+        query, value, key, query_mask, value_mask, key_mask = self._prepare(
             query, value, key, query_mask, value_mask, key_mask, attention_mask, mask
         )
+        leading = None
+        if len(query.shape) > 3:
+            # (B..., T, F) -> (B', T, F): the leading axes are all batch.
+            leading = tuple(ops.shape(query)[:-2])
+            query_mask, value_mask, key_mask, attention_mask = (
+                self._flatten_masks(query, value, query_mask, value_mask, key_mask,
+                                    attention_mask)
+            )
+            query, value, key = (
+                ops.reshape(x, (-1,) + tuple(ops.shape(x)[-2:]))
+                for x in (query, value, key)
+            )
+        output, weights = self._attend(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask,
+            use_causal_mask, training,
+        )
+        if leading is not None:
+            output = ops.reshape(output, leading + tuple(ops.shape(output)[1:]))
+            weights = ops.reshape(weights, leading + tuple(ops.shape(weights)[1:]))
+        self._record_attention(weights)
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    @staticmethod
+    def _flatten_masks(query, value, query_mask, value_mask, key_mask,
+                       attention_mask):
+        """The masks of `(B..., T, F)` inputs, flattened like the inputs."""
+        lead = tuple(ops.shape(query)[:-2])
+        tq, tv = ops.shape(query)[-2], ops.shape(value)[-2]
+
+        def flat(mask, shape):
+            if mask is None:
+                return None
+            mask = ops.broadcast_to(masking.to_bool_mask(mask), lead + shape)
+            return ops.reshape(mask, (-1,) + shape)
+
+        return (flat(query_mask, (tq,)), flat(value_mask, (tv,)),
+                flat(key_mask, (tv,)), flat(attention_mask, (tq, tv)))
+
+    def _attend(self, query, value, key, query_mask, value_mask, key_mask,
+                attention_mask, use_causal_mask, training):
+        """Scores, masked softmax and weighted sum over `(B, T, F)` inputs."""
         combined = masking.attention_mask_from(
             query_mask=query_mask,
             value_mask=masking.merge_masks(value_mask, key_mask),
@@ -200,17 +363,21 @@ class ScoreAttention(BaseAttention):
             masking.masked_softmax(self.score(query, key), combined),
             self.compute_dtype,
         )
-        output = score_ops.weighted_sum(
-            self._dropout_layer(weights, training=training), value
-        )
+        # As keras.layers.Attention, the weights returned are those applied
+        # to the values: after dropout when training.
+        weights = self._dropout_layer(weights, training=training)
+        output = score_ops.weighted_sum(weights, value)
         # A masked query row is zero whatever the values hold.
-        output = masking.zero_masked(output, query_mask)
-        self._record_attention(weights)
-        if return_attention_scores:
-            return output, weights
-        return output
+        return masking.zero_masked(output, query_mask), weights
 
-    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+    def compute_output_shape(self, query_shape=None, value_shape=None,
+                             key_shape=None, **shapes):
+        if query_shape is None:
+            query_shape = shapes.pop("input_shape", None)
+        if isinstance(query_shape, (list, tuple)) and query_shape and isinstance(
+            query_shape[0], (list, tuple)
+        ):  # Keras' compute_output_shape([query_shape, value_shape(, key_shape)])
+            query_shape, value_shape = (list(query_shape) + [None])[:2]
         value_shape = query_shape if value_shape is None else value_shape
         return tuple(query_shape[:-1]) + (value_shape[-1],)
 
@@ -229,7 +396,10 @@ class ScoreAttention(BaseAttention):
         training=None,
         mask=None,
     ):
-        query, value, key, _, _ = self._prepare(
+        return_attention_scores = validation.validate_call_flag(
+            self, "return_attention_scores", return_attention_scores
+        )
+        query, value, key, _, _, _ = self._prepare(
             query, value, key, query_mask, value_mask, key_mask, attention_mask, mask
         )
         output = keras.KerasTensor(
@@ -239,6 +409,6 @@ class ScoreAttention(BaseAttention):
         if not return_attention_scores:
             return output
         scores = keras.KerasTensor(
-            (query.shape[0], query.shape[1], value.shape[1]), dtype=self.compute_dtype
+            tuple(query.shape[:-1]) + (value.shape[-2],), dtype=self.compute_dtype
         )
         return output, scores

@@ -5,7 +5,9 @@ from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.utils import validate_non_negative_int
 from keras_attention.layers.utils import validate_positive_int
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import block_sparse
+from keras_attention.ops import dense_attention
 
 # The random plan has at least this many rows (query blocks), so a layer
 # built on short sequences still draws distinct random blocks on long ones.
@@ -29,6 +31,13 @@ class SparseAttention(BaseMultiHeadAttention):
     every position. `random_blocks=0, global_blocks=0` is pure local
     attention. With `use_causal_mask=True` the window looks only backwards
     and random blocks are drawn from the past.
+
+    Every length works. Where the window and global blocks already cover
+    every key (short sequences: with the defaults, up to 4 blocks, 256 keys;
+    see `covers_every_key`), the sparse pattern restricts nothing and the
+    layer computes exact attention (`ops.dense_attention.dense_attention`)
+    under the same masks, which is the same answer; longer sequences run
+    the sparse kernel.
 
     The keys of each query block are gathered and attended with one small
     dense matmul (as BigBird does): time and memory grow linearly with the
@@ -54,8 +63,8 @@ class SparseAttention(BaseMultiHeadAttention):
         block_size: tokens per block.
         window_blocks: blocks in the sliding window (the query's own block
             included; with an even count the extra block is on the left).
-        global_blocks: number of leading global blocks; must not exceed the
-            number of key blocks of a sequence of known length.
+        global_blocks: number of leading global blocks (more than a
+            sequence has makes every block global).
         random_blocks: random key blocks per query block.
         global_tokens: list of global token positions, or `None`.
         seed: seed of the random plan (and of the dropout); `None` draws a
@@ -144,19 +153,22 @@ class SparseAttention(BaseMultiHeadAttention):
             trainable=False,
         )
 
+    def covers_every_key(self, query_length, key_length, causal=False):
+        """Whether, at these (static) lengths, the window and global blocks
+        already let every query see every key it may: then the layer
+        computes exact attention (`ops.dense_attention`), the same answer.
+        `False` for an unknown length."""
+        if query_length is None or key_length is None:
+            return False
+        return block_sparse.covers_every_key(
+            -(-query_length // self.block_size), -(-key_length // self.block_size),
+            window_blocks=self.window_blocks, global_blocks=self.global_blocks,
+            causal=causal,
+        )
+
     def _check_lengths(self, key_length):
         if not key_length:  # unknown, or no keys: nothing to attend to
             return
-        num_blocks = -(-key_length // self.block_size)
-        if self.global_blocks > num_blocks:
-            raise ValueError(
-                self._error(
-                    f"`global_blocks` ({self.global_blocks}) is more than the "
-                    f"{num_blocks} blocks of {self.block_size} tokens in a key "
-                    f"sequence of length {key_length}. Received: "
-                    f"global_blocks={self.global_blocks}"
-                )
-            )
         if self.global_tokens and self.global_tokens[-1] >= key_length:
             raise ValueError(
                 self._error(
@@ -185,6 +197,17 @@ class SparseAttention(BaseMultiHeadAttention):
         dropout,
         return_weights,
     ):
+        if self.covers_every_key(query.shape[1], key.shape[1], use_causal_mask):
+            # Short sequences: the pattern holds every key, and exact
+            # attention under the same masks is the same answer.
+            mask = attention_masks.AttentionMask(
+                query_mask=query_mask, key_mask=key_mask,
+                pair_mask=attention_mask, causal=use_causal_mask,
+            )
+            output, weights = dense_attention.dense_attention(
+                query, key, value, mask, scale=self._scale, dropout=dropout
+            )
+            return (output, weights) if return_weights else output
         # Without a dropout callable (inference, or dropout=0) the kernel
         # takes its recomputing, memory-linear path: dropout would need the
         # same random mask in the backward, which that path does not replay.

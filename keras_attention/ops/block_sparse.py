@@ -58,6 +58,28 @@ def window_offsets(window_blocks, causal):
     return tuple(range(-left, right + 1))
 
 
+def covers_every_key(num_query_blocks, num_key_blocks, *, window_blocks,
+                     global_blocks=0, causal=False):
+    """Whether the window and global blocks alone let every query block see
+    every key block it may (every earlier one, when causal).
+
+    Then the sparse pattern is no restriction at all (random blocks and
+    global tokens only add keys already seen) and exact attention is the same
+    answer. Python ints only: with an unknown length the answer is `False`.
+    """
+    if not (isinstance(num_query_blocks, int) and isinstance(num_key_blocks, int)):
+        return False
+    offsets = window_offsets(window_blocks, causal)
+    for row in range(num_query_blocks):
+        if row < global_blocks:
+            continue  # a global query block attends to everything
+        needed = range(min(row + 1, num_key_blocks) if causal else num_key_blocks)
+        seen = {row + offset for offset in offsets} | set(range(global_blocks))
+        if not seen.issuperset(needed):
+            return False
+    return True
+
+
 def block_plan(
     num_query_blocks,
     num_key_blocks,

@@ -22,7 +22,7 @@ def test_matches_bahdanau_formula_in_numpy(use_bias):
         query, value, key, value_mask=value_mask, return_attention_scores=True
     )
     w_q, w_k = ops.convert_to_numpy(layer.query_kernel), ops.convert_to_numpy(layer.key_kernel)
-    v = ops.convert_to_numpy(layer.score_vector)
+    v = ops.convert_to_numpy(layer.scale)
     bias = ops.convert_to_numpy(layer.bias) if use_bias else 0.0
     # score[b, i, j] = v . tanh(Wq q_i + Wk k_j + b), one pair at a time.
     scores = np.zeros((2, 3, 6))
@@ -37,10 +37,17 @@ def test_matches_bahdanau_formula_in_numpy(use_bias):
     assert layer.bias is None if not use_bias else layer.bias.shape == (9,)
 
 
-def test_units_default_to_key_features():
-    layer = AdditiveAttention()
-    layer(np.ones((1, 2, 3), "float32"), np.ones((1, 4, 5), "float32"))
-    assert tuple(layer.query_kernel.shape) == (3, 5)
+def test_without_units_the_score_is_keras_and_has_no_projections():
+    layer = AdditiveAttention(name="att")
+    query, value = random_inputs((2, 3, 4), seed=1), random_inputs((2, 5, 4), seed=2)
+    out = layer(query, value)
+    assert [w.path.split("/")[-1] for w in layer.weights] == ["scale"]
+    scale = ops.convert_to_numpy(layer.scale)
+    scores = (scale * np.tanh(query[:, :, None] + value[:, None])).sum(-1)
+    expected, _ = reference.attend(scores, value, reference.combined_mask(2, 3, 5))
+    np.testing.assert_allclose(ops.convert_to_numpy(out), expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"AdditiveAttention \(layer 'att_2'\).*units="):
+        AdditiveAttention(name="att_2")(query, random_inputs((2, 5, 6)))
 
 
 def test_layer_contract(tmp_path):

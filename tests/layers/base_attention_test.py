@@ -6,6 +6,7 @@ import pytest
 from keras import ops
 
 import keras_attention
+from keras_attention import layers as ka
 from keras_attention.layers import AdditiveAttention
 from keras_attention.layers import LowRankAttention
 from keras_attention.layers import LuongAttention
@@ -131,12 +132,18 @@ def test_dropout_only_in_training_and_seeded():
     np.testing.assert_allclose(trained, repeat)
 
 
-def test_dropout_does_not_change_returned_weights_sum():
+def test_returned_weights_are_those_applied_to_the_values():
+    # As keras.layers.Attention: after dropout when training, each weight
+    # dropped (0) or kept and scaled by 1 / (1 - rate).
     query = random_inputs((2, 6, 8), seed=0)
-    _, weights = LuongAttention(dropout=0.5, seed=1)(
-        query, training=True, return_attention_scores=True
-    )
-    np.testing.assert_allclose(_numpy(weights).sum(-1), 1.0, atol=1e-5)
+    layer = LuongAttention(dropout=0.5, seed=1)
+    _, clean = layer(query, return_attention_scores=True)
+    output, weights = layer(query, training=True, return_attention_scores=True)
+    weights, clean = _numpy(weights), _numpy(clean)
+    kept = weights != 0
+    assert kept.any() and not kept.all()
+    np.testing.assert_allclose(weights[kept], 2 * clean[kept], rtol=1e-5)
+    np.testing.assert_allclose(_numpy(output), weights @ query, atol=1e-5)
 
 
 def test_cross_attention_symbolic_shapes_with_different_lengths():
@@ -158,7 +165,7 @@ def test_key_defaults_to_value_and_value_to_query():
 # ---------------------------------------------------------------- bad input
 def test_wrong_rank_names_layer_argument_and_shape():
     layer = AdditiveAttention(name="att")
-    with pytest.raises(ValueError, match=r"AdditiveAttention \(layer 'att'\): `value` must have rank 3.*\(2, 5\)"):
+    with pytest.raises(ValueError, match=r"AdditiveAttention \(layer 'att'\): `value` must have rank >= 3.*\(2, 5\)"):
         layer(np.ones((2, 3, 4), "float32"), np.ones((2, 5), "float32"))
 
 
@@ -226,3 +233,25 @@ def test_bad_dropout(dropout):
 def test_bad_seed():
     with pytest.raises(TypeError, match=r"`seed` must be an integer or None. Received: seed='x'"):
         LuongAttention(seed="x")
+
+
+NO_CACHE = {
+    "LuongAttention": lambda: ka.LuongAttention(name="x"),
+    "AdditiveAttention": lambda: ka.AdditiveAttention(name="x"),
+    "LowRankAttention": lambda: ka.LowRankAttention(rank=2, name="x"),
+    "SparseAttention": lambda: ka.SparseAttention(2, 4, name="x"),
+    "PerformerAttention": lambda: ka.PerformerAttention(2, 4, name="x"),
+    "LinformerAttention": lambda: ka.LinformerAttention(2, 4, 2, 8, name="x"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NO_CACHE))
+@pytest.mark.parametrize("argument", ["cache", "cache_update_index"])
+def test_layers_without_a_cache_refuse_one_by_name(name, argument):
+    layer = NO_CACHE[name]()
+    query = random_inputs((1, 4, 8))
+    given = {"cache": np.zeros((1, 2, 8, 2, 4), "float32"), "cache_update_index": 0}
+    with pytest.raises(TypeError, match=rf"^{name} \(layer 'x'\): this layer takes no "
+                                        rf"decoding `cache`.*Received: {argument}="):
+        layer(query, **{argument: given[argument]})
+    assert not layer.built  # refused before Keras builds anything

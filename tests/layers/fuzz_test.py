@@ -50,8 +50,8 @@ COMPILED_RUN = []
 # name -> (factory(dtype), kind); kinds decide the inputs a layer takes.
 LAYERS = {
     "AdditiveAttention": (lambda d: ka.AdditiveAttention(dtype=d), "attention"),
-    "LuongAttention": (lambda d: ka.LuongAttention("general", dtype=d), "attention"),
-    "LuongAttention-dot": (lambda d: ka.LuongAttention("dot", scale=True, dtype=d),
+    "LuongAttention": (lambda d: ka.LuongAttention(score_mode="general", dtype=d), "attention"),
+    "LuongAttention-dot": (lambda d: ka.LuongAttention(score_mode="dot", scale=True, dtype=d),
                            "attention"),
     "LowRankAttention": (lambda d: ka.LowRankAttention(rank=2, dtype=d), "attention"),
     "MultiHeadAttention": (lambda d: ka.MultiHeadAttention(2, 4, dtype=d),

@@ -25,8 +25,8 @@ SPARSE_BLOCK, SPARSE_WINDOW = 2, 1
 # is in hostile_inputs_test.
 LAYERS = {
     "additive": (lambda d: ka.AdditiveAttention(dtype=d), {}),
-    "luong_dot": (lambda d: ka.LuongAttention("dot", dtype=d), {}),
-    "luong_general": (lambda d: ka.LuongAttention("general", dtype=d), {}),
+    "luong_dot": (lambda d: ka.LuongAttention(score_mode="dot", dtype=d), {}),
+    "luong_general": (lambda d: ka.LuongAttention(score_mode="general", dtype=d), {}),
     "low_rank": (lambda d: ka.LowRankAttention(rank=2, dtype=d), {}),
     # Keras' composite kernel (no weights asked for) and our dense softmax.
     "mha_composite": (lambda d: ka.MultiHeadAttention(2, 4, dtype=d), {}),

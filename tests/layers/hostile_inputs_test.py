@@ -86,7 +86,7 @@ def test_integer_inputs_run_in_the_compute_dtype(name):
 def test_luong_dot_on_integers_does_not_truncate_the_weights():
     query = np.array([[[1, 0], [0, 1]]], "int32")
     value = np.array([[[1, 0], [0, 1], [1, 1]]], "int32")
-    _, weights = ka.LuongAttention("dot")(query, value, return_attention_scores=True)
+    _, weights = ka.LuongAttention(score_mode="dot")(query, value, return_attention_scores=True)
     assert keras.backend.standardize_dtype(weights.dtype) == "float32"
     np.testing.assert_allclose(_numpy(weights).sum(-1), 1.0, atol=1e-6)
     assert _numpy(weights).max() < 1.0

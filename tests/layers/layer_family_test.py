@@ -24,7 +24,7 @@ def _np(x):
 # design (zero biases, unit LayerNorm scales) are skipped: only random ones count.
 BUILDS = {
     "AdditiveAttention": (lambda: ka.AdditiveAttention(units=6), [(2, 3, 6), (2, 5, 6)]),
-    "LuongAttention": (lambda: ka.LuongAttention("concat", units=6), [(2, 3, 6), (2, 5, 6)]),
+    "LuongAttention": (lambda: ka.LuongAttention(score_mode="concat", units=6), [(2, 3, 6), (2, 5, 6)]),
     "LowRankAttention": (lambda: ka.LowRankAttention(rank=6), [(2, 3, 6), (2, 5, 6)]),
     "AttentionPooling": (lambda: ka.AttentionPooling("additive", units=6), [(2, 5, 6)]),
     "MultiHeadAttention": (lambda: ka.MultiHeadAttention(2, 3, use_gate=True), [(2, 5, 6)]),

@@ -78,3 +78,24 @@ def test_layer_contract(tmp_path):
         tmp_path,
         expected_cross_output_shape=(2, 5, 8),
     )
+
+
+@pytest.mark.parametrize("length", [1, 5])
+def test_lengths_below_the_projection_size_match_numpy(length):
+    # 1 and 5 keys, 8 projected positions: the first `length` rows of E, F.
+    query = random_inputs((2, length, 8), seed=1)
+    layer = LinformerAttention(2, 4, projected_length=8, max_length=16,
+                               bias_initializer="random_normal")
+    output = _np(layer(query))
+    e, f, wq, bq, wk, bk, wv, bv, wo, bo = [
+        keras.ops.convert_to_numpy(w).astype(np.float64) for w in layer.trainable_weights]
+    q, k, v = (np.einsum("btf,fhd->bthd", query, w) + b
+               for w, b in ((wq, bq), (wk, bk), (wv, bv)))
+    k = np.einsum("bthd,tk->bkhd", k, e[:length])
+    v = np.einsum("bthd,tk->bkhd", v, f[:length])
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / 2.0  # sqrt(key_dim = 4)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    expected = np.einsum("bhqk,bkhd,hdo->bqo", weights, v, wo) + bo
+    assert output.shape == (2, length, 8)
+    np.testing.assert_allclose(output, expected, atol=1e-5)

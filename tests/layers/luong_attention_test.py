@@ -93,7 +93,7 @@ def test_layer_contract(score, tmp_path):
     run_layer_contract_test(
         lambda **kwargs: LuongAttention(score=score, dropout=0.1, seed=3, **kwargs),
         tmp_path,
-        value_shape=(2, 7, 8) if score == "dot" else (2, 7, 6),
+        value_shape=(2, 7, 8) if score != "general" else (2, 7, 6),
     )
 
 
@@ -103,13 +103,21 @@ def test_dot_with_different_dims_names_the_problem():
         layer(np.ones((1, 2, 4), "float32"), np.ones((1, 3, 6), "float32"))
 
 
+def test_concat_with_units_contract(tmp_path):
+    run_layer_contract_test(
+        lambda **kwargs: LuongAttention(score_mode="concat", units=5, dropout=0.1,
+                                        seed=3, **kwargs),
+        tmp_path,
+    )
+
+
 def test_unknown_score_is_rejected():
-    with pytest.raises(ValueError, match=r"`score` must be one of .* Received: score='cosine'"):
+    with pytest.raises(ValueError, match=r"argument score\b.* Received: score='cosine'"):
         LuongAttention(score="cosine")
 
 
 def test_units_without_concat_is_rejected():
-    with pytest.raises(ValueError, match=r"Received: units=4 with score='dot'"):
+    with pytest.raises(ValueError, match=r"Received: units=4 with score_mode='dot'"):
         LuongAttention(score="dot", units=4)
 
 

@@ -63,6 +63,19 @@ def test_matches_numpy_forward_pass_with_padding(causal):
     np.testing.assert_allclose(_np(output), expected, rtol=2e-3, atol=2e-4)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length", [1, 3])
+def test_lengths_below_the_feature_count_match_numpy(length, causal):
+    # 1 and 3 tokens, 16 random features, chunks of 5.
+    query = random_inputs((2, length, 8), seed=1) * 0.5
+    key_mask = np.arange(length)[None, :] < np.array([[length], [max(length - 1, 1)]])
+    layer = PerformerAttention(2, 4, num_features=16, causal=causal, seed=0, chunk_size=5)
+    output = layer(query, query_mask=key_mask)
+    expected = numpy_performer(layer, query, key_mask, causal)
+    assert tuple(output.shape) == (2, length, 8)
+    np.testing.assert_allclose(_np(output), expected, rtol=2e-3, atol=2e-4)
+
+
 def test_approximates_exact_attention_with_the_same_weights():
     keras.utils.set_random_seed(0)  # the exact layer's initial weights
     query = random_inputs((1, 12, 8), seed=1) * 0.5
@@ -91,7 +104,7 @@ def test_trainable_weights_are_those_of_multi_head_attention():
     assert [w.shape for w in performer.trainable_weights] == [
         w.shape for w in exact.trainable_weights
     ]
-    assert [strip(w) for w in performer.non_trainable_weights] == ["projection"]
+    assert [strip(w) for w in performer.non_trainable_weights] == ["projection", "redraws"]
     exact.set_weights(_weights(performer))  # same shapes, same order
 
 
@@ -129,6 +142,30 @@ def test_redraw_callback_redraws_during_fit_and_the_projection_is_saved(tmp_path
     loaded = keras.saving.load_model(path)
     np.testing.assert_allclose(_np(loaded.get_layer("performer").projection), expected)
     np.testing.assert_array_equal(_np(loaded(x)), _np(model(x)))
+
+
+def test_redraw_count_is_saved_so_a_loaded_layer_redraws_onwards(tmp_path):
+    # Redraw twice, save, load, redraw again: the features of the third draw,
+    # (seed, 3), as an unsaved layer redrawn three times has them.
+    query = random_inputs((1, 6, 8))
+    layer = PerformerAttention(2, 4, num_features=8, seed=11, name="performer")
+    model = keras.Sequential([keras.Input((6, 8)), layer])
+    layer.redraw_features()
+    layer.redraw_features()
+    path = str(tmp_path / "redrawn.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path).get_layer("performer")
+    assert int(_np(loaded.redraws)) == 2
+    loaded.redraw_features()
+    unsaved = PerformerAttention(2, 4, num_features=8, seed=11)
+    unsaved(query)
+    for _ in range(3):
+        unsaved.redraw_features()
+    np.testing.assert_array_equal(_np(loaded.projection), _np(unsaved.projection))
+    np.testing.assert_allclose(
+        _np(loaded.projection), favor.random_projection(8, 4, seed=(11, 3)))
+    assert int(_np(loaded.redraws)) == 3
+    assert not any(w is layer.redraws for w in layer.trainable_weights)
 
 
 def test_scores_are_the_implied_weights_and_are_captured():

@@ -18,7 +18,7 @@ BATCH, LENGTH, FEATURES = 4, 4, 8
 # name -> (factory, kind): kinds as in fuzz_test.py.
 LAYERS = {
     "AdditiveAttention": (lambda: ka.AdditiveAttention(), "attention"),
-    "LuongAttention": (lambda: ka.LuongAttention("general", scale=True), "attention"),
+    "LuongAttention": (lambda: ka.LuongAttention(score_mode="general", scale=True), "attention"),
     "LowRankAttention": (lambda: ka.LowRankAttention(rank=2), "attention"),
     "MultiHeadAttention": (lambda: ka.MultiHeadAttention(2, 4), "attention"),
     "MultiHeadAttention-blockwise": (

@@ -5,6 +5,7 @@ import pytest
 from keras_attention.layers import SparseAttention
 from keras_attention.layers import capture_attention
 from keras_attention.layers import MultiHeadAttention
+from tests.sparse_reference import reference_attention
 from tests.sparse_reference import reference_pattern
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test
@@ -138,12 +139,88 @@ def test_invalid_constructor_arguments_are_named(kwargs, message):
         SparseAttention(2, 4, **kwargs)
 
 
-def test_more_global_blocks_than_the_sequence_has_is_rejected():
-    layer = SparseAttention(2, 4, block_size=4, global_blocks=3)
-    with pytest.raises(ValueError, match=r"global_blocks. \(3\) .*2 blocks.*length 7"):
-        layer(random_inputs((1, 7, 8)))
-    with pytest.raises(ValueError, match="global_blocks"):
-        SparseAttention(2, 4, block_size=4, global_blocks=3)(keras.Input((7, 8)))
+# ----------------------------------------------- every length: the dense switch
+def _spy_paths(monkeypatch):
+    """The list each SparseAttention kernel run appends "dense" or "sparse" to."""
+    from keras_attention.ops import block_sparse
+    from keras_attention.ops import dense_attention
+
+    ran = []
+    for owner, name, label in ((dense_attention, "dense_attention", "dense"),
+                               (block_sparse, "block_sparse_attention", "sparse")):
+        original = getattr(owner, name)
+
+        def spy(*args, _original=original, _label=label, **kwargs):
+            ran.append(_label)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, spy)
+    return ran
+
+
+def _numpy_sparse(layer, query, allowed):
+    """NumPy: our projections' weights, dense attention under `allowed`."""
+    wq, bq, wk, bk, wv, bv, wo, bo = [_np(w) for w in layer.trainable_weights]
+    heads = [np.einsum("btf,fhd->bthd", query, w) + b
+             for w, b in ((wq, bq), (wk, bk), (wv, bv))]
+    attended, weights = reference_attention(*heads, allowed)
+    return np.einsum("bthd,hdo->bto", attended, wo) + bo, weights
+
+
+@pytest.mark.parametrize("causal, length, path", [
+    (False, 1, "dense"), (False, 12, "dense"), (False, 13, "sparse"),
+    (True, 1, "dense"), (True, 16, "dense"), (True, 17, "sparse"),
+])
+def test_both_sides_of_the_dense_switch_match_the_pattern_reference(
+        monkeypatch, causal, length, path):
+    # block 4, window 3, 1 global block: the pattern covers every key up to
+    # 3 blocks (12 tokens); causal, up to 4 blocks (the window looks back 2
+    # blocks and block 0 is global). One token more runs the sparse kernel.
+    options = dict(block_size=4, window_blocks=3, global_blocks=1, random_blocks=1)
+    layer = SparseAttention(2, 4, seed=5, bias_initializer="random_normal", **options)
+    query = random_inputs((2, length, 8), seed=1)
+    padding = np.arange(length)[None, :] < np.array([[length], [max(length - 3, 1)]])
+    layer.build(query.shape)
+    ran = _spy_paths(monkeypatch)
+    output, scores = layer(query, query_mask=padding, use_causal_mask=causal,
+                           return_attention_scores=True)
+    assert ran == [path]
+    allowed = reference_pattern(length, length, 4, 3, 1,
+                                keras.ops.convert_to_numpy(layer.random_plan), (), causal)
+    allowed = allowed[None] & padding[:, None, :] & padding[:, :, None]
+    expected, expected_scores = _numpy_sparse(layer, query, allowed)
+    # A padded query row is a zero attention result: the output bias.
+    expected = np.where(padding[..., None], expected, _np(layer.trainable_weights[-1]))
+    np.testing.assert_allclose(_np(output), expected, atol=1e-5)
+    np.testing.assert_allclose(_np(scores), expected_scores, atol=1e-5)
+    assert layer.covers_every_key(length, length, causal) == (path == "dense")
+
+
+@pytest.mark.parametrize("length", [1, 10, 64, 65, 4096])
+def test_defaults_run_at_every_length(monkeypatch, length):
+    layer = SparseAttention(num_heads=2, key_dim=4, seed=0)
+    query = random_inputs((1, length, 8), seed=2)
+    layer.build(query.shape)
+    ran = _spy_paths(monkeypatch)
+    output = _np(layer(query))
+    assert output.shape == (1, length, 8) and np.isfinite(output).all()
+    # Defaults (64-token blocks, window 3, 2 global): dense up to 4 blocks.
+    assert ran == ["dense" if length <= 256 else "sparse"]
+    if length <= 256:
+        expected, _ = _numpy_sparse(layer, query, np.ones((1, length, length), bool))
+        np.testing.assert_allclose(output, expected, atol=1e-5)
+    assert not layer.covers_every_key(257, 257)
+
+
+def test_more_global_blocks_than_the_sequence_has_is_exact_attention(monkeypatch):
+    layer = SparseAttention(2, 4, block_size=4, global_blocks=3, seed=0)
+    query = random_inputs((1, 7, 8))
+    layer.build(query.shape)
+    ran = _spy_paths(monkeypatch)
+    expected, _ = _numpy_sparse(layer, query, np.ones((1, 7, 7), bool))
+    np.testing.assert_allclose(_np(layer(query)), expected, atol=1e-5)
+    assert ran == ["dense"]
+    assert tuple(layer(keras.Input((7, 8))).shape) == (None, 7, 8)
 
 
 def test_global_token_outside_the_sequence_and_cache_are_rejected():
