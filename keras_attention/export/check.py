@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 
+from keras_attention import validation
 from keras_attention.export import serving_process
 from keras_attention.export import tf_serving
 from keras_attention.progress import progress_bar
@@ -116,23 +117,25 @@ def read_saved_model(path):
     proto = saved_model_pb2.SavedModel()
     binary = os.path.join(path, "saved_model.pb")
     text = os.path.join(path, "saved_model.pbtxt")
+    if os.path.exists(binary):
+        name = "saved_model.pb"
+    elif os.path.exists(text):
+        name = "saved_model.pbtxt"
+    else:
+        raise NotASavedModelError(
+            f"check_servable: {path!r} is not a SavedModel directory: it "
+            "has no saved_model.pb or saved_model.pbtxt."
+        )
     try:
-        if os.path.exists(binary):
+        if name == "saved_model.pb":
             with open(binary, "rb") as f:
                 proto.ParseFromString(f.read())
-        elif os.path.exists(text):
+        else:
             with open(text, encoding="utf-8") as f:
                 text_format.Parse(f.read(), proto)
-        else:
-            raise NotASavedModelError(
-                f"check_servable: {path!r} is not a SavedModel directory: it "
-                "has no saved_model.pb or saved_model.pbtxt."
-            )
-    except NotASavedModelError:
-        raise
     except Exception as error:
         raise NotASavedModelError(
-            f"check_servable: {path!r} has a saved_model.pb that does not "
+            f"check_servable: {path!r} has a {name} that does not "
             f"parse as a SavedModel: {type(error).__name__}: {error}"
         ) from error
     return proto
@@ -188,7 +191,20 @@ def check_servable(path, load=True, timeout=600, verbose="auto"):
     Raises:
         NotASavedModelError: `path` is not a SavedModel directory.
     """
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            "check_servable: `path` must be a string or os.PathLike naming a "
+            f"SavedModel directory. Received: path={path!r}"
+        )
     path = os.fspath(path)
+    load = validation.validate_bool("check_servable", "load", load)
+    if isinstance(timeout, bool) or not validation.is_real(timeout) or \
+            not validation.as_python_scalar(timeout) > 0:
+        raise ValueError(
+            "check_servable: `timeout` must be a positive number of seconds. "
+            f"Received: timeout={timeout!r}"
+        )
+    timeout = float(validation.as_python_scalar(timeout))
     stages = 3 if load else 2
     progress = progress_bar(stages, verbose, unit_name="stage", auto=load,
                             owner="check_servable")

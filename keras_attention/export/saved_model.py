@@ -4,7 +4,9 @@ import os
 
 import tensorflow as tf
 
+from keras_attention import validation
 from keras_attention.export.warmup import write_warmup_requests
+from keras_attention.models import text_processing
 
 SERVING_OUTPUTS = (
     "translation", "alignment", "source_tokens", "target_tokens", "score",
@@ -68,31 +70,42 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
     Returns:
         `path`.
     """
+    owner = "export_translator"
     if not callable(getattr(translator, "serving_outputs", None)):
-        raise TypeError(
-            "export_translator: `translator` must be a keras_attention "
-            f"translator. Received: {type(translator).__name__}"
-        )
+        raise TypeError(validation.error(
+            owner, "`translator` must be a keras_attention translator. "
+            f"Received: translator of type {type(translator).__name__}"))
+    path = _check_path(owner, path)
     beam_width, max_length, length_penalty = translator._check_decoding_arguments(
-        beam_width, max_length, length_penalty
+        beam_width, max_length, length_penalty, owner=owner
     )
     if max_beam_width is None:
         max_beam_width = max(4, beam_width)
     max_beam_width, _, _ = translator._check_decoding_arguments(
-        max_beam_width, max_length, length_penalty
+        max_beam_width, max_length, length_penalty, owner=owner,
+        beam_argument="max_beam_width",
     )
     if beam_width > max_beam_width:
-        raise ValueError(
-            "export_translator: `beam_width` must be at most `max_beam_width`. "
-            f"Received: beam_width={beam_width}, max_beam_width={max_beam_width}"
-        )
+        raise ValueError(validation.error(
+            owner, "`beam_width` must be at most `max_beam_width`. "
+            f"Received: beam_width={beam_width}, max_beam_width={max_beam_width}"))
+    if model_name is not None and not isinstance(model_name, str):
+        raise TypeError(validation.error(
+            owner, "`model_name` must be a string or None. Received: "
+            f"model_name={model_name!r}"))
     if warmup_texts is None:
         tokens = translator.source_vocabulary[4:14]
         warmup_texts = [translator.source_text.separator.join(tokens), ""]
-    warmup_texts = [str(t) for t in warmup_texts]
+    # Valid UTF-8 strings, as `translate` reads them (a warmup request is a
+    # real request: TF Serving answers it on load).
+    warmup_texts = [
+        text.decode("utf-8") for text in text_processing.as_string_array(
+            warmup_texts, "warmup_texts", owner=owner)
+    ]
     penalty = tf.constant(length_penalty, tf.float32)
 
     def outputs_of(text, width, method):
+        text = _checked_text(text)
         outputs = translator.serving_outputs(text, width, max_length, penalty,
                                              method)
         return {name: outputs[name] for name in SERVING_OUTPUTS}
@@ -146,4 +159,43 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
         path, requests,
         model_name=model_name or os.path.basename(os.path.normpath(path)),
     )
+    return path
+
+
+def _checked_text(text):
+    """`text` once the graph has checked that it is a `(B,)` batch.
+
+    The signature's `TensorSpec([None])` is not enforced when a SavedModel is
+    served (TF Serving feeds any shape; a loaded signature does too), and a
+    check on the static shape or on `tf.rank` is folded away at export or by
+    Grappler, which trust the placeholder's declared rank. The run-time
+    shape written as a string ("2", "1,2", "" for a scalar) is opaque to
+    both, so the assertion runs on every request and names the shape.
+    """
+    shape = tf.strings.reduce_join(
+        tf.strings.as_string(tf.shape(text)), separator=",")
+    check = tf.debugging.Assert(
+        tf.strings.regex_full_match(shape, "[0-9]+"),
+        ["`text` must be a 1-D batch of strings, shape (B,). Received: text "
+         "with shape", tf.strings.join(["(", shape, ")"])],
+        name="check_text_rank",
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(text)
+
+
+def _check_path(owner, path):
+    """`path` as a string: a directory to create (or overwrite), not a file."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(validation.error(
+            owner, "`path` must be a string or os.PathLike naming the "
+            f"SavedModel directory to write. Received: path={path!r}"))
+    path = os.fspath(path)
+    if not path:
+        raise ValueError(validation.error(
+            owner, "`path` must name a directory. Received: path=''"))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(validation.error(
+            owner, "`path` is an existing file; a SavedModel is a directory. "
+            f"Received: path={path!r}"))
     return path

@@ -132,8 +132,23 @@ def _run_signature(session, signature, arrays):
                 f"{'string' if is_text else value.dtype.name} is provided"
             )
         feed[signature.inputs[name].name] = value
-    fetch = {name: info.name for name, info in signature.outputs.items()}
-    return session.run(fetch, feed)
+    names = sorted(signature.outputs)
+    # TF Serving's C++ `Session::Run` feeds whatever shape the request holds;
+    # `session.run` (and `make_callable`) would refuse a shape unlike the
+    # placeholder's in Python first. Run through the C API as the server
+    # does, so only the graph's own checks stand between a request and the
+    # model.
+    graph = session.graph
+    session._extend_graph()
+    outputs = session._call_tf_sessionrun(
+        None,
+        {graph.get_tensor_by_name(key)._as_tf_output(): value
+         for key, value in feed.items()},
+        [graph.get_tensor_by_name(signature.outputs[name].name)._as_tf_output()
+         for name in names],
+        [], None,
+    )
+    return dict(zip(names, outputs))
 
 
 def main(argv):
