@@ -390,3 +390,26 @@ def deserialize_layer(owner, argument, config, expected, description):
     if not isinstance(layer, expected):
         raise refuse(f"a config of class {type(layer).__name__}")
     return layer
+
+
+def validate_tokens(owner, argument, tokens):
+    """`tokens` (a list or tuple of strings, or None) as a list of str.
+
+    Widgets label the axes with them; a lone string or a number is refused
+    (a string would label one axis character by character).
+    """
+    if tokens is None:
+        return None
+    if isinstance(tokens, (list, tuple)) or (
+        isinstance(tokens, np.ndarray) and tokens.ndim == 1
+    ):
+        tokens = list(tokens)
+        if all(isinstance(t, (str, np.str_)) for t in tokens):
+            return [str(t) for t in tokens]
+    raise TypeError(
+        error(
+            owner,
+            f"`{argument}` must be a list of token strings or None. "
+            f"Received: {argument}={tokens!r}",
+        )
+    )

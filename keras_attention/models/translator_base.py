@@ -114,6 +114,24 @@ class Translator(keras.Model):
         )
         self._decode_functions = _FunctionCache()
 
+    # Nested layers a config may hold: `{config key: (classes, what)}`;
+    # `from_config` checks the class of each before the translator uses it.
+    _nested_layer_types = {}
+
+    @classmethod
+    def from_config(cls, config):
+        """Rebuilds the translator, checking the class of every nested layer.
+
+        A config (a `.keras` file's, possibly tampered with) naming a layer
+        of another class raises our TypeError, with or without `safe_mode`.
+        """
+        config = dict(config)
+        for key, (expected, description) in cls._nested_layer_types.items():
+            if isinstance(config.get(key), dict):
+                config[key] = validation.deserialize_layer(
+                    cls.__name__, key, config[key], expected, description)
+        return cls(**config)
+
     def _build_weights(self):
         """Calls the model once so every weight exists before `fit`."""
         self(

@@ -11,6 +11,7 @@ from bokeh.layouts import row
 from bokeh.models import ColumnDataSource
 from bokeh.models import LinearColorMapper
 
+from keras_attention import validation
 from keras_attention.layers.capture import attention_layers
 from keras_attention.widgets import _captured
 from keras_attention.widgets import figures
@@ -114,6 +115,9 @@ class AttentionExplorer(Component):
             raise ValueError(
                 f"AttentionExplorer: `rows_per_call` must be a positive integer. Received: rows_per_call={rows_per_call!r}"
             )
+        query_tokens = validation.validate_tokens("AttentionExplorer", "query_tokens", query_tokens)
+        key_tokens = validation.validate_tokens("AttentionExplorer", "key_tokens", key_tokens)
+        example = validation.validate_non_negative_int("AttentionExplorer", "example", example)
         self.model = model
         self.example = example
         self.max_tokens = max_tokens
@@ -569,7 +573,7 @@ class _OnDemandWeights:
 
 
 def _check_example(example, size):
-    if not isinstance(example, int) or isinstance(example, bool) or not 0 <= example < size:
+    if not validation.is_int(example) or not 0 <= example < size:
         raise ValueError(f"AttentionExplorer: `example` must be in [0, {size}). Received: example={example!r}")
 
 

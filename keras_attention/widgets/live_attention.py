@@ -12,6 +12,7 @@ import numpy as np
 from bokeh.layouts import gridplot
 from keras_attention.widgets._component import FreshBokehModel as BokehModel
 
+from keras_attention import validation
 from keras_attention.layers.capture import attention_layers
 from keras_attention.widgets import _captured
 from keras_attention.widgets import figures
@@ -129,6 +130,10 @@ class LiveAttention(keras.callbacks.Callback, Component):
                 "LiveAttention: `model_or_layer` has no keras_attention attention layers to watch. "
                 f"Received: {type(model_or_layer).__name__} '{getattr(model_or_layer, 'name', model_or_layer)}'"
             )
+        example = validation.validate_non_negative_int("LiveAttention", "example", example)
+        head = validation.validate_non_negative_int("LiveAttention", "head", head, allow_none=True)
+        query_tokens = validation.validate_tokens("LiveAttention", "query_tokens", query_tokens)
+        key_tokens = validation.validate_tokens("LiveAttention", "key_tokens", key_tokens)
         self.target = model_or_layer
         self.probe_inputs = probe_inputs
         self.every_n_batches = every_n_batches
@@ -141,13 +146,15 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self.snapshot_dir = snapshot_dir
         self._check_probe_shape()
         try:
-            matrices = self.compute()
+            captured = _captured.call_and_capture(self.target, self.probe_inputs)
         except Exception as error:
             raise ValueError(
                 f"LiveAttention: calling '{model_or_layer.name}' on `probe_inputs` failed "
                 f"({type(error).__name__}: {error}). Received: probe_inputs of shape "
                 f"{_shapes(probe_inputs)}"
             ) from error
+        self._check_example_and_head(captured)
+        matrices = self._matrices(captured)
         self.figures = {}
         self.sources = {}
         for name, matrix in matrices.items():
@@ -238,7 +245,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
 
     def compute(self):
         """`{layer_name: (Tq, Tv)}` attention of the probe example, now."""
-        captured = _captured.call_and_capture(self.target, self.probe_inputs)
+        return self._matrices(_captured.call_and_capture(self.target, self.probe_inputs))
+
+    def _matrices(self, captured):
         matrices = {}
         for name, weights in captured.items():
             heads = _captured.per_head(weights, self.example)
@@ -416,6 +425,22 @@ class LiveAttention(keras.callbacks.Callback, Component):
         )
         warnings.warn(message, RuntimeWarning, stacklevel=3)
         self.status.value = f"<b style='color:#a00'>{escape(message)}</b>"
+
+    def _check_example_and_head(self, captured):
+        """`example` and `head` against what the probe call captured."""
+        for name, weights in captured.items():
+            shape = np.shape(weights)
+            if self.example >= shape[0]:
+                raise ValueError(
+                    f"LiveAttention: `example` must be in [0, {shape[0]}), the probe batch "
+                    f"of '{name}'. Received: example={self.example}"
+                )
+            heads = shape[1] if len(shape) == 4 else 1
+            if self.head is not None and self.head >= heads:
+                raise ValueError(
+                    f"LiveAttention: `head` must be None or in [0, {heads}): '{name}' has "
+                    f"{heads} head{'s' if heads > 1 else ''}. Received: head={self.head}"
+                )
 
     def _check_probe_shape(self):
         """Compare probe shapes with a built model's declared inputs, before any call."""
