@@ -58,6 +58,12 @@ def split_text(texts, split, lowercase, wordpiece=None):
     if lowercase:
         texts = tf_text.case_fold_utf8(texts)
     if split in ("whitespace", "wordpiece"):
+        # tf_text's WhitespaceTokenizer cuts a multi-byte whitespace character
+        # (U+0085, U+2028, U+00A0 without case folding, ...) mid-character,
+        # leaving its lead bytes on the word before: invalid UTF-8 tokens.
+        # Every Unicode space becomes " " first (`\p{Z}`: Zs, Zl, Zp; and
+        # NEL, the one control character ICU counts as white space).
+        texts = tf.strings.regex_replace(texts, r"[\p{Z}\x{85}]", " ")
         words = tf_text.WhitespaceTokenizer().tokenize(texts)
         if split == "whitespace":
             return words
