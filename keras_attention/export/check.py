@@ -320,6 +320,45 @@ def run_in_serving_process(path, ops=(), feed=None, timeout=600,
         return result, outputs
 
 
+def run_feeds_in_serving_process(path, feeds, timeout=600,
+                                 signature="serving_default"):
+    """Runs several requests (dicts of numpy arrays) in one fresh serving
+    process; returns `(report dict, [outputs dict or error string])`."""
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as scratch:
+        report_path = os.path.join(scratch, "report.json")
+        command = [sys.executable, serving_process.__file__,
+                   os.path.abspath(path), report_path]
+        for index, feed in enumerate(feeds):
+            feed_path = os.path.join(scratch, f"feed{index}.npz")
+            np.savez(feed_path, **feed)
+            command += ["--feed", feed_path,
+                        "--fetch", os.path.join(scratch, f"fetch{index}.npz")]
+        command += ["--signature", signature]
+        completed = subprocess.run(
+            command, cwd=scratch, env=_fresh_process_env(), capture_output=True,
+            text=True, timeout=timeout,
+        )
+        if completed.returncode != 0 or not os.path.exists(report_path):
+            raise RuntimeError(
+                "check_servable: the fresh serving process failed "
+                f"(exit {completed.returncode}):\n{completed.stderr[-3000:]}"
+            )
+        with open(report_path, encoding="utf-8") as f:
+            result = json.load(f)
+        answers = []
+        for index, error in enumerate(result.get("feed_errors") or
+                                      [result.get("load_error")] * len(feeds)):
+            if error is not None:
+                answers.append(error)
+                continue
+            with np.load(os.path.join(scratch, f"fetch{index}.npz"),
+                         allow_pickle=True) as data:
+                answers.append({k: data[k] for k in data.files})
+        return result, answers
+
+
 def _check_in_fresh_process(report, ops, timeout):
     try:
         result, _ = run_in_serving_process(report.path, ops, timeout=timeout)
