@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck
 from hypothesis import Phase
+from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -173,6 +174,15 @@ def _check_translation(translator, text, translation, max_length, length_penalty
 @given(name=st.sampled_from(["Seq2SeqTranslator", "TransformerTranslator"]),
        texts=st.lists(TEXT, min_size=1, max_size=3), beam_width=BEAM_WIDTH,
        max_length=MAX_LENGTH, length_penalty=LENGTH_PENALTY)
+# The cases issue 23 found, on both translators, always run (explicit phase).
+@example(name="Seq2SeqTranslator", texts=["one"], beam_width=2**40,
+         max_length=None, length_penalty=0.0)
+@example(name="TransformerTranslator", texts=["\ud800"], beam_width=1,
+         max_length=None, length_penalty=0.0)
+@example(name="Seq2SeqTranslator", texts=["one two", ""], beam_width=2,
+         max_length=None, length_penalty=np.float32(0.5))
+@example(name="TransformerTranslator", texts=["six \x85", "a\u2028b"],
+         beam_width=np.int64(2), max_length=np.int32(3), length_penalty=1)
 def test_translate_and_beam_search_answer_correctly_or_refuse_clearly(
         translators, name, texts, beam_width, max_length, length_penalty):
     translator = translators[name]
@@ -197,6 +207,9 @@ def test_translate_and_beam_search_answer_correctly_or_refuse_clearly(
 @_fuzz_settings(30)
 @given(name=st.sampled_from(["Seq2SeqTranslator", "TransformerTranslator"]),
        text=TEXT.filter(lambda t: isinstance(t, str)))
+@example(name="Seq2SeqTranslator", text="")
+@example(name="TransformerTranslator", text="")
+@example(name="Seq2SeqTranslator", text="one \ud800")
 def test_sessions_reproduce_translate_for_every_text_it_accepts(translators, name,
                                                                text):
     translator = translators[name]
