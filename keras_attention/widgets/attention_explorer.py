@@ -102,7 +102,7 @@ class AttentionExplorer(Component):
                 "AttentionExplorer: `model` has no keras_attention attention layers to show. "
                 f"Received: {type(model).__name__} '{getattr(model, 'name', model)}'"
             )
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 2:
+        if not validation.is_int(max_tokens) or max_tokens < 2:
             raise ValueError(
                 f"AttentionExplorer: `max_tokens` must be an integer >= 2. Received: max_tokens={max_tokens!r}"
             )
@@ -111,13 +111,14 @@ class AttentionExplorer(Component):
                 "AttentionExplorer: `scores_on_demand` must be 'auto', True or False. "
                 f"Received: scores_on_demand={scores_on_demand!r}"
             )
-        if not isinstance(rows_per_call, int) or isinstance(rows_per_call, bool) or rows_per_call < 1:
+        if not validation.is_int(rows_per_call) or rows_per_call < 1:
             raise ValueError(
                 f"AttentionExplorer: `rows_per_call` must be a positive integer. Received: rows_per_call={rows_per_call!r}"
             )
         query_tokens = validation.validate_tokens("AttentionExplorer", "query_tokens", query_tokens)
         key_tokens = validation.validate_tokens("AttentionExplorer", "key_tokens", key_tokens)
         example = validation.validate_non_negative_int("AttentionExplorer", "example", example)
+        max_tokens, rows_per_call = int(max_tokens), int(rows_per_call)
         self.model = model
         self.example = example
         self.max_tokens = max_tokens

@@ -106,22 +106,22 @@ class LiveAttention(keras.callbacks.Callback, Component):
         max_frames=200,
     ):
         super().__init__()
-        if isinstance(every_n_batches, bool) or not isinstance(every_n_batches, int) or every_n_batches < 1:
+        if not validation.is_int(every_n_batches) or every_n_batches < 1:
             raise ValueError(
                 "LiveAttention: `every_n_batches` must be an integer >= 1. "
                 f"Received: every_n_batches={every_n_batches!r}"
             )
-        if isinstance(min_interval_s, bool) or not isinstance(min_interval_s, (int, float)) or min_interval_s < 0:
+        if not validation.is_real(min_interval_s) or not min_interval_s >= 0:
             raise ValueError(
                 "LiveAttention: `min_interval_s` must be a number >= 0. "
                 f"Received: min_interval_s={min_interval_s!r}"
             )
-        if not isinstance(overhead_budget, (int, float)) or not 0 < overhead_budget <= 1:
+        if not validation.is_real(overhead_budget) or not 0 < overhead_budget <= 1:
             raise ValueError(
                 "LiveAttention: `overhead_budget` must be in (0, 1]. "
                 f"Received: overhead_budget={overhead_budget!r}"
             )
-        if isinstance(max_frames, bool) or not isinstance(max_frames, int) or max_frames < 1:
+        if not validation.is_int(max_frames) or max_frames < 1:
             raise ValueError(
                 f"LiveAttention: `max_frames` must be an integer >= 1. Received: max_frames={max_frames!r}"
             )
@@ -136,7 +136,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
         key_tokens = validation.validate_tokens("LiveAttention", "key_tokens", key_tokens)
         self.target = model_or_layer
         self.probe_inputs = probe_inputs
-        self.every_n_batches = every_n_batches
+        self.every_n_batches = int(every_n_batches)
         self.min_interval_s = float(min_interval_s)
         self.overhead_budget = float(overhead_budget)
         self.example = example
@@ -180,7 +180,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self._next_allowed = 0.0
         self.time_spent = 0.0
         self._latest = {name: (matrix, self.figures[name].title.text) for name, matrix in matrices.items()}
-        self.frames = collections.deque(maxlen=max_frames)
+        self.frames = collections.deque(maxlen=int(max_frames))
         self.replay = ipywidgets.IntSlider(value=0, min=0, max=0, description="frame",
                                            continuous_update=True)
         self._following = False
