@@ -29,8 +29,11 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
       a scalar int32 from 1 to `max_beam_width`; a request outside that
       range fails with `InvalidArgument` naming the limit.
 
-    `text` is a `(B,)` `tf.string` tensor (any other dtype is refused by the
-    signature). Each signature returns, padded to the longest output
+    `text` is a `(B,)` `tf.string` tensor: any other dtype is refused by the
+    signature, and any other rank (a rank-2 batch, as TF Serving's REST API
+    builds from `{"instances": [["a", "b"]]}`, or a scalar) fails with
+    `InvalidArgument` "`text` must be a 1-D batch of strings, shape (B,).
+    Received: text with shape (1,2)", checked in the graph on every request. Each signature returns, padded to the longest output
     (`T_out` tokens, `<end>` excluded) and the longest source (`T_in` tokens,
     after truncation to `max_source_length`) of the batch:
 
@@ -57,10 +60,11 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
 
     Args:
         translator: a keras_attention translator.
-        path: the SavedModel directory to create.
+        path: the SavedModel directory to create (a string or
+            `os.PathLike`; not an existing file).
         beam_width: the width `serving_default` decodes with.
         max_beam_width: the largest width `beam_search` accepts; defaults
-            to `max(4, beam_width)`.
+            to `max(4, beam_width)`; at most `translator.max_beam_width()`.
         max_length, length_penalty: as in `translate`, fixed at export.
         warmup_texts: strings for the warmup requests; defaults to a text made
             of the first source-vocabulary tokens, and an empty text.
