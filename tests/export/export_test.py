@@ -213,36 +213,40 @@ def test_served_signatures_refuse_a_text_batch_that_is_not_1d(trained_translator
                                                               exported):
     import tensorflow_text  # noqa: F401  (a Python consumer must import it)
 
-    from keras_attention.export.check import run_in_serving_process
+    from keras_attention.export.check import run_feeds_in_serving_process
 
     # A 2-D batch was once answered from its first string ("noir" dropped).
     # TF Serving's REST API turns these bodies into rank-2 and rank-0 tensors.
     cases = [('{"instances": [["three one", "four"]]}', "1,2"),
              ('{"inputs": {"text": [["three"], ["one"]]}}', "2,1"),
              ('{"inputs": "three one"}', "")]
-    loaded = tf.saved_model.load(exported)
-    for body, shape in cases:
-        feed = _rest_feed(body)
-        # TF Serving's loader, in a process without keras_attention: the
-        # graph's own check is all that stands between the request and the
-        # model (the feed bypasses session.run's Python shape check).
-        for name, extra in [("serving_default", {}), ("beam_search",
-                                                  {"beam_width": np.int32(2)})]:
-            result, outputs = run_in_serving_process(
-                exported, feed={**feed, **extra}, signature=name)
-            assert outputs is None, (body, name)
-            assert re.search(TEXT_RANK.format(shape=shape), result["load_error"]), \
-                result["load_error"]
-        # A SavedModel loaded in Python (TF 2): the same check.
-        with pytest.raises(tf.errors.InvalidArgumentError,
-                           match=TEXT_RANK.format(shape=shape)):
-            loaded.signatures["greedy"](text=tf.constant(feed["text"].tolist()))
     # A 1-D batch in row format is served as translate() answers it.
     texts = ["three one", "four", ""]
-    outputs = _served(exported, _rest_feed(
-        '{"instances": ["three one", "four", ""]}')["text"].tolist())
-    assert [t.decode() for t in outputs["translation"]] == \
-        [t.text for t in trained_translator.translate(texts)]
+    good = _rest_feed('{"instances": ["three one", "four", ""]}')
+    # TF Serving's loader, in a process without keras_attention: the graph's
+    # own check is all that stands between the request and the model (the
+    # feed bypasses session.run's Python shape check). One process per
+    # signature answers every request.
+    for name, extra in [("serving_default", {}),
+                        ("beam_search", {"beam_width": np.int32(2)})]:
+        feeds = [{**_rest_feed(body), **extra} for body, _ in cases]
+        result, answers = run_feeds_in_serving_process(
+            exported, feeds + [{**good, **extra}], signature=name)
+        assert result["keras_attention_importable"] is False and result["loaded"]
+        for (body, shape), answer in zip(cases, answers):
+            assert isinstance(answer, str), (name, body)
+            assert re.search(TEXT_RANK.format(shape=shape), answer), answer
+        expected = trained_translator.translate(texts, beam_width=1 if not extra
+                                                else 2)
+        assert [t.decode() for t in answers[-1]["translation"]] == \
+            [t.text for t in expected]
+    # A SavedModel loaded in Python (TF 2): the same check.
+    loaded = tf.saved_model.load(exported)
+    for body, shape in cases:
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=TEXT_RANK.format(shape=shape)):
+            loaded.signatures["greedy"](
+                text=tf.constant(_rest_feed(body)["text"].tolist()))
 
 
 def test_export_arguments_are_checked_before_tracing(trained_translator, tmp_path,
