@@ -12,7 +12,6 @@ the code) call wrong; never anything else, and never when all are valid.
 
 import keras
 import numpy as np
-import pytest
 from fake_translator import FakeTranslator
 from hypothesis import HealthCheck
 from hypothesis import example
