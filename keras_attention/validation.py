@@ -352,3 +352,64 @@ def validate_call_flag(owner, argument, value):
             f"{argument}={value!r}",
         )
     )
+
+
+def deserialize_layer(owner, argument, config, expected, description):
+    """Rebuilds a nested layer from its serialized `config`, checking its class.
+
+    Used by the deserialisers (`from_config`) of layers and models that hold
+    a configurable sublayer: the class named in `config` must be a subclass
+    of `expected` (a class or tuple of classes), or a TypeError naming
+    `owner` and `argument` is raised before the layer is used (built or
+    called), whether or not `safe_mode` is on (Keras' deserialiser runs under the caller's
+    `safe_mode` scope, which still refuses lambdas). `description` says what
+    is expected ("a keras_attention single-head attention layer").
+    """
+    import keras
+
+    def refuse(received):
+        return TypeError(
+            error(
+                owner,
+                f"`{argument}` must be {description} or its serialized config. "
+                f"Received: {argument}={received}",
+            )
+        )
+
+    if not isinstance(config, dict) or not isinstance(
+        config.get("class_name"), str
+    ):
+        raise refuse(repr(config))
+    try:
+        layer = keras.saving.deserialize_keras_object(config)
+    except Exception as error_:
+        raise refuse(
+            f"a config of class {config['class_name']!r} that does not "
+            f"deserialize ({type(error_).__name__}: {error_})"
+        ) from error_
+    if not isinstance(layer, expected):
+        raise refuse(f"a config of class {type(layer).__name__}")
+    return layer
+
+
+def validate_tokens(owner, argument, tokens):
+    """`tokens` (a list or tuple of strings, or None) as a list of str.
+
+    Widgets label the axes with them; a lone string or a number is refused
+    (a string would label one axis character by character).
+    """
+    if tokens is None:
+        return None
+    if isinstance(tokens, (list, tuple)) or (
+        isinstance(tokens, np.ndarray) and tokens.ndim == 1
+    ):
+        tokens = list(tokens)
+        if all(isinstance(t, (str, np.str_)) for t in tokens):
+            return [str(t) for t in tokens]
+    raise TypeError(
+        error(
+            owner,
+            f"`{argument}` must be a list of token strings or None. "
+            f"Received: {argument}={tokens!r}",
+        )
+    )

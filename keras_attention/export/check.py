@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 
-from keras_attention import _extras
+from keras_attention import _extras, validation
 from keras_attention.export import serving_process
 from keras_attention.export import tf_serving
 from keras_attention.progress import progress_bar
@@ -119,23 +119,25 @@ def read_saved_model(path):
     proto = saved_model_pb2.SavedModel()
     binary = os.path.join(path, "saved_model.pb")
     text = os.path.join(path, "saved_model.pbtxt")
+    if os.path.exists(binary):
+        name = "saved_model.pb"
+    elif os.path.exists(text):
+        name = "saved_model.pbtxt"
+    else:
+        raise NotASavedModelError(
+            f"check_servable: {path!r} is not a SavedModel directory: it "
+            "has no saved_model.pb or saved_model.pbtxt."
+        )
     try:
-        if os.path.exists(binary):
+        if name == "saved_model.pb":
             with open(binary, "rb") as f:
                 proto.ParseFromString(f.read())
-        elif os.path.exists(text):
+        else:
             with open(text, encoding="utf-8") as f:
                 text_format.Parse(f.read(), proto)
-        else:
-            raise NotASavedModelError(
-                f"check_servable: {path!r} is not a SavedModel directory: it "
-                "has no saved_model.pb or saved_model.pbtxt."
-            )
-    except NotASavedModelError:
-        raise
     except Exception as error:
         raise NotASavedModelError(
-            f"check_servable: {path!r} has a saved_model.pb that does not "
+            f"check_servable: {path!r} has a {name} that does not "
             f"parse as a SavedModel: {type(error).__name__}: {error}"
         ) from error
     return proto
@@ -191,7 +193,20 @@ def check_servable(path, load=True, timeout=600, verbose="auto"):
     Raises:
         NotASavedModelError: `path` is not a SavedModel directory.
     """
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            "check_servable: `path` must be a string or os.PathLike naming a "
+            f"SavedModel directory. Received: path={path!r}"
+        )
     path = os.fspath(path)
+    load = validation.validate_bool("check_servable", "load", load)
+    if isinstance(timeout, bool) or not validation.is_real(timeout) or \
+            not validation.as_python_scalar(timeout) > 0:
+        raise ValueError(
+            "check_servable: `timeout` must be a positive number of seconds. "
+            f"Received: timeout={timeout!r}"
+        )
+    timeout = float(validation.as_python_scalar(timeout))
     stages = 3 if load else 2
     progress = progress_bar(stages, verbose, unit_name="stage", auto=load,
                             owner="check_servable")
@@ -305,6 +320,45 @@ def run_in_serving_process(path, ops=(), feed=None, timeout=600,
             with np.load(fetch_path, allow_pickle=True) as data:
                 outputs = {k: data[k] for k in data.files}
         return result, outputs
+
+
+def run_feeds_in_serving_process(path, feeds, timeout=600,
+                                 signature="serving_default"):
+    """Runs several requests (dicts of numpy arrays) in one fresh serving
+    process; returns `(report dict, [outputs dict or error string])`."""
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as scratch:
+        report_path = os.path.join(scratch, "report.json")
+        command = [sys.executable, serving_process.__file__,
+                   os.path.abspath(path), report_path]
+        for index, feed in enumerate(feeds):
+            feed_path = os.path.join(scratch, f"feed{index}.npz")
+            np.savez(feed_path, **feed)
+            command += ["--feed", feed_path,
+                        "--fetch", os.path.join(scratch, f"fetch{index}.npz")]
+        command += ["--signature", signature]
+        completed = subprocess.run(
+            command, cwd=scratch, env=_fresh_process_env(), capture_output=True,
+            text=True, timeout=timeout,
+        )
+        if completed.returncode != 0 or not os.path.exists(report_path):
+            raise RuntimeError(
+                "check_servable: the fresh serving process failed "
+                f"(exit {completed.returncode}):\n{completed.stderr[-3000:]}"
+            )
+        with open(report_path, encoding="utf-8") as f:
+            result = json.load(f)
+        answers = []
+        for index, error in enumerate(result.get("feed_errors") or
+                                      [result.get("load_error")] * len(feeds)):
+            if error is not None:
+                answers.append(error)
+                continue
+            with np.load(os.path.join(scratch, f"fetch{index}.npz"),
+                         allow_pickle=True) as data:
+                answers.append({k: data[k] for k in data.files})
+        return result, answers
 
 
 def _check_in_fresh_process(report, ops, timeout):

@@ -4,8 +4,9 @@ import os
 
 import tensorflow as tf
 
-from keras_attention import _extras
+from keras_attention import _extras, validation
 from keras_attention.export.warmup import write_warmup_requests
+from keras_attention.models import text_processing
 
 SERVING_OUTPUTS = (
     "translation", "alignment", "source_tokens", "target_tokens", "score",
@@ -28,8 +29,11 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
       a scalar int32 from 1 to `max_beam_width`; a request outside that
       range fails with `InvalidArgument` naming the limit.
 
-    `text` is a `(B,)` `tf.string` tensor (any other dtype is refused by the
-    signature). Each signature returns, padded to the longest output
+    `text` is a `(B,)` `tf.string` tensor: any other dtype is refused by the
+    signature, and any other rank (a rank-2 batch, as TF Serving's REST API
+    builds from `{"instances": [["a", "b"]]}`, or a scalar) fails with
+    `InvalidArgument` "`text` must be a 1-D batch of strings, shape (B,).
+    Received: text with shape (1,2)", checked in the graph on every request. Each signature returns, padded to the longest output
     (`T_out` tokens, `<end>` excluded) and the longest source (`T_in` tokens,
     after truncation to `max_source_length`) of the batch:
 
@@ -56,10 +60,11 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
 
     Args:
         translator: a keras_attention translator.
-        path: the SavedModel directory to create.
+        path: the SavedModel directory to create (a string or
+            `os.PathLike`; not an existing file).
         beam_width: the width `serving_default` decodes with.
         max_beam_width: the largest width `beam_search` accepts; defaults
-            to `max(4, beam_width)`.
+            to `max(4, beam_width)`; at most `translator.max_beam_width()`.
         max_length, length_penalty: as in `translate`, fixed at export.
         warmup_texts: strings for the warmup requests; defaults to a text made
             of the first source-vocabulary tokens, and an empty text.
@@ -69,33 +74,44 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
     Returns:
         `path`.
     """
+    owner = "export_translator"
     if not callable(getattr(translator, "serving_outputs", None)):
-        raise TypeError(
-            "export_translator: `translator` must be a keras_attention "
-            f"translator. Received: {type(translator).__name__}"
-        )
+        raise TypeError(validation.error(
+            owner, "`translator` must be a keras_attention translator. "
+            f"Received: translator of type {type(translator).__name__}"))
+    path = _check_path(owner, path)
     # The exported graph tokenizes with tensorflow-text's ops.
-    _extras.require_tensorflow_text("export_translator")
+    _extras.require_tensorflow_text(owner)
     beam_width, max_length, length_penalty = translator._check_decoding_arguments(
-        beam_width, max_length, length_penalty
+        beam_width, max_length, length_penalty, owner=owner
     )
     if max_beam_width is None:
         max_beam_width = max(4, beam_width)
     max_beam_width, _, _ = translator._check_decoding_arguments(
-        max_beam_width, max_length, length_penalty
+        max_beam_width, max_length, length_penalty, owner=owner,
+        beam_argument="max_beam_width",
     )
     if beam_width > max_beam_width:
-        raise ValueError(
-            "export_translator: `beam_width` must be at most `max_beam_width`. "
-            f"Received: beam_width={beam_width}, max_beam_width={max_beam_width}"
-        )
+        raise ValueError(validation.error(
+            owner, "`beam_width` must be at most `max_beam_width`. "
+            f"Received: beam_width={beam_width}, max_beam_width={max_beam_width}"))
+    if model_name is not None and not isinstance(model_name, str):
+        raise TypeError(validation.error(
+            owner, "`model_name` must be a string or None. Received: "
+            f"model_name={model_name!r}"))
     if warmup_texts is None:
         tokens = translator.source_vocabulary[4:14]
         warmup_texts = [translator.source_text.separator.join(tokens), ""]
-    warmup_texts = [str(t) for t in warmup_texts]
+    # Valid UTF-8 strings, as `translate` reads them (a warmup request is a
+    # real request: TF Serving answers it on load).
+    warmup_texts = [
+        text.decode("utf-8") for text in text_processing.as_string_array(
+            warmup_texts, "warmup_texts", owner=owner)
+    ]
     penalty = tf.constant(length_penalty, tf.float32)
 
     def outputs_of(text, width, method):
+        text = _checked_text(text)
         outputs = translator.serving_outputs(text, width, max_length, penalty,
                                              method)
         return {name: outputs[name] for name in SERVING_OUTPUTS}
@@ -149,4 +165,43 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
         path, requests,
         model_name=model_name or os.path.basename(os.path.normpath(path)),
     )
+    return path
+
+
+def _checked_text(text):
+    """`text` once the graph has checked that it is a `(B,)` batch.
+
+    The signature's `TensorSpec([None])` is not enforced when a SavedModel is
+    served (TF Serving feeds any shape; a loaded signature does too), and a
+    check on the static shape or on `tf.rank` is folded away at export or by
+    Grappler, which trust the placeholder's declared rank. The run-time
+    shape written as a string ("2", "1,2", "" for a scalar) is opaque to
+    both, so the assertion runs on every request and names the shape.
+    """
+    shape = tf.strings.reduce_join(
+        tf.strings.as_string(tf.shape(text)), separator=",")
+    check = tf.debugging.Assert(
+        tf.strings.regex_full_match(shape, "[0-9]+"),
+        ["`text` must be a 1-D batch of strings, shape (B,). Received: text "
+         "with shape", tf.strings.join(["(", shape, ")"])],
+        name="check_text_rank",
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(text)
+
+
+def _check_path(owner, path):
+    """`path` as a string: a directory to create (or overwrite), not a file."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(validation.error(
+            owner, "`path` must be a string or os.PathLike naming the "
+            f"SavedModel directory to write. Received: path={path!r}"))
+    path = os.fspath(path)
+    if not path:
+        raise ValueError(validation.error(
+            owner, "`path` must name a directory. Received: path=''"))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(validation.error(
+            owner, "`path` is an existing file; a SavedModel is a directory. "
+            f"Received: path={path!r}"))
     return path

@@ -1,7 +1,7 @@
 """The fresh-process half of `check_servable`, run as a script.
 
     python serving_process.py SAVED_MODEL_DIR REPORT_JSON [--ops OP ...]
-        [--feed INPUTS.npz --fetch OUTPUTS.npz [--signature NAME]]
+        [--feed INPUTS.npz --fetch OUTPUTS.npz ... [--signature NAME]]
 
 It must behave like TF Serving, so it imports only TensorFlow, then
 tensorflow-text, and never keras_attention (the import is blocked):
@@ -15,7 +15,9 @@ tensorflow-text, and never keras_attention (the import is blocked):
 3. replays every request in `assets.extra/tf_serving_warmup_requests`
    through its signature;
 4. with `--feed`, runs `--signature` (default `serving_default`) on the
-   arrays of an `.npz` file and saves the outputs to `--fetch`.
+   arrays of an `.npz` file and saves the outputs to `--fetch`; with several
+   `--feed`/`--fetch` pairs, runs each and reports each one's error in
+   `feed_errors` (None where it ran).
 
 The report is JSON. Only the standard library, numpy and TensorFlow are used.
 """
@@ -136,22 +138,37 @@ def _run_signature(session, signature, arrays):
                 f"{'string' if is_text else value.dtype.name} is provided"
             )
         feed[signature.inputs[name].name] = value
-    fetch = {name: info.name for name, info in signature.outputs.items()}
-    return session.run(fetch, feed)
+    names = sorted(signature.outputs)
+    # TF Serving's C++ `Session::Run` feeds whatever shape the request holds;
+    # `session.run` (and `make_callable`) would refuse a shape unlike the
+    # placeholder's in Python first. Run through the C API as the server
+    # does, so only the graph's own checks stand between a request and the
+    # model.
+    graph = session.graph
+    session._extend_graph()
+    outputs = session._call_tf_sessionrun(
+        None,
+        {graph.get_tensor_by_name(key)._as_tf_output(): value
+         for key, value in feed.items()},
+        [graph.get_tensor_by_name(signature.outputs[name].name)._as_tf_output()
+         for name in names],
+        [], None,
+    )
+    return dict(zip(names, outputs))
 
 
 def main(argv):
     saved_model_dir, report_path = argv[0], argv[1]
     options = argv[2:]
-    op_names, feed_path, fetch_path = [], None, None
+    op_names = []
     if "--ops" in options:
         start = options.index("--ops") + 1
         end = next((i for i in range(start, len(options))
                     if options[i].startswith("--")), len(options))
         op_names = options[start:end]
-    if "--feed" in options:
-        feed_path = options[options.index("--feed") + 1]
-        fetch_path = options[options.index("--fetch") + 1]
+    # `--feed A --fetch B` may repeat: each pair is one request.
+    feed_paths = [options[i + 1] for i, o in enumerate(options) if o == "--feed"]
+    fetch_paths = [options[i + 1] for i, o in enumerate(options) if o == "--fetch"]
     signature_name = "serving_default"
     if "--signature" in options:
         signature_name = options[options.index("--signature") + 1]
@@ -201,11 +218,25 @@ def main(argv):
                     except Exception as error:
                         entry["error"] = f"{type(error).__name__}: {error}"
                     report["warmup"].append(entry)
-            if feed_path:
-                arrays = dict(np.load(feed_path, allow_pickle=True))
+            if len(feed_paths) == 1:
+                arrays = dict(np.load(feed_paths[0], allow_pickle=True))
                 outputs = _run_signature(session, signatures[signature_name],
                                          arrays)
-                np.savez(fetch_path, **outputs)
+                np.savez(fetch_paths[0], **outputs)
+            elif feed_paths:
+                # Several requests: each one's error is reported on its own.
+                report["feed_errors"] = []
+                for feed_path, fetch_path in zip(feed_paths, fetch_paths):
+                    arrays = dict(np.load(feed_path, allow_pickle=True))
+                    try:
+                        outputs = _run_signature(
+                            session, signatures[signature_name], arrays)
+                    except Exception as error:
+                        report["feed_errors"].append(
+                            f"{type(error).__name__}: {error}")
+                        continue
+                    report["feed_errors"].append(None)
+                    np.savez(fetch_path, **outputs)
     except Exception as error:
         report["load_error"] = f"{type(error).__name__}: {error}"
         report["load_traceback"] = traceback.format_exc()[-3000:]

@@ -204,3 +204,14 @@ class AttentionPooling(keras.layers.Layer):
             }
         )
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        # A tampered config must not rebuild an arbitrary layer as the score.
+        config = dict(config)
+        if isinstance(config.get("score"), dict):
+            config["score"] = validation.deserialize_layer(
+                cls.__name__, "score", config["score"], ScoreAttention,
+                "a score name or a keras_attention single-head attention layer",
+            )
+        return cls(**config)

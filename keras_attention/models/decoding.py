@@ -19,7 +19,9 @@ import dataclasses
 
 import numpy as np
 
-START_ID, END_ID = 2, 3
+from keras_attention import validation
+
+PAD_ID, START_ID, END_ID = 0, 2, 3
 
 
 @dataclasses.dataclass
@@ -79,16 +81,14 @@ class DecodingSession:
     Each `step()` emits the most likely token, or `force_token` when given,
     and the next step continues from the emitted token; that is how one
     explores an alternative translation. Without forcing, the steps reproduce
-    `translator.translate([text])` exactly (tokens and alignment rows).
+    `translator.translate([text])` exactly (tokens and alignment rows) for
+    every text `translate` accepts: a text with no source tokens (`""`)
+    translates to `""`, so its session starts done, with no steps.
     """
 
     def __init__(self, translator, text, top_k=5):
         owner = f"{type(translator).__name__}.decoding_session"
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise ValueError(
-                f"{owner}: `top_k` must be a positive integer. "
-                f"Received: top_k={top_k!r}"
-            )
+        top_k = validation.validate_positive_int(owner, "top_k", top_k)
         if not isinstance(text, str):
             raise TypeError(
                 f"{owner}: `text` must be a string. Received: "
@@ -111,7 +111,8 @@ class DecodingSession:
         self.history = []
         self._state = self._initial_state
         self._previous = START_ID
-        self.done = False
+        # Nothing to translate: `translate` returns "" without decoding.
+        self.done = not self.source_tokens
 
     @property
     def output_tokens(self):
@@ -129,29 +130,43 @@ class DecodingSession:
 
     def _token_id(self, force_token):
         vocabulary = self.translator.target_vocabulary
-        if isinstance(force_token, (int, np.integer)) and not isinstance(
-            force_token, bool
-        ):
-            if not 0 <= int(force_token) < len(vocabulary):
+        if validation.is_int(force_token):
+            force_token = int(validation.as_python_scalar(force_token))
+            if not 0 <= force_token < len(vocabulary):
                 raise ValueError(
                     "DecodingSession.step: `force_token` id out of range "
                     f"[0, {len(vocabulary)}). Received: force_token={force_token!r}"
                 )
-            return int(force_token)
-        if isinstance(force_token, str):
+            token_id = force_token
+        elif isinstance(force_token, str):
             if force_token not in vocabulary:
                 raise ValueError(
                     "DecodingSession.step: `force_token` is not in the target "
                     f"vocabulary. Received: force_token={force_token!r}"
                 )
-            return vocabulary.index(force_token)
-        raise TypeError(
-            "DecodingSession.step: `force_token` must be a token string, an "
-            f"int id or None. Received: force_token={force_token!r}"
-        )
+            token_id = vocabulary.index(force_token)
+        else:
+            raise TypeError(
+                "DecodingSession.step: `force_token` must be a token string, an "
+                f"int id or None. Received: force_token={force_token!r}"
+            )
+        if token_id in (PAD_ID, START_ID):
+            raise ValueError(
+                "DecodingSession.step: `force_token` must be a token the "
+                f"decoder can emit; {vocabulary[token_id]!r} (id {token_id}) "
+                "never is (its probability is 0). Received: "
+                f"force_token={force_token!r}"
+            )
+        return token_id
 
     def step(self, force_token=None):
         """Emits one token and returns its `DecodingStep`."""
+        if self.done and not self.source_tokens:
+            raise RuntimeError(
+                "DecodingSession.step: the source text has no tokens, so "
+                "there is nothing to decode (translate() returns '' for it). "
+                f"Received: text={self.text!r}"
+            )
         if self.done:
             raise RuntimeError(
                 "DecodingSession.step: decoding is done (the last step emitted "

@@ -3,6 +3,7 @@
 import keras
 import tensorflow as tf
 
+from keras_attention import validation
 from keras_attention.layers.additive_attention import AdditiveAttention
 from keras_attention.layers.score_attention import ScoreAttention
 from keras_attention.layers.low_rank_attention import LowRankAttention
@@ -13,6 +14,10 @@ from keras_attention.models.translator_base import positive_int
 
 ATTENTION_NAMES = ("additive", "luong", "general", "concat", "low_rank")
 RNN_NAMES = ("gru", "lstm")
+_ATTENTION_DESCRIPTION = (
+    f"one of {ATTENTION_NAMES} or a keras_attention single-head attention "
+    "layer (e.g. AdditiveAttention())"
+)
 
 
 def make_attention(attention, units, name="attention"):
@@ -27,9 +32,9 @@ def make_attention(attention, units, name="attention"):
     if isinstance(attention, ScoreAttention):
         return attention
     if isinstance(attention, dict):
-        layer = keras.saving.deserialize_keras_object(attention)
-        if isinstance(layer, ScoreAttention):
-            return layer
+        return validation.deserialize_layer(
+            "Seq2SeqTranslator", "attention", attention, ScoreAttention,
+            _ATTENTION_DESCRIPTION)
     if attention == "additive":
         return AdditiveAttention(units=units, name=name)
     if attention == "luong":
@@ -101,6 +106,8 @@ class Seq2SeqTranslator(Translator):
     >>> result.alignment.shape[1] == len(result.source_tokens) == 7
     True
     """
+
+    _nested_layer_types = {"attention": (ScoreAttention, _ATTENTION_DESCRIPTION)}
 
     def __init__(
         self,

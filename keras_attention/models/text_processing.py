@@ -59,6 +59,12 @@ def split_text(texts, split, lowercase, wordpiece=None):
     if lowercase:
         texts = tf_text.case_fold_utf8(texts)
     if split in ("whitespace", "wordpiece"):
+        # tf_text's WhitespaceTokenizer cuts a multi-byte whitespace character
+        # (U+0085, U+2028, U+00A0 without case folding, ...) mid-character,
+        # leaving its lead bytes on the word before: invalid UTF-8 tokens.
+        # Every Unicode space becomes " " first (`\p{Z}`: Zs, Zl, Zp; and
+        # NEL, the one control character ICU counts as white space).
+        texts = tf.strings.regex_replace(texts, r"[\p{Z}\x{85}]", " ")
         words = tf_text.WhitespaceTokenizer().tokenize(texts)
         if split == "whitespace":
             return words
@@ -241,29 +247,33 @@ class TextEncoder(tf.Module):
         }
 
 
-def to_utf8(text):
-    """`text` (str or bytes) as valid UTF-8 bytes.
+def to_utf8(text, argument="texts", owner="Translator"):
+    """`text` (str or bytes) as UTF-8 bytes, or our ValueError.
 
-    Whatever is not valid Unicode—a lone surrogate in a `str`, a byte
-    sequence that is not UTF-8—becomes U+FFFD (the replacement character), one
-    per invalid code unit, as Python's `errors="replace"` decodes. Every
-    translator applies this to its inputs, so none raises a Unicode error
-    and all tokenize the same text.
+    Text that is not valid Unicode cannot be tokenized faithfully: a `str`
+    holding a lone surrogate (`"\ud800"`, which has no UTF-8 encoding) and
+    bytes that are not UTF-8 are refused, naming `owner`, `argument` and the
+    position of the first invalid code unit, on every translator.
     """
-    if isinstance(text, bytes):
-        return text.decode("utf-8", errors="replace").encode("utf-8")
-    # UTF-16 with surrogatepass keeps valid pairs and flags lone surrogates.
-    text = text.encode("utf-16-le", errors="surrogatepass").decode(
-        "utf-16-le", errors="replace"
-    )
-    return text.encode("utf-8")
+    try:
+        if isinstance(text, bytes):
+            text.decode("utf-8")
+            return text
+        return text.encode("utf-8")
+    except UnicodeError as error:
+        raise ValueError(
+            f"{owner}: `{argument}` must be valid Unicode text (encodable as "
+            f"UTF-8); {error.reason} at position {error.start}. Received: "
+            f"{argument} containing {text!r}"
+        ) from None
 
 
 def as_string_array(texts, argument="texts", owner="Translator"):
     """Validates a string or list of strings and returns a 1-D numpy array.
 
     `owner` names the class and method in errors (`"TransformerTranslator.
-    translate"`). The strings come back as valid UTF-8 bytes (`to_utf8`).
+    translate"`). The strings come back as UTF-8 bytes; text that is not
+    valid Unicode is refused (`to_utf8`).
     """
     if isinstance(texts, (str, bytes)):
         texts = [texts]
@@ -283,4 +293,4 @@ def as_string_array(texts, argument="texts", owner="Translator"):
                 f"{owner}: `{argument}` must be strings. Received: "
                 f"{argument} containing {text!r} of type {type(text).__name__}"
             )
-    return np.array([to_utf8(t) for t in texts], dtype=object)
+    return np.array([to_utf8(t, argument, owner) for t in texts], dtype=object)

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding,
 )
@@ -58,6 +59,12 @@ class TransformerTranslator(Translator):
     >>> result.alignment.shape[:2], result.alignment.shape[-1]
     ((1, 2), 3)
     """
+
+    _nested_layer_types = {"attention": (
+        BaseMultiHeadAttention,
+        "None or a keras_attention multi-head layer (MultiHeadAttention, "
+        "SparseAttention, PerformerAttention, LinformerAttention, ...)",
+    )}
 
     def __init__(
         self,

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attention import _extras
+from keras_attention import _extras, validation
 from keras_attention.models import text_processing
 from keras_attention.progress import progress_bar
 from keras_attention.models.decoding import DecodingSession
@@ -35,19 +35,12 @@ from keras_attention.models.text_processing import TextEncoder
 
 # Finite stand-in for log(0): keeps beam arithmetic free of inf - inf = NaN.
 _NEG_INF = -1e9
+# Decoding counts steps and indexes beam candidates in int32.
+INT32_MAX = 2**31 - 1
 
 
 def positive_int(argument, value, allow_none=False, owner="Translator"):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-            or value < 1:
-        raise ValueError(
-            f"{owner}: `{argument}` must be a positive integer"
-            f"{' or None' if allow_none else ''}. Received: {argument}={value!r}"
-        )
-    return int(value)
-
+    return validation.validate_positive_int(owner, argument, value, allow_none)
 
 
 def next_token_log_probs(logits):
@@ -124,6 +117,24 @@ class Translator(keras.Model):
         _extras.require_tensorflow_text(owner)
         self._decode_functions = _FunctionCache()
 
+    # Nested layers a config may hold: `{config key: (classes, what)}`;
+    # `from_config` checks the class of each before the translator uses it.
+    _nested_layer_types = {}
+
+    @classmethod
+    def from_config(cls, config):
+        """Rebuilds the translator, checking the class of every nested layer.
+
+        A config (a `.keras` file's, possibly tampered with) naming a layer
+        of another class raises our TypeError, with or without `safe_mode`.
+        """
+        config = dict(config)
+        for key, (expected, description) in cls._nested_layer_types.items():
+            if isinstance(config.get(key), dict):
+                config[key] = validation.deserialize_layer(
+                    cls.__name__, key, config[key], expected, description)
+        return cls(**config)
+
     def _build_weights(self):
         """Calls the model once so every weight exists before `fit`."""
         self(
@@ -157,8 +168,9 @@ class Translator(keras.Model):
         defaults = inspect.signature(cls.__init__).parameters
         source_split = source_split or defaults["source_split"].default
         target_split = target_split or defaults["target_split"].default
-        source_texts = [_as_str(t) for t in source_texts]
-        target_texts = [_as_str(t) for t in target_texts]
+        owner = f"{cls.__name__}.from_texts"
+        source_texts = [_as_str(t, "source_texts", owner) for t in source_texts]
+        target_texts = [_as_str(t, "target_texts", owner) for t in target_texts]
         if len(source_texts) != len(target_texts) or not source_texts:
             raise ValueError(
                 f"{cls.__name__}.from_texts: needs as many target texts as "
@@ -502,31 +514,45 @@ class Translator(keras.Model):
             )
         return functions[key]
 
-    def _check_decoding_arguments(self, beam_width, max_length, length_penalty):
-        if isinstance(beam_width, bool) or not isinstance(
-            beam_width, (int, np.integer)
-        ) or beam_width < 1:
-            raise ValueError(
-                f"{type(self).__name__}.translate: `beam_width` must be a positive "
-                f"integer. Received: beam_width={beam_width!r}"
-            )
+    def max_beam_width(self):
+        """The widest beam search can go: `(2**31 - 1) // target vocabulary size`.
+
+        Beam search ranks `beam_width * vocabulary size` candidates per text
+        with int32 indices (`tf.math.top_k`), so a wider beam cannot be
+        indexed.
+        """
+        return INT32_MAX // self.target_text.size
+
+    def _check_decoding_arguments(self, beam_width, max_length, length_penalty,
+                                  owner=None, beam_argument="beam_width"):
+        """`(beam_width, max_length, length_penalty)` as Python numbers.
+
+        NumPy scalars and 0-d arrays count as the numbers they hold. Limits:
+        `1 <= beam_width <= max_beam_width()`, `1 <= max_length <= 2**31 - 1`
+        (decoding steps are counted in int32).
+        """
+        owner = owner or f"{type(self).__name__}.translate"
+        beam_width = validation.validate_positive_int(
+            owner, beam_argument, beam_width)
+        if beam_width > self.max_beam_width():
+            raise ValueError(validation.error(
+                owner,
+                f"`{beam_argument}` must be at most {self.max_beam_width()} "
+                f"((2**31 - 1) // {self.target_text.size} target tokens: beam "
+                f"search indexes beam_width x vocabulary candidates in int32). "
+                f"Received: {beam_argument}={beam_width}"))
         if max_length is None:
             max_length = self.max_target_length
-        if isinstance(max_length, bool) or not isinstance(
-            max_length, (int, np.integer)
-        ) or max_length < 1:
-            raise ValueError(
-                f"{type(self).__name__}.translate: `max_length` must be a positive "
-                f"integer or None. Received: max_length={max_length!r}"
-            )
-        if not isinstance(length_penalty, (int, float)) or not np.isfinite(
-            length_penalty
-        ):
-            raise ValueError(
-                f"{type(self).__name__}.translate: `length_penalty` must be a finite "
-                f"number. Received: length_penalty={length_penalty!r}"
-            )
-        return int(beam_width), int(max_length), float(length_penalty)
+        max_length = validation.validate_positive_int(
+            owner, "max_length", max_length, allow_none=True)
+        if max_length > INT32_MAX:
+            raise ValueError(validation.error(
+                owner,
+                f"`max_length` must be at most {INT32_MAX} (decoding steps "
+                f"are counted in int32). Received: max_length={max_length}"))
+        length_penalty = validation.validate_real(
+            owner, "length_penalty", length_penalty)
+        return beam_width, max_length, length_penalty
 
     def translate(self, texts, beam_width=1, max_length=None, length_penalty=0.0,
                   batch_size=256, verbose="auto", _method="auto"):
@@ -535,12 +561,14 @@ class Translator(keras.Model):
         Args:
             texts: a string or a list of strings (str or UTF-8 bytes). An
                 empty string (no tokens) translates to `""` with score 0 and an
-                empty alignment. Invalid Unicode (a lone surrogate, bytes that
-                are not UTF-8) is read as U+FFFD, one per invalid code unit,
-                on every translator (`text_processing.to_utf8`).
-            beam_width: 1 for greedy decoding, more for beam search.
-            max_length: maximum output tokens (`<end>` included); defaults to
-                `max_target_length`. Output stopped by the limit has no `<end>`.
+                empty alignment. Text that is not valid Unicode (a lone
+                surrogate, bytes that are not UTF-8) is refused with a
+                ValueError naming `texts` (`text_processing.to_utf8`).
+            beam_width: 1 for greedy decoding, more for beam search, at most
+                `max_beam_width()`.
+            max_length: maximum output tokens (`<end>` included), at most
+                2**31 - 1; defaults to `max_target_length`. Output stopped by
+                the limit has no `<end>`.
             length_penalty: hypotheses are ranked by
                 `log_prob / num_tokens ** length_penalty` (0: plain log-prob).
             batch_size: texts decoded per compiled call (outputs do not depend
@@ -553,13 +581,11 @@ class Translator(keras.Model):
         the whole batch; the alignment rows are the decoder's attention
         weights when it emitted each token.
         """
-        beam_width, max_length, length_penalty = self._check_decoding_arguments(
-            beam_width, max_length, length_penalty
-        )
-        texts = text_processing.as_string_array(
-            texts, owner=f"{type(self).__name__}.translate"
-        )
         owner = f"{type(self).__name__}.translate"
+        beam_width, max_length, length_penalty = self._check_decoding_arguments(
+            beam_width, max_length, length_penalty, owner=owner
+        )
+        texts = text_processing.as_string_array(texts, owner=owner)
         batch_size = positive_int("batch_size", batch_size, owner=owner)
         starts = range(0, len(texts), batch_size)
         progress = progress_bar(len(starts), verbose, unit_name="batch",
@@ -642,7 +668,7 @@ class _FunctionCache:
         self.functions = {}
 
 
-def _as_str(text):
+def _as_str(text, argument, owner):
     if isinstance(text, (str, bytes)):
-        return text_processing.to_utf8(text).decode("utf-8")
+        return text_processing.to_utf8(text, argument, owner).decode("utf-8")
     return str(text)

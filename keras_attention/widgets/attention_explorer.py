@@ -11,6 +11,7 @@ from bokeh.layouts import row
 from bokeh.models import ColumnDataSource
 from bokeh.models import LinearColorMapper
 
+from keras_attention import validation
 from keras_attention.layers.capture import attention_layers
 from keras_attention.widgets import _captured
 from keras_attention.widgets import figures
@@ -101,7 +102,7 @@ class AttentionExplorer(Component):
                 "AttentionExplorer: `model` has no keras_attention attention layers to show. "
                 f"Received: {type(model).__name__} '{getattr(model, 'name', model)}'"
             )
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 2:
+        if not validation.is_int(max_tokens) or max_tokens < 2:
             raise ValueError(
                 f"AttentionExplorer: `max_tokens` must be an integer >= 2. Received: max_tokens={max_tokens!r}"
             )
@@ -110,10 +111,14 @@ class AttentionExplorer(Component):
                 "AttentionExplorer: `scores_on_demand` must be 'auto', True or False. "
                 f"Received: scores_on_demand={scores_on_demand!r}"
             )
-        if not isinstance(rows_per_call, int) or isinstance(rows_per_call, bool) or rows_per_call < 1:
+        if not validation.is_int(rows_per_call) or rows_per_call < 1:
             raise ValueError(
                 f"AttentionExplorer: `rows_per_call` must be a positive integer. Received: rows_per_call={rows_per_call!r}"
             )
+        query_tokens = validation.validate_tokens("AttentionExplorer", "query_tokens", query_tokens)
+        key_tokens = validation.validate_tokens("AttentionExplorer", "key_tokens", key_tokens)
+        example = validation.validate_non_negative_int("AttentionExplorer", "example", example)
+        max_tokens, rows_per_call = int(max_tokens), int(rows_per_call)
         self.model = model
         self.example = example
         self.max_tokens = max_tokens
@@ -569,7 +574,7 @@ class _OnDemandWeights:
 
 
 def _check_example(example, size):
-    if not isinstance(example, int) or isinstance(example, bool) or not 0 <= example < size:
+    if not validation.is_int(example) or not 0 <= example < size:
         raise ValueError(f"AttentionExplorer: `example` must be in [0, {size}). Received: example={example!r}")
 
 

@@ -8,6 +8,7 @@ from bokeh.layouts import column
 from bokeh.layouts import row
 from bokeh.models import LinearColorMapper
 
+from keras_attention import validation
 from keras_attention.widgets import figures
 from keras_attention.widgets._component import FreshBokehModel as BokehModel
 from keras_attention.widgets._component import Component
@@ -75,14 +76,16 @@ class DecodingStepper(Component):
             )
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"DecodingStepper: `text` must be a non-empty string. Received: text={text!r}")
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        if not validation.is_int(top_k) or top_k < 1:
             raise ValueError(f"DecodingStepper: `top_k` must be a positive integer. Received: top_k={top_k!r}")
         if reserved_rows is not None and (
-            not isinstance(reserved_rows, int) or isinstance(reserved_rows, bool) or reserved_rows < 1
+            not validation.is_int(reserved_rows) or reserved_rows < 1
         ):
             raise ValueError(
                 f"DecodingStepper: `reserved_rows` must be a positive integer. Received: reserved_rows={reserved_rows!r}"
             )
+        top_k = int(top_k)
+        reserved_rows = None if reserved_rows is None else int(reserved_rows)
         self.translator = translator
         self.text = text
         self.top_k = top_k

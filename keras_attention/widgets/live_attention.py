@@ -12,6 +12,7 @@ import numpy as np
 from bokeh.layouts import gridplot
 from keras_attention.widgets._component import FreshBokehModel as BokehModel
 
+from keras_attention import validation
 from keras_attention.layers.capture import attention_layers
 from keras_attention.widgets import _captured
 from keras_attention.widgets import figures
@@ -105,22 +106,22 @@ class LiveAttention(keras.callbacks.Callback, Component):
         max_frames=200,
     ):
         super().__init__()
-        if isinstance(every_n_batches, bool) or not isinstance(every_n_batches, int) or every_n_batches < 1:
+        if not validation.is_int(every_n_batches) or every_n_batches < 1:
             raise ValueError(
                 "LiveAttention: `every_n_batches` must be an integer >= 1. "
                 f"Received: every_n_batches={every_n_batches!r}"
             )
-        if isinstance(min_interval_s, bool) or not isinstance(min_interval_s, (int, float)) or min_interval_s < 0:
+        if not validation.is_real(min_interval_s) or not min_interval_s >= 0:
             raise ValueError(
                 "LiveAttention: `min_interval_s` must be a number >= 0. "
                 f"Received: min_interval_s={min_interval_s!r}"
             )
-        if not isinstance(overhead_budget, (int, float)) or not 0 < overhead_budget <= 1:
+        if not validation.is_real(overhead_budget) or not 0 < overhead_budget <= 1:
             raise ValueError(
                 "LiveAttention: `overhead_budget` must be in (0, 1]. "
                 f"Received: overhead_budget={overhead_budget!r}"
             )
-        if isinstance(max_frames, bool) or not isinstance(max_frames, int) or max_frames < 1:
+        if not validation.is_int(max_frames) or max_frames < 1:
             raise ValueError(
                 f"LiveAttention: `max_frames` must be an integer >= 1. Received: max_frames={max_frames!r}"
             )
@@ -129,9 +130,13 @@ class LiveAttention(keras.callbacks.Callback, Component):
                 "LiveAttention: `model_or_layer` has no keras_attention attention layers to watch. "
                 f"Received: {type(model_or_layer).__name__} '{getattr(model_or_layer, 'name', model_or_layer)}'"
             )
+        example = validation.validate_non_negative_int("LiveAttention", "example", example)
+        head = validation.validate_non_negative_int("LiveAttention", "head", head, allow_none=True)
+        query_tokens = validation.validate_tokens("LiveAttention", "query_tokens", query_tokens)
+        key_tokens = validation.validate_tokens("LiveAttention", "key_tokens", key_tokens)
         self.target = model_or_layer
         self.probe_inputs = probe_inputs
-        self.every_n_batches = every_n_batches
+        self.every_n_batches = int(every_n_batches)
         self.min_interval_s = float(min_interval_s)
         self.overhead_budget = float(overhead_budget)
         self.example = example
@@ -141,13 +146,15 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self.snapshot_dir = snapshot_dir
         self._check_probe_shape()
         try:
-            matrices = self.compute()
+            captured = _captured.call_and_capture(self.target, self.probe_inputs)
         except Exception as error:
             raise ValueError(
                 f"LiveAttention: calling '{model_or_layer.name}' on `probe_inputs` failed "
                 f"({type(error).__name__}: {error}). Received: probe_inputs of shape "
                 f"{_shapes(probe_inputs)}"
             ) from error
+        self._check_example_and_head(captured)
+        matrices = self._matrices(captured)
         self.figures = {}
         self.sources = {}
         for name, matrix in matrices.items():
@@ -173,7 +180,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self._next_allowed = 0.0
         self.time_spent = 0.0
         self._latest = {name: (matrix, self.figures[name].title.text) for name, matrix in matrices.items()}
-        self.frames = collections.deque(maxlen=max_frames)
+        self.frames = collections.deque(maxlen=int(max_frames))
         self.replay = ipywidgets.IntSlider(value=0, min=0, max=0, description="frame",
                                            continuous_update=True)
         self._following = False
@@ -238,7 +245,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
 
     def compute(self):
         """`{layer_name: (Tq, Tv)}` attention of the probe example, now."""
-        captured = _captured.call_and_capture(self.target, self.probe_inputs)
+        return self._matrices(_captured.call_and_capture(self.target, self.probe_inputs))
+
+    def _matrices(self, captured):
         matrices = {}
         for name, weights in captured.items():
             heads = _captured.per_head(weights, self.example)
@@ -416,6 +425,22 @@ class LiveAttention(keras.callbacks.Callback, Component):
         )
         warnings.warn(message, RuntimeWarning, stacklevel=3)
         self.status.value = f"<b style='color:#a00'>{escape(message)}</b>"
+
+    def _check_example_and_head(self, captured):
+        """`example` and `head` against what the probe call captured."""
+        for name, weights in captured.items():
+            shape = np.shape(weights)
+            if self.example >= shape[0]:
+                raise ValueError(
+                    f"LiveAttention: `example` must be in [0, {shape[0]}), the probe batch "
+                    f"of '{name}'. Received: example={self.example}"
+                )
+            heads = shape[1] if len(shape) == 4 else 1
+            if self.head is not None and self.head >= heads:
+                raise ValueError(
+                    f"LiveAttention: `head` must be None or in [0, {heads}): '{name}' has "
+                    f"{heads} head{'s' if heads > 1 else ''}. Received: head={self.head}"
+                )
 
     def _check_probe_shape(self):
         """Compare probe shapes with a built model's declared inputs, before any call."""

@@ -1,5 +1,6 @@
 import inspect
 import os
+import re
 import subprocess
 import sys
 
@@ -185,6 +186,110 @@ def test_signatures_refuse_bad_requests(exported):
     assert "'text' expects string but int32 is provided" in result["load_error"]
 
 
+def _rest_feed(body):
+    """The `text` tensor TF Serving's REST API builds from a JSON body.
+
+    Row format (`{"instances": [...]}`): each instance is one example and
+    the tensor stacks them, so a list of lists is rank 2. Columnar format
+    (`{"inputs": {"text": ...}}` or `{"inputs": ...}`): the value is the
+    tensor as written.
+    """
+    import json
+
+    body = json.loads(body)
+    if "instances" in body:
+        value = body["instances"]
+    else:
+        value = body["inputs"]
+        value = value["text"] if isinstance(value, dict) else value
+    return {"text": np.array(value, dtype=object)}
+
+
+TEXT_RANK = r"`text` must be a 1-D batch of strings, shape \(B,\)\. Received: " \
+            r"text with shape\] \[\({shape}\)\]"
+
+
+def test_served_signatures_refuse_a_text_batch_that_is_not_1d(trained_translator,
+                                                              exported):
+    import tensorflow_text  # noqa: F401  (a Python consumer must import it)
+
+    from keras_attention.export.check import run_feeds_in_serving_process
+
+    # A 2-D batch was once answered from its first string ("noir" dropped).
+    # TF Serving's REST API turns these bodies into rank-2 and rank-0 tensors.
+    cases = [('{"instances": [["three one", "four"]]}', "1,2"),
+             ('{"inputs": {"text": [["three"], ["one"]]}}', "2,1"),
+             ('{"inputs": "three one"}', "")]
+    # A 1-D batch in row format is served as translate() answers it.
+    texts = ["three one", "four", ""]
+    good = _rest_feed('{"instances": ["three one", "four", ""]}')
+    # TF Serving's loader, in a process without keras_attention: the graph's
+    # own check is all that stands between the request and the model (the
+    # feed bypasses session.run's Python shape check). One process per
+    # signature answers every request.
+    for name, extra in [("serving_default", {}),
+                        ("beam_search", {"beam_width": np.int32(2)})]:
+        feeds = [{**_rest_feed(body), **extra} for body, _ in cases]
+        result, answers = run_feeds_in_serving_process(
+            exported, feeds + [{**good, **extra}], signature=name)
+        assert result["keras_attention_importable"] is False and result["loaded"]
+        for (body, shape), answer in zip(cases, answers):
+            assert isinstance(answer, str), (name, body)
+            assert re.search(TEXT_RANK.format(shape=shape), answer), answer
+        expected = trained_translator.translate(texts, beam_width=1 if not extra
+                                                else 2)
+        assert [t.decode() for t in answers[-1]["translation"]] == \
+            [t.text for t in expected]
+    # A SavedModel loaded in Python (TF 2): the same check.
+    loaded = tf.saved_model.load(exported)
+    for body, shape in cases:
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=TEXT_RANK.format(shape=shape)):
+            loaded.signatures["greedy"](
+                text=tf.constant(_rest_feed(body)["text"].tolist()))
+
+
+def test_export_arguments_are_checked_before_tracing(trained_translator, tmp_path,
+                                                     monkeypatch):
+    from keras_attention.export import export_translator
+
+    traced = []
+    monkeypatch.setattr(trained_translator, "serving_outputs",
+                        lambda *args: traced.append(args))
+    (tmp_path / "a_file").write_text("not a directory")
+    cases = [
+        (dict(path=None), TypeError, r"`path` must be a string or os.PathLike.*None"),
+        (dict(path=str(tmp_path / "a_file")), ValueError,
+         r"`path` is an existing file.*a_file"),
+        (dict(max_beam_width=0), ValueError,
+         r"`max_beam_width` must be a positive integer.*max_beam_width=0"),
+        (dict(beam_width=2**40), ValueError, r"`beam_width` must be at most"),
+        (dict(beam_width=5, max_beam_width=4), ValueError,
+         r"`beam_width` must be at most `max_beam_width`"),
+        (dict(length_penalty="0"), ValueError, r"`length_penalty`"),
+        (dict(warmup_texts=["\ud800"]), ValueError,
+         r"`warmup_texts` must be valid Unicode"),
+        (dict(warmup_texts=[3]), TypeError, r"`warmup_texts` must be strings"),
+        (dict(model_name=7), TypeError, r"`model_name` must be a string"),
+    ]
+    for kwargs, error, pattern in cases:
+        kwargs = {"path": str(tmp_path / "model"), **kwargs}
+        with pytest.raises(error, match=rf"^export_translator: {pattern}"):
+            export_translator(trained_translator, **kwargs)
+    assert traced == [] and not (tmp_path / "model").exists()
+
+
+def test_check_servable_arguments_name_themselves(exported):
+    from keras_attention.export import check_servable
+
+    with pytest.raises(TypeError, match=r"^check_servable: `path` must be.*path=None"):
+        check_servable(None)
+    with pytest.raises(TypeError, match=r"^check_servable: `load`.*load='no'"):
+        check_servable(exported, load="no")
+    with pytest.raises(ValueError, match=r"^check_servable: `timeout`.*timeout=0"):
+        check_servable(exported, timeout=0)
+
+
 def _prediction_log_class():
     """`tensorflow.serving.PredictionLog`, declared here from TF Serving's
     .proto field numbers, as an independent decoder for the warmup file."""
@@ -318,8 +423,13 @@ def test_not_a_saved_model_errors_clearly(tmp_path):
         check_servable(str(tmp_path))
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "saved_model.pb").write_bytes(b"\xff\xfe not a proto")
-    with pytest.raises(NotASavedModelError, match="does not parse"):
+    with pytest.raises(NotASavedModelError, match="saved_model.pb that does not parse"):
         check_servable(str(tmp_path / "broken"))
+    (tmp_path / "broken_text").mkdir()
+    (tmp_path / "broken_text" / "saved_model.pbtxt").write_text("garbage {{")
+    with pytest.raises(NotASavedModelError,
+                       match="saved_model.pbtxt that does not parse"):
+        check_servable(str(tmp_path / "broken_text"))
     result = _cli("check", str(tmp_path / "missing"))
     assert result.returncode == 2
     assert "is not a SavedModel directory" in result.stderr

@@ -25,6 +25,28 @@ def test_whitespace_split():
     assert _strings(tokens) == [["le", "chat", "noir"], []]
 
 
+
+@pytest.mark.parametrize("split", ["whitespace", "wordpiece"])
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_every_unicode_space_separates_words_and_tokens_stay_utf8(split, lowercase):
+    # tf_text's WhitespaceTokenizer once cut U+0085 / U+2028 mid-character,
+    # leaving b"a\xc2" (invalid UTF-8) as a word, which translate() could not
+    # decode. Reference: Unicode's own categories (Zs, Zl, Zp) and NEL.
+    import sys
+    import unicodedata
+
+    from keras_attention.models import text_processing
+
+    spaces = [chr(c) for c in range(sys.maxunicode + 1)
+              if unicodedata.category(chr(c)) in ("Zs", "Zl", "Zp")] + ["\x85"]
+    texts = [f"ab{c}cd" for c in spaces]
+    encoder = text_processing.TextEncoder(
+        list(text_processing.RESERVED_TOKENS) + ["ab", "cd", "##d", "c"],
+        split, lowercase)
+    for text, tokens in zip(texts, encoder.tokenize(texts).to_list()):
+        words = [t.decode("utf-8") for t in tokens]  # valid UTF-8
+        assert words in (["ab", "cd"], ["ab", "c", "##d"]), (text, words)
+
 def test_vocabulary_counts_tokens_most_frequent_first():
     from keras_attention.models.text_processing import RESERVED_TOKENS
     from keras_attention.models.text_processing import build_vocabulary

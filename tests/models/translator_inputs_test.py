@@ -1,6 +1,7 @@
 """Hostile inputs to the translators (issue 11): clear errors, one Unicode rule."""
 
 import keras
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.tf_only
@@ -43,25 +44,83 @@ def test_translate_rejects_non_text_naming_the_translator(translator, texts):
         translator.translate(texts)
 
 
-def test_invalid_unicode_reads_as_replacement_characters(translator):
-    # A lone surrogate (str) and bytes that are not UTF-8: one U+FFFD per
-    # invalid code unit, never a UnicodeEncodeError/UnicodeDecodeError.
-    surrogate, = translator.translate("one \ud800 two")
-    invalid, = translator.translate(b"one \xff two")
-    assert surrogate.source_tokens == ["one", "\ufffd", "two"]
-    assert invalid.source_tokens == ["one", "\ufffd", "two"]
-    assert isinstance(surrogate.text, str) and isinstance(invalid.text, str)
-    session = translator.decoding_session("one \ud800")
-    assert session.source_tokens == ["one", "\ufffd"]
+@pytest.mark.parametrize("text", ["\ud800", "one \udc80 two", b"one \xff two"])
+def test_text_that_is_not_valid_unicode_is_refused_naming_texts(translator, text):
+    # A lone surrogate has no UTF-8 encoding and bytes that are not UTF-8
+    # are no text: refused alike on both translators, never tokenized.
+    name = type(translator).__name__
+    with pytest.raises(ValueError, match=rf"^{name}\.translate: `texts` must be "
+                                         r"valid Unicode.*position"):
+        translator.translate([text])
+    with pytest.raises(ValueError, match=rf"^{name}\.decoding_session: `text` "
+                                         "must be valid Unicode"):
+        translator.decoding_session(text if isinstance(text, str) else "\ud800")
+    with pytest.raises(ValueError, match=rf"^{name}\.from_texts: `source_texts`"):
+        type(translator).from_texts([text], ["1"])
 
 
-def test_both_translators_read_invalid_unicode_alike():
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("needs the TensorFlow backend")
-    texts = ["six \udc80", b"one \xc3\x28 two"]
-    tokens = [[t.source_tokens for t in make().translate(texts)]
-              for make in (_seq2seq, _transformer)]
-    assert tokens[0] == tokens[1] == [["six", "\ufffd"], ["one", "\ufffd(", "two"]]
+def test_decoding_arguments_accept_numpy_scalars_as_python_numbers(translator):
+    import numpy as np
+
+    plain = translator.translate(["one two"], beam_width=2, max_length=3,
+                                 length_penalty=0.5)[0]
+    numpy = translator.translate(["one two"], beam_width=np.int64(2),
+                                 max_length=np.array(3),
+                                 length_penalty=np.float32(0.5))[0]
+    assert numpy.tokens == plain.tokens
+    assert numpy.score == pytest.approx(plain.score)
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(beam_width=2**40), r"`beam_width` must be at most \d+ .*int32.*"
+                             r"beam_width=1099511627776"),
+    (dict(beam_width=0), r"`beam_width` must be a positive integer.*beam_width=0"),
+    (dict(beam_width=2.0), r"`beam_width`.*beam_width=2.0"),
+    (dict(max_length=2**31), r"`max_length` must be at most 2147483647"),
+    (dict(length_penalty=float("nan")), r"`length_penalty` must be a finite"),
+    (dict(length_penalty="1"), r"`length_penalty`.*'1'"),
+    (dict(batch_size=np.float32(2)), r"`batch_size`"),
+])
+def test_decoding_limits_are_stated_and_checked_before_tracing(translator, kwargs,
+                                                               pattern):
+    name = type(translator).__name__
+    compiled = dict(translator._decode_functions.functions)
+    with pytest.raises(ValueError, match=rf"^{name}\.translate: {pattern}"):
+        translator.translate(["one"], **kwargs)
+    # Refused before anything was traced for the call.
+    assert translator._decode_functions.functions == compiled
+
+
+def test_the_widest_beam_is_indexable_in_int32(translator):
+    widest = translator.max_beam_width()
+    assert widest * len(translator.target_vocabulary) <= 2**31 - 1
+    assert (widest + 1) * len(translator.target_vocabulary) > 2**31 - 1
+
+
+@pytest.mark.parametrize("token", ["<pad>", "<start>", 0, 2, np.int64(2)])
+def test_forcing_a_token_the_decoder_never_emits_is_refused(translator, token):
+    session = translator.decoding_session("one two")
+    with pytest.raises(ValueError, match=r"^DecodingSession\.step: `force_token` "
+                                         r"must be a token the decoder can emit"):
+        session.step(force_token=token)
+    assert session.history == []
+    assert session.step(force_token=np.int64(3)).token == "<end>"
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\t\n"])
+def test_session_of_a_text_without_tokens_reproduces_translate(translator,
+                                                                    text):
+    expected = translator.translate([text])[0]
+    session = translator.decoding_session(text)
+    assert session.source_tokens == expected.source_tokens
+    if expected.source_tokens:  # a character translator reads spaces
+        session.run()
+    assert session.done and session.output_tokens == expected.tokens
+    assert session.output_text == expected.text
+    if not expected.source_tokens:
+        assert expected.text == "" and session.history == []
+        with pytest.raises(RuntimeError, match="no tokens"):
+            session.step()
 
 
 def test_decoding_session_errors_name_the_translator(translator):

@@ -161,6 +161,32 @@ def test_example_outside_the_batch_is_rejected(fake_comm):
         AttentionExplorer(make_model(), np.ones((2, 5, 8), "float32"), example=2)
 
 
+
+@pytest.mark.parametrize("argument, value, error", [
+    ("query_tokens", 5, TypeError), ("key_tokens", "abcde", TypeError),
+    ("query_tokens", ["a", 1, "c", "d", "e"], TypeError),
+    ("example", -1, ValueError), ("example", 1.0, ValueError),
+])
+def test_bad_arguments_are_refused_naming_them_before_the_call(fake_comm, monkeypatch,
+                                                               argument, value, error):
+    import re
+
+    from keras_attention.widgets import _captured
+
+    calls = []
+    monkeypatch.setattr(_captured, "call_and_capture", lambda *a: calls.append(a))
+    with pytest.raises(error, match=rf"^AttentionExplorer: `{argument}`.*Received: "
+                                    rf"{re.escape(f'{argument}={value!r}')}"):
+        AttentionExplorer(make_model(), np.ones((2, 5, 8), "float32"), **{argument: value})
+    assert calls == []  # refused before the model was called
+
+
+def test_numpy_example_and_token_arrays_are_accepted(fake_comm):
+    tokens = np.array(["a", "b", "c", "d", "e"])
+    explorer = AttentionExplorer(make_model(), np.ones((2, 5, 8), "float32"),
+                                 example=np.int64(1), query_tokens=tokens)
+    assert explorer.example == 1 and explorer.query_tokens == list(tokens)
+
 class Block(keras.layers.Layer):
     """Like the Transformer blocks: a sublayer named `self_attention`, made in build."""
 

@@ -278,3 +278,28 @@ def test_snapshots_stay_inside_their_share_of_the_budget(fake_comm, tmp_path, mo
     # machine, not the budget logic, decided).
     assert callback._last_snapshot_cost < 0.005, callback._last_snapshot_cost
     assert len(callback.snapshots) == 4
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(example=3), r"`example` must be in \[0, 2\).*Received: example=3"),
+    (dict(head=5), r"`head` must be None or in \[0, 1\): 'att' has 1 head.*head=5"),
+    (dict(example=-1), r"`example` must be a non-negative integer.*example=-1"),
+    (dict(head=1.5), r"`head` must be a non-negative integer or None.*head=1.5"),
+    (dict(query_tokens=5), r"`query_tokens` must be a list of token strings"),
+])
+def test_example_and_head_out_of_range_blame_themselves(fake_comm, kwargs, pattern):
+    x, _ = data()
+    with pytest.raises((ValueError, TypeError), match=rf"^LiveAttention: {pattern}") as info:
+        LiveAttention(make_model(), x[:2], **kwargs)
+    assert "probe_inputs" not in str(info.value)
+
+
+def test_a_head_of_a_multi_head_layer_is_drawn(fake_comm):
+    layer = keras_attention.MultiHeadAttention(num_heads=2, key_dim=2, name="mha")
+    query = np.random.default_rng(2).normal(size=(2, 3, 4)).astype("float32")
+    callback = LiveAttention(layer, (query, query), example=np.int64(1), head=np.int64(1))
+    _, expected = layer(query, query, return_attention_scores=True)
+    cells = np.asarray(callback.sources["mha"].data["weight"]).reshape(3, 3)
+    np.testing.assert_allclose(cells, keras.ops.convert_to_numpy(expected)[1, 1], rtol=1e-5)
+    with pytest.raises(ValueError, match=r"^LiveAttention: `head` must be None or in \[0, 2\)"):
+        LiveAttention(layer, (query, query), head=2)
