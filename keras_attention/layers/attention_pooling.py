@@ -15,7 +15,12 @@ def _score_layer(score, units, dropout, seed, dtype, name):
     if isinstance(score, ScoreAttention):
         return score
     if isinstance(score, dict):
-        return keras.saving.deserialize_keras_object(score)
+        # A config dict passed to the constructor gets the same class check as
+        # from_config's (a Dense config must not become the score layer).
+        return validation.deserialize_layer(
+            "AttentionPooling", "score", score, ScoreAttention,
+            "a score name or a keras_attention single-head attention layer",
+        )
     if score not in _SCORE_NAMES:
         raise ValueError(
             "AttentionPooling: `score` must be one of "

@@ -115,3 +115,13 @@ def test_translators_refuse_a_nested_attention_of_another_class(safe_mode):
                                match=rf"{name}: `attention` must be.*{kind}"):
                 keras.saving.deserialize_keras_object(tampered,
                                                       safe_mode=safe_mode)
+
+
+def test_attention_pooling_constructor_checks_a_config_dict_too():
+    # The constructor takes a serialized score layer as well; a Dense config
+    # is refused by name there too, not deep inside Keras' build.
+    dense = keras.saving.serialize_keras_object(keras.layers.Dense(3))
+    with pytest.raises(TypeError, match=r"AttentionPooling.*`score`"):
+        ka.AttentionPooling(score=dense)
+    luong = keras.saving.serialize_keras_object(ka.LuongAttention())
+    assert isinstance(ka.AttentionPooling(score=luong).attention, ka.LuongAttention)
