@@ -140,6 +140,15 @@ class PerformerAttention(BaseMultiHeadAttention):
             name="redraws", shape=(), dtype="int32", initializer="zeros",
             trainable=False,
         )
+        # The same count as a Python int: redraws run from callbacks, where
+        # under a tf.distribute strategy the variable's value is a
+        # MirroredVariable that NumPy cannot read. `load_own_variables`
+        # reads the saved count back into it.
+        self._redraw_count = 0
+
+    def load_own_variables(self, store):
+        super().load_own_variables(store)
+        self._redraw_count = int(ops.convert_to_numpy(self.redraws))
 
     def redraw_features(self):
         """Draws a new random projection (deterministic given `seed`).
@@ -154,7 +163,8 @@ class PerformerAttention(BaseMultiHeadAttention):
                     "Received: an unbuilt layer"
                 )
             )
-        redraw = int(ops.convert_to_numpy(self.redraws.value)) + 1
+        redraw = self._redraw_count + 1
+        self._redraw_count = redraw
         self.redraws.assign(redraw)
         self.projection.assign(self._draw_projection(redraw))
 
