@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 
 def dry_run(target):
-    result = subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True,
+    result = subprocess.run(["make", "--no-print-directory", "-n", "-B", target], cwd=ROOT, capture_output=True,
                             text=True, timeout=60, check=True,
                             env={k: v for k, v in os.environ.items()
                                  if k != "TF_CPP_MIN_LOG_LEVEL"})
@@ -25,7 +25,7 @@ def recipe_environment(tmp_path):
     """The environment the Makefile gives its recipes (one added target prints it)."""
     probe = tmp_path / "probe.mk"
     probe.write_text("print-environment:\n\t@env\n")
-    result = subprocess.run(["make", "-s", "-f", "Makefile", "-f", str(probe),
+    result = subprocess.run(["make", "--no-print-directory", "-s", "-f", "Makefile", "-f", str(probe),
                              "print-environment"], cwd=ROOT, capture_output=True, text=True,
                             timeout=60, check=True,
                             env={k: v for k, v in os.environ.items()
