@@ -8,8 +8,15 @@ import pytest  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _reset_keras_state():
-    """Each test starts with the default dtype policy and a fresh name scope."""
+    """Each test starts with the default dtype policy, a fresh name scope and
+    the environment the session started with (the examples, run in-process by
+    their tests, set KERAS_ATTENTION_QUIET_STARTUP; a later test's subprocess
+    that imports keras first then warned, as a user's script should)."""
+    environment = dict(os.environ)
     yield
+    for name in set(os.environ) - set(environment):
+        del os.environ[name]
+    os.environ.update(environment)
     keras.config.set_dtype_policy("float32")
     keras.backend.clear_session()
 
