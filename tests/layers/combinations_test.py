@@ -351,6 +351,11 @@ def check(case):
             returns_weights = False
         else:
             mask_kwargs, allowed = _masks(case, rng, q_len, k_len, batch, heads)
+            if case["self_attention"] and "query_mask" in mask_kwargs:
+                # One input: the keys are the queries, so the layer masks them
+                # with the same mask, as Keras' mask of a self-attention input
+                # (MultiHeadAttention's documented `value_mask` default).
+                allowed &= mask_kwargs["query_mask"][:, None, None, :]
             positions = positional(np.arange(q_len), np.arange(k_len),
                                    case["causal"], case["window"])
             allowed = allowed & positions[None, None]
