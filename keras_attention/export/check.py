@@ -304,22 +304,27 @@ def run_in_serving_process(path, ops=(), feed=None, timeout=600,
             np.savez(feed_path, **feed)
             command += ["--feed", feed_path, "--fetch", fetch_path,
                         "--signature", signature]
-        completed = subprocess.run(
-            command, cwd=scratch, env=_fresh_process_env(), capture_output=True,
-            text=True, timeout=timeout,
-        )
-        if completed.returncode != 0 or not os.path.exists(report_path):
-            raise RuntimeError(
-                "check_servable: the fresh serving process failed "
-                f"(exit {completed.returncode}):\n{completed.stderr[-3000:]}"
-            )
-        with open(report_path, encoding="utf-8") as f:
-            result = json.load(f)
+        result = _run_serving_process(command, scratch, report_path, timeout)
         outputs = None
         if feed is not None and os.path.exists(fetch_path):
             with np.load(fetch_path, allow_pickle=True) as data:
                 outputs = {k: data[k] for k in data.files}
         return result, outputs
+
+
+def _run_serving_process(command, scratch, report_path, timeout):
+    """Runs serving_process.py as `command` in `scratch`; returns its report."""
+    completed = subprocess.run(
+        command, cwd=scratch, env=_fresh_process_env(), capture_output=True,
+        text=True, timeout=timeout,
+    )
+    if completed.returncode != 0 or not os.path.exists(report_path):
+        raise RuntimeError(
+            "check_servable: the fresh serving process failed "
+            f"(exit {completed.returncode}):\n{completed.stderr[-3000:]}"
+        )
+    with open(report_path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def run_feeds_in_serving_process(path, feeds, timeout=600,
@@ -338,17 +343,7 @@ def run_feeds_in_serving_process(path, feeds, timeout=600,
             command += ["--feed", feed_path,
                         "--fetch", os.path.join(scratch, f"fetch{index}.npz")]
         command += ["--signature", signature]
-        completed = subprocess.run(
-            command, cwd=scratch, env=_fresh_process_env(), capture_output=True,
-            text=True, timeout=timeout,
-        )
-        if completed.returncode != 0 or not os.path.exists(report_path):
-            raise RuntimeError(
-                "check_servable: the fresh serving process failed "
-                f"(exit {completed.returncode}):\n{completed.stderr[-3000:]}"
-            )
-        with open(report_path, encoding="utf-8") as f:
-            result = json.load(f)
+        result = _run_serving_process(command, scratch, report_path, timeout)
         answers = []
         for index, error in enumerate(result.get("feed_errors") or
                                       [result.get("load_error")] * len(feeds)):
