@@ -13,7 +13,7 @@ tile of probabilities from the stored log-sum-exp instead of keeping them, so
 forward plus backward memory grows linearly with the sequence length. One
 sweep over the tiles computes `dQ`, `dK` and `dV` together (five matmuls per
 tile; the forward takes two), writing `dK`/`dV` blocks with
-`ops.slice_update`, which XLA does in place.
+`loops.write_block` (in place under XLA and JAX; a TensorArray in TF graph mode).
 
 With `use_causal_mask=True` the loops stop at the diagonal: key blocks that
 lie entirely in the future of a query block are never computed.
@@ -40,6 +40,7 @@ from keras import ops
 from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
+from keras_attention.ops import loops
 from keras_attention.ops.loops import sequential_fori_loop
 from keras_attention.ops.loops import to_time_blocks
 
@@ -230,10 +231,22 @@ def memory_efficient_attention(
         batch = ops.shape(q)[1]
         row_shape = (batch, num_kv_heads, groups, q_block)
         value_dim = v.shape[-1]
+        # Rows whose logits are bounded (|q| max|k| <= FIXED_SHIFT_MAX) skip
+        # the running maximum: the shift is folded into the logits' matmul,
+        # [q, -shift] . [k, 1], and each tile costs exp and sum only. A query
+        # block takes that path when all its rows qualify (NaN/inf inputs
+        # never do).
+        shift = online_softmax.logit_bound(q, ops.expand_dims(k, 3), key_axis=(0, 4))
+        q_shift = online_softmax.append_column(q, -shift)
+        k_one = online_softmax.append_column(k, ops.ones_like(k[..., 0]))
+        bounded = ops.all(
+            ops.reshape(shift <= online_softmax.FIXED_SHIFT_MAX, (num_q_blocks, -1)),
+            axis=1)
 
         def query_step(i, buffers):
             out_buffer, lse_buffer = buffers
             q_tile = _take(q, i)
+            start, stop = key_range(i)
 
             def key_step(j, state):
                 v_tile = _take(v, j)
@@ -243,28 +256,39 @@ def memory_efficient_attention(
                     lambda probs: ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile),
                 )
 
-            start, stop = key_range(i)
-            state = sequential_fori_loop(
-                start, stop, key_step,
-                online_softmax.initial_state(row_shape, value_dim),
-                parallel_iterations=_KEY_PARALLEL,
+            def shifted_key_step(j, state):
+                v_tile = _take(v, j)
+                return online_softmax.update_fixed_shift(
+                    state,
+                    masked_logits(q_shift_tile, _take(k_one, j), i, j),
+                    lambda probs: ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile),
+                )
+
+            q_shift_tile = _take(q_shift, i)
+            state = ops.cond(
+                _take(bounded, i),
+                lambda: sequential_fori_loop(
+                    start, stop, shifted_key_step,
+                    online_softmax.fixed_shift_state(_take(shift, i), value_dim),
+                    parallel_iterations=_KEY_PARALLEL),
+                lambda: sequential_fori_loop(
+                    start, stop, key_step,
+                    online_softmax.initial_state(row_shape, value_dim),
+                    parallel_iterations=_KEY_PARALLEL),
             )
             out, lse = online_softmax.finish(state)
-            out_buffer = ops.slice_update(
-                out_buffer, (i, 0, 0, 0, 0, 0), ops.expand_dims(out, 0)
-            )
-            lse_buffer = ops.slice_update(
-                lse_buffer, (i, 0, 0, 0, 0), ops.expand_dims(lse, 0)
-            )
-            return out_buffer, lse_buffer
+            return (loops.write_block(out_buffer, i, out),
+                    loops.write_block(lse_buffer, i, lse))
 
         buffers = (
-            ops.zeros((num_q_blocks,) + row_shape + (value_dim,), dtype="float32"),
-            ops.zeros((num_q_blocks,) + row_shape, dtype="float32"),
+            loops.block_buffer(ops.zeros(
+                (num_q_blocks,) + row_shape + (value_dim,), dtype="float32")),
+            loops.block_buffer(ops.zeros((num_q_blocks,) + row_shape, dtype="float32")),
         )
         out, lse = sequential_fori_loop(
             0, num_q_blocks, query_step, buffers, parallel_iterations=_QUERY_PARALLEL
         )
+        out, lse = loops.stack_blocks(out), loops.stack_blocks(lse)
         return out, (out, lse)
 
     def backward(inputs, saved, d_out):
@@ -292,19 +316,14 @@ def memory_efficient_attention(
                     "bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j)
                 )
                 dq = dq + ops.einsum("bhgqk,bhkd->bhgqd", d_logits, k_tile)
-                dk = _take(dk_buffer, j) + ops.einsum(
+                dk = loops.read_block(dk_buffer, j) + ops.einsum(
                     "bhgqk,bhgqd->bhkd", d_logits, q_tile
                 )
-                dv = _take(dv_buffer, j) + ops.einsum(
+                dv = loops.read_block(dv_buffer, j) + ops.einsum(
                     "bhgqk,bhgqd->bhkd", probs, d_out_tile
                 )
-                dk_buffer = ops.slice_update(
-                    dk_buffer, (j, 0, 0, 0, 0), ops.expand_dims(dk, 0)
-                )
-                dv_buffer = ops.slice_update(
-                    dv_buffer, (j, 0, 0, 0, 0), ops.expand_dims(dv, 0)
-                )
-                return dq, dk_buffer, dv_buffer
+                return (dq, loops.write_block(dk_buffer, j, dk),
+                        loops.write_block(dv_buffer, j, dv))
 
             start, stop = key_range(i)
             dq, dk_buffer, dv_buffer = sequential_fori_loop(
@@ -312,16 +331,14 @@ def memory_efficient_attention(
                 (ops.zeros_like(q_tile), dk_buffer, dv_buffer),
                 parallel_iterations=_KEY_PARALLEL,
             )
-            dq_buffer = ops.slice_update(
-                dq_buffer, (i, 0, 0, 0, 0, 0), ops.expand_dims(dq, 0)
-            )
-            return dq_buffer, dk_buffer, dv_buffer
+            return loops.write_block(dq_buffer, i, dq), dk_buffer, dv_buffer
 
-        return sequential_fori_loop(
+        grads = sequential_fori_loop(
             0, num_q_blocks, query_step,
-            (ops.zeros_like(q), ops.zeros_like(k), ops.zeros_like(v)),
+            tuple(loops.block_buffer(ops.zeros_like(x)) for x in (q, k, v)),
             parallel_iterations=_QUERY_PARALLEL,
         )
+        return tuple(loops.stack_blocks(g) for g in grads)
 
     attend = online_softmax.recomputing_gradient(forward, backward)
     out = attend(q, k, v)

@@ -88,6 +88,49 @@ def update(state, logits, weighted_sum):
     return new_max, running_sum, acc
 
 
+# A row may skip the running maximum when the bound of its logits is at most
+# this: with `|logit| <= bound`, `exp(logit - bound) >= exp(-2 * bound)`, so
+# the row's largest term stays a normal float32 (>= 1e-26) and nothing that
+# matters underflows.
+FIXED_SHIFT_MAX = 30.0
+
+
+def logit_bound(queries, keys, query_axis=-2, key_axis=-2):
+    """Per query row, `|q| * max_j |k_j|` >= every `|q . k_j|` (Cauchy-Schwarz).
+
+    `queries` `(..., rows, D)` (already scaled), `keys` `(..., keys, D)` with
+    the same leading axes (broadcastable). The bound is a valid fixed shift
+    for `update_fixed_shift` when it is at most `FIXED_SHIFT_MAX`; a NaN or
+    infinite input makes it NaN/inf, which fails that test.
+    """
+    query_norm = ops.sqrt(ops.sum(ops.square(queries), axis=-1))
+    key_norm = ops.max(ops.sqrt(ops.sum(ops.square(keys), axis=-1)), axis=key_axis,
+                       keepdims=True)
+    return query_norm * key_norm
+
+
+def fixed_shift_state(shift, value_dim):
+    """The initial state of `update_fixed_shift` for rows shifted by `shift`."""
+    return (
+        ops.cast(shift, "float32"),
+        ops.zeros(ops.shape(shift), dtype="float32"),
+        ops.zeros(tuple(ops.shape(shift)) + (value_dim,), dtype="float32"),
+    )
+
+
+def update_fixed_shift(state, shifted_logits, weighted_sum):
+    """`update` for rows whose shift is fixed in advance (`logit_bound`).
+
+    `shifted_logits` are `logits - shift` (masked with `mask_logits`), formed
+    by the caller's matmul (`append_column`); no running maximum, no
+    rescaling: two elementwise passes over the block (exp, sum) instead of
+    four. `finish` gives the same output and log-sum-exp as `update` would.
+    """
+    shift, running_sum, acc = state
+    probs = ops.exp(shifted_logits)
+    return shift, running_sum + ops.sum(probs, axis=-1), acc + weighted_sum(probs)
+
+
 def finish(state):
     """`(output, lse)` of a finished state; a row with no key gives zeros."""
     running_max, running_sum, acc = state
