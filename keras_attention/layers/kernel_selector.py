@@ -30,7 +30,9 @@ at 4096), in which case DENSE.
 
 The dense working set is what forward + backward keep of the
 `(B, H, Tq, Tk)` logits: `DENSE_WORKING_SET_TENSORS` float32 tensors of that
-shape (logits, weights, their gradients). When the batch size is not static
+shape (logits, weights, their gradients), `DENSE_WORKING_SET_TENSORS_XLA`
+when TensorFlow compiles with XLA (whose CPU buffers for the materialised
+kernel are larger: Keras' layer at L = 8192 did not fit 16 GiB there). When the batch size is not static
 (a TensorFlow graph traced for any batch), one example is counted and keys
 of `UNKNOWN_BATCH_KEY_LENGTH` or more go blockwise as before.
 """
@@ -43,6 +45,9 @@ from typing import Optional
 # backward (measured: 7.3 GiB peak at L = 8192, 8 heads, where one such
 # tensor is 2 GiB; see benchmarks/RESULTS.md).
 DENSE_WORKING_SET_TENSORS = 4
+# Under TensorFlow XLA: Keras' layer at L = 8192, 8 heads (2 GiB per tensor)
+# was killed at a 16 GiB cap (benchmarks/RESULTS.md), so more than 8.
+DENSE_WORKING_SET_TENSORS_XLA = 8
 # With the batch unknown, keys this long always go blockwise (the former
 # fixed threshold): one example's working set cannot bound a whole batch's.
 UNKNOWN_BATCH_KEY_LENGTH = 8192
@@ -89,8 +94,9 @@ class KernelRequest:
     def dense_working_set(self):
         """Bytes of the materialised kernel's logits-shaped tensors."""
         batch = self.batch_size if self.batch_size is not None else 1
+        tensors = DENSE_WORKING_SET_TENSORS_XLA if self.xla else DENSE_WORKING_SET_TENSORS
         return (
-            DENSE_WORKING_SET_TENSORS
+            tensors
             * 4
             * batch
             * self.num_heads

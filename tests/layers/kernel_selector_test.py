@@ -87,10 +87,33 @@ def test_docstring_rules_are_in_the_order_the_code_tries_them():
 def test_working_set_counts_logits_shaped_float32_tensors():
     r = request(batch_size=3, num_heads=2, query_length=5, key_length=7)
     assert r.dense_working_set() == kernel_selector.DENSE_WORKING_SET_TENSORS * 4 * 3 * 2 * 5 * 7
+    xla = request(batch_size=3, num_heads=2, query_length=5, key_length=7, xla=True)
+    assert xla.dense_working_set() == (
+        kernel_selector.DENSE_WORKING_SET_TENSORS_XLA * 4 * 3 * 2 * 5 * 7)
+    assert kernel_selector.DENSE_WORKING_SET_TENSORS_XLA > kernel_selector.DENSE_WORKING_SET_TENSORS
+
+
+def test_keras_size_call_at_8192_stays_dense_in_a_16_gib_process(monkeypatch):
+    """Fake memory readings: the call Keras' layer runs in 16 GiB (L = 8192,
+    8 heads, batch 1, 7.3 GiB peak) is materialised, as Keras does; twice the
+    length, which Keras cannot run there, goes blockwise; under TF XLA,
+    where Keras' layer did not fit 16 GiB at 8192, blockwise too."""
+    from keras_attention.layers import memory_budget
+
+    monkeypatch.setattr(memory_budget, "_budget", None)
+    monkeypatch.setattr(memory_budget, "_reader", lambda: 15 * GIB)
+    budget = memory_budget.attention_memory_budget()
+    at = lambda length, **kw: kernel_selector.select_kernel(request(  # noqa: E731
+        batch_size=1, num_heads=8, query_length=length, key_length=length,
+        memory_budget=budget, **kw))
+    assert at(8192) is Kernel.COMPOSITE
+    assert at(16384) is Kernel.BLOCKWISE
+    assert at(8192, xla=True) is Kernel.BLOCKWISE
+    assert at(4096, xla=True) is Kernel.DENSE
 
 
 def test_layer_reads_the_budget_once_and_a_layer_budget_wins(monkeypatch):
-    """Fake memory readings: the default is half of what is available."""
+    """Fake memory readings: the default is three quarters of what is available."""
     import numpy as np
 
     from keras_attention import MultiHeadAttention
@@ -99,9 +122,9 @@ def test_layer_reads_the_budget_once_and_a_layer_budget_wins(monkeypatch):
 
     reads = []
     monkeypatch.setattr(memory_budget, "_budget", None)
-    monkeypatch.setattr(memory_budget, "_reader", lambda: reads.append(1) or 2 * GIB)
-    assert memory_budget.attention_memory_budget() == GIB
-    assert memory_budget.attention_memory_budget() == GIB and len(reads) == 1
+    monkeypatch.setattr(memory_budget, "_reader", lambda: reads.append(1) or 4 * GIB)
+    assert memory_budget.attention_memory_budget() == 3 * GIB
+    assert memory_budget.attention_memory_budget() == 3 * GIB and len(reads) == 1
     ran = spy_kernels(monkeypatch)
     x = np.random.default_rng(0).normal(size=(1, 64, 8)).astype("float32")
     # 1 x 2 heads x 64 x 64 x 4 bytes x 4 tensors = 128 KiB.
@@ -110,7 +133,7 @@ def test_layer_reads_the_budget_once_and_a_layer_budget_wins(monkeypatch):
     memory_budget.set_attention_memory_budget(2**16)
     MultiHeadAttention(2, 4)(x)
     memory_budget.set_attention_memory_budget(None)
-    MultiHeadAttention(2, 4)(x)  # back to half the (fake) available memory
+    MultiHeadAttention(2, 4)(x)  # back to 3/4 of the (fake) available memory
     assert ran == [Kernel.COMPOSITE, Kernel.BLOCKWISE, Kernel.BLOCKWISE, Kernel.COMPOSITE]
     with pytest.raises(ValueError, match="num_bytes=0"):
         memory_budget.set_attention_memory_budget(0)
