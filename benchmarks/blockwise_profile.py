@@ -11,14 +11,21 @@ In one process (TensorFlow graph mode by default, or `--backend jax` with
 so `forward+backward - matmuls only` is the elementwise work (exp, scale,
 mask, online-softmax rescaling) plus loop overhead. Useful FLOPs are
 `4 L^2 H D` forward and `12 L^2 H D` forward+backward (the backward's
-recomputation of the logits, 2 more, is not counted as useful).
+recomputation of the logits, 2 more, is not counted as useful). With several
+`--block-sizes`, every variant of a length runs in the same process, in
+rounds (one step of each per round), so a busy machine slows them alike; the
+time is the median of the rounds after a warm-up step, and the matmul
+ceiling is measured again after each length (both readings printed).
 
-    flock /tmp/heavy.lock python benchmarks/blockwise_profile.py --lengths 8192,16384
+    flock /tmp/heavy.lock python benchmarks/blockwise_profile.py --lengths 8192,16384 \
+        --block-sizes 256,512,1024
 """
 
 import argparse
 import os
 import time
+
+import statistics
 
 from mha_benchmark import best_time  # noqa: E402  (benchmarks/ is the script's folder)
 
@@ -30,7 +37,10 @@ HEADS, KEY_DIM = 8, 64
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="8192,16384")
-    parser.add_argument("--block-size", type=int, default=1024)
+    parser.add_argument("--block-sizes", default="1024")
+    parser.add_argument("--matmuls-only", action="store_true",
+                        help="also time the kernel's einsums alone (the largest block only)")
+    parser.add_argument("--forward", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--backend", default="tensorflow", choices=["tensorflow", "jax"])
     args = parser.parse_args()
@@ -75,13 +85,13 @@ def main():
                                     "float32")
     matmul = compile_(lambda a: ops.matmul(a, a))
     ceiling = 2 * size**3 / best_time(lambda: sync(matmul(a)), 5)
+    blocks = [int(b) for b in args.block_sizes.split(",")]
     print(f"# {args.backend}: fp32 matmul {size}^3 {ceiling / 1e9:.1f} GF/s; "
-          f"{HEADS} heads x {KEY_DIM}, batch 1, block {args.block_size}", flush=True)
-    print(f"{'L':>6} {'what':>18} {'seconds':>9} {'% of matmul peak':>17}", flush=True)
+          f"{HEADS} heads x {KEY_DIM}, batch 1, blocks {blocks}", flush=True)
+    print(f"{'L':>6} {'block':>6} {'what':>18} {'seconds':>9} {'% of matmul peak':>17}",
+          flush=True)
 
-    block = args.block_size
-
-    def matmuls_only(q, k, v):
+    def matmuls_only(q, k, v, block):
         """The kernel's per-tile einsums (forward 2, backward 5), nothing else."""
         n = q.shape[1] // block
         qb = loops.to_time_blocks(q, n, block)  # (n, B, H, b, D)
@@ -111,20 +121,33 @@ def main():
         rng = np.random.default_rng(1)
         q, k, v = (keras.ops.convert_to_tensor(
             rng.standard_normal((1, length, HEADS, KEY_DIM)), "float32") for _ in range(3))
-        kernel = lambda q, k, v: memory_efficient_attention(q, k, v, block_size=block)  # noqa: E731
-        useful = {"forward": 4, "forward+backward": 12, "matmuls only": 12}
-        runs = {
-            "forward": compile_(kernel),
-            "forward+backward": compile_(value_and_grad(kernel)),
-            "matmuls only": compile_(matmuls_only),
-        }
-        for what, fn in runs.items():
-            seconds = best_time(lambda: sync(fn(q, k, v)), args.repeats)
-            flops = useful[what] * length**2 * HEADS * KEY_DIM
-            if what == "matmuls only":
-                flops = 14 * length**2 * HEADS * KEY_DIM  # 7 einsums per tile
-            print(f"{length:>6} {what:>18} {seconds:9.3f} {100 * flops / seconds / ceiling:16.1f}%",
-                  flush=True)
+        runs = {}
+        for block in blocks:
+            def kernel(q, k, v, block=block):
+                return memory_efficient_attention(q, k, v, block_size=block)
+            if args.forward:
+                runs[(block, "forward")] = (compile_(kernel), 4)
+            runs[(block, "forward+backward")] = (compile_(value_and_grad(kernel)), 12)
+        if args.matmuls_only:
+            block = max(blocks)
+            runs[(block, "matmuls only")] = (
+                compile_(lambda q, k, v: matmuls_only(q, k, v, block)), 14)
+        times = {name: [] for name in runs}
+        for fn, _ in runs.values():  # warm-up: tracing and compilation
+            sync(fn(q, k, v))
+        for _ in range(args.repeats):
+            for name, (fn, _) in runs.items():
+                start = time.perf_counter()
+                sync(fn(q, k, v))
+                times[name].append(time.perf_counter() - start)
+        after = 2 * size**3 / best_time(lambda: sync(matmul(a)), 5)
+        for (block, what), (_, factor) in runs.items():
+            seconds = statistics.median(times[(block, what)])
+            flops = factor * length**2 * HEADS * KEY_DIM
+            print(f"{length:>6} {block:>6} {what:>18} {seconds:9.3f} "
+                  f"{100 * flops / seconds / ceiling:16.1f}%", flush=True)
+        print(f"# matmul ceiling after L={length}: {after / 1e9:.1f} GF/s "
+              f"(before: {ceiling / 1e9:.1f})", flush=True)
 
 
 if __name__ == "__main__":

@@ -292,11 +292,8 @@ def _recomputed_block_rows(
                     lambda probs: ops.einsum("bhiqg,bhgd->bhiqd", probs, token_v),
                 )
             out, lse = online_softmax.finish(state)
-            out_buffer = ops.slice_update(
-                out_buffer, (c, 0, 0, 0, 0, 0), out[None]
-            )
-            lse_buffer = ops.slice_update(lse_buffer, (c, 0, 0, 0, 0), lse[None])
-            return out_buffer, lse_buffer
+            return (loops.write_block(out_buffer, c, out),
+                    loops.write_block(lse_buffer, c, lse))
 
         rows = (ops.shape(q)[1], heads, chunk_blocks, bs)
         out, lse = loops.sequential_fori_loop(
@@ -304,10 +301,12 @@ def _recomputed_block_rows(
             num_chunks,
             step,
             (
-                ops.zeros((num_chunks,) + rows + (value_dim,), dtype="float32"),
-                ops.zeros((num_chunks,) + rows, dtype="float32"),
+                loops.block_buffer(
+                    ops.zeros((num_chunks,) + rows + (value_dim,), dtype="float32")),
+                loops.block_buffer(ops.zeros((num_chunks,) + rows, dtype="float32")),
             ),
         )
+        out, lse = loops.stack_blocks(out), loops.stack_blocks(lse)
         return out, (out, lse)
 
     def backward(inputs, saved, d_out):
@@ -362,8 +361,7 @@ def _recomputed_block_rows(
                 dtoken_v = dtoken_v + ops.einsum(
                     "bhiqg,bhiqd->bhgd", token_probs, d_out_chunk
                 )
-            dq_buffer = ops.slice_update(dq_buffer, (c, 0, 0, 0, 0, 0), dq[None])
-            return dq_buffer, dk_blocks, dv_blocks, dtoken_k, dtoken_v
+            return loops.write_block(dq_buffer, c, dq), dk_blocks, dv_blocks, dtoken_k, dtoken_v
 
         batch = ops.shape(q)[1]
         dq, dk_blocks, dv_blocks, dtoken_k, dtoken_v = loops.sequential_fori_loop(
@@ -371,13 +369,14 @@ def _recomputed_block_rows(
             num_chunks,
             step,
             (
-                ops.zeros_like(q),
+                loops.block_buffer(ops.zeros_like(q)),
                 ops.zeros((nk, batch, heads, bs, head_dim), dtype="float32"),
                 ops.zeros((nk, batch, heads, bs, value_dim), dtype="float32"),
                 ops.zeros_like(token_k),
                 ops.zeros_like(token_v),
             ),
         )
+        dq = loops.stack_blocks(dq)
         # Back to the (B, H, nk, bs, d) layout of the key and value blocks.
         dk_blocks = ops.transpose(dk_blocks, (1, 2, 0, 3, 4))
         dv_blocks = ops.transpose(dv_blocks, (1, 2, 0, 3, 4))

@@ -371,19 +371,18 @@ def chunked_softmax_attention(
             numerator = ops.einsum("bhtm,bhmd->bhtd", features, context)
             denominator = ops.einsum("bhtm,bhm->bht", features, key_sum)
             out = _safe_divide(numerator, denominator)
-            out_buffer = ops.slice_update(out_buffer, (i, 0, 0, 0, 0), out[None])
-            den_buffer = ops.slice_update(
-                den_buffer, (i, 0, 0, 0), denominator[None]
-            )
-            return out_buffer, den_buffer
+            return (loops.write_block(out_buffer, i, out),
+                    loops.write_block(den_buffer, i, denominator))
 
         rows = (nq, batch, heads, q_chunk)
         out, denominator = loops.sequential_fori_loop(
             0,
             nq,
             query_step,
-            (ops.zeros(rows + (value_dim,), "float32"), ops.zeros(rows, "float32")),
+            (loops.block_buffer(ops.zeros(rows + (value_dim,), "float32")),
+             loops.block_buffer(ops.zeros(rows, "float32"))),
         )
+        out, denominator = loops.stack_blocks(out), loops.stack_blocks(denominator)
         return out, (out, denominator, context, key_sum, shift)
 
     def backward(inputs, saved, d_out):
@@ -412,15 +411,16 @@ def chunked_softmax_attention(
                 "bhtm,bht->bhm", features, d_denominator
             )
             dq = features_grad(d_features, features, q_i, None)
-            dq_buffer = ops.slice_update(dq_buffer, (i, 0, 0, 0, 0), dq[None])
-            return dq_buffer, d_context, d_key_sum
+            return loops.write_block(dq_buffer, i, dq), d_context, d_key_sum
 
         dq, d_context, d_key_sum = loops.sequential_fori_loop(
             0,
             nq,
             query_step,
-            (ops.zeros_like(q), ops.zeros_like(context), ops.zeros_like(key_sum)),
+            (loops.block_buffer(ops.zeros_like(q)), ops.zeros_like(context),
+             ops.zeros_like(key_sum)),
         )
+        dq = loops.stack_blocks(dq)
 
         def key_step(j, buffers):
             dk_buffer, dv_buffer = buffers
@@ -431,15 +431,14 @@ def chunked_softmax_attention(
             ) + d_key_sum[:, :, None, :]
             dv = ops.einsum("bhtm,bhmd->bhtd", features, d_context)
             dk = features_grad(d_features, features, k_j, mask)
-            dk_buffer = ops.slice_update(dk_buffer, (j, 0, 0, 0, 0), dk[None])
-            dv_buffer = ops.slice_update(dv_buffer, (j, 0, 0, 0, 0), dv[None])
-            return dk_buffer, dv_buffer
+            return loops.write_block(dk_buffer, j, dk), loops.write_block(dv_buffer, j, dv)
 
         del batch
         dk, dv = loops.sequential_fori_loop(
-            0, nk, key_step, (ops.zeros_like(k), ops.zeros_like(v))
+            0, nk, key_step,
+            (loops.block_buffer(ops.zeros_like(k)), loops.block_buffer(ops.zeros_like(v))),
         )
-        return dq, dk, dv
+        return dq, loops.stack_blocks(dk), loops.stack_blocks(dv)
 
     attend = online_softmax.recomputing_gradient(forward, backward)
     out = attend(
