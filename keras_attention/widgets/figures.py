@@ -64,17 +64,55 @@ def _labels(tokens, length, name, argument):
     return tokens
 
 
-def _label_axis(axis, labels):
-    """Integer ticks labelled with token text (repeated tokens stay distinct).
+def tick_labels(labels, max_labels=None):
+    """`(ticks, overrides)` labelling integer positions with token text.
 
-    Long axes label every n-th position (n chosen so at most
-    `MAX_LABELLED_TICKS // 6` labels show), still with their own text, so a
-    window of positions 200-263 reads 200..263, not 0..63.
+    Repeated tokens stay distinct (one tick per position). Long axes label
+    every n-th position, still with their own text, so a window of positions
+    200-263 reads 200..263, not 0..63: at most `max_labels` labels, or
+    `MAX_LABELLED_TICKS // 6` beyond `MAX_LABELLED_TICKS` positions by default.
     """
-    step = 1 if len(labels) <= MAX_LABELLED_TICKS else int(np.ceil(len(labels) / (MAX_LABELLED_TICKS // 6)))
+    labels = [str(label) for label in labels]
+    if max_labels is None:
+        max_labels = len(labels) if len(labels) <= MAX_LABELLED_TICKS else MAX_LABELLED_TICKS // 6
+    step = max(1, int(np.ceil(len(labels) / max(int(max_labels), 1))))
     ticks = list(range(0, len(labels), step))
-    axis.ticker = FixedTicker(ticks=ticks)
-    axis.major_label_overrides = {i: labels[i] for i in ticks}
+    return ticks, {i: labels[i] for i in ticks}
+
+
+def _label_axis(axis, labels, max_labels=None):
+    """Label an axis with `tick_labels` (its FixedTicker is kept, so frames can set its ticks)."""
+    ticks, overrides = tick_labels(labels, max_labels)
+    if isinstance(axis.ticker, FixedTicker):
+        axis.ticker.ticks = ticks
+    else:
+        axis.ticker = FixedTicker(ticks=ticks)
+    axis.major_label_overrides = overrides
+
+
+def value_range(values, fixed=None):
+    """`(start, end)` of a bar chart's value axis: holds every value and 0, 5% margin.
+
+    `fixed=(start, end)` is returned when it holds the values (probabilities
+    keep [0, 1]).
+    """
+    values = np.asarray(values, dtype="float64")
+    finite = values[np.isfinite(values)]
+    low = min(0.0, float(finite.min())) if finite.size else 0.0
+    high = max(0.0, float(finite.max())) if finite.size else 0.0
+    if fixed is not None and fixed[0] <= low and high <= fixed[1]:
+        return float(fixed[0]), float(fixed[1])
+    if high - low < 1e-12:
+        return -1.0, 1.0
+    margin = 0.05 * (high - low)
+    return (low - margin if low < 0 else 0.0), (high + margin if high > 0 else 0.0)
+
+
+def bar_data(values, tokens):
+    """The ColumnDataSource columns of `distribution_bars`: `position`, `weight`, `token`."""
+    vector = _as_vector(values, "bar_data")
+    labels = _labels(tokens, len(vector), "bar_data", "tokens")
+    return {"position": list(range(len(vector))), "weight": vector.tolist(), "token": labels}
 
 
 def heatmap_data(weights, x_tokens=None, y_tokens=None, row_offset=0):
@@ -304,22 +342,23 @@ def distribution_bars(
             scores with `fixed_scale=False`.
         tokens: `Tv` strings.
         fixed_scale: y axis fixed to [0, 1] (probabilities); otherwise it
-            follows the data (scores can be negative).
+            spans the data and 0 (`value_range`; scores can be negative).
     """
     vector = _as_vector(weights, "distribution_bars")
     labels = _labels(tokens, len(vector), "distribution_bars", "tokens")
-    data = {"position": list(range(len(vector))), "weight": vector.tolist(), "token": labels}
+    data = bar_data(vector, labels)
     if source is None:
         source = ColumnDataSource(data, name="distribution_source")
     else:
         source.data = data
-    scale = {"y_range": Range1d(0.0, 1.0)} if fixed_scale else {}
+    # A fixed range, set from the data (a widget sets it with each new data).
+    low, high = (0.0, 1.0) if fixed_scale else value_range(vector)
     fig = figure(
         title=title,
         width=width,
         height=height,
         x_range=Range1d(-0.5, max(len(vector), 1) - 0.5),
-        **scale,
+        y_range=Range1d(low, high),
         tools="save",
         toolbar_location=None,
         y_axis_label=y_axis_label,
