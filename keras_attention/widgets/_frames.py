@@ -3,7 +3,7 @@
 A view (the stepper's panels, the explorer's detail, LiveAttention's
 heatmaps) is drawn by one pure function that returns a *frame*:
 
-    {"data": {model_key: {column: [...]}},
+    {"data": {model_key: {column: [...]}},       # columns that replace the source's
      "props": {model_key: {attribute: value}}}
 
 `models` maps each key to a Bokeh model (a data source, a range, a title,
@@ -24,7 +24,9 @@ const key = controls.map((control) => String(control.value)).join("|");
 const frame = frames instanceof Map ? frames.get(key) : frames[key];
 if (frame === undefined) return;
 const entries = (o) => (o instanceof Map ? [...o.entries()] : Object.entries(o));
-for (const [name, data] of entries(frame.data)) models[name].data = Object.fromEntries(entries(data));
+for (const [name, data] of entries(frame.data)) {  // the columns given replace those of the source
+  models[name].data = Object.fromEntries([...entries(models[name].data), ...entries(data)]);
+}
 for (const [name, attributes] of entries(frame.props)) {
   for (const [attribute, value] of entries(attributes)) {
     const plain = value !== null && typeof value === "object" && !Array.isArray(value) && !(value instanceof Map);
@@ -61,18 +63,20 @@ def apply_frame(models, frame):
 
 
 def set_data(source, data):
-    """Give `source` this data, sent as a stream (rows appended) or a patch (same
-    length) when that says the same thing with fewer bytes."""
+    """Give `source` these columns (the others are kept), sent as a patch (same
+    length) or a stream (rows appended) when that says the same with fewer bytes."""
     old = source.data
-    if set(old) == set(data):
+    if set(data) <= set(old):
         old_length = len(next(iter(old.values()), []))
         new_length = len(next(iter(data.values()), []))
-        if new_length > old_length and all(list(old[k]) == list(data[k][:old_length]) for k in data):
-            source.stream({k: list(data[k][old_length:]) for k in data})
-            return
         if new_length == old_length:
             changed = {k: list(data[k]) for k in data if list(old[k]) != list(data[k])}
             if changed and new_length:
                 source.patch({k: [(slice(0, new_length), v)] for k, v in changed.items()})
             return
-    source.data = {k: list(v) for k, v in data.items()}
+        if set(data) == set(old) and new_length > old_length and all(
+            list(old[k]) == list(data[k][:old_length]) for k in data
+        ):
+            source.stream({k: list(data[k][old_length:]) for k in data})
+            return
+    source.data = {**{k: list(v) for k, v in old.items()}, **{k: list(v) for k, v in data.items()}}

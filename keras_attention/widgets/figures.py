@@ -637,8 +637,6 @@ const data = detail.data;
 const get = (name) => Array.from(data instanceof Map ? data.get(name) : data[name]);
 const rows = get("row"), cols = get("col"), weights = get("weight"), x_tokens = get("x_token"), y_tokens = get("y_token");
 const num_rows = rows.length ? Math.max(...rows) + 1 : 0, num_cols = cols.length ? Math.max(...cols) + 1 : 0;
-const span = Math.max(num_rows, num_cols, 1);
-if (view_figure.y_range.start !== span - 0.5) { view_figure.y_range.start = span - 0.5; view_figure.y_range.end = -0.5; }
 const chosen = hovered.length ? hovered : tokens.selected.indices;
 const focus = chosen.length ? chosen[0] : -1;
 const key = focus + "/" + weights.length + "/" + weights[0] + "/" + weights[weights.length - 1];
@@ -691,9 +689,9 @@ def head_view(detail_figure, *, width=300, height=420):
     data = detail.data
     rows = max(data["row"], default=-1) + 1
     cols = max(data["col"], default=-1) + 1
-    span = max(rows, cols, 1)
-    view = figure(title="Head view: hover or click a token", width=width, height=height,
-                  x_range=Range1d(-2.1, 3.1), y_range=Range1d(span - 0.5, -0.5), tools="tap",
+    layout = head_view_layout(rows, cols, height)
+    view = figure(title="Head view: hover or click a token", width=width, height=layout["height"],
+                  x_range=Range1d(-2.1, 3.1), y_range=Range1d(*layout["y_range"]), tools="tap",
                   toolbar_location=None, name="head_view_figure")
     view.axis.visible = False
     view.grid.visible = False
@@ -727,7 +725,7 @@ def head_view(detail_figure, *, width=300, height=420):
     cells = detail_figure.select_one({"name": "cells"})
     cells.nonselection_glyph = cells.glyph.clone(fill_alpha=0.25)
     arguments = dict(detail=detail, tokens=token_source, bars=bars, bars_figure=bars_figure,
-                     bars_axis=bars_figure.xaxis[0], view_figure=view)
+                     bars_axis=bars_figure.xaxis[0])
     on_change = CustomJS(args=arguments, code="const hovered = [];\n" + HEAD_VIEW_JS)
     on_hover = CustomJS(args=arguments, code="const hovered = cb_data.index.indices;\n" + HEAD_VIEW_JS)
     view.add_tools(HoverTool(renderers=[boxes], tooltips=None, callback=on_hover))
@@ -735,6 +733,23 @@ def head_view(detail_figure, *, width=300, height=420):
     token_source.js_on_change("data", on_change)
     detail.js_on_change("data", on_change)
     return view, bars_figure, token_source
+
+
+# Pixels per token row of the head view (bertviz grows the view the same way),
+# so that 9pt labels never overlap.
+HEAD_VIEW_ROW_PX = 15
+
+
+def head_view_layout(num_queries, num_keys, min_height=420):
+    """What the head view's figure needs to show `num_queries` x `num_keys` tokens:
+    `{"y_range": (start, end), "height": pixels}`, one row per token.
+
+    Set with the token data (`head_view_tokens`) each time the matrix changes,
+    also before the view is first drawn: a range left at the initial 1x1 draws
+    one label per side and lines running off the panel.
+    """
+    span = max(int(num_queries), int(num_keys), 1)
+    return {"y_range": (span - 0.5, -0.5), "height": max(int(min_height), span * HEAD_VIEW_ROW_PX + 60)}
 
 
 def head_view_tokens(query_tokens, key_tokens):

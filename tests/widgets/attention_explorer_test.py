@@ -247,10 +247,11 @@ def test_scores_on_demand_windows_are_the_layers_exact_rows(fake_comm, monkeypat
     np.testing.assert_allclose(overview, expected, rtol=2e-4, atol=1e-7)
     assert dict(explorer.window_source.data) == {"left": [119.5], "right": [183.5], "top": [199.5], "bottom": [263.5]}
     # The export embeds that window of each head, still without the full weights.
-    callback = explorer.standalone_layout().select_one({"type": CustomJS, "name": "explorer_draw"})
-    frame = callback.args["frames"]["long"]
-    assert (frame["rows"], frame["cols"], frame["y_labels"][0], frame["x_labels"][0]) == (64, 64, "200", "120")
-    np.testing.assert_allclose(np.reshape(frame["heads"][0], (64, 64)), numpy_rows(layer, x, 200, 264, 0)[:, 120:184],
+    callback = explorer.standalone_layout().select_one({"type": CustomJS, "name": "swap_frame"})
+    detail = callback.args["frames"]["long|0"]["data"]["detail_source"]
+    assert (max(detail["row"]) + 1, max(detail["col"]) + 1, detail["y_token"][0], detail["x_token"][0]) == (
+        64, 64, "200", "120")
+    np.testing.assert_allclose(np.reshape(detail["weight"], (64, 64)), numpy_rows(layer, x, 200, 264, 0)[:, 120:184],
                                rtol=2e-4, atol=1e-7)
 
 
