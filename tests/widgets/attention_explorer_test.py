@@ -86,6 +86,8 @@ def test_the_head_view_lists_the_windows_tokens_and_reads_the_detail(fake_comm):
     assert lines.data_source is explorer.detail_source
     explorer.focus_token(3, side="key")
     assert explorer.token_source.selected.indices == [8]
+    # Laid out for its tokens from the start (the page's first draw uses this state).
+    assert (explorer.head_view_figure.y_range.start, explorer.head_view_figure.y_range.end) == (4.5, -0.5)
     with pytest.raises(ValueError, match="no query token at window position 7"):
         explorer.focus_token(7)
 
@@ -104,6 +106,9 @@ def test_long_sequences_get_an_overview_and_a_window(fake_comm):
     explorer.key_start.value = 86
     np.testing.assert_allclose(explorer.detail_matrix, expected[50:114, 86:150], rtol=1e-5)
     assert explorer.detail_source.data["y_token"][0] == "50"
+    # The head view has a row per token of the 64-token window, 15 px each, so 9pt labels do not overlap.
+    view = explorer.head_view_figure
+    assert (view.y_range.start, view.y_range.end) == (63.5, -0.5) and view.height >= 64 * 15
 
 
 def test_a_long_input_window_is_shown_honestly(fake_comm):
