@@ -26,11 +26,13 @@ class DecodingStepper(Component):
     the step and the token being produced:
 
     1. the scores over the source tokens before softmax (shown when the
-       attention layer exposes them; Transformer translators do not),
+       session exposes them; for Transformer translators those of the chosen
+       layer and head, or their mean, labelled),
     2. the softmax distribution,
     3. the weighted sum: each source vector scaled by its weight, and their
        sum, the context vector (shown when the session exposes the vectors,
-       `session.values`),
+       `session.values`; for a Transformer head its value vectors, for the
+       mean of heads every head's side by side),
     4. the prediction: top-k candidates with probabilities, the chosen token
        marked.
 
@@ -431,16 +433,23 @@ class _StepperView:
             start, end = figures.value_range(scores)
             props["scores_y_range"] = {"start": start, "end": end}
             props["scores_title"] = {"text": titles["scores"]}
+            props["scores_y_axis"] = {"axis_label": "score" + (" (mean of heads)" if show_choice and head == MEAN_OF_HEADS
+                                                                else "")}
         if self.values is not None:
-            weighted, row_labels = figures.weighted_sum_rows(distribution, self.values, tokens)
-            data["weighted_source"] = figures.heatmap_data(
-                weighted, [str(i) for i in range(weighted.shape[1])], row_labels)
+            attention = history[-1].attention if history else None
+            weighted, row_labels, features = self._weighted_sum(attention, distribution, layer, head)
+            data["weighted_source"] = figures.heatmap_data(weighted, features, row_labels)
             ticks, labels = figures.tick_labels(row_labels)
+            x_ticks, x_labels = figures.tick_labels(features, max_labels=12)  # ~30 px per label
             # Colours fitted to the values (white at 0), so small contexts stay visible.
             limit = float(max(np.abs(weighted).max(), 1e-9))
+            side_by_side = self.values.ndim == 4 and head == MEAN_OF_HEADS
+            title = titles["weighted"] + (" · heads side by side" if side_by_side else "")
             props.update({
                 "weighted_y_ticker": {"ticks": ticks}, "weighted_y_axis": {"major_label_overrides": labels},
-                "weighted_mapper": {"low": -limit, "high": limit}, "weighted_title": {"text": titles["weighted"]},
+                "weighted_x_range": {"start": -0.5, "end": len(features) - 0.5},
+                "weighted_x_ticker": {"ticks": x_ticks}, "weighted_x_axis": {"major_label_overrides": x_labels},
+                "weighted_mapper": {"low": -limit, "high": limit}, "weighted_title": {"text": title},
             })
         padded = candidates + [("", 0.0)] * (self.top_k - len(candidates))
         data["candidate_source"] = figures.candidate_data(padded, chosen=chosen)
@@ -451,6 +460,37 @@ class _StepperView:
         return {"data": data, "props": props}
 
 
+    def _features(self, head):
+        """Feature labels of the weighted sum: one value vector, or every head's side by side."""
+        if self.values.ndim == 2 or head != MEAN_OF_HEADS:
+            return [str(i) for i in range(self.values.shape[-1])]
+        heads, size = self.values.shape[1], self.values.shape[-1]
+        return [f"h{h}:{i}" for h in range(heads) for i in range(size)]
+
+    def _weighted_sum(self, attention, distribution, layer, head):
+        """`(rows, row_labels, feature_labels)` of stage 3.
+
+        Seq2Seq: each source vector times its weight, then the context. A
+        Transformer head: its value vectors times its weights. The mean of
+        heads: every head's rows side by side (the concatenation the output
+        projection reads), the context of each head in the last row.
+        """
+        tokens, features = self.source_tokens, self._features(head)
+        if self.values.ndim == 2:
+            rows, labels = figures.weighted_sum_rows(distribution, self.values, tokens)
+            return rows, labels, features
+        values = self.values[layer if layer in range(self.values.shape[0]) else -1]  # (H, T_in, head_dim)
+        if attention is None:
+            attention = np.zeros(values.shape[:2])
+        else:
+            attention = np.asarray(attention, "float64")[layer if layer in range(self.values.shape[0]) else -1]
+        if head != MEAN_OF_HEADS:
+            rows, labels = figures.weighted_sum_rows(attention[head], values[head], tokens)
+            return rows, labels, features
+        rows = np.concatenate([figures.weighted_sum_rows(w, v, tokens)[0] for w, v in zip(attention, values)], axis=1)
+        return rows, [*(f"w x {t}" for t in tokens), "= context"], features
+
+
 def _frame_models(panels):
     """The models a stepper frame sets, by the keys `_StepperView.frame` uses."""
     models = {
@@ -459,6 +499,7 @@ def _frame_models(panels):
         "alignment_y_axis": panels.heatmap_figure.yaxis[0], "alignment_y_ticker": panels.heatmap_figure.yaxis[0].ticker,
         "scores_source": panels.scores_source, "scores_figure": panels.scores_figure,
         "scores_y_range": panels.scores_figure.y_range, "scores_title": panels.scores_figure.title,
+        "scores_y_axis": panels.scores_figure.yaxis[0],
         "distribution_source": panels.distribution_source, "distribution_title": panels.distribution_figure.title,
         "candidate_source": panels.candidate_source, "candidate_title": panels.candidate_figure.title,
         "candidate_y_axis": panels.candidate_figure.yaxis[0],
@@ -469,6 +510,8 @@ def _frame_models(panels):
         models.update({
             "weighted_source": panels.weighted_sum_source, "weighted_title": weighted.title,
             "weighted_y_axis": weighted.yaxis[0], "weighted_y_ticker": weighted.yaxis[0].ticker,
+            "weighted_x_axis": weighted.xaxis[0], "weighted_x_ticker": weighted.xaxis[0].ticker,
+            "weighted_x_range": weighted.x_range,
             "weighted_mapper": weighted.select_one({"type": LinearColorMapper}),
         })
     return models
@@ -503,8 +546,9 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
     panels.distribution_source = figures.heatmap_source(panels.distribution_figure)
     panels.distribution_source.name = "distribution_source"
     if values is not None:
+        # The first frame sets its rows (a Transformer's values are per layer and head).
         panels.weighted_sum_figure = figures.weighted_sum(
-            zeros, values, source_tokens, title="3. Weighted sum", width=400,
+            zeros, np.zeros((num_source, values.shape[-1])), source_tokens, title="3. Weighted sum", width=400,
             height=max(220, 18 * (num_source + 1) + 110),
         )
         panels.weighted_sum_source = figures.heatmap_source(panels.weighted_sum_figure)
@@ -519,6 +563,10 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
     stages = [stage for stage in stages if stage is not None]
     for stage in stages:
         stage.title.text_font_size = "10pt"  # titles name the step and token: keep them on one line
+    # Found by name in the browser (tests read their ranges there).
+    for name in ("heatmap_figure", "scores_figure", "distribution_figure", "weighted_sum_figure", "candidate_figure"):
+        if getattr(panels, name) is not None:
+            getattr(panels, name).name = "alignment_figure" if name == "heatmap_figure" else name
     panels.figures_layout = column(row(*stages[:2]), row(*stages[2:]), panels.heatmap_figure)
     return panels
 

@@ -395,3 +395,41 @@ def test_the_export_embeds_the_frames_the_widget_draws(fake_comm):
             assert y_range["start"] <= scores.min() and y_range["end"] >= scores.max()
             assert frame["props"]["alignment_y_axis"]["major_label_overrides"] == {
                 i: s.token for i, s in enumerate(steps[:position])}
+
+
+@pytest.mark.tf_only
+def test_transformer_stepper_shows_all_four_stages_in_two_rows(fake_comm):
+    from keras_attention.models import TransformerTranslator
+
+    translator = TransformerTranslator.from_texts(
+        ["il a m' entarté", "il a"], ["he hit me with a pie", "he hit"],
+        source_split="whitespace", target_split="whitespace", num_layers=2, num_heads=2,
+        hidden_dim=8, intermediate_dim=16, max_target_length=5,
+    )
+    stepper = DecodingStepper(translator, SOURCE, top_k=3)
+    stepper.next_token()
+    step = stepper.next_token()
+    first_row, second_row = stepper.figures_layout.children[:2]
+    assert first_row.children == [stepper.scores_figure, stepper.distribution_figure]
+    assert second_row.children == [stepper.weighted_sum_figure, stepper.candidate_figure]
+    assert stepper.scores_figure.visible
+    values = stepper.session.values  # (layers, heads, T_in, head_dim): the cross-attention's values
+    assert values.shape == (2, 2, 4, 4)
+    for layer, head in ((1, "mean of heads"), (0, 1)):
+        stepper.layer_choice.value, stepper.head_choice.value = layer, head
+        scores = np.asarray(stepper.scores_source.data["weight"])
+        weights = step.attention[layer].mean(axis=0) if head == "mean of heads" else step.attention[layer, head]
+        np.testing.assert_allclose(stepper.distribution_source.data["weight"], weights, atol=1e-6)
+        if head == "mean of heads":
+            np.testing.assert_allclose(scores, step.scores[layer].mean(axis=0), atol=1e-6)
+            assert "mean of heads" in stepper.scores_figure.yaxis[0].axis_label
+            # Every head's weighted values side by side; the last row: each head's context.
+            context = np.concatenate([step.attention[layer, h] @ values[layer, h] for h in range(2)])
+        else:
+            # Stage 1 is what stage 2 is the softmax of.
+            softmax = np.exp(scores - scores.max())
+            np.testing.assert_allclose(softmax / softmax.sum(), weights, atol=1e-5)
+            context = weights @ values[layer, head]
+        rows = rows_of(stepper.weighted_sum_source, len(context))
+        np.testing.assert_allclose(rows[-1], context, atol=1e-5)
+        assert stepper.weighted_sum_figure.x_range.end == len(context) - 0.5
