@@ -444,12 +444,13 @@ class _StepperView:
             # Colours fitted to the values (white at 0), so small contexts stay visible.
             limit = float(max(np.abs(weighted).max(), 1e-9))
             side_by_side = self.values.ndim == 4 and head == MEAN_OF_HEADS
-            title = titles["weighted"] + (" · heads side by side" if side_by_side else "")
             props.update({
                 "weighted_y_ticker": {"ticks": ticks}, "weighted_y_axis": {"major_label_overrides": labels},
                 "weighted_x_range": {"start": -0.5, "end": len(features) - 0.5},
-                "weighted_x_ticker": {"ticks": x_ticks}, "weighted_x_axis": {"major_label_overrides": x_labels},
-                "weighted_mapper": {"low": -limit, "high": limit}, "weighted_title": {"text": title},
+                "weighted_x_ticker": {"ticks": x_ticks},
+                "weighted_x_axis": {"major_label_overrides": x_labels,
+                                    "axis_label": "feature (heads side by side)" if side_by_side else "feature"},
+                "weighted_mapper": {"low": -limit, "high": limit}, "weighted_title": {"text": titles["weighted"]},
             })
         padded = candidates + [("", 0.0)] * (self.top_k - len(candidates))
         data["candidate_source"] = figures.candidate_data(padded, chosen=chosen)
@@ -530,7 +531,8 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
     panels.heatmap_figure = figures.heatmap(
         np.zeros((0, num_source)), source_tokens, [],
         title="Alignment (one row per output token)", x_axis_label="source", y_axis_label="output",
-        rows=rows, width=num_source * cell + 130 + label_room, height=_heatmap_height(cell, rows),
+        # At least room for its title with the layer and head on one line.
+        rows=rows, width=max(440, num_source * cell + 130 + label_room), height=_heatmap_height(cell, rows),
     )
     panels.heatmap_source = figures.heatmap_source(panels.heatmap_figure)
     panels.heatmap_source.name = "alignment_source"  # found by name in the browser
@@ -578,7 +580,7 @@ def _stage_titles(step, position):
     return {
         "scores": f"1. Scores before softmax · {token} (step {position})",
         "distribution": f"2. Attention while producing {token} (step {position})",
-        "weighted": f"3. Context = Σ weight × value · {token} (step {position})",
+        "weighted": f"3. Σ weight × value · {token} (step {position})",
         "candidate": (f"4. Prediction (step {position}): {token} "
                       f"p={step.probability:.2f}" + (" (forced)" if forced else "")),
     }

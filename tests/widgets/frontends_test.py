@@ -619,6 +619,10 @@ def assert_stepper_panels_drawn(stepper, rows, transformer):
         assert values and any(abs(v) > 0 for v in values), f"stage panel {name} is empty"
         assert panel["title"].split(".")[0] in "1234" and "'" in panel["title"], panel["title"]
     assert_holds(stepper["scores"]["y"], stepper["scores"]["data"]["weight"], "scores y")
+    # ... and fits them (a range left at another step's, or at [-1, 1], clips or flattens the bars).
+    scores = stepper["scores"]["data"]["weight"]
+    extent = max(0.0, max(scores)) - min(0.0, min(scores))
+    assert max(stepper["scores"]["y"]) - min(stepper["scores"]["y"]) <= 1.25 * extent, (stepper["scores"]["y"], extent)
     assert_holds(stepper["scores"]["x"], stepper["scores"]["data"]["position"], "scores x")
     assert_holds(stepper["distribution"]["y"], stepper["distribution"]["data"]["weight"], "distribution y")
     assert_holds(stepper["candidate"]["x"], stepper["candidate"]["data"]["probability"], "candidate x")
@@ -680,15 +684,19 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
 
 def save_stepper_figures(opened, theme):
     """Screenshots of both steppers for docs/figures (`KA_SAVE_FIGURES=1`), and in the artifacts."""
-    widgets = opened.page.locator(".widget-vbox")
+    widgets, page = opened.page.locator(".widget-vbox"), opened.page
+    viewport = page.viewport_size
     for index, name in enumerate(("decoding_stepper", "transformer_stepper")):
         widget = widgets.nth(index)
+        # A window tall enough for the whole widget (the notebook panel scrolls inside the page).
+        page.set_viewport_size({"width": viewport["width"], "height": int(widget.bounding_box()["height"]) + 400})
         widget.scroll_into_view_if_needed()
-        opened.page.wait_for_timeout(300)
+        page.wait_for_timeout(500)
         file_name = f"{name}_1280{'_dark' if theme else ''}.png"
         widget.screenshot(path=str(opened.directory / f"{opened.name}_{file_name}"))
         if os.environ.get("KA_SAVE_FIGURES") and opened.front_end == "lab":
             widget.screenshot(path=os.path.join(ROOT, "docs", "figures", file_name))
+    page.set_viewport_size(viewport)
 
 
 # Every head view of the page: its range, height and tokens, and the lines' ends.
