@@ -411,8 +411,9 @@ class _StepperView:
             "alignment_figure": {"height": _heatmap_height(self.cell, max(rows, self.reserved_rows))},
             "alignment_y_ticker": {"ticks": ticks},
             "alignment_y_axis": {"major_label_overrides": labels},
-            "alignment_title": {"text": "Alignment (one row per output token)"
-                                + (f": {choice_label(layer, head)}" if show_choice else "")},
+            # With a layer and head to name, the short title keeps them on the figure.
+            "alignment_title": {"text": f"Alignment: {choice_label(layer, head)}" if show_choice
+                                else "Alignment (one row per output token)"},
         }
         if history:
             step = history[-1]

@@ -11,6 +11,7 @@ token such as `<img src=x onerror=alert(1)>` shows up literally.
 
 import numpy as np
 from bokeh.layouts import gridplot
+from bokeh.models import BasicTickFormatter
 from bokeh.models import ColorBar
 from bokeh.models import ColumnDataSource
 from bokeh.models import CustomJS
@@ -113,6 +114,11 @@ def bar_data(values, tokens):
     vector = _as_vector(values, "bar_data")
     labels = _labels(tokens, len(vector), "bar_data", "tokens")
     return {"position": list(range(len(vector))), "weight": vector.tolist(), "token": labels}
+
+
+def _color_bar_ticks():
+    # Plain decimals ("0.003"), never Bokeh's default "3.000e-3" for small weights.
+    return BasicTickFormatter(use_scientific=False)
 
 
 def heatmap_data(weights, x_tokens=None, y_tokens=None, row_offset=0):
@@ -225,7 +231,7 @@ def heatmap(
     _label_axis(fig.yaxis[0], _labels(y_tokens, num_rows, "heatmap", "y_tokens"))
     if color_bar:
         fig.add_layout(
-            ColorBar(color_mapper=mapper, width=8, title=color_bar_title, title_text_font_size="8pt",
+            ColorBar(formatter=_color_bar_ticks(), color_mapper=mapper, width=8, title=color_bar_title, title_text_font_size="8pt",
                      title_text_font_style="normal", name="color_bar"),
             "right",
         )
@@ -317,7 +323,7 @@ def image_heatmap(weights, *, title="Attention overview", max_size=128, width=42
     )
     mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=float(max(np.nanmax(small), 1e-9)))
     fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=source, color_mapper=mapper)
-    fig.add_layout(ColorBar(color_mapper=mapper, width=8, title="mean weight", title_text_font_size="8pt",
+    fig.add_layout(ColorBar(formatter=_color_bar_ticks(), color_mapper=mapper, width=8, title="mean weight", title_text_font_size="8pt",
                             title_text_font_style="normal"), "right")
     fig.grid.visible = False
     return fig
@@ -499,7 +505,7 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
                    title="", name="head_grid_scale")
     scale.axis.visible = False
     scale.grid.visible = False
-    scale.add_layout(ColorBar(color_mapper=LinearColorMapper(palette=Viridis256, low=0.0, high=high), width=8,
+    scale.add_layout(ColorBar(formatter=_color_bar_ticks(), color_mapper=LinearColorMapper(palette=Viridis256, low=0.0, high=high), width=8,
                               title="attention weight", title_text_font_size="8pt",
                               title_text_font_style="normal", name="grid_color_bar"), "left")
     # An invisible glyph keeps Bokeh from warning about an empty figure.
@@ -618,7 +624,7 @@ def model_view(thumbnails, layer_names, *, size=64, max_size=32, title="Model vi
     fig.xaxis.major_label_overrides = {h * (1 + THUMBNAIL_GAP) + 0.5: f"head {h}" for h in range(num_cols)}
     fig.yaxis.ticker = FixedTicker(ticks=[r * (1 + THUMBNAIL_GAP) + 0.5 for r in range(num_rows)])
     fig.yaxis.major_label_overrides = {r * (1 + THUMBNAIL_GAP) + 0.5: shorten(n, 28) for r, n in enumerate(layer_names)}
-    fig.add_layout(ColorBar(color_mapper=mapper, width=8, title="attention weight", title_text_font_size="8pt",
+    fig.add_layout(ColorBar(formatter=_color_bar_ticks(), color_mapper=mapper, width=8, title="attention weight", title_text_font_size="8pt",
                             title_text_font_style="normal", name="model_view_color_bar"), "right")
     return fig
 
