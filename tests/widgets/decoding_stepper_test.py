@@ -407,8 +407,8 @@ def test_transformer_stepper_shows_all_four_stages_in_two_rows(fake_comm):
         hidden_dim=8, intermediate_dim=16, max_target_length=5,
     )
     stepper = DecodingStepper(translator, SOURCE, top_k=3)
-    stepper.next_token()
-    step = stepper.next_token()
+    stepper.next_token(force_token="he")  # forced: an untrained model may end at once
+    step = stepper.next_token(force_token="hit")
     first_row, second_row = stepper.figures_layout.children[:2]
     assert first_row.children == [stepper.scores_figure, stepper.distribution_figure]
     assert second_row.children == [stepper.weighted_sum_figure, stepper.candidate_figure]
