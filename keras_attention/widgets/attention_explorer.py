@@ -26,6 +26,8 @@ MEAN_OF_HEADS = "mean of heads"
 ON_DEMAND_FROM = 4096
 # Block means per axis of the overview computed with scores on demand.
 SUMMARY_SIZE = 128
+# The detail heatmap's (width, height) in pixels.
+DETAIL_SIZE = (460, 440)
 
 
 class AttentionExplorer(Component):
@@ -363,7 +365,7 @@ def _detail_panels():
     """The detail heatmap with its head view and bars: one Bokeh document, so that the
     head view's callbacks read the heatmap's source in the page."""
     panels = types.SimpleNamespace()
-    panels.detail_figure = figures.heatmap(np.zeros((1, 1)), title="", width=460, height=440)
+    panels.detail_figure = figures.heatmap(np.zeros((1, 1)), title="", width=DETAIL_SIZE[0], height=DETAIL_SIZE[1])
     panels.detail_figure.name = "detail_figure"  # found by name in the browser
     panels.detail_source = figures.heatmap_source(panels.detail_figure)
     panels.detail_source.name = "detail_source"
@@ -377,8 +379,9 @@ def _detail_frame(window, x_labels, y_labels, layer, head, thumbnails):
     (`_frames`): what the live explorer applies and the export embeds per layer and head."""
     window = np.asarray(window, dtype="float64")
     rows, cols = window.shape
-    x_ticks, x_overrides = figures.tick_labels(x_labels)
-    y_ticks, y_overrides = figures.tick_labels(y_labels)
+    # No more labels than the 460 x 440 detail holds (a 64-token window: every 3rd; hover names each cell).
+    x_ticks, x_overrides = figures.tick_labels(x_labels, figures.labels_that_fit(DETAIL_SIZE[0] - 150))
+    y_ticks, y_overrides = figures.tick_labels(y_labels, figures.labels_that_fit(DETAIL_SIZE[1] - 110))
     # Colours fitted to the shown weights (the colour bar shows the range).
     low = min(0.0, float(np.nanmin(window))) if window.size else 0.0
     high = max(float(np.nanmax(window)), low + 1e-9) if window.size else 1.0

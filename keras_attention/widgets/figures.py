@@ -81,6 +81,15 @@ def tick_labels(labels, max_labels=None):
     return ticks, {i: labels[i] for i in ticks}
 
 
+# Pixels an axis gives each tick label: 9pt text, horizontal or at the heatmaps' slant.
+PIXELS_PER_LABEL = 13
+
+
+def labels_that_fit(pixels):
+    """How many tick labels an axis of `pixels` holds without overlapping (hover shows every token)."""
+    return max(2, int(pixels) // PIXELS_PER_LABEL)
+
+
 def _label_axis(axis, labels, max_labels=None):
     """Label an axis with `tick_labels` (its FixedTicker is kept, so frames can set its ticks)."""
     ticks, overrides = tick_labels(labels, max_labels)
@@ -373,7 +382,7 @@ def distribution_bars(
     fig.add_tools(HoverTool(tooltips=[("token", "@token"), ("value", "@weight{0.000}")]))
     fig.xgrid.visible = False
     fig.xaxis.major_label_orientation = 0.9
-    _label_axis(fig.xaxis[0], labels)
+    _label_axis(fig.xaxis[0], labels, max_labels=labels_that_fit(width - 80))  # the plot, less the y axis
     return fig
 
 

@@ -106,7 +106,11 @@ def test_long_sequences_get_an_overview_and_a_window(fake_comm):
     explorer.key_start.value = 86
     np.testing.assert_allclose(explorer.detail_matrix, expected[50:114, 86:150], rtol=1e-5)
     assert explorer.detail_source.data["y_token"][0] == "50"
-    # The head view has a row per token of the 64-token window, 15 px each, so 9pt labels do not overlap.
+    # The detail labels no more positions than fit, each with its own text; the head view
+    # has a row per token of the 64-token window, 15 px each, so 9pt labels do not overlap.
+    x_axis = explorer.detail_figure.xaxis[0]
+    assert 10 <= len(x_axis.ticker.ticks) <= 25
+    assert all(x_axis.major_label_overrides[t] == str(86 + t) for t in x_axis.ticker.ticks)
     view = explorer.head_view_figure
     assert (view.y_range.start, view.y_range.end) == (63.5, -0.5) and view.height >= 64 * 15
 
