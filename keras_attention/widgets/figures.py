@@ -745,8 +745,10 @@ def head_view(detail_figure, *, width=300, height=420):
     on_hover = CustomJS(args=arguments, code="const hovered = cb_data.index.indices;\n" + HEAD_VIEW_JS)
     view.add_tools(HoverTool(renderers=[boxes], tooltips=None, callback=on_hover))
     token_source.selected.js_on_change("indices", on_change)
-    token_source.js_on_change("data", on_change)
-    detail.js_on_change("data", on_change)
+    # A new matrix arrives as new data, or (live widgets send only what changed) as a patch.
+    for source in (token_source, detail):
+        source.js_on_change("data", on_change)
+        source.js_on_change("patching", on_change)
     return view, bars_figure, token_source
 
 
