@@ -19,8 +19,11 @@ def layer_norm(x, layer, epsilon):
     return normed * numpy_of(layer.gamma) + numpy_of(layer.beta)
 
 
-def multi_head_attention(layer, query, value, mask=None, query_mask=None):
+def multi_head_attention(layer, query, value, mask=None, query_mask=None, logits_out=None):
     """Returns `(output (B, Tq, d), weights (B, H, Tq, Tv))`.
+
+    `logits_out`, a list, receives the scores before softmax `(B, H, Tq, Tv)`
+    (unmasked).
 
     `mask` is `(B, Tq, Tv)` boolean; fully masked rows get zero weights, and
     rows with `query_mask` False a zero attention result, so the output
@@ -38,6 +41,8 @@ def multi_head_attention(layer, query, value, mask=None, query_mask=None):
     groups = q.shape[2] // k.shape[2]
     k, v = np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
     logits = np.einsum("bqhk,bthk->bhqt", q, k) / np.sqrt(q.shape[-1])
+    if logits_out is not None:
+        logits_out.append(logits)
     if mask is not None:
         logits = np.where(mask[:, None], logits, -np.inf)
     peak = np.max(logits, axis=-1, keepdims=True)
@@ -96,8 +101,9 @@ def encoder_block(block, x, padding_mask=None):
 
 
 def decoder_block(block, x, encoder_outputs=None, decoder_padding_mask=None,
-                  encoder_padding_mask=None, causal=True):
-    """`(outputs, self_scores, cross_scores)` of a `TransformerDecoderBlock`."""
+                  encoder_padding_mask=None, causal=True, cross_logits_out=None):
+    """`(outputs, self_scores, cross_scores)` of a `TransformerDecoderBlock`
+    (`cross_logits_out`, a list, receives the cross-attention scores before softmax)."""
     x = np.asarray(x, "float64")
     batch, length, _ = x.shape
     self_mask = padding_attention_mask(
@@ -128,7 +134,7 @@ def decoder_block(block, x, encoder_outputs=None, decoder_padding_mask=None,
             block.cross_attention_layer_norm,
             lambda h: multi_head_attention(
                 block.cross_attention, h, encoder_outputs, cross_mask,
-                decoder_padding_mask,
+                decoder_padding_mask, logits_out=cross_logits_out,
             ),
             x,
         )

@@ -1,15 +1,19 @@
+import math
+
 import keras
 from keras import ops
 
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
+from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.transformer_block import TransformerBlockBase
 from keras_attention.layers.transformer_block import attention_prototype
 from keras_attention.layers.transformer_block import check_mask
 from keras_attention.layers.transformer_block import check_sequence_shape
 from keras_attention.layers.transformer_block import keras_mask_of
 from keras_attention.layers.transformer_block import serialize_prototype
+from keras_attention.ops import multi_head
 
 
 @keras_attention_export("layers")
@@ -66,14 +70,23 @@ class TransformerDecoderBlock(TransformerBlockBase):
         cross_attention_cache: `(B, 2, S, Hkv, key_dim)` from
             `precompute_cross_attention_cache`, instead of `encoder_outputs`.
         return_attention_scores: also return the attention weights.
+        return_cross_attention_logits: also return the cross-attention scores
+            before softmax, `query . key / sqrt(key_dim)` per head (what the
+            softmax of the cross-attention weights is taken over). Needs a
+            block with cross-attention of the `MultiHeadAttention` kind
+            (query/key projections and a dot-product score). Encoder
+            positions masked by `encoder_padding_mask` keep their raw score
+            (their weight is 0): drop them before reading.
         training: whether dropout is active.
 
     Returns:
         `outputs (B, T, d)`; with `return_attention_scores=True` also
         `self_scores (B, H, T, T or T_max)` and, if the block has
-        cross-attention, `cross_scores (B, H, T, S)`; with a self-attention
-        cache, last, the updated cache. So a cached decoding step with scores
-        returns `outputs, self_scores, cross_scores, cache`.
+        cross-attention, `cross_scores (B, H, T, S)`; with
+        `return_cross_attention_logits=True` then `cross_logits (B, H, T, S)`;
+        with a self-attention cache, last, the updated cache. So a cached
+        decoding step with scores returns `outputs, self_scores, cross_scores,
+        cache`.
 
     Example:
 
@@ -291,6 +304,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         cache_update_index=None,
         cross_attention_cache=None,
         return_attention_scores=False,
+        return_cross_attention_logits=False,
         training=None,
     ):
         self._validate_call(
@@ -312,7 +326,10 @@ class TransformerDecoderBlock(TransformerBlockBase):
         encoder_outputs = utils.cast_to_compute_dtype(
             self, encoder_outputs, "encoder_outputs"
         )
+        if return_cross_attention_logits:
+            self._check_cross_logits()
         updated_cache = []
+        cross_logits = []
 
         def self_attention(x):
             if self_attention_cache is None:
@@ -337,6 +354,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
             return result if return_attention_scores else (result, None)
 
         def cross_attention(x):
+            if return_cross_attention_logits:
+                cross_logits.append(self._cross_attention_logits(
+                    x, encoder_outputs, cross_attention_cache))
             if cross_attention_cache is None:
                 result = self.cross_attention(
                     x,
@@ -381,6 +401,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         results = (outputs,)
         if return_attention_scores:
             results += scores
+        results += tuple(cross_logits)
         results += tuple(updated_cache)
         return results[0] if len(results) == 1 else results
 
@@ -397,6 +418,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         cache_update_index=None,
         cross_attention_cache=None,
         return_attention_scores=False,
+        return_cross_attention_logits=False,
         training=None,
     ):
         self_length, encoder_length = self._validate_call(
@@ -428,6 +450,14 @@ class TransformerDecoderBlock(TransformerBlockBase):
                         dtype=self.compute_dtype,
                     ),
                 )
+        if return_cross_attention_logits:
+            self._check_cross_logits()
+            results += (
+                keras.KerasTensor(
+                    (batch, self.num_heads, length, encoder_length),
+                    dtype=self.compute_dtype,
+                ),
+            )
         if self_attention_cache is not None:
             results += (
                 keras.KerasTensor(
@@ -435,6 +465,27 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 ),
             )
         return results[0] if len(results) == 1 else results
+
+    def _check_cross_logits(self):
+        layer = getattr(self, "cross_attention", None) if self.has_cross_attention else None
+        if not isinstance(layer, MultiHeadAttention):
+            raise ValueError(self._error(
+                "`return_cross_attention_logits=True` needs a block with "
+                "cross-attention of the MultiHeadAttention kind (a dot-product "
+                "score). Received: cross_attention="
+                f"{type(layer).__name__ if layer is not None else None}"))
+
+    def _cross_attention_logits(self, query, encoder_outputs, cross_attention_cache):
+        """`(B, H, T, S)` scores before softmax of the cross-attention's heads."""
+        layer = self.cross_attention
+        query = layer.query_dense(query)  # (B, T, H, D)
+        if cross_attention_cache is not None:
+            key = cross_attention_cache[:, 0]  # (B, S, Hkv, D), projected once
+        else:
+            key = layer.key_dense(encoder_outputs)
+        key = multi_head.repeat_key_value_heads(key, layer.num_heads)  # (B, S, H, D)
+        return ops.einsum("bthd,bshd->bhts", query, ops.cast(key, query.dtype)) * ops.cast(
+            1.0 / math.sqrt(float(layer.key_dim)), query.dtype)
 
     def get_config(self):
         config = super().get_config()

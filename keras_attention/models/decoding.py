@@ -11,8 +11,9 @@ A translator that supports sessions provides:
   scores or None, next_state)`,
 - `target_vocabulary` (list of tokens; ids 0-3 are `<pad> <unk> <start> <end>`)
   and `max_target_length`;
-- optionally `_session_values(state) -> (T_in, dim)`: the vectors the
-  attention weights sum (the widgets draw the weighted sum from them).
+- optionally `_session_values(state) -> (T_in, dim)` (or `(layers, heads,
+  T_in, head_dim)`, like attention): the vectors the attention weights sum
+  (the widgets draw the weighted sum from them).
 """
 
 import dataclasses
@@ -101,8 +102,9 @@ class DecodingSession:
         values = getattr(translator, "_session_values", None)
         values = None if values is None else values(self._initial_state)
         # The source vectors each step's attention weights sum into its
-        # context vector, `(T_in, dim)`; None where the translator does not
-        # expose them (a Transformer's are per layer and head).
+        # context vector: `(T_in, dim)`, or `(layers, heads, T_in, head_dim)`
+        # for a Transformer's cross-attention; None where the translator
+        # does not expose them.
         self.values = None if values is None else np.asarray(values, "float32")
         self.reset()
 

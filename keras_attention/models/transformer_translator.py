@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding,
 )
@@ -211,21 +212,44 @@ class TransformerTranslator(Translator):
     def _decode_step(self, token_ids, states, context, step, with_scores=False):
         source_mask, *cross_caches = context
         outputs = self._embed(self.target_embedding, token_ids[:, None], step)
-        new_states, weights = [], []
+        new_states, weights, scores = [], [], []
         for block, cache, cross_cache in zip(self.decoder_blocks, states,
                                              cross_caches):
-            outputs, _, cross_scores, cache = block(
+            outputs, _, cross_scores, *logits, cache = block(
                 outputs, self_attention_cache=cache, cache_update_index=step,
                 cross_attention_cache=cross_cache,
                 encoder_padding_mask=source_mask,
-                return_attention_scores=True, training=False,
+                return_attention_scores=True,
+                return_cross_attention_logits=with_scores and self._dot_product_cross_attention(),
+                training=False,
             )
             new_states.append(cache)
             weights.append(cross_scores[:, :, 0, :])  # (N, H, T_in)
+            scores += [tf.cast(x[:, :, 0, :], tf.float32) for x in logits]
         logits = self.output_projection(outputs)[:, 0, :]
         weights = tf.stack(weights, axis=1)  # (N, layers, H, T_in)
+        # The cross-attention scores before softmax, like `weights`, when asked.
+        scores = tf.stack(scores, axis=1) if scores else None
         return tf.cast(logits, tf.float32), new_states, tf.cast(
-            weights, tf.float32), None
+            weights, tf.float32), scores
+
+    def _dot_product_cross_attention(self):
+        # Scores before softmax and the cache's value layout are MultiHeadAttention's.
+        return all(isinstance(block.cross_attention, MultiHeadAttention)
+                   for block in self.decoder_blocks)
+
+    def _session_values(self, state):
+        # What each layer's cross-attention weights sum: the value vectors of
+        # every head, projected once into the cross-attention cache.
+        if not self._dot_product_cross_attention():
+            return None
+        _, *cross_caches = state["context"]
+        values = [
+            np.repeat(cache[0, 1, : state["length"]].numpy(),
+                      block.cross_attention.num_heads // cache.shape[3], axis=1)
+            for block, cache in zip(self.decoder_blocks, cross_caches)
+        ]  # each (T_in, H, head_dim)
+        return np.stack(values).transpose(0, 2, 1, 3)  # (layers, H, T_in, head_dim)
 
     def _alignment_layout(self, alignment):
         # (T_out, layers, heads, T_in) -> (layers, heads, T_out, T_in)

@@ -14,6 +14,7 @@ from bokeh.models import LinearColorMapper
 from keras_attention import validation
 from keras_attention.layers.capture import attention_layers
 from keras_attention.widgets import _captured
+from keras_attention.widgets import _frames
 from keras_attention.widgets import figures
 from keras_attention.widgets._component import Component
 from keras_attention.widgets._component import FreshBokehModel as BokehModel
@@ -25,6 +26,8 @@ MEAN_OF_HEADS = "mean of heads"
 ON_DEMAND_FROM = 4096
 # Block means per axis of the overview computed with scores on demand.
 SUMMARY_SIZE = 128
+# The detail heatmap's (width, height) in pixels.
+DETAIL_SIZE = (460, 440)
 
 
 class AttentionExplorer(Component):
@@ -154,6 +157,7 @@ class AttentionExplorer(Component):
         self.model_view_figure = self._model_view()
         self.model_view_source = figures.model_view_source(self.model_view_figure)
         self.model_view_source.selected.on_change("indices", self._on_thumbnail_tap)
+        self._frame_models = _detail_models(panels, self.model_view_source)
         many = len(self.model_view_source.data["layer"]) > 1
         self.model_view_widget = BokehModel(self.model_view_figure)
         self.model_view_widget.layout = ipywidgets.Layout(max_width="100%", overflow="auto")
@@ -256,16 +260,12 @@ class AttentionExplorer(Component):
         q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
         x_labels, y_labels = self._window_labels(layer, q0, q1, k0, k1)
         window = self._source.window(layer, head, q0, q1, k0, k1)
-        figures.update_heatmap(
-            self.detail_figure, window, x_labels, y_labels,
-            title=f"{layer}, {head if head == MEAN_OF_HEADS else f'head {head}'}", fit_colors=True,
-        )
-        self.token_source.data = figures.head_view_tokens(y_labels, x_labels)
+        frame = _detail_frame(window, x_labels, y_labels, layer, head, self.model_view_source.data)
         if self.window_source is not None:
             self.window_source.data = self._window_data(num_queries, num_keys)
         self._updating = True
-        try:  # the model view outlines what the detail shows
-            self.model_view_source.selected.indices = _thumbnail_indices(self.model_view_source.data, layer, head)
+        try:  # the frame outlines on the model view what the detail shows
+            _frames.apply_frame(self._frame_models, frame)
         finally:
             self._updating = False
 
@@ -302,31 +302,34 @@ class AttentionExplorer(Component):
         from bokeh.models import CustomJS
         from bokeh.models import Select
 
-        frames = {}
         q0, k0 = self.query_start.value, self.key_start.value
-        for layer, (num_heads, num_queries, num_keys) in self.shapes.items():
-            q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
-            x_labels, y_labels = self._window_labels(layer, q0, q1, k0, k1)
-            window = np.stack([self._source.window(layer, h, q0, q1, k0, k1) for h in range(num_heads)])
-            frames[layer] = {
-                "heads": [head.astype("float64").ravel().tolist() for head in window],
-                "mean": window.astype("float64").mean(axis=0).ravel().tolist(),
-                "rows": q1 - q0, "cols": k1 - k0, "x_labels": x_labels, "y_labels": y_labels,
-            }
-        first = next(iter(frames))
         panels = _detail_panels()
         model_view = self._model_view()
         thumbnails = figures.model_view_source(model_view)
-        layer_select = Select(title="layer", value=first, options=list(frames), name="layer_select")
-        head_select = Select(title="head", value=MEAN_OF_HEADS, options=[MEAN_OF_HEADS], name="head_select")
-        detail = panels.detail_figure
-        callback = CustomJS(
-            args=dict(frames=frames, layer_select=layer_select, head_select=head_select,
-                      source=panels.detail_source, figure=detail, x_axis=detail.xaxis[0], y_axis=detail.yaxis[0],
-                      mapper=detail.select_one({"type": LinearColorMapper}), tokens=panels.token_source,
-                      thumbnails=thumbnails),
-            code=STANDALONE_JS, name="explorer_draw",
-        )
+        layer_options = {layer: [MEAN_OF_HEADS, *map(str, range(heads))] if heads > 1 else ["0"]
+                         for layer, (heads, _, _) in self.shapes.items()}
+        every_head = {option for options in layer_options.values() for option in options}
+        frames = {}
+        for layer, (num_heads, num_queries, num_keys) in self.shapes.items():
+            q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
+            x_labels, y_labels = self._window_labels(layer, q0, q1, k0, k1)
+            options = layer_options[layer]
+            for option in options:
+                head = option if option == MEAN_OF_HEADS else int(option)
+                frame = _detail_frame(self._source.window(layer, head, q0, q1, k0, k1), x_labels, y_labels,
+                                      layer, head, thumbnails.data)
+                frame["props"]["head_select"] = {"options": options}
+                frames[_frames.frame_key(layer, option)] = frame
+            # A head this layer does not have (chosen on another layer): its first head option.
+            for option in every_head - set(options):
+                frames[_frames.frame_key(layer, option)] = {
+                    "data": {}, "props": {"head_select": {"options": options, "value": options[0]}}}
+        first = next(iter(self.shapes))
+        layer_select = Select(title="layer", value=first, options=list(self.shapes), name="layer_select")
+        head_select = Select(title="head", value=layer_options[first][0], options=layer_options[first],
+                             name="head_select")
+        models = {**_detail_models(panels, thumbnails), "head_select": head_select}
+        callback = _frames.swap_frame_callback(models, frames, [layer_select, head_select])
         layer_select.js_on_change("value", callback)
         head_select.js_on_change("value", callback)
         thumbnails.selected.js_on_change("indices", CustomJS(
@@ -362,7 +365,7 @@ def _detail_panels():
     """The detail heatmap with its head view and bars: one Bokeh document, so that the
     head view's callbacks read the heatmap's source in the page."""
     panels = types.SimpleNamespace()
-    panels.detail_figure = figures.heatmap(np.zeros((1, 1)), title="", width=460, height=440)
+    panels.detail_figure = figures.heatmap(np.zeros((1, 1)), title="", width=DETAIL_SIZE[0], height=DETAIL_SIZE[1])
     panels.detail_figure.name = "detail_figure"  # found by name in the browser
     panels.detail_source = figures.heatmap_source(panels.detail_figure)
     panels.detail_source.name = "detail_source"
@@ -371,73 +374,64 @@ def _detail_panels():
     return panels
 
 
+def _detail_frame(window, x_labels, y_labels, layer, head, thumbnails):
+    """The detail heatmap, its head view and the model view's outline, as a frame
+    (`_frames`): what the live explorer applies and the export embeds per layer and head."""
+    window = np.asarray(window, dtype="float64")
+    rows, cols = window.shape
+    # No more labels than the 460 x 440 detail holds (a 64-token window: every 3rd; hover names each cell).
+    x_ticks, x_overrides = figures.tick_labels(x_labels, figures.labels_that_fit(DETAIL_SIZE[0] - 150))
+    y_ticks, y_overrides = figures.tick_labels(y_labels, figures.labels_that_fit(DETAIL_SIZE[1] - 110))
+    # Colours fitted to the shown weights (the colour bar shows the range).
+    low = min(0.0, float(np.nanmin(window))) if window.size else 0.0
+    high = max(float(np.nanmax(window)), low + 1e-9) if window.size else 1.0
+    head_view = figures.head_view_layout(rows, cols)
+    return {
+        "data": {"detail_source": figures.heatmap_data(window, x_labels, y_labels),
+                 "head_view_tokens": figures.head_view_tokens(y_labels, x_labels)},
+        "props": {
+            "detail_x_range": {"start": -0.5, "end": max(cols, 1) - 0.5},
+            "detail_y_range": {"start": max(rows, 1) - 0.5, "end": -0.5},
+            "detail_x_ticker": {"ticks": x_ticks}, "detail_x_axis": {"major_label_overrides": x_overrides},
+            "detail_y_ticker": {"ticks": y_ticks}, "detail_y_axis": {"major_label_overrides": y_overrides},
+            "detail_mapper": {"low": low, "high": high},
+            "detail_title": {"text": f"{layer}, {head if head == MEAN_OF_HEADS else f'head {head}'}"},
+            "head_view_y_range": {"start": head_view["y_range"][0], "end": head_view["y_range"][1]},
+            "head_view_figure": {"height": head_view["height"]},
+            "thumbnail_selection": {"indices": _thumbnail_indices(thumbnails, layer, head)},
+        },
+    }
+
+
+def _detail_models(panels, thumbnails):
+    """The models a detail frame sets, by the keys `_detail_frame` uses."""
+    detail, view = panels.detail_figure, panels.head_view_figure
+    return {
+        "detail_source": panels.detail_source, "head_view_tokens": panels.token_source,
+        "detail_x_range": detail.x_range, "detail_y_range": detail.y_range,
+        "detail_x_ticker": detail.xaxis[0].ticker, "detail_x_axis": detail.xaxis[0],
+        "detail_y_ticker": detail.yaxis[0].ticker, "detail_y_axis": detail.yaxis[0],
+        "detail_mapper": detail.select_one({"type": LinearColorMapper}), "detail_title": detail.title,
+        "head_view_y_range": view.y_range, "head_view_figure": view, "thumbnail_selection": thumbnails.selected,
+    }
+
+
 def _thumbnail_indices(data, layer, head):
     """The model-view thumbnails of what the detail shows (all heads of a layer for the mean)."""
     return [i for i, (name, index) in enumerate(zip(data["layer"], data["head"]))
             if name == layer and (head == MEAN_OF_HEADS or index == head)]
 
 
-# A tap on one thumbnail of an exported explorer sets the selects (whose
-# callback draws it); the selection the selects themselves set is ignored.
+# A tap on one thumbnail of an exported explorer sets the selects (the frame
+# they name outlines it); the outline a frame itself sets (the mean: several) is ignored.
 THUMBNAIL_TAP_JS = """
 const picked = thumbnails.selected.indices;
 if (picked.length !== 1) return;
 const data = thumbnails.data;
 const column = (name) => Array.from(data instanceof Map ? data.get(name) : data[name]);
 const layer = column("layer")[picked[0]], head = String(column("head")[picked[0]]);
-if (layer_select.value !== layer) {
-  head_select._ka_pending = head;  // the head to show once the layer's head options are set
-  layer_select.value = layer;
-} else if (head_select.value !== head) {
-  head_select.value = head;
-}
-"""
-
-# Shows the chosen layer and head of an exported explorer. One-head layers
-# offer only head 0 (the mean of one head is the same matrix).
-STANDALONE_JS = """
-const frame = frames[layer_select.value];
-const count = frame.heads.length;
-const options = count > 1 ? ["mean of heads", ...frame.heads.map((_, h) => String(h))] : ["0"];
-const wanted = head_select._ka_pending;  // set by a click on a thumbnail of another layer
-head_select._ka_pending = undefined;
-if (JSON.stringify(head_select.options) !== JSON.stringify(options)) head_select.options = options;
-const value = wanted !== undefined && options.includes(wanted) ? wanted :
-  options.includes(head_select.value) ? head_select.value : options[0];
-if (value !== head_select.value) { head_select.value = value; return; }  // runs again
-const mean = head_select.value === "mean of heads";
-const flat = mean ? frame.mean : frame.heads[Number(head_select.value)];
-const row = [], col = [], x_token = [], y_token = [];
-for (let r = 0; r < frame.rows; r++) {
-  for (let c = 0; c < frame.cols; c++) {
-    row.push(r); col.push(c); x_token.push(frame.x_labels[c]); y_token.push(frame.y_labels[r]);
-  }
-}
-source.data = {row, col, weight: Array.from(flat), x_token, y_token};
-// Colours fitted to the shown weights (the colour bar shows the range).
-mapper.low = Math.min(0, ...flat); mapper.high = Math.max(mapper.low + 1e-9, ...flat);
-figure.x_range.start = -0.5; figure.x_range.end = frame.cols - 0.5;
-figure.y_range.start = frame.rows - 0.5; figure.y_range.end = -0.5;
-// Every position labelled up to 60, then every n-th (like figures._label_axis).
-const ticks = (n) => { const step = n <= 60 ? 1 : Math.ceil(n / 10);
-                       return Array.from({length: Math.ceil(n / step)}, (_, i) => i * step); };
-x_axis.ticker.ticks = ticks(frame.cols);
-y_axis.ticker.ticks = ticks(frame.rows);
-x_axis.major_label_overrides = new Map(x_axis.ticker.ticks.map((i) => [i, frame.x_labels[i]]));
-y_axis.major_label_overrides = new Map(y_axis.ticker.ticks.map((i) => [i, frame.y_labels[i]]));
-figure.title.text = layer_select.value + ", " + (mean ? "mean of heads" : "head " + head_select.value);
-// The head view's tokens (figures.head_view_tokens), and the thumbnails outlined.
-const cut = (t) => t.length <= 10 ? t : t.slice(0, 9) + "…";
-const q = frame.y_labels, k = frame.x_labels;
-tokens.data = {side: [...q.map(() => "query"), ...k.map(() => "key")],
-               position: [...q.keys(), ...k.keys()], token: [...q, ...k].map(cut),
-               x: [...q.map(() => -0.55), ...k.map(() => 1.55)], text_x: [...q.map(() => -0.05), ...k.map(() => 1.05)],
-               align: [...q.map(() => "right"), ...k.map(() => "left")]};
-const tdata = thumbnails.data;
-const layers = Array.from(tdata instanceof Map ? tdata.get("layer") : tdata["layer"]);
-const heads = Array.from(tdata instanceof Map ? tdata.get("head") : tdata["head"]);
-thumbnails.selected.indices = layers.flatMap((name, i) =>
-  name === layer_select.value && (mean || String(heads[i]) === head_select.value) ? [i] : []);
+if (layer_select.value !== layer) layer_select.value = layer;
+if (head_select.value !== head) head_select.value = head;
 """
 
 

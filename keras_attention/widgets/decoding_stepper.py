@@ -9,6 +9,7 @@ from bokeh.layouts import row
 from bokeh.models import LinearColorMapper
 
 from keras_attention import validation
+from keras_attention.widgets import _frames
 from keras_attention.widgets import figures
 from keras_attention.widgets._component import FreshBokehModel as BokehModel
 from keras_attention.widgets._component import Component
@@ -25,11 +26,13 @@ class DecodingStepper(Component):
     the step and the token being produced:
 
     1. the scores over the source tokens before softmax (shown when the
-       attention layer exposes them; Transformer translators do not),
+       session exposes them; for Transformer translators those of the chosen
+       layer and head, or their mean, labelled),
     2. the softmax distribution,
     3. the weighted sum: each source vector scaled by its weight, and their
        sum, the context vector (shown when the session exposes the vectors,
-       `session.values`),
+       `session.values`; for a Transformer head its value vectors, for the
+       mean of heads every head's side by side),
     4. the prediction: top-k candidates with probabilities, the chosen token
        marked.
 
@@ -115,13 +118,12 @@ class DecodingStepper(Component):
                      "distribution_figure", "distribution_source", "weighted_sum_figure",
                      "weighted_sum_source", "candidate_figure", "candidate_source", "figures_layout"):
             setattr(self, name, getattr(panels, name))
+        self._view = _StepperView(self.source_tokens, self.values, self.top_k, self._cell, self._reserved_rows)
+        self._models = _frame_models(panels)
         self.candidate_source.selected.on_change("indices", self._on_candidate_tap)
         self.bokeh_widget = BokehModel(self.figures_layout)
         # A source too wide for the page scrolls inside the output, not the page.
         self.bokeh_widget.layout = ipywidgets.Layout(max_width="100%", overflow="auto")
-
-    def _heatmap_height(self, rows):
-        return _heatmap_height(self._cell, rows)
 
     def _build_controls(self):
         button = ipywidgets.Button
@@ -208,7 +210,6 @@ class DecodingStepper(Component):
             self._path = self._path[: self.position] + [int(step.token_id)]
         self.position += 1
         self._maybe_show_selectors(step)
-        self._stream_row(step)
         self._refresh_step_views()
         return step
 
@@ -305,55 +306,21 @@ class DecodingStepper(Component):
 
     def select(self, array):
         """One `(T_in,)` row from a step's attention or scores, per the layer/head choice."""
-        array = np.asarray(array, dtype="float64")
-        if array.ndim == 1:
-            return array
-        layer = self.layer_choice.value if self.layer_choice.value in range(array.shape[0]) else -1
-        per_head = array[layer]
-        if self.head_choice.value == MEAN_OF_HEADS:
-            return per_head.mean(axis=0)
-        return per_head[self.head_choice.value]
+        return select(array, *self._choice())
 
     def _output_tokens(self):
         return [str(step.token) for step in self.history]
 
-    def _stream_row(self, step):
-        row_index = self.position - 1
-        self.heatmap_source.stream(
-            figures.heatmap_data(self.select(step.attention)[None, :], self.source_tokens,
-                                 [step.token], row_offset=row_index)
-        )
-        self._update_heatmap_axes()
-
-    def _update_heatmap_axes(self):
-        rows = max(self._reserved_rows, self.position)
-        if self.heatmap_figure.y_range.start != rows - 0.5:
-            self.heatmap_figure.y_range.start = rows - 0.5
-            self.heatmap_figure.height = self._heatmap_height(rows)
-        figures.set_tick_labels(self.heatmap_figure, y_tokens=self._output_tokens())
-        self.heatmap_figure.title.text = "Alignment (one row per output token)" + (
-            f": {self._choice_label()}" if self.layer_choice.layout.display != "none" else ""
-        )
-
-    def _choice_label(self):
-        head = self.head_choice.value
-        return f"layer {self.layer_choice.value}, " + (head if head == MEAN_OF_HEADS else f"head {head}")
+    def _choice(self):
+        """`(layer, head)` the dropdowns choose (`head` an int or MEAN_OF_HEADS)."""
+        return self.layer_choice.value, self.head_choice.value
 
     def _redraw_all(self):
-        if self._updating:
-            return
-        history = self.history
-        if history:
-            matrix = np.stack([self.select(step.attention) for step in history])
-        else:
-            matrix = np.zeros((0, len(self.source_tokens)))
-        self.heatmap_source.data = figures.heatmap_data(matrix, self.source_tokens, self._output_tokens())
-        self._update_heatmap_axes()
-        self._refresh_step_views()
+        if not self._updating:
+            self._refresh_step_views()
 
     def _refresh_step_views(self):
         history = self.history
-        num_source = len(self.source_tokens)
         self._updating = True
         try:
             self.step_slider.max = len(self._path)
@@ -362,40 +329,19 @@ class DecodingStepper(Component):
             self._updating = False
         self.back_button.disabled = self.position == 0
         self.next_button.disabled = self.session.done
+        # Every panel, its range, title and tick labels: the frame the export embeds too.
+        frame = self._view.frame(history, *self._choice(),
+                                 show_choice=self.layer_choice.layout.display != "none")
+        _frames.apply_frame(self._models, frame)
         if not history:
-            self._patch_bars(self.distribution_source, np.zeros(num_source))
-            self._patch_bars(self.scores_source, np.zeros(num_source))
-            self.scores_figure.title.text = "1. Scores (before softmax)"
-            self.distribution_figure.title.text = "2. Softmax distribution"
-            if self.weighted_sum_figure is not None:
-                self._draw_weighted_sum(np.zeros(num_source), "3. Weighted sum")
-            blank = [("", 0.0)] * self.top_k
-            self.candidate_source.data = figures.candidate_data(blank)
-            figures.set_tick_labels(self.candidate_figure, y_tokens=[""] * self.top_k)
-            self.candidate_figure.title.text = "4. Prediction"
             for candidate_button in self.candidate_buttons:
                 candidate_button.layout.display = "none"
             self.output_html.value = "<b>output:</b> <i>(press Next token)</i>"
             self._set_status("")
             return
         step = history[-1]
-        titles = _stage_titles(step, self.position)
         distribution = self.select(step.attention)
-        self._patch_bars(self.distribution_source, distribution)
-        self.distribution_figure.title.text = titles["distribution"]
-        # Translators that do not expose pre-softmax scores get no empty panel.
-        self.scores_figure.visible = step.scores is not None
-        if step.scores is not None:
-            self._patch_bars(self.scores_source, self.select(step.scores))
-            self.scores_figure.title.text = titles["scores"]
-        if self.weighted_sum_figure is not None:
-            self._draw_weighted_sum(distribution, titles["weighted"])
         candidates = list(step.candidates)[: self.top_k]
-        padded = candidates + [("", 0.0)] * (self.top_k - len(candidates))
-        self.candidate_source.data = figures.candidate_data(padded, chosen=step.token)
-        # Short labels keep the bars (and the title above them) wide; hover shows the token.
-        figures.set_tick_labels(self.candidate_figure, y_tokens=[t for t, _ in padded], max_chars=16)
-        self.candidate_figure.title.text = titles["candidate"]
         for index, candidate_button in enumerate(self.candidate_buttons):
             if index < len(candidates):
                 token, probability = candidates[index]
@@ -413,22 +359,164 @@ class DecodingStepper(Component):
         )
         self._set_status("decoding is finished" if self.session.done else "")
 
-    def _draw_weighted_sum(self, weights, title):
-        rows, labels = figures.weighted_sum_rows(weights, self.values, self.source_tokens)
-        figures.update_heatmap(self.weighted_sum_figure, rows, [str(i) for i in range(rows.shape[1])],
-                               labels, title=title)
-        # Colours fitted to the values (white at 0), so small contexts stay visible.
-        limit = float(max(np.abs(rows).max(), 1e-9))
-        mapper = self.weighted_sum_figure.select_one({"type": LinearColorMapper})
-        mapper.low, mapper.high = -limit, limit
-
-    @staticmethod
-    def _patch_bars(source, values):
-        values = [float(v) for v in values]
-        source.patch({"weight": [(slice(0, len(values)), values)]})
-
     def _set_status(self, text):
         self.status_html.value = f"<i>{escape(text)}</i>" if text else ""
+
+
+def select(array, layer, head):
+    """One `(T_in,)` row of a step's attention or scores: `(T_in,)` as is, or
+    `(layers, heads, T_in)` at `layer` (the last when out of range) and `head`
+    (or the mean of heads)."""
+    array = np.asarray(array, dtype="float64")
+    if array.ndim == 1:
+        return array
+    per_head = array[layer if layer in range(array.shape[0]) else -1]
+    if head == MEAN_OF_HEADS:
+        return per_head.mean(axis=0)
+    return per_head[head]
+
+
+def choice_label(layer, head):
+    return f"layer {layer}, " + (head if head == MEAN_OF_HEADS else f"head {head}")
+
+
+class _StepperView:
+    """The stepper's panels as data: `frame(history, layer, head)` for any state.
+
+    The live widget applies the frame of its current state; the export embeds
+    the frame of every step, layer and head. Nothing else draws the panels.
+    """
+
+    BLANK_TITLES = {"scores": "1. Scores (before softmax)", "distribution": "2. Softmax distribution",
+                    "weighted": "3. Weighted sum", "candidate": "4. Prediction"}
+
+    def __init__(self, source_tokens, values, top_k, cell, reserved_rows):
+        self.source_tokens = list(source_tokens)
+        self.values = values
+        self.top_k = top_k
+        self.cell = cell
+        self.reserved_rows = reserved_rows
+
+    def frame(self, history, layer, head, show_choice=False):
+        tokens, num_source = self.source_tokens, len(self.source_tokens)
+        position = len(history)
+        output_tokens = [str(step.token) for step in history]
+        matrix = (np.stack([select(step.attention, layer, head) for step in history]) if history
+                  else np.zeros((0, num_source)))
+        rows = max(position, 1)  # the rows decoded, no blank rows below them
+        ticks, labels = figures.tick_labels(output_tokens)
+        data = {"alignment_source": figures.heatmap_data(matrix, tokens, output_tokens)}
+        props = {
+            "alignment_y_range": {"start": rows - 0.5, "end": -0.5},
+            "alignment_figure": {"height": _heatmap_height(self.cell, max(rows, self.reserved_rows))},
+            "alignment_y_ticker": {"ticks": ticks},
+            "alignment_y_axis": {"major_label_overrides": labels},
+            # With a layer and head to name, the short title keeps them on the figure.
+            "alignment_title": {"text": f"Alignment: {choice_label(layer, head)}" if show_choice
+                                else "Alignment (one row per output token)"},
+        }
+        if history:
+            step = history[-1]
+            titles = _stage_titles(step, position)
+            distribution = select(step.attention, layer, head)
+            scores = None if step.scores is None else select(step.scores, layer, head)
+            candidates = list(step.candidates)[: self.top_k]
+            chosen = step.token
+        else:
+            titles, distribution, scores = self.BLANK_TITLES, np.zeros(num_source), np.zeros(num_source)
+            candidates, chosen = [], None
+        data["distribution_source"] = figures.bar_data(distribution, tokens)
+        props["distribution_title"] = {"text": titles["distribution"]}
+        # Translators that do not expose pre-softmax scores get no empty panel.
+        props["scores_figure"] = {"visible": scores is not None}
+        if scores is not None:
+            data["scores_source"] = figures.bar_data(scores, tokens)
+            start, end = figures.value_range(scores)
+            props["scores_y_range"] = {"start": start, "end": end}
+            props["scores_title"] = {"text": titles["scores"]}
+            props["scores_y_axis"] = {"axis_label": "score" + (" (mean of heads)" if show_choice and head == MEAN_OF_HEADS
+                                                                else "")}
+        if self.values is not None:
+            attention = history[-1].attention if history else None
+            weighted, row_labels, features = self._weighted_sum(attention, distribution, layer, head)
+            data["weighted_source"] = figures.heatmap_data(weighted, features, row_labels)
+            ticks, labels = figures.tick_labels(row_labels)
+            x_ticks, x_labels = figures.tick_labels(features, max_labels=12)  # ~30 px per label
+            # Colours fitted to the values (white at 0), so small contexts stay visible.
+            limit = float(max(np.abs(weighted).max(), 1e-9))
+            side_by_side = self.values.ndim == 4 and head == MEAN_OF_HEADS
+            props.update({
+                "weighted_y_ticker": {"ticks": ticks}, "weighted_y_axis": {"major_label_overrides": labels},
+                "weighted_x_range": {"start": -0.5, "end": len(features) - 0.5},
+                "weighted_x_ticker": {"ticks": x_ticks},
+                "weighted_x_axis": {"major_label_overrides": x_labels,
+                                    "axis_label": "feature (heads side by side)" if side_by_side else "feature"},
+                "weighted_mapper": {"low": -limit, "high": limit}, "weighted_title": {"text": titles["weighted"]},
+            })
+        padded = candidates + [("", 0.0)] * (self.top_k - len(candidates))
+        data["candidate_source"] = figures.candidate_data(padded, chosen=chosen)
+        # Short labels keep the bars (and the title above them) wide; hover shows the token.
+        ticks, labels = figures.tick_labels([figures.shorten(t, 16) for t, _ in padded])
+        props.update({"candidate_y_ticker": {"ticks": ticks}, "candidate_y_axis": {"major_label_overrides": labels},
+                      "candidate_title": {"text": titles["candidate"]}})
+        return {"data": data, "props": props}
+
+
+    def _features(self, head):
+        """Feature labels of the weighted sum: one value vector, or every head's side by side."""
+        if self.values.ndim == 2 or head != MEAN_OF_HEADS:
+            return [str(i) for i in range(self.values.shape[-1])]
+        heads, size = self.values.shape[1], self.values.shape[-1]
+        return [f"h{h}:{i}" for h in range(heads) for i in range(size)]
+
+    def _weighted_sum(self, attention, distribution, layer, head):
+        """`(rows, row_labels, feature_labels)` of stage 3.
+
+        Seq2Seq: each source vector times its weight, then the context. A
+        Transformer head: its value vectors times its weights. The mean of
+        heads: every head's rows side by side (the concatenation the output
+        projection reads), the context of each head in the last row.
+        """
+        tokens, features = self.source_tokens, self._features(head)
+        if self.values.ndim == 2:
+            rows, labels = figures.weighted_sum_rows(distribution, self.values, tokens)
+            return rows, labels, features
+        values = self.values[layer if layer in range(self.values.shape[0]) else -1]  # (H, T_in, head_dim)
+        if attention is None:
+            attention = np.zeros(values.shape[:2])
+        else:
+            attention = np.asarray(attention, "float64")[layer if layer in range(self.values.shape[0]) else -1]
+        if head != MEAN_OF_HEADS:
+            rows, labels = figures.weighted_sum_rows(attention[head], values[head], tokens)
+            return rows, labels, features
+        rows = np.concatenate([figures.weighted_sum_rows(w, v, tokens)[0] for w, v in zip(attention, values)], axis=1)
+        return rows, [*(f"w x {t}" for t in tokens), "= context"], features
+
+
+def _frame_models(panels):
+    """The models a stepper frame sets, by the keys `_StepperView.frame` uses."""
+    models = {
+        "alignment_source": panels.heatmap_source, "alignment_figure": panels.heatmap_figure,
+        "alignment_y_range": panels.heatmap_figure.y_range, "alignment_title": panels.heatmap_figure.title,
+        "alignment_y_axis": panels.heatmap_figure.yaxis[0], "alignment_y_ticker": panels.heatmap_figure.yaxis[0].ticker,
+        "scores_source": panels.scores_source, "scores_figure": panels.scores_figure,
+        "scores_y_range": panels.scores_figure.y_range, "scores_title": panels.scores_figure.title,
+        "scores_y_axis": panels.scores_figure.yaxis[0],
+        "distribution_source": panels.distribution_source, "distribution_title": panels.distribution_figure.title,
+        "candidate_source": panels.candidate_source, "candidate_title": panels.candidate_figure.title,
+        "candidate_y_axis": panels.candidate_figure.yaxis[0],
+        "candidate_y_ticker": panels.candidate_figure.yaxis[0].ticker,
+    }
+    weighted = panels.weighted_sum_figure
+    if weighted is not None:
+        models.update({
+            "weighted_source": panels.weighted_sum_source, "weighted_title": weighted.title,
+            "weighted_y_axis": weighted.yaxis[0], "weighted_y_ticker": weighted.yaxis[0].ticker,
+            "weighted_x_axis": weighted.xaxis[0], "weighted_x_ticker": weighted.xaxis[0].ticker,
+            "weighted_x_range": weighted.x_range,
+            "weighted_mapper": weighted.select_one({"type": LinearColorMapper}),
+        })
+    return models
 
 
 def _heatmap_height(cell, rows):
@@ -444,7 +532,8 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
     panels.heatmap_figure = figures.heatmap(
         np.zeros((0, num_source)), source_tokens, [],
         title="Alignment (one row per output token)", x_axis_label="source", y_axis_label="output",
-        rows=rows, width=num_source * cell + 130 + label_room, height=_heatmap_height(cell, rows),
+        # At least room for its title with the layer and head on one line.
+        rows=rows, width=max(440, num_source * cell + 130 + label_room), height=_heatmap_height(cell, rows),
     )
     panels.heatmap_source = figures.heatmap_source(panels.heatmap_figure)
     panels.heatmap_source.name = "alignment_source"  # found by name in the browser
@@ -460,8 +549,9 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
     panels.distribution_source = figures.heatmap_source(panels.distribution_figure)
     panels.distribution_source.name = "distribution_source"
     if values is not None:
+        # The first frame sets its rows (a Transformer's values are per layer and head).
         panels.weighted_sum_figure = figures.weighted_sum(
-            zeros, values, source_tokens, title="3. Weighted sum", width=400,
+            zeros, np.zeros((num_source, values.shape[-1])), source_tokens, title="3. Weighted sum", width=400,
             height=max(220, 18 * (num_source + 1) + 110),
         )
         panels.weighted_sum_source = figures.heatmap_source(panels.weighted_sum_figure)
@@ -476,6 +566,10 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
     stages = [stage for stage in stages if stage is not None]
     for stage in stages:
         stage.title.text_font_size = "10pt"  # titles name the step and token: keep them on one line
+    # Found by name in the browser (tests read their ranges there).
+    for name in ("heatmap_figure", "scores_figure", "distribution_figure", "weighted_sum_figure", "candidate_figure"):
+        if getattr(panels, name) is not None:
+            getattr(panels, name).name = "alignment_figure" if name == "heatmap_figure" else name
     panels.figures_layout = column(row(*stages[:2]), row(*stages[2:]), panels.heatmap_figure)
     return panels
 
@@ -487,7 +581,7 @@ def _stage_titles(step, position):
     return {
         "scores": f"1. Scores before softmax · {token} (step {position})",
         "distribution": f"2. Attention while producing {token} (step {position})",
-        "weighted": f"3. Context = Σ weight × value · {token} (step {position})",
+        "weighted": f"3. Σ weight × value · {token} (step {position})",
         "candidate": (f"4. Prediction (step {position}): {token} "
                       f"p={step.probability:.2f}" + (" (forced)" if forced else "")),
     }
@@ -498,121 +592,38 @@ def _quoted(token):
     return f"'{token}'"
 
 
-# Copies step `step` (and the layer/head choice) from the embedded frames into
-# the sources of an exported stepper. `frames.attention` / `.scores` hold one flat
-# `(layers * heads * T)` array per step (`heads` 0: one `(T,)` distribution).
-STANDALONE_JS = """
-const i = step_slider.value - 1;
-const T = frames.num_source;
-const L = frames.layers, H = frames.heads;
-const layer = L > 0 ? Number(layer_select.value) : 0;
-const head = H > 0 && head_select.value !== "mean of heads" ? Number(head_select.value) : -1;
-function pick(flat) {
-  if (H === 0) return Array.from(flat);
-  const out = new Array(T).fill(0);
-  for (let t = 0; t < T; t++) {
-    if (head >= 0) out[t] = flat[(layer * H + head) * T + t];
-    else { for (let h = 0; h < H; h++) out[t] += flat[(layer * H + h) * T + t] / H; }
-  }
-  return out;
-}
-const weights = pick(frames.attention[i]);
-distribution.data = {...distribution.data, weight: weights};
-distribution_figure.title.text = frames.titles[i].distribution;
-if (frames.scores[i] !== null) {
-  scores.data = {...scores.data, weight: pick(frames.scores[i])};
-  scores_figure.title.text = frames.titles[i].scores;
-}
-const c = frames.candidates[i];
-candidates.data = {rank: c.token.map((_, r) => r), token: c.token, probability: c.probability, color: c.color};
-candidate_figure.title.text = frames.titles[i].candidate;
-candidate_axis.major_label_overrides = new Map(c.token.map((t, r) => [r, t.length > 16 ? t.slice(0, 15) + "…" : t]));
-if (weighted !== null) {
-  const values = frames.values, D = values[0].length;
-  const row = [], col = [], weight = [], x_token = [], y_token = [], sum = new Array(D).fill(0);
-  const labels = new Map();
-  for (let s = 0; s <= T; s++) {
-    for (let d = 0; d < D; d++) {
-      const v = s < T ? weights[s] * values[s][d] : sum[d];
-      if (s < T) sum[d] += v;
-      row.push(s); col.push(d); weight.push(v); x_token.push(String(d));
-      y_token.push(s < T ? frames.source_tokens[s] : "= context");
-    }
-    labels.set(s, s < T ? weights[s].toFixed(2) + " x " + frames.source_tokens[s] : "= context");
-  }
-  weighted.data = {row, col, weight, x_token, y_token};
-  weighted_axis.major_label_overrides = labels;
-  const limit = Math.max(1e-9, ...weight.map(Math.abs));
-  weighted_mapper.low = -limit; weighted_mapper.high = limit;
-  weighted_figure.title.text = frames.titles[i].weighted;
-}
-const row = [], col = [], weight = [], x_token = [], y_token = [];
-for (let s = 0; s <= i; s++) {
-  const r = pick(frames.attention[s]);
-  for (let t = 0; t < T; t++) {
-    row.push(s); col.push(t); weight.push(r[t]);
-    x_token.push(frames.source_tokens[t]); y_token.push(frames.tokens[s]);
-  }
-}
-alignment.data = {row, col, weight, x_token, y_token};
-alignment_axis.major_label_overrides = new Map(frames.tokens.slice(0, i + 1).map((t, s) => [s, t]));
-alignment_figure.title.text = "Alignment (one row per output token)" + (L > 0 ?
-  ": layer " + layer + ", " + (head >= 0 ? "head " + head : "mean of heads") : "");
-"""
-
-
 def _standalone(stepper, steps):
-    """The exported stepper: fresh figures, every step embedded, BokehJS callbacks."""
+    """The exported stepper: fresh figures, the frame of every step, layer and head, and
+    one callback that swaps them in (`_frames.swap_frame_callback`)."""
     from bokeh.document import Document
-    from bokeh.models import CustomJS
     from bokeh.models import Div
     from bokeh.models import Select
     from bokeh.models import Slider
 
     if not steps:
         raise ValueError("DecodingStepper.standalone_layout: the decoded line is empty (nothing to export).")
-    panels = _stage_figures(stepper.source_tokens, stepper.values, stepper.top_k, stepper._cell, len(steps))
+    panels = _stage_figures(stepper.source_tokens, stepper.values, stepper.top_k, stepper._cell,
+                            stepper._reserved_rows)
     attention = np.asarray(steps[0].attention)
     layers, heads = attention.shape[:2] if attention.ndim == 3 else (0, 0)
-    titles = [_stage_titles(step, position) for position, step in enumerate(steps, start=1)]
-    frames = {
-        "attention": [np.asarray(s.attention, "float64").ravel().tolist() for s in steps],
-        "scores": [None if s.scores is None else np.asarray(s.scores, "float64").ravel().tolist() for s in steps],
-        "tokens": [str(s.token) for s in steps],
-        "candidates": [figures.candidate_data(list(s.candidates)[: stepper.top_k], chosen=s.token) for s in steps],
-        "titles": titles,
-        "num_source": len(stepper.source_tokens), "layers": int(layers), "heads": int(heads),
-        "source_tokens": list(stepper.source_tokens),
-        "values": None if stepper.values is None else stepper.values.tolist(),
-    }
-    panels.scores_figure.visible = steps[0].scores is not None
+    view = _StepperView(stepper.source_tokens, stepper.values, stepper.top_k, stepper._cell, stepper._reserved_rows)
+    layer_options = [str(layer) for layer in range(max(layers, 1))]
+    head_options = [MEAN_OF_HEADS, *(str(head) for head in range(heads))]
+    frames = {}
+    for position in range(1, len(steps) + 1):
+        for layer in range(max(layers, 1)):
+            for head in [MEAN_OF_HEADS, *range(heads)]:
+                frames[_frames.frame_key(position, layer, head)] = view.frame(
+                    steps[:position], layer, head, show_choice=layers > 0)
     slider = Slider(start=1, end=max(len(steps), 2), value=len(steps), step=1, title="step",
                     name="step_slider", width=400, disabled=len(steps) == 1)
-    layer_select = Select(title="layer", value=str(layers - 1 if layers else 0),
-                          options=[str(layer) for layer in range(max(layers, 1))], name="layer_select",
+    layer_select = Select(title="layer", value=layer_options[-1], options=layer_options, name="layer_select",
                           visible=layers > 0)
-    head_select = Select(title="head", value=MEAN_OF_HEADS,
-                         options=[MEAN_OF_HEADS, *(str(head) for head in range(heads))], name="head_select",
+    head_select = Select(title="head", value=MEAN_OF_HEADS, options=head_options, name="head_select",
                          visible=heads > 0)
-    weighted = panels.weighted_sum_figure
-    callback = CustomJS(
-        args=dict(
-            frames=frames, step_slider=slider, layer_select=layer_select, head_select=head_select,
-            distribution=panels.distribution_source, distribution_figure=panels.distribution_figure,
-            scores=panels.scores_source, scores_figure=panels.scores_figure,
-            candidates=panels.candidate_source, candidate_figure=panels.candidate_figure,
-            candidate_axis=panels.candidate_figure.yaxis[0],
-            weighted=panels.weighted_sum_source, weighted_figure=weighted,
-            weighted_axis=None if weighted is None else weighted.yaxis[0],
-            weighted_mapper=None if weighted is None else weighted.select_one({"type": LinearColorMapper}),
-            alignment=panels.heatmap_source, alignment_figure=panels.heatmap_figure,
-            alignment_axis=panels.heatmap_figure.yaxis[0],
-        ),
-        code=STANDALONE_JS,
-    )
-    slider.js_on_change("value", callback)
-    layer_select.js_on_change("value", callback)
-    head_select.js_on_change("value", callback)
+    callback = _frames.swap_frame_callback(_frame_models(panels), frames, [slider, layer_select, head_select])
+    for control in (slider, layer_select, head_select):
+        control.js_on_change("value", callback)
     header = Div(text="<b>source:</b> " + " ".join(f"<code>{escape(t)}</code>" for t in stepper.source_tokens)
                  + "<br><b>output:</b> " + " ".join(f"<code>{escape(s.token)}</code>" for s in steps))
     document = Document()

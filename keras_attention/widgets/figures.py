@@ -11,6 +11,7 @@ token such as `<img src=x onerror=alert(1)>` shows up literally.
 
 import numpy as np
 from bokeh.layouts import gridplot
+from bokeh.models import BasicTickFormatter
 from bokeh.models import ColorBar
 from bokeh.models import ColumnDataSource
 from bokeh.models import CustomJS
@@ -64,17 +65,69 @@ def _labels(tokens, length, name, argument):
     return tokens
 
 
-def _label_axis(axis, labels):
-    """Integer ticks labelled with token text (repeated tokens stay distinct).
+def tick_labels(labels, max_labels=None):
+    """`(ticks, overrides)` labelling integer positions with token text.
 
-    Long axes label every n-th position (n chosen so at most
-    `MAX_LABELLED_TICKS // 6` labels show), still with their own text, so a
-    window of positions 200-263 reads 200..263, not 0..63.
+    Repeated tokens stay distinct (one tick per position). Long axes label
+    every n-th position, still with their own text, so a window of positions
+    200-263 reads 200..263, not 0..63: at most `max_labels` labels, or
+    `MAX_LABELLED_TICKS // 6` beyond `MAX_LABELLED_TICKS` positions by default.
     """
-    step = 1 if len(labels) <= MAX_LABELLED_TICKS else int(np.ceil(len(labels) / (MAX_LABELLED_TICKS // 6)))
+    labels = [str(label) for label in labels]
+    if max_labels is None:
+        max_labels = len(labels) if len(labels) <= MAX_LABELLED_TICKS else MAX_LABELLED_TICKS // 6
+    step = max(1, int(np.ceil(len(labels) / max(int(max_labels), 1))))
     ticks = list(range(0, len(labels), step))
-    axis.ticker = FixedTicker(ticks=ticks)
-    axis.major_label_overrides = {i: labels[i] for i in ticks}
+    return ticks, {i: labels[i] for i in ticks}
+
+
+# Pixels an axis gives each tick label: 9pt text, horizontal or at the heatmaps' slant.
+PIXELS_PER_LABEL = 13
+
+
+def labels_that_fit(pixels):
+    """How many tick labels an axis of `pixels` holds without overlapping (hover shows every token)."""
+    return max(2, int(pixels) // PIXELS_PER_LABEL)
+
+
+def _label_axis(axis, labels, max_labels=None):
+    """Label an axis with `tick_labels` (its FixedTicker is kept, so frames can set its ticks)."""
+    ticks, overrides = tick_labels(labels, max_labels)
+    if isinstance(axis.ticker, FixedTicker):
+        axis.ticker.ticks = ticks
+    else:
+        axis.ticker = FixedTicker(ticks=ticks)
+    axis.major_label_overrides = overrides
+
+
+def value_range(values, fixed=None):
+    """`(start, end)` of a bar chart's value axis: holds every value and 0, 5% margin.
+
+    `fixed=(start, end)` is returned when it holds the values (probabilities
+    keep [0, 1]).
+    """
+    values = np.asarray(values, dtype="float64")
+    finite = values[np.isfinite(values)]
+    low = min(0.0, float(finite.min())) if finite.size else 0.0
+    high = max(0.0, float(finite.max())) if finite.size else 0.0
+    if fixed is not None and fixed[0] <= low and high <= fixed[1]:
+        return float(fixed[0]), float(fixed[1])
+    if high - low < 1e-12:
+        return -1.0, 1.0
+    margin = 0.05 * (high - low)
+    return (low - margin if low < 0 else 0.0), (high + margin if high > 0 else 0.0)
+
+
+def bar_data(values, tokens):
+    """The ColumnDataSource columns of `distribution_bars`: `position`, `weight`, `token`."""
+    vector = _as_vector(values, "bar_data")
+    labels = _labels(tokens, len(vector), "bar_data", "tokens")
+    return {"position": list(range(len(vector))), "weight": vector.tolist(), "token": labels}
+
+
+def _color_bar_ticks():
+    # Plain decimals ("0.003"), never Bokeh's default "3.000e-3" for small weights.
+    return BasicTickFormatter(use_scientific=False)
 
 
 def heatmap_data(weights, x_tokens=None, y_tokens=None, row_offset=0):
@@ -187,7 +240,7 @@ def heatmap(
     _label_axis(fig.yaxis[0], _labels(y_tokens, num_rows, "heatmap", "y_tokens"))
     if color_bar:
         fig.add_layout(
-            ColorBar(color_mapper=mapper, width=8, title=color_bar_title, title_text_font_size="8pt",
+            ColorBar(formatter=_color_bar_ticks(), color_mapper=mapper, width=8, title=color_bar_title, title_text_font_size="8pt",
                      title_text_font_style="normal", name="color_bar"),
             "right",
         )
@@ -279,7 +332,7 @@ def image_heatmap(weights, *, title="Attention overview", max_size=128, width=42
     )
     mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=float(max(np.nanmax(small), 1e-9)))
     fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=source, color_mapper=mapper)
-    fig.add_layout(ColorBar(color_mapper=mapper, width=8, title="mean weight", title_text_font_size="8pt",
+    fig.add_layout(ColorBar(formatter=_color_bar_ticks(), color_mapper=mapper, width=8, title="mean weight", title_text_font_size="8pt",
                             title_text_font_style="normal"), "right")
     fig.grid.visible = False
     return fig
@@ -304,22 +357,23 @@ def distribution_bars(
             scores with `fixed_scale=False`.
         tokens: `Tv` strings.
         fixed_scale: y axis fixed to [0, 1] (probabilities); otherwise it
-            follows the data (scores can be negative).
+            spans the data and 0 (`value_range`; scores can be negative).
     """
     vector = _as_vector(weights, "distribution_bars")
     labels = _labels(tokens, len(vector), "distribution_bars", "tokens")
-    data = {"position": list(range(len(vector))), "weight": vector.tolist(), "token": labels}
+    data = bar_data(vector, labels)
     if source is None:
         source = ColumnDataSource(data, name="distribution_source")
     else:
         source.data = data
-    scale = {"y_range": Range1d(0.0, 1.0)} if fixed_scale else {}
+    # A fixed range, set from the data (a widget sets it with each new data).
+    low, high = (0.0, 1.0) if fixed_scale else value_range(vector)
     fig = figure(
         title=title,
         width=width,
         height=height,
         x_range=Range1d(-0.5, max(len(vector), 1) - 0.5),
-        **scale,
+        y_range=Range1d(low, high),
         tools="save",
         toolbar_location=None,
         y_axis_label=y_axis_label,
@@ -328,7 +382,7 @@ def distribution_bars(
     fig.add_tools(HoverTool(tooltips=[("token", "@token"), ("value", "@weight{0.000}")]))
     fig.xgrid.visible = False
     fig.xaxis.major_label_orientation = 0.9
-    _label_axis(fig.xaxis[0], labels)
+    _label_axis(fig.xaxis[0], labels, max_labels=labels_that_fit(width - 80))  # the plot, less the y axis
     return fig
 
 
@@ -460,7 +514,7 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
                    title="", name="head_grid_scale")
     scale.axis.visible = False
     scale.grid.visible = False
-    scale.add_layout(ColorBar(color_mapper=LinearColorMapper(palette=Viridis256, low=0.0, high=high), width=8,
+    scale.add_layout(ColorBar(formatter=_color_bar_ticks(), color_mapper=LinearColorMapper(palette=Viridis256, low=0.0, high=high), width=8,
                               title="attention weight", title_text_font_size="8pt",
                               title_text_font_style="normal", name="grid_color_bar"), "left")
     # An invisible glyph keeps Bokeh from warning about an empty figure.
@@ -579,7 +633,7 @@ def model_view(thumbnails, layer_names, *, size=64, max_size=32, title="Model vi
     fig.xaxis.major_label_overrides = {h * (1 + THUMBNAIL_GAP) + 0.5: f"head {h}" for h in range(num_cols)}
     fig.yaxis.ticker = FixedTicker(ticks=[r * (1 + THUMBNAIL_GAP) + 0.5 for r in range(num_rows)])
     fig.yaxis.major_label_overrides = {r * (1 + THUMBNAIL_GAP) + 0.5: shorten(n, 28) for r, n in enumerate(layer_names)}
-    fig.add_layout(ColorBar(color_mapper=mapper, width=8, title="attention weight", title_text_font_size="8pt",
+    fig.add_layout(ColorBar(formatter=_color_bar_ticks(), color_mapper=mapper, width=8, title="attention weight", title_text_font_size="8pt",
                             title_text_font_style="normal", name="model_view_color_bar"), "right")
     return fig
 
@@ -598,8 +652,6 @@ const data = detail.data;
 const get = (name) => Array.from(data instanceof Map ? data.get(name) : data[name]);
 const rows = get("row"), cols = get("col"), weights = get("weight"), x_tokens = get("x_token"), y_tokens = get("y_token");
 const num_rows = rows.length ? Math.max(...rows) + 1 : 0, num_cols = cols.length ? Math.max(...cols) + 1 : 0;
-const span = Math.max(num_rows, num_cols, 1);
-if (view_figure.y_range.start !== span - 0.5) { view_figure.y_range.start = span - 0.5; view_figure.y_range.end = -0.5; }
 const chosen = hovered.length ? hovered : tokens.selected.indices;
 const focus = chosen.length ? chosen[0] : -1;
 const key = focus + "/" + weights.length + "/" + weights[0] + "/" + weights[weights.length - 1];
@@ -652,9 +704,9 @@ def head_view(detail_figure, *, width=300, height=420):
     data = detail.data
     rows = max(data["row"], default=-1) + 1
     cols = max(data["col"], default=-1) + 1
-    span = max(rows, cols, 1)
-    view = figure(title="Head view: hover or click a token", width=width, height=height,
-                  x_range=Range1d(-2.1, 3.1), y_range=Range1d(span - 0.5, -0.5), tools="tap",
+    layout = head_view_layout(rows, cols, height)
+    view = figure(title="Head view: hover or click a token", width=width, height=layout["height"],
+                  x_range=Range1d(-2.1, 3.1), y_range=Range1d(*layout["y_range"]), tools="tap",
                   toolbar_location=None, name="head_view_figure")
     view.axis.visible = False
     view.grid.visible = False
@@ -688,14 +740,33 @@ def head_view(detail_figure, *, width=300, height=420):
     cells = detail_figure.select_one({"name": "cells"})
     cells.nonselection_glyph = cells.glyph.clone(fill_alpha=0.25)
     arguments = dict(detail=detail, tokens=token_source, bars=bars, bars_figure=bars_figure,
-                     bars_axis=bars_figure.xaxis[0], view_figure=view)
+                     bars_axis=bars_figure.xaxis[0])
     on_change = CustomJS(args=arguments, code="const hovered = [];\n" + HEAD_VIEW_JS)
     on_hover = CustomJS(args=arguments, code="const hovered = cb_data.index.indices;\n" + HEAD_VIEW_JS)
     view.add_tools(HoverTool(renderers=[boxes], tooltips=None, callback=on_hover))
     token_source.selected.js_on_change("indices", on_change)
-    token_source.js_on_change("data", on_change)
-    detail.js_on_change("data", on_change)
+    # A new matrix arrives as new data, or (live widgets send only what changed) as a patch.
+    for source in (token_source, detail):
+        source.js_on_change("data", on_change)
+        source.js_on_change("patching", on_change)
     return view, bars_figure, token_source
+
+
+# Pixels per token row of the head view (bertviz grows the view the same way),
+# so that 9pt labels never overlap.
+HEAD_VIEW_ROW_PX = 15
+
+
+def head_view_layout(num_queries, num_keys, min_height=420):
+    """What the head view's figure needs to show `num_queries` x `num_keys` tokens:
+    `{"y_range": (start, end), "height": pixels}`, one row per token.
+
+    Set with the token data (`head_view_tokens`) each time the matrix changes,
+    also before the view is first drawn: a range left at the initial 1x1 draws
+    one label per side and lines running off the panel.
+    """
+    span = max(int(num_queries), int(num_keys), 1)
+    return {"y_range": (span - 0.5, -0.5), "height": max(int(min_height), span * HEAD_VIEW_ROW_PX + 60)}
 
 
 def head_view_tokens(query_tokens, key_tokens):

@@ -15,6 +15,7 @@ from keras_attention.widgets._component import FreshBokehModel as BokehModel
 from keras_attention import validation
 from keras_attention.layers.capture import attention_layers
 from keras_attention.widgets import _captured
+from keras_attention.widgets import _frames
 from keras_attention.widgets import figures
 from keras_attention.widgets._component import Component
 from keras_attention.widgets._component import escape
@@ -206,16 +207,12 @@ class LiveAttention(keras.callbacks.Callback, Component):
     def show_frame(self, index):
         """Draw frame `index` of the history (negative counts from the newest)."""
         title, matrices = self.frames[index]
-        for name, matrix in matrices.items():
-            values = matrix.ravel().astype("float64").tolist()
-            self.sources[name].patch({"weight": [(slice(0, len(values)), values)]})
-            self.figures[name].title.text = f"{name} · {title}"
+        _frames.apply_frame(self._frame_models(self.sources, self.figures), _frame(title, matrices))
 
     def standalone_layout(self):
         """A Bokeh document replaying every recorded frame without a kernel (`export_html`)."""
         from bokeh.document import Document
         from bokeh.layouts import column
-        from bokeh.models import CustomJS
         from bokeh.models import Slider
 
         panels = {}
@@ -226,22 +223,22 @@ class LiveAttention(keras.callbacks.Callback, Component):
                 title=name, width=fig.width, height=fig.height,
             )
             figures.heatmap_source(panels[name]).name = f"frame_source_{name}"
-        frames = [{"title": title, "weights": {name: m.ravel().astype("float64").tolist()
-                                               for name, m in matrices.items()}}
-                  for title, matrices in self.frames]
+        frames = {_frames.frame_key(index): _frame(title, matrices)
+                  for index, (title, matrices) in enumerate(self.frames)}
         slider = Slider(start=0, end=max(len(frames) - 1, 1), value=len(frames) - 1, step=1,
                         title="frame", name="frame_slider", width=400, disabled=len(frames) == 1)
-        callback = CustomJS(
-            args=dict(frames=frames, slider=slider,
-                      sources={name: figures.heatmap_source(fig) for name, fig in panels.items()},
-                      figures=panels),
-            code=STANDALONE_JS,
-        )
+        sources = {name: figures.heatmap_source(fig) for name, fig in panels.items()}
+        callback = _frames.swap_frame_callback(self._frame_models(sources, panels), frames, [slider])
         slider.js_on_change("value", callback)
         document = Document()
         document.add_root(column(slider, gridplot(list(panels.values()), ncols=2, toolbar_location=None)))
         document.js_on_event("document_ready", callback)
         return document
+
+    @staticmethod
+    def _frame_models(sources, figures_by_name):
+        return {**{f"source:{name}": source for name, source in sources.items()},
+                **{f"title:{name}": fig.title for name, fig in figures_by_name.items()}}
 
     def compute(self):
         """`{layer_name: (Tq, Tv)}` attention of the probe example, now."""
@@ -461,15 +458,13 @@ class LiveAttention(keras.callbacks.Callback, Component):
             )
 
 
-# Draws frame `slider.value` of an exported LiveAttention.
-STANDALONE_JS = """
-const frame = frames[slider.value];
-for (const name of Object.keys(frame.weights)) {
-  const source = sources[name];
-  source.data = {...source.data, weight: frame.weights[name]};
-  figures[name].title.text = name + " · " + frame.title;
-}
-"""
+def _frame(title, matrices):
+    """A recorded frame's heatmaps and titles (`_frames`): what the replay slider
+    shows live and in the export."""
+    return {
+        "data": {f"source:{name}": {"weight": np.asarray(m, "float64").ravel().tolist()} for name, m in matrices.items()},
+        "props": {f"title:{name}": {"text": f"{name} · {title}"} for name in matrices},
+    }
 
 
 def _loss(logs):

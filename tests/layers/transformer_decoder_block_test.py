@@ -50,6 +50,41 @@ def test_matches_numpy_forward_pass_with_the_block_weights(norm_first):
     assert np.all(self_scores[..., np.triu_indices(4, 1)[0], np.triu_indices(4, 1)[1]] == 0)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cross_attention_logits_are_the_scores_before_softmax(norm_first):
+    block = make_block(norm_first=norm_first, attention=MultiHeadAttention(
+        num_heads=2, key_dim=4, num_key_value_heads=1))
+    target, source = random_inputs((2, 4, 8), seed=1), random_inputs((2, 6, 10), seed=2)
+    source_padding = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], bool)
+    outputs, _, cross_scores, cross_logits = to_numpy(block(
+        target, source, encoder_padding_mask=source_padding,
+        return_attention_scores=True, return_cross_attention_logits=True))
+    expected_logits = []
+    expected, _, expected_cross = reference.decoder_block(
+        block, target, source, None, source_padding, cross_logits_out=expected_logits)
+    assert cross_logits.shape == (2, 2, 4, 6)
+    np.testing.assert_allclose(cross_logits, expected_logits[0], atol=1e-5)
+    np.testing.assert_allclose(outputs, expected, atol=1e-5)
+    # Their softmax over the unmasked encoder positions is the cross-attention.
+    masked = np.where(source_padding[:, None, None], cross_logits, -np.inf)
+    softmax = np.exp(masked - masked.max(-1, keepdims=True))
+    np.testing.assert_allclose(softmax / softmax.sum(-1, keepdims=True), cross_scores, atol=1e-5)
+    # A cached decoding step returns the same row, before its cache.
+    cache = block.initial_self_attention_cache(batch_size=2, max_length=4)
+    _, _, _, step_logits, _ = block(
+        target[:, :1], self_attention_cache=cache, cache_update_index=0,
+        cross_attention_cache=block.precompute_cross_attention_cache(source),
+        encoder_padding_mask=source_padding, return_attention_scores=True,
+        return_cross_attention_logits=True)
+    np.testing.assert_allclose(ops.convert_to_numpy(step_logits)[:, :, 0], cross_logits[:, :, 0], atol=1e-5)
+
+
+def test_cross_attention_logits_need_a_dot_product_cross_attention():
+    block = make_block()
+    with pytest.raises(ValueError, match="return_cross_attention_logits=True.*cross_attention=None"):
+        block(random_inputs((1, 3, 8)), return_cross_attention_logits=True)
+
+
 def test_decoder_only_block_without_encoder():
     block = make_block()
     target = random_inputs((2, 5, 8))

@@ -54,7 +54,12 @@ def test_session_reproduces_translate(transformer):
         assert history[i].attention.shape == (2, 2, 3)
         np.testing.assert_allclose(history[i].attention,
                                    expected.alignment[:, :, i], atol=1e-5)
-    assert history[0].scores is None
+    # The cross-attention scores before softmax: what each step's weights are the softmax of.
+    scores = history[0].scores
+    assert scores.shape == (2, 2, 3)
+    softmax = np.exp(scores - scores.max(-1, keepdims=True))
+    np.testing.assert_allclose(softmax / softmax.sum(-1, keepdims=True), history[0].attention, atol=1e-5)
+    assert session.values.shape[:3] == (2, 2, 3)  # (layers, heads, T_in, head_dim)
     session.reset()
     assert session.step(force_token="7").token == "7"
 

@@ -86,6 +86,8 @@ def test_the_head_view_lists_the_windows_tokens_and_reads_the_detail(fake_comm):
     assert lines.data_source is explorer.detail_source
     explorer.focus_token(3, side="key")
     assert explorer.token_source.selected.indices == [8]
+    # Laid out for its tokens from the start (the page's first draw uses this state).
+    assert (explorer.head_view_figure.y_range.start, explorer.head_view_figure.y_range.end) == (4.5, -0.5)
     with pytest.raises(ValueError, match="no query token at window position 7"):
         explorer.focus_token(7)
 
@@ -104,6 +106,13 @@ def test_long_sequences_get_an_overview_and_a_window(fake_comm):
     explorer.key_start.value = 86
     np.testing.assert_allclose(explorer.detail_matrix, expected[50:114, 86:150], rtol=1e-5)
     assert explorer.detail_source.data["y_token"][0] == "50"
+    # The detail labels no more positions than fit, each with its own text; the head view
+    # has a row per token of the 64-token window, 15 px each, so 9pt labels do not overlap.
+    x_axis = explorer.detail_figure.xaxis[0]
+    assert 10 <= len(x_axis.ticker.ticks) <= 25
+    assert all(x_axis.major_label_overrides[t] == str(86 + t) for t in x_axis.ticker.ticks)
+    view = explorer.head_view_figure
+    assert (view.y_range.start, view.y_range.end) == (63.5, -0.5) and view.height >= 64 * 15
 
 
 def test_a_long_input_window_is_shown_honestly(fake_comm):
@@ -247,10 +256,11 @@ def test_scores_on_demand_windows_are_the_layers_exact_rows(fake_comm, monkeypat
     np.testing.assert_allclose(overview, expected, rtol=2e-4, atol=1e-7)
     assert dict(explorer.window_source.data) == {"left": [119.5], "right": [183.5], "top": [199.5], "bottom": [263.5]}
     # The export embeds that window of each head, still without the full weights.
-    callback = explorer.standalone_layout().select_one({"type": CustomJS, "name": "explorer_draw"})
-    frame = callback.args["frames"]["long"]
-    assert (frame["rows"], frame["cols"], frame["y_labels"][0], frame["x_labels"][0]) == (64, 64, "200", "120")
-    np.testing.assert_allclose(np.reshape(frame["heads"][0], (64, 64)), numpy_rows(layer, x, 200, 264, 0)[:, 120:184],
+    callback = explorer.standalone_layout().select_one({"type": CustomJS, "name": "swap_frame"})
+    detail = callback.args["frames"]["long|0"]["data"]["detail_source"]
+    assert (max(detail["row"]) + 1, max(detail["col"]) + 1, detail["y_token"][0], detail["x_token"][0]) == (
+        64, 64, "200", "120")
+    np.testing.assert_allclose(np.reshape(detail["weight"], (64, 64)), numpy_rows(layer, x, 200, 264, 0)[:, 120:184],
                                rtol=2e-4, atol=1e-7)
 
 

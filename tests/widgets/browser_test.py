@@ -110,6 +110,25 @@ def set_model(page, name, attribute, value):
     page.evaluate(f"window.Bokeh.documents[0].get_model_by_name({name!r}).{attribute} = {value!r}")
 
 
+# The exported alignment's rows as drawn: its y range and the labels of its y axis.
+READ_ALIGNMENT_AXIS = """() => {
+  const fig = window.Bokeh.documents[0].get_model_by_name("alignment_figure");
+  const axis = fig.left.find((r) => r.major_label_overrides !== undefined);
+  const labels = axis.major_label_overrides;
+  return {range: [fig.y_range.start, fig.y_range.end], ticks: Array.from(axis.ticker.ticks),
+          labels: axis.ticker.ticks.map((t) => labels instanceof Map ? labels.get(t) : labels[t])};
+}"""
+READ_SCORES_RANGE = """() => { const r = window.Bokeh.documents[0].get_model_by_name("scores_figure").y_range;
+  return [r.start, r.end]; }"""
+
+
+def assert_alignment_drawn(page, tokens):
+    """One labelled row per decoded token, and no blank row below them."""
+    drawn = page.evaluate(READ_ALIGNMENT_AXIS)
+    assert drawn["range"] == [len(tokens) - 0.5, -0.5]
+    assert drawn["ticks"] == list(range(len(tokens))) and drawn["labels"] == tokens
+
+
 def test_exported_stepper_replays_every_step_without_a_kernel(tmp_path, fake_comm):
     from fake_translator import FakeTranslator
 
@@ -125,8 +144,12 @@ def test_exported_stepper_replays_every_step_without_a_kernel(tmp_path, fake_com
                                    np.ravel([s.attention for s in steps]), rtol=1e-6)
         np.testing.assert_allclose(page.evaluate(read_source("distribution_source", "weight")),
                                    steps[-1].attention, rtol=1e-6)
+        assert_alignment_drawn(page, [s.token for s in steps])
+        scores_range = page.evaluate(READ_SCORES_RANGE)
+        assert min(scores_range) <= min(0, steps[-1].scores.min()) and max(scores_range) >= max(0, steps[-1].scores.max())
         set_model(page, "step_slider", "value", 1)
         page.wait_for_function(f"{read_source('alignment_source', 'row')}.length === 4")
+        assert_alignment_drawn(page, [steps[0].token])
         np.testing.assert_allclose(page.evaluate(read_source("distribution_source", "weight")),
                                    steps[0].attention, rtol=1e-6)
         weighted = np.reshape(page.evaluate(read_source("weighted_sum_source", "weight")), (5, -1))

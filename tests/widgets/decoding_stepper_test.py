@@ -347,3 +347,89 @@ def test_export_html_rejects_what_it_cannot_draw(tmp_path):
 
     with pytest.raises(TypeError, match="export_html: `obj` must be .* Received: dict"):
         export_html({}, tmp_path / "x.html")
+
+
+def test_each_panels_range_holds_its_data_at_every_step(fake_comm):
+    # Scores reach several units: the scores panel's range is set with them
+    # (a range left at its first value clipped every bar to [-1, 1]).
+    stepper = DecodingStepper(FakeTranslator(max_length=6), SOURCE)
+    for _ in range(4):
+        step = stepper.next_token()
+        y_range = stepper.scores_figure.y_range
+        assert y_range.start <= min(0.0, step.scores.min()) and y_range.end >= max(0.0, step.scores.max())
+        assert y_range.end - y_range.start <= 1.2 * (max(0.0, step.scores.max()) - min(0.0, step.scores.min()))
+        assert stepper.distribution_figure.y_range.start == 0.0 and stepper.distribution_figure.y_range.end == 1.0
+        # The alignment shows exactly the rows decoded, each labelled with its token.
+        rows = stepper.position
+        assert (stepper.heatmap_figure.y_range.start, stepper.heatmap_figure.y_range.end) == (rows - 0.5, -0.5)
+        axis = stepper.heatmap_figure.yaxis[0]
+        assert axis.ticker.ticks == list(range(rows))
+        assert [axis.major_label_overrides[i] for i in range(rows)] == [s.token for s in stepper.history]
+    assert np.abs(step.scores).max() > 1.0  # the case that was clipped
+
+
+def test_the_export_embeds_the_frames_the_widget_draws(fake_comm):
+    from bokeh.models import CustomJS
+
+    from keras_attention.widgets import decoding_stepper
+
+    stepper = DecodingStepper(FakeTranslator(heads=(2, 3)), "a b c d")
+    steps = [stepper.next_token() for _ in range(3)]
+    callback = stepper.standalone_layout().select_one({"type": CustomJS, "name": "swap_frame"})
+    frames = callback.args["frames"]
+    assert len(frames) == 3 * 2 * 4  # steps x layers x (mean + heads)
+    for position in (1, 3):
+        for layer, head in ((1, "mean of heads"), (0, 2)):
+            stepper.go_to(position)
+            stepper.layer_choice.value, stepper.head_choice.value = layer, head
+            frame = frames[f"{position}|{layer}|{head}"]
+            # The very frame the live widget applies for that state.
+            live = stepper._view.frame(stepper.history, layer, head, show_choice=True)
+            assert frame == live
+            np.testing.assert_allclose(stepper.heatmap_source.data["weight"], frame["data"]["alignment_source"]["weight"])
+            assert stepper.heatmap_figure.title.text == frame["props"]["alignment_title"]["text"]
+            expected = [decoding_stepper.select(s.attention, layer, head) for s in steps[:position]]
+            np.testing.assert_allclose(np.reshape(frame["data"]["alignment_source"]["weight"], (position, 4)), expected)
+            scores = decoding_stepper.select(steps[position - 1].scores, layer, head)
+            y_range = frame["props"]["scores_y_range"]
+            assert y_range["start"] <= scores.min() and y_range["end"] >= scores.max()
+            assert frame["props"]["alignment_y_axis"]["major_label_overrides"] == {
+                i: s.token for i, s in enumerate(steps[:position])}
+
+
+@pytest.mark.tf_only
+def test_transformer_stepper_shows_all_four_stages_in_two_rows(fake_comm):
+    from keras_attention.models import TransformerTranslator
+
+    translator = TransformerTranslator.from_texts(
+        ["il a m' entarté", "il a"], ["he hit me with a pie", "he hit"],
+        source_split="whitespace", target_split="whitespace", num_layers=2, num_heads=2,
+        hidden_dim=8, intermediate_dim=16, max_target_length=5,
+    )
+    stepper = DecodingStepper(translator, SOURCE, top_k=3)
+    stepper.next_token(force_token="he")  # forced: an untrained model may end at once
+    step = stepper.next_token(force_token="hit")
+    first_row, second_row = stepper.figures_layout.children[:2]
+    assert first_row.children == [stepper.scores_figure, stepper.distribution_figure]
+    assert second_row.children == [stepper.weighted_sum_figure, stepper.candidate_figure]
+    assert stepper.scores_figure.visible
+    values = stepper.session.values  # (layers, heads, T_in, head_dim): the cross-attention's values
+    assert values.shape == (2, 2, 4, 4)
+    for layer, head in ((1, "mean of heads"), (0, 1)):
+        stepper.layer_choice.value, stepper.head_choice.value = layer, head
+        scores = np.asarray(stepper.scores_source.data["weight"])
+        weights = step.attention[layer].mean(axis=0) if head == "mean of heads" else step.attention[layer, head]
+        np.testing.assert_allclose(stepper.distribution_source.data["weight"], weights, atol=1e-6)
+        if head == "mean of heads":
+            np.testing.assert_allclose(scores, step.scores[layer].mean(axis=0), atol=1e-6)
+            assert "mean of heads" in stepper.scores_figure.yaxis[0].axis_label
+            # Every head's weighted values side by side; the last row: each head's context.
+            context = np.concatenate([step.attention[layer, h] @ values[layer, h] for h in range(2)])
+        else:
+            # Stage 1 is what stage 2 is the softmax of.
+            softmax = np.exp(scores - scores.max())
+            np.testing.assert_allclose(softmax / softmax.sum(), weights, atol=1e-5)
+            context = weights @ values[layer, head]
+        rows = rows_of(stepper.weighted_sum_source, len(context))
+        np.testing.assert_allclose(rows[-1], context, atol=1e-5)
+        assert stepper.weighted_sum_figure.x_range.end == len(context) - 0.5

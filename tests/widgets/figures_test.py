@@ -146,3 +146,11 @@ def test_model_view_needs_one_name_per_layer():
         figures.model_view([np.ones((2, 3, 3))], ["a", "b"])
     with pytest.raises(ValueError, match=r"\(heads, Tq, Tv\). Received: shape \(3, 3\)"):
         figures.model_view([np.ones((3, 3))], ["a"])
+
+
+def test_bar_labels_are_no_more_than_fit_and_each_names_its_own_bar():
+    tokens = [f"token{i}" for i in range(60)]
+    fig = figures.distribution_bars(np.full(60, 1 / 60), tokens, width=400)
+    ticks = fig.xaxis[0].ticker.ticks
+    assert 2 <= len(ticks) <= (400 - 80) // 13
+    assert all(fig.xaxis[0].major_label_overrides[t] == tokens[t] for t in ticks)

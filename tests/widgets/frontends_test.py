@@ -138,7 +138,49 @@ box
 """,
 ]
 
-NOTEBOOKS = {"stepper": STEPPER_CELLS, "explorer": EXPLORER_CELLS, "live": LIVE_CELLS}
+# Both translators, each stepped three tokens in its creating cell (no view exists yet).
+PANELS_CELLS = [
+    """
+from keras_attention.models import Seq2SeqTranslator, TransformerTranslator
+from keras_attention.widgets import DecodingStepper
+SOURCE = "il a m' entarté"
+TEXTS = dict(source_texts=[SOURCE, "il a"], target_texts=["he hit me with a pie", "he hit"],
+             source_split="whitespace", target_split="whitespace")
+seq2seq = Seq2SeqTranslator.from_texts(**TEXTS, units=8, embedding_dim=4)
+transformer = TransformerTranslator.from_texts(**TEXTS, num_layers=2, num_heads=2, hidden_dim=8,
+                                               intermediate_dim=16)
+steppers = [DecodingStepper(seq2seq, SOURCE), DecodingStepper(transformer, SOURCE)]
+for stepper in steppers:
+    for token in ("he", "hit", "me"):
+        stepper.next_token(force_token=token)
+dump(tokens=[[s.token for s in stepper.history] for stepper in steppers])
+""",
+    "steppers[0].widget",
+    "steppers[1].widget",
+]
+
+# A long input (a 64-token window of 80) and a 10-token one: the head view's first draw.
+HEAD_VIEW_CELLS = [
+    """
+import keras, numpy as np
+import keras_attention
+from keras_attention.widgets import AttentionExplorer
+
+keras.utils.set_random_seed(0)
+def explorer(length):
+    inputs = keras.Input((length, 8))
+    model = keras.Model(inputs, keras_attention.MultiHeadAttention(2, 4, name=f"mha{length}")(inputs))
+    x = np.random.default_rng(0).normal(size=(1, length, 8)).astype("float32")
+    return AttentionExplorer(model, x, query_tokens=[f"t{i}" for i in range(length)], max_tokens=64)
+explorers = [explorer(10), explorer(80)]
+dump(ready=True)
+""",
+    "explorers[0].widget",
+    "explorers[1].widget",
+]
+
+NOTEBOOKS = {"stepper": STEPPER_CELLS, "explorer": EXPLORER_CELLS, "live": LIVE_CELLS,
+             "panels": PANELS_CELLS, "head_view": HEAD_VIEW_CELLS}
 
 
 def column(name):
@@ -287,9 +329,9 @@ def browser():
 class Run:
     """A notebook opened (and run) in one front end; `page` is its browser page."""
 
-    def __init__(self, server, browser, artifacts, widget, front_end):
+    def __init__(self, server, browser, artifacts, widget, front_end, width=1400, height=1000, label=""):
         self.directory, self.latencies = artifacts
-        self.name = f"{widget}_{front_end}"
+        self.name = f"{widget}_{front_end}{label}"
         self.front_end = front_end
         self.dump = self.directory / f"{self.name}.json"
         cells = [f"DUMP = {str(self.dump)!r}\n" + SETUP_CELL, *NOTEBOOKS[widget]]
@@ -297,7 +339,7 @@ class Run:
         notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(notebook, str(self.directory / f"{self.name}.ipynb"))
         self.server = server
-        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page = browser.new_page(viewport={"width": width, "height": height})
         self.page.alerts = []
         self.page.on("dialog", lambda dialog: (self.page.alerts.append(dialog.message), dialog.dismiss()))
 
@@ -358,8 +400,8 @@ class Run:
 def run(server, browser, artifacts):
     runs = []
 
-    def start(widget, front_end):
-        runs.append(Run(server, browser, artifacts, widget, front_end))
+    def start(widget, front_end, **options):
+        runs.append(Run(server, browser, artifacts, widget, front_end, **options))
         runs[-1].open()
         return runs[-1]
 
@@ -520,3 +562,186 @@ def test_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_tr
     handle.press("Home")
     replay_s = opened.wait(same_numbers(READ_LIVE, kernel["first"]), timeout_s=30)
     opened.record(replay_s=replay_s)
+
+
+# Every stepper document of the page: each stage panel's range, visibility,
+# title and data, read from Bokeh's models as drawn.
+READ_STEPPERS = """
+() => {
+  if (!window.Bokeh || !window.Bokeh.documents) return [];
+  const steppers = [];
+  for (const doc of window.Bokeh.documents) {
+    const alignment = doc.get_model_by_name("alignment_source");
+    if (!alignment) continue;
+    const columns = (source) => { const d = source.data; const out = {};
+      for (const [k, v] of (d instanceof Map ? d.entries() : Object.entries(d))) out[k] = Array.from(v);
+      return out; };
+    const panel = (figure_name, source_name) => {
+      const fig = doc.get_model_by_name(figure_name), source = doc.get_model_by_name(source_name);
+      if (!fig) return null;
+      return {visible: fig.visible, title: fig.title.text, height: fig.height,
+              x: [fig.x_range.start, fig.x_range.end], y: [fig.y_range.start, fig.y_range.end],
+              data: columns(source)};
+    };
+    const weighted = panel("weighted_sum_figure", "weighted_sum_source");
+    steppers.push({
+      alignment: panel("alignment_figure", "alignment_source"),
+      scores: panel("scores_figure", "scores_source"),
+      distribution: panel("distribution_figure", "distribution_source"),
+      weighted: weighted,
+      candidate: panel("candidate_figure", "candidate_source"),
+    });
+  }
+  return steppers;
+}
+"""
+
+
+def by_translator(steppers):
+    """`{"seq2seq": ..., "transformer": ...}`: the Transformer's alignment names its layer."""
+    found = {("transformer" if "layer" in s["alignment"]["title"] else "seq2seq"): s for s in steppers}
+    assert len(found) == 2, [s["alignment"]["title"] for s in steppers]
+    return found
+
+
+def assert_holds(span, values, what):
+    low, high = min(span), max(span)
+    assert low <= min(values) and max(values) <= high, f"{what}: range {span} does not hold {min(values)}..{max(values)}"
+
+
+def assert_stepper_panels_drawn(stepper, rows, transformer):
+    """Every stage panel visible, non-empty, and its range holds its data."""
+    stages = ["scores", "distribution", "weighted", "candidate"]
+    for name in stages:
+        panel = stepper[name]
+        assert panel is not None and panel["visible"], f"stage panel {name} is missing or hidden"
+        values = panel["data"].get("weight") or panel["data"].get("probability")
+        assert values and any(abs(v) > 0 for v in values), f"stage panel {name} is empty"
+        assert panel["title"].split(".")[0] in "1234" and "'" in panel["title"], panel["title"]
+    assert_holds(stepper["scores"]["y"], stepper["scores"]["data"]["weight"], "scores y")
+    # ... and fits them (a range left at another step's, or at [-1, 1], clips or flattens the bars).
+    scores = stepper["scores"]["data"]["weight"]
+    extent = max(0.0, max(scores)) - min(0.0, min(scores))
+    assert max(stepper["scores"]["y"]) - min(stepper["scores"]["y"]) <= 1.25 * extent, (stepper["scores"]["y"], extent)
+    assert_holds(stepper["scores"]["x"], stepper["scores"]["data"]["position"], "scores x")
+    assert_holds(stepper["distribution"]["y"], stepper["distribution"]["data"]["weight"], "distribution y")
+    assert_holds(stepper["candidate"]["x"], stepper["candidate"]["data"]["probability"], "candidate x")
+    assert_holds(stepper["candidate"]["y"], stepper["candidate"]["data"]["rank"], "candidate y")
+    weighted = stepper["weighted"]["data"]
+    assert_holds(stepper["weighted"]["y"], weighted["row"], "weighted-sum rows")
+    assert_holds(stepper["weighted"]["x"], weighted["col"], "weighted-sum columns")
+    alignment = stepper["alignment"]
+    assert sorted(set(alignment["data"]["row"])) == list(range(rows))
+    # The rows decoded fill the heatmap: no row clipped, none blank.
+    assert sorted(alignment["y"]) == [-0.5, rows - 0.5], alignment["y"]
+    assert_holds(alignment["x"], alignment["data"]["col"], "alignment columns")
+
+
+# (front end, viewport width, JupyterLab theme)
+LAYOUTS = [(front_end, width, None) for front_end in FRONT_ENDS for width in (1280, 1920)] + [
+    ("lab", 1280, "JupyterLab Dark")]
+
+
+def open_in_layout(run, notebook, front_end, width, theme):
+    label = f"_{width}" + ("_dark" if theme else "")
+    opened = run(notebook, front_end, width=width, height=900 if width == 1280 else 1080, label=label)
+    if theme:
+        opened.page.evaluate(f"() => window.jupyterapp.commands.execute('apputils:change-theme', "
+                             f"{{theme: {theme!r}}})")
+        opened.page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=60_000)
+    return opened
+
+
+def restore_light_theme(opened):
+    opened.page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme',"
+                         " {theme: 'JupyterLab Light'})")
+    opened.page.wait_for_function("document.body.dataset.jpThemeLight === 'true'", timeout=60_000)
+
+
+@pytest.mark.parametrize(("front_end", "width", "theme"), LAYOUTS)
+def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end, width, theme):
+    opened = open_in_layout(run, "panels", front_end, width, theme)
+    try:
+        kernel = opened.kernel_state()
+        assert kernel["tokens"] == [["he", "hit", "me"]] * 2
+        opened.wait(f"({READ_STEPPERS})().length === 2 && ({READ_STEPPERS})().every("
+                    "(s) => new Set(s.alignment.data.row).size === 3)")
+        steppers = by_translator(opened.page.evaluate(READ_STEPPERS))
+        for name, stepper in steppers.items():
+            assert_stepper_panels_drawn(stepper, 3, name == "transformer")
+        # After a step taken in the page, the ranges are the new step's.
+        opened.page.get_by_role("button", name="Next token").first.click()
+        opened.wait(f"({READ_STEPPERS})().some((s) => s.alignment.data.row.includes(3))")
+        opened.page.wait_for_timeout(500)
+        assert_stepper_panels_drawn(by_translator(opened.page.evaluate(READ_STEPPERS))["seq2seq"], 4, False)
+        if width == 1280:
+            save_stepper_figures(opened, theme)
+    finally:
+        if theme:
+            restore_light_theme(opened)
+    assert_no_script_ran(opened.page)
+
+
+def save_stepper_figures(opened, theme):
+    """Screenshots of both steppers for docs/figures (`KA_SAVE_FIGURES=1`), and in the artifacts."""
+    widgets, page = opened.page.locator(".widget-vbox"), opened.page
+    viewport = page.viewport_size
+    for index, name in enumerate(("decoding_stepper", "transformer_stepper")):
+        widget = widgets.nth(index)
+        # A window tall enough for the whole widget (the notebook panel scrolls inside the page).
+        page.set_viewport_size({"width": viewport["width"], "height": int(widget.bounding_box()["height"]) + 400})
+        widget.scroll_into_view_if_needed()
+        page.wait_for_timeout(500)
+        file_name = f"{name}_1280{'_dark' if theme else ''}.png"
+        widget.screenshot(path=str(opened.directory / f"{opened.name}_{file_name}"))
+        if os.environ.get("KA_SAVE_FIGURES") and opened.front_end == "lab":
+            widget.screenshot(path=os.path.join(ROOT, "docs", "figures", file_name))
+    page.set_viewport_size(viewport)
+
+
+# Every head view of the page: its range, height and tokens, and the lines' ends.
+READ_HEAD_VIEWS = """
+() => {
+  if (!window.Bokeh || !window.Bokeh.documents) return [];
+  const views = [];
+  for (const doc of window.Bokeh.documents) {
+    const fig = doc.get_model_by_name("head_view_figure");
+    if (!fig) continue;
+    const column = (source, name) => { const d = source.data; return Array.from(d instanceof Map ? d.get(name) : d[name]); };
+    const tokens = doc.get_model_by_name("head_view_tokens"), detail = doc.get_model_by_name("detail_source");
+    views.push({y: [fig.y_range.start, fig.y_range.end], height: fig.height,
+                side: column(tokens, "side"), position: column(tokens, "position"), token: column(tokens, "token"),
+                rows: column(detail, "row"), cols: column(detail, "col")});
+  }
+  return views;
+}
+"""
+
+
+@pytest.mark.parametrize(("front_end", "width", "theme"), [layout for layout in LAYOUTS if layout[1] == 1280])
+def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, width, theme):
+    opened = open_in_layout(run, "head_view", front_end, width, theme)
+    try:
+        opened.kernel_state()
+        opened.wait(f"({READ_HEAD_VIEWS})().length === 2")
+        opened.page.wait_for_timeout(500)  # nothing touched: this is the first draw
+        views = opened.page.evaluate(READ_HEAD_VIEWS)
+        for view, length in zip(views, (10, 64)):
+            low, high = min(view["y"]), max(view["y"])
+            for side in ("query", "key"):
+                positions = [p for s, p in zip(view["side"], view["position"]) if s == side]
+                assert positions == list(range(length))
+                # Every token's label is inside the drawn range (one label per token, none cut) ...
+                shown = [p for p in positions if low < p < high]
+                assert shown == positions, f"{side} labels drawn: {len(shown)} of {length} (range {view['y']})"
+            # ... with room for it (9pt labels, at least 12 px a row) ...
+            assert view["height"] / (high - low) >= 12, (view["height"], view["y"])
+            # ... and every line starts and ends inside the panel.
+            assert all(low < v < high for v in view["rows"] + view["cols"])
+        screenshot = opened.page.locator(".widget-vbox").nth(1)
+        screenshot.scroll_into_view_if_needed()
+        screenshot.screenshot(path=str(opened.directory / f"{opened.name}_long.png"))
+    finally:
+        if theme:
+            restore_light_theme(opened)
+    assert_no_script_ran(opened.page)
