@@ -248,33 +248,28 @@ def memory_efficient_attention(
             q_tile = _take(q, i)
             start, stop = key_range(i)
 
-            def key_step(j, state):
-                v_tile = _take(v, j)
-                return online_softmax.update(
-                    state,
-                    masked_logits(q_tile, _take(k, j), i, j),
-                    lambda probs: ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile),
-                )
+            def key_loop(update, queries, keys, init):
+                """The key blocks folded into `init` by `update` (the
+                online softmax's running-max or fixed-shift step)."""
+                def key_step(j, state):
+                    v_tile = _take(v, j)
+                    return update(
+                        state,
+                        masked_logits(queries, _take(keys, j), i, j),
+                        lambda probs: ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile),
+                    )
 
-            def shifted_key_step(j, state):
-                v_tile = _take(v, j)
-                return online_softmax.update_fixed_shift(
-                    state,
-                    masked_logits(q_shift_tile, _take(k_one, j), i, j),
-                    lambda probs: ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile),
-                )
+                return sequential_fori_loop(
+                    start, stop, key_step, init, parallel_iterations=_KEY_PARALLEL)
 
-            q_shift_tile = _take(q_shift, i)
             state = ops.cond(
                 _take(bounded, i),
-                lambda: sequential_fori_loop(
-                    start, stop, shifted_key_step,
-                    online_softmax.fixed_shift_state(_take(shift, i), value_dim),
-                    parallel_iterations=_KEY_PARALLEL),
-                lambda: sequential_fori_loop(
-                    start, stop, key_step,
-                    online_softmax.initial_state(row_shape, value_dim),
-                    parallel_iterations=_KEY_PARALLEL),
+                lambda: key_loop(
+                    online_softmax.update_fixed_shift, _take(q_shift, i), k_one,
+                    online_softmax.fixed_shift_state(_take(shift, i), value_dim)),
+                lambda: key_loop(
+                    online_softmax.update, q_tile, k,
+                    online_softmax.initial_state(row_shape, value_dim)),
             )
             out, lse = online_softmax.finish(state)
             return (loops.write_block(out_buffer, i, out),
