@@ -45,6 +45,11 @@ def child(devices, lengths, repeats, causal):
     mesh = Mesh(np.array(jax.devices()), ("sequence",))
     kernels = {"ring": lambda q, k, v: ring_attention(
         q, k, v, mesh=mesh, use_causal_mask=causal)}
+    if causal and devices > 1:
+        # Same process, same load: the default (zigzag under the causal rule)
+        # against contiguous blocks, whose last device does N times the first's work.
+        kernels["ring_contiguous"] = lambda q, k, v: ring_attention(
+            q, k, v, mesh=mesh, use_causal_mask=causal, balance="contiguous")
     if devices == 1:
         kernels["exact_jax"] = lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, is_causal=causal)
