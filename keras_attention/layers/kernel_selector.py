@@ -19,6 +19,7 @@ match wins (a test checks this table against the code):
 | forced-blockwise | `memory_efficient=True` | BLOCKWISE |
 | single-query | one query row (a decoding step) | MATERIALISED |
 | length-threshold | `memory_efficient_threshold` set: key length at or above it | BLOCKWISE |
+| faster-blockwise | key length at or above the backend's measured crossover (JAX on CPU: 1024) | BLOCKWISE |
 | over-budget | the dense working set exceeds the memory budget | BLOCKWISE |
 | fits | otherwise | MATERIALISED |
 
@@ -27,6 +28,15 @@ kernel, what Keras' own layer runs) unless the value and key head sizes
 differ (JAX's composite kernel needs them equal) or TensorFlow is compiling
 with XLA (which fuses our written-out DENSE kernel better: 0.52x Keras' time
 at 4096), in which case DENSE.
+
+The crossover is where the blockwise kernel is faster than the materialised
+one on the backend and device at hand, measured (benchmarks/RESULTS.md, #26):
+on JAX's CPU backend, forward + backward of 8 heads x 64, the blockwise kernel
+took 0.67x Keras' time at 1024 and 0.39x at 2048, while the materialised
+kernel ran at Keras' speed (XLA:CPU forms and walks the `(B, H, L, L)`
+tensors at a small fraction of its matmul speed). Elsewhere (TensorFlow graph
+mode, where the materialised kernel runs at the matmul's pace, and
+accelerators) there is none, and only memory sends a call blockwise.
 
 The dense working set is what forward + backward keep of the
 `(B, H, Tq, Tk)` logits: `DENSE_WORKING_SET_TENSORS` float32 tensors of that
@@ -51,6 +61,9 @@ DENSE_WORKING_SET_TENSORS_XLA = 8
 # With the batch unknown, keys this long always go blockwise (the former
 # fixed threshold): one example's working set cannot bound a whole batch's.
 UNKNOWN_BATCH_KEY_LENGTH = 8192
+# Key length from which the blockwise kernel beats the materialised one on
+# JAX's CPU backend (see the module docstring).
+JAX_CPU_BLOCKWISE_LENGTH = 1024
 
 
 class Kernel(enum.Enum):
@@ -86,6 +99,9 @@ class KernelRequest:
     xla: bool = False
     # Bytes the dense working set may take (None: no limit).
     memory_budget: Optional[int] = None
+    # Key length from which the blockwise kernel is the faster one here
+    # (None: it never is; `blockwise_crossover()` reads it for the backend).
+    blockwise_faster_from: Optional[int] = None
 
     @property
     def static_lengths(self):
@@ -138,12 +154,26 @@ def decide(request):
         if r.key_length >= r.memory_efficient_threshold:
             return "length-threshold", Kernel.BLOCKWISE
         return "fits", _materialised(r)
+    if r.blockwise_faster_from is not None and r.key_length >= r.blockwise_faster_from:
+        return "faster-blockwise", Kernel.BLOCKWISE
     over = r.memory_budget is not None and r.dense_working_set() > r.memory_budget
     if r.batch_size is None and r.key_length >= UNKNOWN_BATCH_KEY_LENGTH:
         over = True
     if over:
         return "over-budget", Kernel.BLOCKWISE
     return "fits", _materialised(r)
+
+
+def blockwise_crossover():
+    """The key length from which the blockwise kernel is faster than the
+    materialised one on the current backend and default device (None: never)."""
+    import keras
+
+    if keras.backend.backend() != "jax":
+        return None
+    import jax
+
+    return JAX_CPU_BLOCKWISE_LENGTH if jax.default_backend() == "cpu" else None
 
 
 def select_kernel(request):

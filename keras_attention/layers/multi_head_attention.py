@@ -332,6 +332,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             flash_enabled=keras.config.is_flash_attention_enabled(),
             xla=tensorflow_xla_trace(),
             memory_budget=budget,
+            blockwise_faster_from=(kernel_selector.blockwise_crossover()
+                                   if self.memory_efficient == "auto" else None),
         )
 
     def _weights_needed(self, training, return_attention_scores):

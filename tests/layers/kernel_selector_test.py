@@ -42,6 +42,11 @@ TABLE = [
     (dict(query_length=1, key_length=10**6), "single-query", Kernel.COMPOSITE),
     (dict(memory_efficient_threshold=1024), "length-threshold", Kernel.BLOCKWISE),
     (dict(memory_efficient_threshold=1025, memory_budget=1), "fits", Kernel.COMPOSITE),
+    # Past the backend's crossover (JAX on CPU) blockwise is the faster kernel, budget or not.
+    (dict(blockwise_faster_from=1024), "faster-blockwise", Kernel.BLOCKWISE),
+    (dict(blockwise_faster_from=1025), "fits", Kernel.COMPOSITE),
+    (dict(blockwise_faster_from=1024, memory_efficient_threshold=4096), "fits", Kernel.COMPOSITE),
+    (dict(blockwise_faster_from=1024, query_length=1), "single-query", Kernel.COMPOSITE),
     # 2 x 8 x 8192^2 x 4 bytes x 4 tensors = 32 GiB > 4 GiB.
     (dict(query_length=8192, key_length=8192), "over-budget", Kernel.BLOCKWISE),
     (dict(query_length=8192, key_length=8192, memory_budget=64 * GIB), "fits", Kernel.COMPOSITE),
@@ -82,6 +87,30 @@ def test_docstring_rules_are_in_the_order_the_code_tries_them():
     source = inspect.getsource(kernel_selector.decide)
     positions = [source.rindex(f'"{rule}"') for rule in documented]
     assert positions == sorted(positions)
+
+
+def test_a_default_layer_runs_blockwise_from_the_crossover_on_jax_cpu_and_matches_keras(monkeypatch):
+    """At L = 1024 the default layer runs blockwise on JAX's CPU backend (faster
+    there, benchmarks/RESULTS.md) and materialises elsewhere, with Keras' output."""
+    import keras
+    import numpy as np
+
+    from keras_attention import MultiHeadAttention
+    from tests.kernel_spy import spy_kernels
+
+    jax_cpu = keras.backend.backend() == "jax" and __import__("jax").default_backend() == "cpu"
+    x = np.random.default_rng(0).normal(size=(1, 1024, 8)).astype("float32")
+    reference = keras.layers.MultiHeadAttention(2, 4, bias_initializer="random_normal", seed=1)
+    expected = keras.ops.convert_to_numpy(reference(x, x))
+    ours = MultiHeadAttention.from_keras(reference)
+    ran = spy_kernels(monkeypatch)
+    got = keras.ops.convert_to_numpy(ours(x, x))
+    assert ran == [Kernel.BLOCKWISE if jax_cpu else Kernel.COMPOSITE]
+    np.testing.assert_allclose(got, expected, atol=2e-5)
+    # memory_efficient=False still materialises, crossover or not.
+    ran.clear()
+    MultiHeadAttention.from_keras(reference, memory_efficient=False)(x, x)
+    assert ran == [Kernel.COMPOSITE]
 
 
 def test_working_set_counts_logits_shaped_float32_tensors():
