@@ -379,8 +379,8 @@ def _detail_frame(window, x_labels, y_labels, layer, head, thumbnails):
     (`_frames`): what the live explorer applies and the export embeds per layer and head."""
     window = np.asarray(window, dtype="float64")
     rows, cols = window.shape
-    # No more labels than the 460 x 440 detail holds (a 64-token window: every 3rd; hover names each cell).
-    x_ticks, x_overrides = figures.tick_labels(x_labels, figures.labels_that_fit(DETAIL_SIZE[0] - 150))
+    # No more labels than the 460 x 440 detail holds (a 64-token window: every 4th; hover names each cell).
+    x_ticks, x_overrides = figures.tick_labels(x_labels, figures.labels_that_fit(DETAIL_SIZE[0] - 150, slanted=True))
     y_ticks, y_overrides = figures.tick_labels(y_labels, figures.labels_that_fit(DETAIL_SIZE[1] - 110))
     # Colours fitted to the shown weights (the colour bar shows the range).
     low = min(0.0, float(np.nanmin(window))) if window.size else 0.0

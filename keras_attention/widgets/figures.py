@@ -81,13 +81,17 @@ def tick_labels(labels, max_labels=None):
     return ticks, {i: labels[i] for i in ticks}
 
 
-# Pixels an axis gives each tick label: 9pt text, horizontal or at the heatmaps' slant.
-PIXELS_PER_LABEL = 13
+# Pixels a tick label needs along its axis so that neighbours do not touch (measured
+# in the browser, tests/widgets/text_boxes.py): Bokeh's 11 px labels stacked
+# (a y axis; a 14 px line box) or at the 0.9 rad slant of the x axes (the line
+# box over sin 0.9).
+PIXELS_PER_LABEL = 15
+PIXELS_PER_SLANTED_LABEL = 19
 
 
-def labels_that_fit(pixels):
+def labels_that_fit(pixels, slanted=False):
     """How many tick labels an axis of `pixels` holds without overlapping (hover shows every token)."""
-    return max(2, int(pixels) // PIXELS_PER_LABEL)
+    return max(2, int(pixels) // (PIXELS_PER_SLANTED_LABEL if slanted else PIXELS_PER_LABEL))
 
 
 def _label_axis(axis, labels, max_labels=None):
@@ -236,8 +240,11 @@ def heatmap(
     )
     fig.grid.visible = False
     fig.xaxis.major_label_orientation = 0.9
-    _label_axis(fig.xaxis[0], _labels(x_tokens, num_cols, "heatmap", "x_tokens"))
-    _label_axis(fig.yaxis[0], _labels(y_tokens, num_rows, "heatmap", "y_tokens"))
+    # As many labels as the plot holds (its frame: the figure less the axes, title and colour bar).
+    _label_axis(fig.xaxis[0], _labels(x_tokens, num_cols, "heatmap", "x_tokens"),
+                max_labels=labels_that_fit(width - 70 - (70 if color_bar else 0), slanted=True))
+    _label_axis(fig.yaxis[0], _labels(y_tokens, num_rows, "heatmap", "y_tokens"),
+                max_labels=labels_that_fit(height - 90 - (30 if toolbar else 0)))
     if color_bar:
         fig.add_layout(
             ColorBar(formatter=_color_bar_ticks(), color_mapper=mapper, width=8, title=color_bar_title, title_text_font_size="8pt",
@@ -382,7 +389,7 @@ def distribution_bars(
     fig.add_tools(HoverTool(tooltips=[("token", "@token"), ("value", "@weight{0.000}")]))
     fig.xgrid.visible = False
     fig.xaxis.major_label_orientation = 0.9
-    _label_axis(fig.xaxis[0], labels, max_labels=labels_that_fit(width - 80))  # the plot, less the y axis
+    _label_axis(fig.xaxis[0], labels, max_labels=labels_that_fit(width - 80, slanted=True))  # less the y axis
     return fig
 
 
@@ -507,8 +514,11 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
                           y_axis_label="")
             fig.xaxis.major_label_text_font_size = "7pt"
             fig.yaxis.major_label_text_font_size = "7pt"
-            _thin_ticks(fig.xaxis[0], head.shape[1], size)
-            _thin_ticks(fig.yaxis[0], head.shape[0], size)
+            # 7pt labels: a 12 px line box stacked, 15 px along the axis at the x axis' slant.
+            _thin_ticks(fig.xaxis[0], _labels(x_tokens, head.shape[1], "head_grid", "x_tokens"), size,
+                        pixels_per_label=15)
+            _thin_ticks(fig.yaxis[0], _labels(y_tokens, head.shape[0], "head_grid", "y_tokens"), size,
+                        pixels_per_label=12)
         figures.append(fig)
     scale = figure(width=90, height=size, toolbar_location=None, min_border_left=0, outline_line_color=None,
                    title="", name="head_grid_scale")
@@ -523,14 +533,13 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
                     toolbar_location=None)
 
 
-def _thin_ticks(axis, count, size, pixels_per_label=10, max_chars=6):
-    """Keep every n-th tick label, each at most `max_chars` long, so that 7pt
+def _thin_ticks(axis, labels, size, pixels_per_label, max_chars=6):
+    """Label every n-th position with its token, at most `max_chars` long, so that 7pt
     labels neither overlap nor squeeze a thumbnail's plot to nothing."""
-    step = max(1, int(np.ceil(count * pixels_per_label / max(size - 60, 1))))
-    ticks = list(range(0, count, step))
-    labels = dict(axis.major_label_overrides)
+    step = max(1, int(np.ceil(len(labels) * pixels_per_label / max(size - 60, 1))))
+    ticks = list(range(0, len(labels), step))
     axis.ticker = FixedTicker(ticks=ticks)
-    axis.major_label_overrides = {i: shorten(labels.get(i, str(i)), max_chars) for i in ticks}
+    axis.major_label_overrides = {i: shorten(labels[i], max_chars) for i in ticks}
 
 
 def shorten(label, max_chars):
@@ -569,7 +578,7 @@ THUMBNAIL_GAP = 0.2
 SELECTED_COLOR = "#ff3030"
 
 
-def model_view(thumbnails, layer_names, *, size=64, max_size=32, title="Model view: every layer x head (click one)"):
+def model_view(thumbnails, layer_names, *, size=64, max_size=32, title="Model view: layer x head (click one)"):
     """bertviz's model view: one thumbnail per layer (rows) and head (columns).
 
     Args:

@@ -28,6 +28,7 @@ import urllib.request
 
 import bokeh_page
 import nbformat
+import text_boxes
 import numpy as np
 import pytest
 
@@ -669,6 +670,8 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
         steppers = by_translator(opened.page.evaluate(READ_STEPPERS))
         for name, stepper in steppers.items():
             assert_stepper_panels_drawn(stepper, 3, name == "transformer")
+        # Both steppers' every axis and title, as painted: no overlapping tick labels, nothing cut.
+        text_boxes.assert_legible(opened.page, minimum_axes=20)
         # After a step taken in the page, the ranges are the new step's.
         opened.page.get_by_role("button", name="Next token").first.click()
         opened.wait(f"({READ_STEPPERS})().some((s) => s.alignment.data.row.includes(3))")
@@ -738,6 +741,8 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, wid
             assert view["height"] / (high - low) >= 12, (view["height"], view["y"])
             # ... and every line starts and ends inside the panel.
             assert all(low < v < high for v in view["rows"] + view["cols"])
+        # Every explorer panel (detail heatmap, head view, model view) legible as painted.
+        text_boxes.assert_legible(opened.page, minimum_axes=10)
         screenshot = opened.page.locator(".widget-vbox").nth(1)
         screenshot.scroll_into_view_if_needed()
         screenshot.screenshot(path=str(opened.directory / f"{opened.name}_long.png"))

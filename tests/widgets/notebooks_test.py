@@ -47,8 +47,36 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     budget = 60 * max(1.0, load)
     print(f"{os.path.basename(path)}: {seconds:.1f} s (budget {budget:.0f} s at load {load:.1f}/core)")
     assert seconds < budget, f"{os.path.basename(path)} ran {seconds:.0f} s (budget {budget:.0f} s)"
+    if "walkthrough" in path or "figures" in path:
+        assert_figures_legible(notebook, tmp_path)
     # Widgets were displayed (the component notebooks end in a widget).
     if "walkthrough" not in path and "figures" not in path:
         mimes = {key for cell in notebook.cells for output in cell.get("outputs", [])
                  for key in output.get("data", {})}
         assert "application/vnd.jupyter.widget-view+json" in mimes
+
+
+def assert_figures_legible(notebook, tmp_path):
+    """The executed notebook's Bokeh figures, opened in chromium at 1280 px (BokehJS is
+    inline in its outputs): no two tick labels overlap and no title or label is cut."""
+    from keras_attention.widgets.export import CHROMIUM_ARGS
+    from keras_attention.widgets.export import find_chromium
+
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("no chromium installed (run .ci/install-browser.sh)")
+    import text_boxes
+    from nbconvert import HTMLExporter
+    from playwright.sync_api import sync_playwright
+
+    page_path = tmp_path / "notebook.html"
+    page_path.write_text(HTMLExporter().from_notebook_node(notebook)[0], encoding="utf-8")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=list(CHROMIUM_ARGS), headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(page_path.as_uri())
+            text_boxes.wait_until_drawn(page)
+            text_boxes.assert_legible(page, minimum_axes=20)
+        finally:
+            browser.close()
