@@ -421,9 +421,15 @@ def candidate_bars(candidates, *, chosen=None, title="Next-token candidates", so
         toolbar_location=None,
         x_axis_label="probability",
     )
+    # Each row is a target across the whole panel (invisible, same source): a candidate of
+    # p < 0.01 is a 1-3 px bar, too thin to tap or hover.
+    rows = fig.hbar(y="rank", left=0.0, right=1.0, height=0.9, source=source, fill_alpha=0.0,
+                    line_alpha=0.0, selection_fill_alpha=0.0, selection_line_alpha=0.0,
+                    nonselection_fill_alpha=0.0, nonselection_line_alpha=0.0, name="candidate_rows")
     fig.hbar(y="rank", right="probability", height=0.7, source=source, fill_color="color",
              line_color="color", name="bars", nonselection_fill_alpha=1.0, nonselection_line_alpha=1.0)
-    fig.add_tools(HoverTool(tooltips=[("token", "@token"), ("probability", "@probability{0.000}")]))
+    fig.add_tools(HoverTool(tooltips=[("token", "@token"), ("probability", "@probability{0.000}")],
+                            renderers=[rows]))
     fig.ygrid.visible = False
     _label_axis(fig.yaxis[0], [token for token, _ in candidates])
     return fig

@@ -129,7 +129,7 @@ train = ipywidgets.Button(description="Train")
 
 def fit(_=None):
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[live, slow], verbose=0)
-    dump(weight=live._latest["att"][0].ravel().tolist(), updates=live.updates,
+    dump(weight=live._latest["att"][0].ravel().tolist(), updates=live.updates, title=live.figures["att"].title.text,
          first=live.frames[0][1]["att"].ravel().tolist(), frames=len(live.frames))
 
 train.on_click(fit)
@@ -205,6 +205,20 @@ def read_source(source_name, columns):
 
 READ_ALIGNMENT = read_source("alignment_source", ["weight", "row", "col", "y_token"])
 READ_LIVE = read_source("heatmap_source", ["weight"])
+# The title of the LiveAttention heatmap drawn last (it names the update shown).
+READ_LIVE_TITLE = """
+() => {
+  if (!window.Bokeh || !window.Bokeh.documents) return null;
+  const docs = window.Bokeh.documents;
+  for (let i = docs.length - 1; i >= 0; i--) {
+    if (!docs[i].get_model_by_name("heatmap_source")) continue;
+    for (const model of docs[i].all_models) {
+      if (model.title != null && model.renderers !== undefined) return model.title.text;
+    }
+  }
+  return null;
+}
+"""
 READ_DETAIL = """
 () => {
   if (!window.Bokeh || !window.Bokeh.documents) return null;
@@ -447,11 +461,10 @@ def test_stepper_draws_the_steps_of_its_creating_cell_then_each_next(run, front_
     assert drawn["y_token"][::num_source] == kernel["tokens"]
     opened.record(next_s=next_s)
     opened.screenshot("_next")
-    # A tap on candidate bar 1 (what the tap tool sets) forces that candidate in the kernel.
-    alternative = kernel["candidates"][-1][1][0]
-    opened.page.evaluate(
-        "() => { const docs = window.Bokeh.documents; for (let i = docs.length - 1; i >= 0; i--) {"
-        " const s = docs[i].get_model_by_name('candidate_source'); if (s) { s.selected.indices = [1]; return; } } }")
+    # A click on candidate 1's row, right of its bar (p < 0.97: the bar ends before), forces it.
+    alternative, probability = kernel["candidates"][-1][1]
+    assert probability < 0.97
+    opened.page.mouse.click(*bokeh_page.point_of(opened.page, "candidate_figure", 0.97, 1))
     tap_s = opened.wait(f"(() => {{ const d = ({READ_ALIGNMENT})(); return d.row.length === {4 * num_source}"
                         f" && d.y_token[d.y_token.length - 1] === {json.dumps(alternative)}; }})()")
     kernel = opened.kernel_state(lambda state: state["tokens"][-1] == alternative and len(state["tokens"]) == 4)
@@ -549,6 +562,9 @@ def test_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_tr
     kernel = opened.kernel_state()
     assert kernel["updates"] == 32
     opened.wait(same_numbers(READ_LIVE, kernel["weight"]), timeout_s=30)
+    # The last frame shown is the last epoch's: weights and the title that names the update.
+    assert kernel["title"].startswith("att · epoch 2 end"), kernel["title"]
+    opened.wait(f"({READ_LIVE_TITLE})() === {json.dumps(kernel['title'])}", timeout_s=30)
     opened.page.evaluate("clearInterval(window.__watch)")
     seen = opened.page.evaluate("window.__states")
     # The page showed states between the first and the last: it redrew
