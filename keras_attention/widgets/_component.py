@@ -5,8 +5,11 @@ import html
 from bokeh.core.json_encoder import serialize_json
 from bokeh.core.serialization import Deserializer
 from bokeh.core.serialization import Serialized
+from bokeh.document import Document
 from bokeh.events import DocumentReady
 from jupyter_bokeh.widgets import BokehModel
+
+from keras_attention.widgets import _theme
 
 
 def in_notebook():
@@ -63,6 +66,10 @@ class FreshBokehModel(BokehModel):
         # serialised state included.
         self._changes = 0
         self._changes_serialised = 0
+        if model.document is None:
+            Document().add_root(model)
+        # Before the first serialisation: the figures follow the page's light/dark theme.
+        _theme.follow_page_theme(model.document, model)
         super().__init__(model, **kwargs)
         self._document.on_event(DocumentReady, self._on_view_drawn)
 

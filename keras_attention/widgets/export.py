@@ -10,6 +10,8 @@ from bokeh.embed import file_html
 from bokeh.models import LayoutDOM
 from bokeh.resources import INLINE
 
+from keras_attention.widgets import _theme
+
 # Where Debian's `chromium` package puts the browser; `KERAS_ATTENTION_CHROMIUM` overrides.
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -43,6 +45,12 @@ def export_html(obj, path, title="keras-attention"):
             "export_html: `obj` must be a Bokeh layout or figure, or a keras_attention widget. "
             f"Received: {type(obj).__name__}"
         )
+    if isinstance(obj, LayoutDOM) and obj.document is None:
+        Document().add_root(obj)
+    document = obj if isinstance(obj, Document) else obj.document
+    if document is not None and document.roots:
+        # Light or dark as the browser that opens the file prefers.
+        _theme.follow_page_theme(document, document.roots[0])
     html = file_html(obj, resources=INLINE, title=title)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(html)

@@ -621,6 +621,30 @@ def by_translator(steppers):
     return found
 
 
+# Every plot's background and border colours, as the page holds them.
+READ_BACKGROUNDS = """
+() => {
+  const out = [];
+  for (const doc of window.Bokeh.documents) {
+    for (const model of doc.all_models) {
+      if (model.renderers !== undefined && "border_fill_color" in model.properties) {
+        out.push([String(model.background_fill_color), String(model.border_fill_color)]);
+      }
+    }
+  }
+  return out;
+}
+"""
+
+
+def assert_backgrounds(page, dark):
+    """Every plot on the page is painted for the page's theme (white cards in Dark were the bug)."""
+    colours = page.evaluate(READ_BACKGROUNDS)
+    assert colours, "no Bokeh plot on the page"
+    white = [c for pair in colours for c in pair if c.lower() in ("#ffffff", "white")]
+    assert (not white) if dark else len(white) == 2 * len(colours), colours
+
+
 def assert_holds(span, values, what):
     low, high = min(span), max(span)
     assert low <= min(values) and max(values) <= high, f"{what}: range {span} does not hold {min(values)}..{max(values)}"
@@ -693,11 +717,14 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
         opened.wait(f"({READ_STEPPERS})().some((s) => s.alignment.data.row.includes(3))")
         opened.page.wait_for_timeout(500)
         assert_stepper_panels_drawn(by_translator(opened.page.evaluate(READ_STEPPERS))["seq2seq"], 4, False)
+        assert_backgrounds(opened.page, dark=bool(theme))
         if width == 1280:
             save_stepper_figures(opened, theme)
     finally:
         if theme:
             restore_light_theme(opened)
+    if theme:  # and back to light when the theme is switched back
+        opened.wait(f"({READ_BACKGROUNDS})().every(([a, b]) => a === '#ffffff' && b === '#ffffff')", timeout_s=30)
     assert_no_script_ran(opened.page)
 
 

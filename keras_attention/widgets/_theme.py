@@ -1,0 +1,53 @@
+"""Bokeh figures that follow the page's light or dark theme.
+
+Bokeh paints on canvases with colours of its own, so in JupyterLab's dark
+theme every figure stayed a white card. `follow_page_theme(document, root)`
+attaches one generic callback to the document's `document_ready` event. It
+reads the page's theme (JupyterLab and Notebook 7 mark `<body>` with
+`data-jp-theme-light`; elsewhere, e.g. an exported file, the browser's
+`prefers-color-scheme`) and gives the chrome of every model (plot and border
+backgrounds, outlines, axes, ticks, grid lines, titles, colour bars, text
+glyphs left at Bokeh's default grey) the theme's colours, taken from
+JupyterLab's CSS variables where the page has them. Only properties still at
+Bokeh's light default change, and the original values come back in the light
+theme, so colours a figure set on purpose (the palettes, the bars) stay. A
+theme switched later repaints (a `MutationObserver` on `<body>`).
+"""
+
+from bokeh.models import CustomJS
+
+FOLLOW_THEME_JS = """
+const doc = root.document;
+const body = document.body;
+const dark = () => body.dataset.jpThemeLight !== undefined ? body.dataset.jpThemeLight === "false"
+  : window.matchMedia("(prefers-color-scheme: dark)").matches;
+const css = (name, fallback) => getComputedStyle(body).getPropertyValue(name).trim() || fallback;
+const originals = (window.__kaThemeOriginals ??= new WeakMap());
+const apply = () => {
+  const on = dark(), back = css("--jp-layout-color0", "#111111"), text = css("--jp-ui-font-color1", "#d4d4d4");
+  const colours = {background_fill_color: ["#ffffff", back], border_fill_color: ["#ffffff", back],
+    outline_line_color: ["#e5e5e5", "#3a3a3a"], grid_line_color: ["#e5e5e5", "#2e2e2e"],
+    axis_line_color: ["black", "#9a9a9a"], major_tick_line_color: ["black", "#9a9a9a"],
+    minor_tick_line_color: ["black", "#9a9a9a"], major_label_text_color: ["#444444", text],
+    axis_label_text_color: ["#444444", text], title_text_color: ["#444444", text], text_color: ["#444444", text]};
+  for (const model of doc.all_models) {
+    const saved = originals.get(model) ?? {};
+    for (const [name, [light, themed]] of Object.entries(colours)) {
+      if (!(name in model.properties)) continue;
+      const value = model[name], plain = value?.value !== undefined ? value.value : value;
+      const wrap = (v) => (value?.value !== undefined ? {...value, value: v} : v);
+      if (on && String(plain).toLowerCase() === light) { saved[name] = value; model[name] = wrap(themed); }
+      else if (!on && name in saved) { model[name] = saved[name]; delete saved[name]; }
+    }
+    originals.set(model, saved);
+  }
+};
+apply();
+new MutationObserver(apply).observe(body, {attributes: true, attributeFilter: ["data-jp-theme-light"]});
+"""
+
+
+def follow_page_theme(document, root):
+    """Make every figure of `document` follow the page's light/dark theme (`root`: one of its models)."""
+    document.js_on_event("document_ready", CustomJS(args=dict(root=root), code=FOLLOW_THEME_JS,
+                                                    name="follow_page_theme"))
