@@ -21,8 +21,8 @@ names the extra.
 
 Figures update over the widget comm (`jupyter_bokeh.BokehModel`), so they
 work in JupyterLab, Notebook 7, VS Code and Voila. Load BokehJS once per
-notebook without network access with
-`bokeh.io.output_notebook(bokeh.resources.INLINE)`.
+notebook without network access with `keras_attention.widgets.output_notebook()`
+(Bokeh's `output_notebook(INLINE)` stores it twice in the saved notebook).
 
 Token text is always shown as text, never interpreted as HTML.
 """
@@ -53,6 +53,7 @@ from keras_attention.widgets.figures import image_heatmap
 from keras_attention.widgets.figures import model_view
 from keras_attention.widgets.figures import weighted_sum
 from keras_attention.widgets.live_attention import LiveAttention
+from keras_attention.widgets.notebook import output_notebook
 
 __all__ = [
     "AttentionExplorer",
@@ -68,4 +69,5 @@ __all__ = [
     "image_heatmap",
     "weighted_sum",
     "LiveAttention",
+    "output_notebook",
 ]

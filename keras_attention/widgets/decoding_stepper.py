@@ -616,7 +616,8 @@ def _standalone(stepper, steps):
                 frames[_frames.frame_key(position, layer, head)] = view.frame(
                     steps[:position], layer, head, show_choice=layers > 0)
     slider = Slider(start=1, end=max(len(steps), 2), value=len(steps), step=1, title="step",
-                    name="step_slider", width=400, disabled=len(steps) == 1)
+                    name="step_slider", width=400, disabled=len(steps) == 1,
+                    tooltips=False)  # the title shows the value; a bubble covered the title
     layer_select = Select(title="layer", value=layer_options[-1], options=layer_options, name="layer_select",
                           visible=layers > 0)
     head_select = Select(title="head", value=MEAN_OF_HEADS, options=head_options, name="head_select",

@@ -226,7 +226,8 @@ class LiveAttention(keras.callbacks.Callback, Component):
         frames = {_frames.frame_key(index): _frame(title, matrices)
                   for index, (title, matrices) in enumerate(self.frames)}
         slider = Slider(start=0, end=max(len(frames) - 1, 1), value=len(frames) - 1, step=1,
-                        title="frame", name="frame_slider", width=400, disabled=len(frames) == 1)
+                        title="frame", name="frame_slider", width=400, disabled=len(frames) == 1,
+                        tooltips=False)  # the title shows the value; a bubble covered the title
         sources = {name: figures.heatmap_source(fig) for name, fig in panels.items()}
         callback = _frames.swap_frame_callback(self._frame_models(sources, panels), frames, [slider])
         slider.js_on_change("value", callback)

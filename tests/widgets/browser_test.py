@@ -256,3 +256,6 @@ def test_exported_live_attention_replays_every_frame_without_a_kernel(tmp_path, 
                 set_model(page, "frame_slider", "value", index)
             page.wait_for_function(
                 f"{weights}.every((v, i) => Math.abs(v - {json.dumps(frames[index].ravel().tolist())}[i]) < 1e-6)")
+        # The slider's title ("frame: 3") is not covered by a value bubble over the handle.
+        assert page.locator(".bk-slider-title").first.inner_text().startswith("frame")
+        assert page.locator(".noUi-tooltip").count() == 0

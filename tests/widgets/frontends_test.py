@@ -48,9 +48,8 @@ pytestmark = [
 
 SETUP_CELL = """
 import json, os
-from bokeh.io import output_notebook
-from bokeh.resources import INLINE
-output_notebook(INLINE, hide_banner=True)  # BokehJS from the package, no CDN
+from keras_attention.widgets import output_notebook
+output_notebook()  # BokehJS from the package, no CDN, stored once
 
 def dump(**state):
     # What the kernel holds, for the test to compare with the page.

@@ -36,6 +36,13 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     outputs = [output for cell in notebook.cells for output in cell.get("outputs", [])]
     errors = [output for output in outputs if output.get("output_type") == "error"]
     assert not errors
+    # BokehJS is stored once in the saved notebook (Bokeh's loader alone stores it twice).
+    from bokeh.resources import INLINE
+
+    bokehjs = INLINE.js_raw[0][5000:5200]
+    copies = sum("".join(value).count(bokehjs) for output in outputs
+                 for value in output.get("data", {}).values() if isinstance(value, (str, list)))
+    assert copies == 1, f"BokehJS is stored {copies} times"
     # No block of TensorFlow start-up log lines (absl "I0000 ..." / "E0000 ...").
     stderr = "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
     for marker in ("absl::InitializeLog", "I0000 ", "E0000 ", "W0000 ", "cuda", "oneDNN"):
