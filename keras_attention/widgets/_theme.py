@@ -47,7 +47,17 @@ new MutationObserver(apply).observe(body, {attributes: true, attributeFilter: ["
 """
 
 
+CALLBACK_NAME = "follow_page_theme"
+
+
 def follow_page_theme(document, root):
-    """Make every figure of `document` follow the page's light/dark theme (`root`: one of its models)."""
+    """Make every figure of `document` follow the page's light/dark theme (`root`: one of its models).
+
+    Once per document: a document exported twice, or wrapped in a widget and
+    exported, keeps one callback (two would observe the page twice).
+    """
+    callbacks = document.callbacks._js_event_callbacks.get("document_ready", [])
+    if any(getattr(callback, "name", None) == CALLBACK_NAME for callback in callbacks):
+        return
     document.js_on_event("document_ready", CustomJS(args=dict(root=root), code=FOLLOW_THEME_JS,
-                                                    name="follow_page_theme"))
+                                                    name=CALLBACK_NAME))

@@ -154,3 +154,12 @@ def test_bar_labels_are_no_more_than_fit_and_each_names_its_own_bar():
     ticks = fig.xaxis[0].ticker.ticks
     assert 2 <= len(ticks) <= (400 - 80) // 13
     assert all(fig.xaxis[0].major_label_overrides[t] == tokens[t] for t in ticks)
+
+
+def test_exporting_twice_keeps_one_theme_callback(tmp_path):
+    fig = figures.heatmap(np.full((2, 3), 1 / 3))
+    for name in ("a.html", "b.html"):
+        export_html(fig, str(tmp_path / name))
+    callbacks = fig.document.callbacks._js_event_callbacks["document_ready"]
+    assert [c.name for c in callbacks].count("follow_page_theme") == 1
+    assert (tmp_path / "b.html").read_text(encoding="utf-8").count("const originals =") == 1
