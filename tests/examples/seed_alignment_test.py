@@ -2,9 +2,11 @@
 
 "il a m' entarté" -> "he hit me with a pie": "he" comes from "il", "me" from
 "m'", "hit" and "pie" from "entarté". The stepper and walkthrough notebooks
-train the same toy translator in one cell; this test runs that cell's code
+train the same toy translator in one cell; these tests run that cell's code
 (read from the notebook, so the notebook and the test cannot drift apart)
-and checks the argmax of each output token's attention row.
+and check the argmax of each output token's attention row: once training
+from scratch, once loading the cell's saved result that ships beside the
+notebooks (what Voila and a first run show).
 """
 
 import json
@@ -34,15 +36,38 @@ def test_both_notebooks_train_the_same_translator():
     assert training_cell("decoding_stepper.ipynb") == training_cell("attention_walkthrough.ipynb")
 
 
-@pytest.mark.tf_only
-def test_the_notebooks_translator_aligns_the_seed_example_as_the_lecture_does():
-    namespace = {}
+def run_training_cell(directory, monkeypatch):
+    monkeypatch.chdir(directory)
+    namespace = {"os": os}
     code = training_cell("decoding_stepper.ipynb").replace("print(", "(lambda *a, **k: None)(")
     exec(compile(code, "decoding_stepper.ipynb: training cell", "exec"), namespace)
-    translator = namespace["translator"]
+    return namespace["translator"]
+
+
+def assert_seed_alignment(translator):
     result = translator.translate([SEED])[0]
     assert result.text == "he hit me with a pie"
     alignment = np.asarray(result.alignment)
     source = list(result.source_tokens)
     peaks = {token: source[int(np.argmax(alignment[i]))] for i, token in enumerate(result.tokens)}
     assert {token: peaks[token] for token in EXPECTED} == EXPECTED, np.round(alignment, 2)
+
+
+@pytest.mark.tf_only
+def test_the_notebooks_translator_aligns_the_seed_example_as_the_lecture_does(tmp_path, monkeypatch):
+    translator = run_training_cell(tmp_path, monkeypatch)  # no saved file here: trains
+    assert_seed_alignment(translator)
+    assert (tmp_path / "pretrained" / "seed_seq2seq.keras").exists()
+
+
+@pytest.mark.tf_only
+def test_the_shipped_translator_is_the_cells_result_and_aligns_the_seed_example(monkeypatch):
+    from keras_attention.models import Seq2SeqTranslator
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the notebook trained although its saved translator ships beside it")
+
+    monkeypatch.setattr(Seq2SeqTranslator, "fit", no_training)
+    translator = run_training_cell(NOTEBOOKS, monkeypatch)
+    assert isinstance(translator, Seq2SeqTranslator)
+    assert_seed_alignment(translator)

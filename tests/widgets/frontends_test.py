@@ -179,8 +179,35 @@ dump(ready=True)
     "explorers[1].widget",
 ]
 
+# Widget and training in separate cells, as a notebook has them: with Voila's
+# progressive rendering (examples/notebooks/voila.json) the widget is on the
+# page while the next cell trains.
+PROGRESSIVE_LIVE_CELLS = [
+    """
+import time
+import keras, numpy as np
+import keras_attention
+from keras_attention.widgets import LiveAttention
+
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((6, 4)), keras_attention.LuongAttention(score="general", name="att"),
+                          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+x = np.random.default_rng(0).normal(size=(32, 6, 4)).astype("float32")
+y = x[:, :, :1].sum(axis=1)
+live = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0)
+live.widget
+""",
+    """
+slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.3))
+model.fit(x, y, batch_size=4, epochs=2, callbacks=[live, slow], verbose=0)
+dump(weight=live._latest["att"][0].ravel().tolist(), title=live.figures["att"].title.text)
+print("fit done")
+""",
+]
+
 NOTEBOOKS = {"stepper": STEPPER_CELLS, "explorer": EXPLORER_CELLS, "live": LIVE_CELLS,
-             "panels": PANELS_CELLS, "head_view": HEAD_VIEW_CELLS}
+             "panels": PANELS_CELLS, "head_view": HEAD_VIEW_CELLS, "progressive_live": PROGRESSIVE_LIVE_CELLS}
 
 
 def column(name):
@@ -248,8 +275,9 @@ def free_port():
 class JupyterServer:
     """One `jupyter server` (JupyterLab, Notebook 7 and Voila extensions) on 127.0.0.1."""
 
-    def __init__(self, root):
+    def __init__(self, root, *extra_args):
         self.root = root
+        self.progressive = "--VoilaConfiguration.progressive_rendering=True" in extra_args
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -260,14 +288,15 @@ class JupyterServer:
         labconfig.mkdir(parents=True, exist_ok=True)
         (labconfig / "page_config.json").write_text(json.dumps(
             {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
-        self.log = open(root / "server.log", "w")
+        self.log_path = root / ("server_progressive.log" if self.progressive else "server.log")
+        self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyter", "server", "--no-browser", "--allow-root",
              f"--ServerApp.port={self.port}", "--ServerApp.ip=127.0.0.1", "--ServerApp.port_retries=0",
              "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
              f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
              "--JupyterNotebookApp.expose_app_in_browser=True",
-             "--VoilaConfiguration.show_tracebacks=True"],
+             "--VoilaConfiguration.show_tracebacks=True", *extra_args],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + 90
@@ -284,7 +313,7 @@ class JupyterServer:
 
     def log_tail(self):
         self.log.flush()
-        return (self.root / "server.log").read_text()[-3000:]
+        return self.log_path.read_text()[-3000:]
 
     def shutdown_kernels(self):
         """Frees the kernels of a finished test (each holds TensorFlow, ~1 GB)."""
@@ -329,6 +358,20 @@ def server(artifacts):
 
 
 @pytest.fixture(scope="module")
+def progressive_server(artifacts):
+    """A server whose Voila renders progressively, as examples/notebooks/voila.json asks."""
+    directory, _ = artifacts
+    with open(os.path.join(ROOT, "examples", "notebooks", "voila.json"), encoding="utf-8") as handle:
+        options = json.load(handle)["VoilaConfiguration"]
+    assert options == {"progressive_rendering": True}
+    server = JupyterServer(directory, "--VoilaConfiguration.progressive_rendering=True")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
 
@@ -362,7 +405,9 @@ class Run:
         page, path = self.page, f"{self.name}.ipynb"
         self.started = time.perf_counter()
         if self.front_end == "voila":
-            page.goto(f"{self.server.url}/voila/render/{path}", timeout=180_000)
+            # Progressive rendering streams the page while the cells run.
+            page.goto(f"{self.server.url}/voila/render/{path}", timeout=180_000,
+                      wait_until="commit" if self.server.progressive else "load")
             return
         url = f"{self.server.url}/lab/tree/{path}?reset" if self.front_end == "lab" else \
             f"{self.server.url}/notebooks/{path}"
@@ -579,6 +624,25 @@ def test_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_tr
     replay_s = opened.wait(same_numbers(READ_LIVE, kernel["first"]), timeout_s=30)
     opened.record(replay_s=replay_s)
 
+
+
+def test_voila_shows_live_attention_while_the_next_cell_trains(progressive_server, browser, artifacts):
+    opened = Run(progressive_server, browser, artifacts, "progressive_live", "voila")
+    try:
+        opened.open()
+        drawn_s = opened.wait(f"({READ_LIVE})() !== null", timeout_s=180)
+        # Drawn while `fit` (16 batches of >= 0.3 s) still runs: the dump comes after it.
+        assert not opened.dump.exists(), "the widget appeared only after training"
+        opened.page.evaluate(f"({WATCH})({READ_LIVE})")
+        kernel = opened.kernel_state(timeout_s=120)
+        opened.wait(same_numbers(READ_LIVE, kernel["weight"]), timeout_s=30)
+        opened.wait(f"({READ_LIVE_TITLE})() === {json.dumps(kernel['title'])}", timeout_s=30)
+        opened.page.evaluate("clearInterval(window.__watch)")
+        seen = opened.page.evaluate("window.__states")
+        assert len(seen) >= 4, len(seen)  # it redrew during training
+        opened.record(first_draw_s=time.perf_counter() - opened.started, waited_s=drawn_s)
+    finally:
+        opened.close()
 
 # Every stepper document of the page: each stage panel's range, visibility,
 # title and data, read from Bokeh's models as drawn.
