@@ -123,7 +123,7 @@ class DecodingStepper(Component):
         self.candidate_source.selected.on_change("indices", self._on_candidate_tap)
         self.bokeh_widget = BokehModel(self.figures_layout)
         # A source too wide for the page scrolls inside the output, not the page.
-        self.bokeh_widget.layout = ipywidgets.Layout(max_width="100%", overflow="auto")
+        self.bokeh_widget.layout = ipywidgets.Layout(width="100%", overflow="auto")
 
     def _build_controls(self):
         button = ipywidgets.Button
@@ -570,8 +570,21 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
     for name in ("heatmap_figure", "scores_figure", "distribution_figure", "weighted_sum_figure", "candidate_figure"):
         if getattr(panels, name) is not None:
             getattr(panels, name).name = "alignment_figure" if name == "heatmap_figure" else name
-    panels.figures_layout = column(row(*stages[:2]), row(*stages[2:]), panels.heatmap_figure)
+    # Bar panels fill the cell (down to their designed widths, which the labels were counted
+    # for); heatmaps keep theirs, so that their cells stay about square.
+    for stage in stages:
+        if stage is not panels.weighted_sum_figure:
+            figures.stretch(stage, max_width=STAGE_MAX_WIDTH)
+    rows_ = [figures.stretch(row(*pair), min_width=sum(f.min_width or f.width for f in pair))
+             for pair in (stages[:2], stages[2:]) if pair]
+    panels.figures_layout = figures.stretch(
+        column(*rows_, panels.heatmap_figure),
+        min_width=max([r.min_width for r in rows_] + [panels.heatmap_figure.width]))
     return panels
+
+
+# The widest a stage panel grows in a wide cell (two side by side fill ~1500 px).
+STAGE_MAX_WIDTH = 760
 
 
 def _stage_titles(step, position):
@@ -628,6 +641,7 @@ def _standalone(stepper, steps):
     header = Div(text="<b>source:</b> " + " ".join(f"<code>{escape(t)}</code>" for t in stepper.source_tokens)
                  + "<br><b>output:</b> " + " ".join(f"<code>{escape(s.token)}</code>" for s in steps))
     document = Document()
-    document.add_root(column(header, row(slider, layer_select, head_select), panels.figures_layout))
+    document.add_root(figures.stretch(column(header, row(slider, layer_select, head_select), panels.figures_layout),
+                                      min_width=panels.figures_layout.min_width))
     document.js_on_event("document_ready", callback)  # draws the last step on opening
     return document

@@ -104,6 +104,21 @@ def _label_axis(axis, labels, max_labels=None):
     axis.major_label_overrides = overrides
 
 
+def stretch(obj, min_width=None, max_width=None):
+    """Let a figure or layout fill the width of its cell (`sizing_mode="stretch_width"`).
+
+    Its designed width becomes its minimum (the tick labels were counted for
+    it, so a wider figure only gains room) and `max_width` keeps one panel from
+    becoming a banner on a wide screen. Returns `obj`.
+    """
+    min_width = obj.width if min_width is None else min_width
+    obj.sizing_mode = "stretch_width"
+    obj.min_width = int(min_width)
+    if max_width is not None:
+        obj.max_width = int(max(max_width, min_width))
+    return obj
+
+
 def value_range(values, fixed=None):
     """`(start, end)` of a bar chart's value axis: holds every value and 0, 5% margin.
 

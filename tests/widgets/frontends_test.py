@@ -677,6 +677,13 @@ READ_STEPPERS = """
 """
 
 
+# [name, drawn width in px, min_width] of every stage panel that stretches to its cell.
+READ_PANEL_WIDTHS = """
+() => [...Bokeh.index.all_views()].filter((view) => view.model.sizing_mode === "stretch_width"
+    && ["scores_figure", "distribution_figure", "candidate_figure"].includes(view.model.name))
+  .map((view) => [view.model.name, view.el.getBoundingClientRect().width, view.model.min_width])
+"""
+
 def by_translator(steppers):
     """`{"seq2seq": ..., "transformer": ...}`: the Transformer's alignment names its layer."""
     found = {("transformer" if "layer" in s["alignment"]["title"] else "seq2seq"): s for s in steppers}
@@ -781,6 +788,14 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
         opened.page.wait_for_timeout(500)
         assert_stepper_panels_drawn(by_translator(opened.page.evaluate(READ_STEPPERS))["seq2seq"], 4, False)
         assert_backgrounds(opened.page, dark=bool(theme))
+        # The bar panels size to the cell: never below the width their labels were counted for,
+        # and on a 1920 px page well above it (they were fixed at 400 px, ~40% of the page).
+        drawn = opened.page.evaluate(READ_PANEL_WIDTHS)
+        assert len(drawn) == 6, drawn  # scores, distribution, prediction of both steppers
+        for name, width_px, designed in drawn:
+            assert width_px >= designed - 1, (name, width_px, designed)
+            if width == 1920:
+                assert width_px >= 1.25 * designed, (name, width_px, designed)
         if width == 1280:
             save_stepper_figures(opened, theme)
     finally:
