@@ -230,16 +230,7 @@ class AttentionExplorer(Component):
         for old in self.overview_box.children:
             old.close()  # frees the comm and the Bokeh document of the previous layer
         if long_queries or long_keys:
-            size = self.max_tokens * 2
-            overview = self._source.summary(layer, size).mean(axis=0)
-            self.overview_figure = figures.image_heatmap(overview, title=f"{layer}: overview",
-                                                         max_size=size, full_shape=(num_queries, num_keys))
-            # The window the detail shows, outlined on the overview.
-            self.window_source = ColumnDataSource(self._window_data(num_queries, num_keys),
-                                                          name="window_source")
-            self.overview_figure.quad(left="left", right="right", top="top", bottom="bottom",
-                                      source=self.window_source, fill_alpha=0.0,
-                                      line_color=figures.SELECTED_COLOR, line_width=2)
+            self.overview_figure, self.window_source = self._overview(layer)
             self.overview_box.children = [BokehModel(self.overview_figure)]
         else:
             self.overview_figure = self.window_source = None
@@ -268,6 +259,19 @@ class AttentionExplorer(Component):
             _frames.apply_frame(self._frame_models, frame)
         finally:
             self._updating = False
+
+    def _overview(self, layer):
+        """The block-mean overview of a long layer (mean of heads) with the detail's window
+        outlined: `(figure, window_source)`, in the live widget and the export alike."""
+        _, num_queries, num_keys = self.shapes[layer]
+        size = self.max_tokens * 2
+        overview = self._source.summary(layer, size).mean(axis=0)
+        fig = figures.image_heatmap(overview, title=f"{layer}: overview", max_size=size,
+                                    full_shape=(num_queries, num_keys))
+        window_source = ColumnDataSource(self._window_data(num_queries, num_keys), name="window_source")
+        fig.quad(left="left", right="right", top="top", bottom="bottom", source=window_source, fill_alpha=0.0,
+                 line_color=figures.SELECTED_COLOR, line_width=2)
+        return fig, window_source
 
     def _window_data(self, num_queries, num_keys):
         q0, k0 = self.query_start.value, self.key_start.value
@@ -309,6 +313,13 @@ class AttentionExplorer(Component):
         layer_options = {layer: [MEAN_OF_HEADS, *map(str, range(heads))] if heads > 1 else ["0"]
                          for layer, (heads, _, _) in self.shapes.items()}
         every_head = {option for options in layer_options.values() for option in options}
+        # Long layers: their overview beside the detail, the one of the chosen layer shown.
+        overviews = {layer: self._overview(layer)[0] for layer, (_, num_queries, num_keys) in self.shapes.items()
+                     if max(num_queries, num_keys) > self.max_tokens}
+        first = next(iter(self.shapes))
+        for index, (layer, overview) in enumerate(overviews.items()):
+            overview.name = f"overview_{index}"
+            overview.visible = layer == first
         frames = {}
         for layer, (num_heads, num_queries, num_keys) in self.shapes.items():
             q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
@@ -319,16 +330,18 @@ class AttentionExplorer(Component):
                 frame = _detail_frame(self._source.window(layer, head, q0, q1, k0, k1), x_labels, y_labels,
                                       layer, head, thumbnails.data)
                 frame["props"]["head_select"] = {"options": options}
+                for other, overview in overviews.items():
+                    frame["props"][overview.name] = {"visible": other == layer}
                 frames[_frames.frame_key(layer, option)] = frame
             # A head this layer does not have (chosen on another layer): its first head option.
             for option in every_head - set(options):
                 frames[_frames.frame_key(layer, option)] = {
                     "data": {}, "props": {"head_select": {"options": options, "value": options[0]}}}
-        first = next(iter(self.shapes))
         layer_select = Select(title="layer", value=first, options=list(self.shapes), name="layer_select")
         head_select = Select(title="head", value=layer_options[first][0], options=layer_options[first],
                              name="head_select")
-        models = {**_detail_models(panels, thumbnails), "head_select": head_select}
+        models = {**_detail_models(panels, thumbnails), "head_select": head_select,
+                  **{overview.name: overview for overview in overviews.values()}}
         callback = _frames.swap_frame_callback(models, frames, [layer_select, head_select])
         layer_select.js_on_change("value", callback)
         head_select.js_on_change("value", callback)
@@ -337,7 +350,8 @@ class AttentionExplorer(Component):
             code=THUMBNAIL_TAP_JS,
         ))
         document = Document()
-        parts = [row(layer_select, head_select), panels.layout]
+        parts = [row(layer_select, head_select),
+                 row(panels.layout, *overviews.values()) if overviews else panels.layout]
         if len(thumbnails.data["layer"]) > 1:
             parts.append(model_view)
         document.add_root(column(*parts))

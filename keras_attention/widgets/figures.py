@@ -643,7 +643,7 @@ def model_view(thumbnails, layer_names, *, size=64, max_size=32, title="Model vi
     span_x, span_y = num_cols * (1 + THUMBNAIL_GAP), num_rows * (1 + THUMBNAIL_GAP)
     label_room = 8 * min(28, max(len(str(n)) for n in layer_names))
     fig = figure(
-        title=title, width=int(num_cols * size * (1 + THUMBNAIL_GAP)) + label_room + 110,
+        title=title, width=max(int(num_cols * size * (1 + THUMBNAIL_GAP)) + label_room + 110, 7 * len(title) + 30),
         height=int(num_rows * size * (1 + THUMBNAIL_GAP)) + 70,
         x_range=Range1d(-THUMBNAIL_GAP, span_x), y_range=Range1d(span_y, -THUMBNAIL_GAP),
         tools="tap", toolbar_location=None, x_axis_location="above", name="model_view_figure",

@@ -262,6 +262,13 @@ def test_scores_on_demand_windows_are_the_layers_exact_rows(fake_comm, monkeypat
         64, 64, "200", "120")
     np.testing.assert_allclose(np.reshape(detail["weight"], (64, 64)), numpy_rows(layer, x, 200, 264, 0)[:, 120:184],
                                rtol=2e-4, atol=1e-7)
+    # ... beside the same overview, with the same window outlined.
+    document = callback.document
+    exported = document.select_one({"name": "overview_0"})
+    assert exported.visible and callback.args["frames"]["long|0"]["props"]["overview_0"] == {"visible": True}
+    np.testing.assert_allclose(exported.select_one({"name": "overview_source"}).data["image"][0], expected,
+                               rtol=2e-4, atol=1e-7)
+    assert dict(exported.select_one({"name": "window_source"}).data) == dict(explorer.window_source.data)
 
 
 def test_scores_on_demand_needs_a_layer_that_selects_heads(fake_comm):

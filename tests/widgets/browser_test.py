@@ -232,6 +232,30 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
                                    rtol=1e-6)
 
 
+
+def test_exported_long_explorer_shows_each_long_layers_overview(tmp_path, fake_comm):
+    import keras
+
+    import keras_attention
+    import text_boxes
+    from keras_attention.widgets import AttentionExplorer
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((150, 8))
+    long = keras_attention.MultiHeadAttention(2, 4, name="long")(inputs)
+    model = keras.Model(inputs, keras_attention.MultiHeadAttention(2, 4, name="other")(long))
+    x = np.random.default_rng(0).normal(size=(1, 150, 8)).astype("float32")
+    explorer = AttentionExplorer(model, x, max_tokens=64)
+    # Visible overview figures, by name, as the page draws them.
+    shown = ("[...Bokeh.index.all_views()].filter((v) => String(v.model.name).startsWith('overview_')"
+             " && v.model.visible && v.el.getBoundingClientRect().width > 0).map((v) => v.model.name)")
+    with offline_export(tmp_path, explorer, "long_explorer") as page:
+        page.wait_for_function(f"(() => {{ const s = {shown}; return s.length === 1 && s[0] === 'overview_0'; }})()")
+        text_boxes.assert_legible(page, minimum_axes=4)
+        page.locator("select").nth(0).select_option("other")
+        page.wait_for_function(f"(() => {{ const s = {shown}; return s.length === 1 && s[0] === 'overview_1'; }})()")
+
+
 @pytest.mark.tf_only
 def test_exported_live_attention_replays_every_frame_without_a_kernel(tmp_path, fake_comm):
     import keras
