@@ -199,7 +199,7 @@ live = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead
 live.widget
 """,
     """
-slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.3))
+slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.5))
 model.fit(x, y, batch_size=4, epochs=2, callbacks=[live, slow], verbose=0)
 dump(weight=live._latest["att"][0].ravel().tolist(), title=live.figures["att"].title.text)
 print("fit done")
@@ -631,7 +631,7 @@ def test_voila_shows_live_attention_while_the_next_cell_trains(progressive_serve
     try:
         opened.open()
         drawn_s = opened.wait(f"({READ_LIVE})() !== null", timeout_s=180)
-        # Drawn while `fit` (16 batches of >= 0.3 s) still runs: the dump comes after it.
+        # Drawn while `fit` (16 batches of >= 0.5 s: 8 s for the page to draw it) still runs: the dump comes after it.
         assert not opened.dump.exists(), "the widget appeared only after training"
         opened.page.evaluate(f"({WATCH})({READ_LIVE})")
         kernel = opened.kernel_state(timeout_s=120)
