@@ -341,7 +341,7 @@ def image_heatmap(weights, *, title="Attention overview", max_size=128, width=42
         name="overview_source",
     )
     if row_step > 1 or col_step > 1:
-        title = f"{title} (block mean {row_step}x{col_step} of {rows}x{cols})"
+        title = f"{title} ({row_step}x{col_step} block mean)"  # the axes give the full size
     fig = figure(
         title=title,
         width=width,
@@ -643,7 +643,9 @@ def model_view(thumbnails, layer_names, *, size=64, max_size=32, title="Model vi
     span_x, span_y = num_cols * (1 + THUMBNAIL_GAP), num_rows * (1 + THUMBNAIL_GAP)
     label_room = 8 * min(28, max(len(str(n)) for n in layer_names))
     fig = figure(
-        title=title, width=max(int(num_cols * size * (1 + THUMBNAIL_GAP)) + label_room + 110, 7 * len(title) + 30),
+        title=title,
+        # The title starts after the layer names (the frame's left edge): room for both.
+        width=max(int(num_cols * size * (1 + THUMBNAIL_GAP)) + label_room + 110, label_room + 60 + int(7.5 * len(title))),
         height=int(num_rows * size * (1 + THUMBNAIL_GAP)) + 70,
         x_range=Range1d(-THUMBNAIL_GAP, span_x), y_range=Range1d(span_y, -THUMBNAIL_GAP),
         tools="tap", toolbar_location=None, x_axis_location="above", name="model_view_figure",

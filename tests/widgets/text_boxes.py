@@ -99,13 +99,20 @@ READ_TEXT_BOXES = """
                && typeof view._get_size === "function") {
       if (!view.model.text || !shown(view)) continue;
       const size = view._get_size();
-      const room = canvasOf(view).width;
+      const canvas = canvasOf(view);
       out.checked.titles += 1;
       const horizontal = view.panel.is_horizontal;
       const width = horizontal ? size.width : size.height;
-      const available = horizontal ? room - view.model.offset : canvasOf(view).height;
-      if (width > available + slack) {
-        out.cut.push({figure: describe(view), text: view.model.text, width, room: available});
+      // Where BokehJS starts the text (TitleView._get_position): from its panel's edge
+      // (after the axis and border room), not from the canvas' edge.
+      const bbox = view.layout?.bbox;
+      const [low, high, room] = horizontal ? [bbox?.left ?? 0, bbox?.right ?? canvas.width, canvas.width]
+        : [bbox?.top ?? 0, bbox?.bottom ?? canvas.height, canvas.height];
+      const align = view.model.align, offset = view.model.offset;
+      const start = align === "center" ? (low + high - width) / 2
+        : (align === "right") === horizontal ? high - offset - width : low + offset;
+      if (start < -slack || start + width > room + slack) {
+        out.cut.push({figure: describe(view), text: view.model.text, width, start, room});
       }
     }
   }
