@@ -2,6 +2,7 @@
 
 import glob
 import os
+import shutil
 import time
 
 import nbformat
@@ -28,6 +29,10 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     # The notebooks quiet TensorFlow themselves; nothing from the test's environment helps.
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
     notebook = nbformat.read(path, as_version=4)
+    # Run where a user runs it: beside the files the notebooks ship (their training cells'
+    # results, pretrained/); training them again is tests/examples/seed_alignment_test.py's.
+    shutil.copytree(os.path.join(os.path.dirname(path), "pretrained"), tmp_path / "pretrained")
+    shipped = {f.name: f.stat().st_mtime_ns for f in (tmp_path / "pretrained").iterdir()}
     client = NotebookClient(notebook, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})
     start = time.perf_counter()
@@ -36,6 +41,8 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     outputs = [output for cell in notebook.cells for output in cell.get("outputs", [])]
     errors = [output for output in outputs if output.get("output_type") == "error"]
     assert not errors
+    # ... and loaded them rather than training again.
+    assert {f.name: f.stat().st_mtime_ns for f in (tmp_path / "pretrained").iterdir()} == shipped
     # BokehJS is stored once in the saved notebook (Bokeh's loader alone stores it twice).
     from bokeh.resources import INLINE
 
