@@ -2,8 +2,18 @@
 
 Import the fixture in a test module: `from translator_fixtures import
 trained_translator`.
+
+Each translator is trained once per test run: the first module to ask trains
+and saves it (`.keras`) in the run's shared temporary folder, the others load
+that file (the xdist workers share it, under a file lock).
+`keras_saving_test` trains its own (`train_translator()` /
+`train_transformer()`), so the round trip it checks starts from a model
+fresh from `fit`.
 """
 
+import contextlib
+import fcntl
+import os
 import random
 
 import keras
@@ -24,9 +34,47 @@ def number_pairs(count, seed=0):
     return pairs
 
 
+def _run_folder(tmp_path_factory):
+    """The folder every worker of this test run shares (never one of another run)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def _locked(path):
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _trained_once(tmp_path_factory, name, train):
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("needs the TensorFlow backend")
+    path = str(_run_folder(tmp_path_factory) / f"{name}.keras")
+    with _locked(path):
+        if os.path.exists(path):
+            return keras.models.load_model(path)
+        translator = train()
+        translator.save(path)
+        return translator
+
+
 @pytest.fixture(scope="module")
-def trained_translator():
+def trained_translator(tmp_path_factory):
     """Whitespace-tokenized number words -> digits, trained for a few seconds."""
+    return _trained_once(tmp_path_factory, "trained_translator", train_translator)
+
+
+@pytest.fixture(scope="module")
+def trained_transformer(tmp_path_factory):
+    """The same task for a small `TransformerTranslator`."""
+    return _trained_once(tmp_path_factory, "trained_transformer", train_transformer)
+
+
+def train_translator():
     if keras.backend.backend() != "tensorflow":
         pytest.skip("needs the TensorFlow backend")
     from keras_attention.models import Seq2SeqTranslator
@@ -45,9 +93,7 @@ def trained_translator():
     return translator
 
 
-@pytest.fixture(scope="module")
-def trained_transformer():
-    """The same task for a small `TransformerTranslator`."""
+def train_transformer():
     if keras.backend.backend() != "tensorflow":
         pytest.skip("needs the TensorFlow backend")
     from keras_attention.models import TransformerTranslator

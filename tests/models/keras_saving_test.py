@@ -5,10 +5,21 @@ import sys
 import numpy as np
 import pytest
 
-from translator_fixtures import trained_transformer  # noqa: F401  (fixture)
-from translator_fixtures import trained_translator  # noqa: F401  (fixture)
+from translator_fixtures import train_transformer
+from translator_fixtures import train_translator
 
 pytestmark = pytest.mark.tf_only
+
+
+# Fresh from `fit` (the shared fixtures may have been loaded from a file this test checks).
+@pytest.fixture(scope="module")
+def trained_translator():
+    return train_translator()
+
+
+@pytest.fixture(scope="module")
+def trained_transformer():
+    return train_transformer()
 
 TEXTS = ["three one four", "nine bonjour", ""]
 
