@@ -1,5 +1,6 @@
 """`make demo` installs only the `text` extra and leaves TensorFlow's log level to
-the demo's quiet start; `make test` installs the dev set. Read from `make -n`
+the demo's quiet start; `make test` installs the dev set and compiles XLA at LLVM
+level 0, `make test-compat` at XLA's defaults. Read from `make -n`
 (what make would run), so nothing is installed."""
 
 import os
@@ -50,4 +51,18 @@ def test_demo_leaves_the_log_level_to_the_quiet_start(tmp_path):
 def test_make_test_installs_the_dev_set():
     commands = dry_run("test-tf")
     assert '.venv/bin/python -m pip install -e ".[dev,text,widgets,jax]"' in commands
-    assert "TF_CPP_MIN_LOG_LEVEL=2 KERAS_BACKEND=tensorflow" in commands
+    assert "TF_CPP_MIN_LOG_LEVEL=2 " in commands and "KERAS_BACKEND=tensorflow" in commands
+
+
+def pytest_lines(target):
+    return [line for line in dry_run(target).splitlines() if "-m pytest" in line]
+
+
+def test_make_test_compiles_fast_and_test_compat_at_xla_defaults():
+    # LLVM level 0 for `make test`'s many run-once programs; the compat run keeps
+    # XLA's defaults, so the kernels and Keras' ported tests still run optimised.
+    for target in ("test-tf", "test-jax"):
+        (line,) = pytest_lines(target)
+        assert "--xla_backend_optimization_level=0" in line, line
+    compat = pytest_lines("test-compat")
+    assert len(compat) == 2 and not any("XLA_FLAGS" in line for line in compat), compat
