@@ -24,10 +24,13 @@ match wins (a test checks this table against the code):
 | fits | otherwise | MATERIALISED |
 
 MATERIALISED is COMPOSITE (`keras.ops.dot_product_attention` without a fused
-kernel, what Keras' own layer runs) unless the value and key head sizes
-differ (JAX's composite kernel needs them equal) or TensorFlow is compiling
-with XLA (which fuses our written-out DENSE kernel better: 0.52x Keras' time
-at 4096), in which case DENSE.
+kernel, what Keras' own layer runs), except: under TensorFlow's XLA it is
+SHIFTED (our fixed-shift kernel, `ops.dense_attention.shifted_attention`: one
+elementwise pass over the logits each way where a softmax takes several, the
+slow part of XLA:CPU's materialised attention; it falls back to DENSE's
+softmax inside the call when a row's logits are not bounded), and where the
+value and key head sizes differ (JAX's composite kernel needs them equal) it
+is DENSE.
 
 The crossover is where the blockwise kernel is faster than the materialised
 one on the backend and device at hand, measured (benchmarks/RESULTS.md, #26):
@@ -74,6 +77,7 @@ class Kernel(enum.Enum):
     BLOCKWISE = "blockwise"  # ops.memory_efficient_attention, linear memory
     COMPOSITE = "composite"  # keras.ops.dot_product_attention, materialised
     DENSE = "dense"  # ops.dense_attention: materialised, returns the weights
+    SHIFTED = "shifted"  # ops.shifted_attention: materialised, fixed shift, no weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +126,11 @@ class KernelRequest:
 
 
 def _materialised(request):
-    if request.weights_needed or not request.equal_head_dims or request.xla:
+    if request.weights_needed:
+        return Kernel.DENSE
+    if request.xla:
+        return Kernel.SHIFTED
+    if not request.equal_head_dims:
         return Kernel.DENSE
     return Kernel.COMPOSITE
 

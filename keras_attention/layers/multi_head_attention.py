@@ -368,6 +368,9 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             return dense_attention.dense_attention(
                 query, key, value, mask, scale=scale,
                 dropout=self._dropout_callable(training))
+        if kernel is Kernel.SHIFTED:
+            return dense_attention.shifted_attention(
+                query, key, value, mask, scale=scale), None
         if kernel is Kernel.RING:
             if self._weights_needed(training, return_attention_scores):
                 raise ValueError(self._error(

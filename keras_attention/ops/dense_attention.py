@@ -1,8 +1,17 @@
-"""Exact attention that forms the `(B, H, Tq, Tk)` logits: two kernels.
+"""Exact attention that forms the `(B, H, Tq, Tk)` logits: three kernels.
 
 - `dense_attention`: ours, written out (logits in float32 under half
   precision, the masked softmax of `online_softmax`, dropout on the weights);
-  the kernel that returns weights, and the one XLA fuses best.
+  the kernel that returns weights.
+- `shifted_attention`: the output only, without a softmax: each row's
+  logits are shifted by a bound known before the matmul (`online_softmax.
+  logit_bound`, as the blockwise kernel's fixed-shift path), exponentiated
+  in one pass and normalised after the weighted sum, whose extra ones column
+  gives the row sums. One elementwise pass over the logits forward and one
+  backward, where a softmax takes a max, an exp, a sum and a division
+  forward and as many backward; the kernel for TensorFlow's XLA, whose
+  softmax fusions are the slow part there (benchmarks/RESULTS.md). A call
+  whose rows are not all bounded runs `dense_attention` instead.
 - `composite_attention`: `keras.ops.dot_product_attention`, what Keras'
   layer runs when no weights are needed; with `flash_attention=True` the
   backend's fused kernel (JAX on GPU/TPU, torch CUDA).
@@ -19,6 +28,7 @@ for a call that asks for them beside an output from any kernel.
 import keras
 from keras import ops
 
+from keras_attention.ops import masking
 from keras_attention.ops import multi_head
 from keras_attention.ops.masking import score_dtype
 from keras_attention.ops import online_softmax
@@ -48,6 +58,61 @@ def dense_attention(query, key, value, mask, *, scale, dropout=None):
     weights = ops.cast(online_softmax.masked_softmax(logits, allowed), value.dtype)
     dropped = weights if dropout is None else dropout(weights)
     return multi_head.multi_head_weighted_sum(dropped, value), weights
+
+
+def shifted_attention(query, key, value, mask, *, scale):
+    """Materialised exact attention with a fixed shift per row: the output.
+
+    Same arguments and result as `dense_attention(...)[0]` without dropout
+    (the weights are never normalised, so none are returned). When every row
+    satisfies `|q| max_j |k_j| <= online_softmax.FIXED_SHIFT_MAX` (after
+    `scale`) and every value is finite, `exp(q . k - bound)` cannot overflow,
+    and the largest term of a row is at least `exp(-2 * FIXED_SHIFT_MAX)`, a
+    normal float32; otherwise (large or non-finite logits) the call runs
+    `dense_attention`'s softmax. A row with no visible key gets zeros.
+    """
+    if masking.is_statically_empty(query, key):
+        return masking.empty_attention(query, value)
+    dtype = value.dtype
+    wide = score_dtype(query.dtype)
+    query = ops.cast(query, wide) * ops.cast(scale, wide)
+    key = ops.cast(key, wide)
+    value = ops.cast(value, wide)
+    num_heads, num_kv_heads = query.shape[2], key.shape[2]
+    # Per row: |q_i| * max_j |k_j| >= |q_i . k_j| (Cauchy-Schwarz), (B, H, Tq).
+    query_norm = ops.sqrt(ops.sum(ops.square(query), axis=-1))  # (B, Tq, H)
+    key_norm = ops.max(ops.sqrt(ops.sum(ops.square(key), axis=-1)), axis=1)  # (B, Hkv)
+    key_norm = ops.repeat(key_norm, num_heads // num_kv_heads, axis=1)
+    shift = ops.stop_gradient(
+        ops.transpose(query_norm * ops.expand_dims(key_norm, 1), (0, 2, 1)))
+    bounded = ops.logical_and(
+        ops.all(shift <= online_softmax.FIXED_SHIFT_MAX),
+        ops.all(ops.isfinite(value)))
+
+    def shifted():
+        logits = multi_head.multi_head_logits(query, key) - ops.expand_dims(shift, -1)
+        allowed = mask.dense(_length(query, 1), _length(key, 1))
+        terms = ops.exp(online_softmax.mask_logits(logits, allowed))
+        # [v, 1]: the weighted sum and the row sum in one matmul.
+        sums = multi_head.multi_head_weighted_sum(
+            terms, online_softmax.append_column(value, ops.ones_like(value[..., 0])))
+        total = sums[..., -1:]
+        attended = ops.not_equal(total, 0.0)
+        output = sums[..., :-1] / ops.where(attended, total, 1.0)
+        return ops.cast(ops.where(attended, output, 0.0), dtype)
+
+    def softmax():
+        return ops.cast(_softmax_attention(query, key, value, mask), dtype)
+
+    return ops.cond(bounded, shifted, softmax)
+
+
+def _softmax_attention(query, key, value, mask):
+    """`dense_attention`'s output for scaled, widened heads (no dropout)."""
+    logits = multi_head.multi_head_logits(query, key)
+    allowed = mask.dense(_length(query, 1), _length(key, 1))
+    return multi_head.multi_head_weighted_sum(
+        online_softmax.masked_softmax(logits, allowed), value)
 
 
 def composite_attention(query, key, value, mask, *, scale, num_heads,

@@ -274,6 +274,8 @@ def _spied(fused):
     patches = [
         mock.patch.object(dense_attention, "dense_attention",
                           spy(Kernel.DENSE, dense_attention.dense_attention)),
+        mock.patch.object(dense_attention, "shifted_attention",
+                          spy(Kernel.SHIFTED, dense_attention.shifted_attention)),
         mock.patch.object(dense_attention, "composite_attention",
                           spy(Kernel.FUSED, dense_attention.composite_attention)),
         mock.patch.object(mha_module, "memory_efficient_attention",
@@ -290,8 +292,8 @@ def _expected_kernels(case):
     full_weights = case["weights"] == "all"
     if full_weights:
         return {Kernel.DENSE}
-    # TensorFlow's XLA runs our written-out dense kernel, else Keras' composite.
-    materialised = {Kernel.DENSE} if case["mode"] == "xla" else {Kernel.COMPOSITE}
+    # TensorFlow's XLA runs our fixed-shift kernel, else Keras' composite.
+    materialised = {Kernel.SHIFTED} if case["mode"] == "xla" else {Kernel.COMPOSITE}
     if case["kernel"] == "blockwise":
         return {Kernel.BLOCKWISE}
     if case["kernel"] == "fused":

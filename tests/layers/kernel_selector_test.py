@@ -22,7 +22,10 @@ def request(**changes):
 # (changes to BASE, expected rule, expected kernel)
 TABLE = [
     (dict(), "fits", Kernel.COMPOSITE),
-    (dict(xla=True), "fits", Kernel.DENSE),
+    (dict(xla=True), "fits", Kernel.SHIFTED),
+    (dict(xla=True, equal_head_dims=False), "fits", Kernel.SHIFTED),
+    (dict(xla=True, weights_needed=True), "weights", Kernel.DENSE),
+    (dict(xla=True, memory_efficient=False), "forced-materialised", Kernel.SHIFTED),
     (dict(equal_head_dims=False), "fits", Kernel.DENSE),
     (dict(sequence_parallel=True, weights_needed=True), "ring", Kernel.RING),
     (dict(weights_needed=True, fused_available=True), "weights", Kernel.DENSE),
@@ -74,7 +77,7 @@ def test_every_rule_of_the_docstring_is_reached_by_the_table():
     for changes, rule, kernel in TABLE:
         expected = rows[rule]
         if expected == "MATERIALISED":
-            assert kernel in (Kernel.COMPOSITE, Kernel.DENSE), rule
+            assert kernel in (Kernel.COMPOSITE, Kernel.DENSE, Kernel.SHIFTED), rule
         else:
             assert kernel.name == expected, rule
 
@@ -138,7 +141,7 @@ def test_keras_size_call_at_8192_stays_dense_in_a_16_gib_process(monkeypatch):
     assert at(8192) is Kernel.COMPOSITE
     assert at(16384) is Kernel.BLOCKWISE
     assert at(8192, xla=True) is Kernel.BLOCKWISE
-    assert at(4096, xla=True) is Kernel.DENSE
+    assert at(4096, xla=True) is Kernel.SHIFTED
 
 
 def test_layer_reads_the_budget_once_and_a_layer_budget_wins(monkeypatch):
