@@ -25,10 +25,10 @@ match wins (a test checks this table against the code):
 
 MATERIALISED is COMPOSITE (`keras.ops.dot_product_attention` without a fused
 kernel, what Keras' own layer runs), except: under TensorFlow's XLA it is
-SHIFTED (our fixed-shift kernel, `ops.dense_attention.shifted_attention`: one
-elementwise pass over the logits each way where a softmax takes several, the
-slow part of XLA:CPU's materialised attention; it falls back to DENSE's
-softmax inside the call when a row's logits are not bounded), and where the
+SHIFTED (ours, `ops.dense_attention.shifted_attention`: the softmax's
+normalisation moved after the weighted sum, so the `(B, H, Tq, Tk)` tensors
+take one exp pass forward and one product backward; XLA:CPU's softmax
+fusions were the slow part of materialised attention there), and where the
 value and key head sizes differ (JAX's composite kernel needs them equal) it
 is DENSE.
 
@@ -77,7 +77,7 @@ class Kernel(enum.Enum):
     BLOCKWISE = "blockwise"  # ops.memory_efficient_attention, linear memory
     COMPOSITE = "composite"  # keras.ops.dot_product_attention, materialised
     DENSE = "dense"  # ops.dense_attention: materialised, returns the weights
-    SHIFTED = "shifted"  # ops.shifted_attention: materialised, fixed shift, no weights
+    SHIFTED = "shifted"  # ops.shifted_attention: materialised, normalised last, no weights
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,23 +3,21 @@
 - `dense_attention`: ours, written out (logits in float32 under half
   precision, the masked softmax of `online_softmax`, dropout on the weights);
   the kernel that returns weights.
-- `shifted_attention`: the output only, without a softmax: each row's
-  logits are shifted by a bound known before the matmul (`online_softmax.
-  logit_bound`, as the blockwise kernel's fixed-shift path), exponentiated
-  in one pass and normalised after the weighted sum, whose extra ones column
-  gives the row sums. One elementwise pass over the logits forward and one
-  backward, where a softmax takes a max, an exp, a sum and a division
-  forward and as many backward; the kernel for TensorFlow's XLA, whose
-  softmax fusions are the slow part there (benchmarks/RESULTS.md). A call
-  whose rows are not all bounded runs `dense_attention` instead.
+- `shifted_attention`: the output only, the softmax's normalisation moved
+  after the weighted sum: logits shifted by their row maximum, exponentiated
+  in one pass, times `[v, 1]` (the row sums in the same matmul), divided at
+  `(B, Tq, H, Dv)`. No `(B, H, Tq, Tk)` division forward and one product
+  backward, where a softmax's gradient takes several passes: the kernel for
+  TensorFlow's XLA, whose softmax fusions were the slow part there
+  (benchmarks/RESULTS.md).
 - `composite_attention`: `keras.ops.dot_product_attention`, what Keras'
   layer runs when no weights are needed; with `flash_attention=True` the
   backend's fused kernel (JAX on GPU/TPU, torch CUDA).
 
-Both take the projected heads, `query (B, Tq, H, D)`, `key (B, Tk, Hkv, D)`,
+All take the projected heads, `query (B, Tq, H, D)`, `key (B, Tk, Hkv, D)`,
 `value (B, Tk, Hkv, Dv)` (grouped heads are not repeated where the backend
 allows), and one `AttentionMask`. A row with no visible key gets zero weights
-and a zero output on both.
+and a zero output on all three.
 
 `selected_weights` gives the exact weights of some heads and query rows only,
 for a call that asks for them beside an output from any kernel.
@@ -61,58 +59,37 @@ def dense_attention(query, key, value, mask, *, scale, dropout=None):
 
 
 def shifted_attention(query, key, value, mask, *, scale):
-    """Materialised exact attention with a fixed shift per row: the output.
+    """Materialised exact attention, normalised after the weighted sum.
 
-    Same arguments and result as `dense_attention(...)[0]` without dropout
-    (the weights are never normalised, so none are returned). When every row
-    satisfies `|q| max_j |k_j| <= online_softmax.FIXED_SHIFT_MAX` (after
-    `scale`) and every value is finite, `exp(q . k - bound)` cannot overflow,
-    and the largest term of a row is at least `exp(-2 * FIXED_SHIFT_MAX)`, a
-    normal float32; otherwise (large or non-finite logits) the call runs
-    `dense_attention`'s softmax. A row with no visible key gets zeros.
+    Same arguments and result as `dense_attention(...)[0]` without dropout.
+    Each row's logits are shifted by their maximum (a constant to autodiff:
+    the shift cancels), exponentiated in one pass, and multiplied by the
+    values with an extra ones column, which gives the row sums in the same
+    matmul; the `(B, Tq, H, Dv)` result is divided by them. The weights are
+    never normalised, so none are returned; the backward pass is the
+    matmuls' and one product with the stored exponentials. A row with no
+    visible key gets zeros (and zero gradients); a NaN logit it may see makes
+    it NaN, as the softmax kernels do.
     """
     if masking.is_statically_empty(query, key):
         return masking.empty_attention(query, value)
     dtype = value.dtype
     wide = score_dtype(query.dtype)
     query = ops.cast(query, wide) * ops.cast(scale, wide)
-    key = ops.cast(key, wide)
-    value = ops.cast(value, wide)
-    num_heads, num_kv_heads = query.shape[2], key.shape[2]
-    # Per row: |q_i| * max_j |k_j| >= |q_i . k_j| (Cauchy-Schwarz), (B, H, Tq).
-    query_norm = ops.sqrt(ops.sum(ops.square(query), axis=-1))  # (B, Tq, H)
-    key_norm = ops.max(ops.sqrt(ops.sum(ops.square(key), axis=-1)), axis=1)  # (B, Hkv)
-    key_norm = ops.repeat(key_norm, num_heads // num_kv_heads, axis=1)
-    shift = ops.stop_gradient(
-        ops.transpose(query_norm * ops.expand_dims(key_norm, 1), (0, 2, 1)))
-    bounded = ops.logical_and(
-        ops.all(shift <= online_softmax.FIXED_SHIFT_MAX),
-        ops.all(ops.isfinite(value)))
-
-    def shifted():
-        logits = multi_head.multi_head_logits(query, key) - ops.expand_dims(shift, -1)
-        allowed = mask.dense(_length(query, 1), _length(key, 1))
-        terms = ops.exp(online_softmax.mask_logits(logits, allowed))
-        # [v, 1]: the weighted sum and the row sum in one matmul.
-        sums = multi_head.multi_head_weighted_sum(
-            terms, online_softmax.append_column(value, ops.ones_like(value[..., 0])))
-        total = sums[..., -1:]
-        attended = ops.not_equal(total, 0.0)
-        output = sums[..., :-1] / ops.where(attended, total, 1.0)
-        return ops.cast(ops.where(attended, output, 0.0), dtype)
-
-    def softmax():
-        return ops.cast(_softmax_attention(query, key, value, mask), dtype)
-
-    return ops.cond(bounded, shifted, softmax)
-
-
-def _softmax_attention(query, key, value, mask):
-    """`dense_attention`'s output for scaled, widened heads (no dropout)."""
-    logits = multi_head.multi_head_logits(query, key)
+    logits = multi_head.multi_head_logits(query, ops.cast(key, wide))
     allowed = mask.dense(_length(query, 1), _length(key, 1))
-    return multi_head.multi_head_weighted_sum(
-        online_softmax.masked_softmax(logits, allowed), value)
+    logits = online_softmax.mask_logits(logits, allowed)
+    shift = online_softmax.row_max(logits, axis=-1, keepdims=True)
+    # A row with no visible key has shift -inf: 0 instead (its terms are 0).
+    shift = ops.stop_gradient(ops.where(ops.isfinite(shift), shift, 0.0))
+    terms = ops.exp(logits - shift)
+    value = ops.cast(value, wide)
+    sums = multi_head.multi_head_weighted_sum(
+        terms, online_softmax.append_column(value, ops.ones_like(value[..., 0])))
+    total = sums[..., -1:]
+    attended = ops.not_equal(total, 0.0)
+    output = sums[..., :-1] / ops.where(attended, total, 1.0)
+    return ops.cast(ops.where(attended, output, 0.0), dtype)
 
 
 def composite_attention(query, key, value, mask, *, scale, num_heads,
