@@ -51,10 +51,10 @@ demo: $(DEMO_STAMP)
 test: test-tf test-jax
 
 test-tf: install
-	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile tests
+	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests
 
 test-jax: install
-	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile -m "not tf_only" tests/layers tests/ops tests/keras_ported tests/keras_hub
+	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not tf_only" tests/layers tests/ops tests/keras_ported tests/keras_hub
 
 # The lowest supported releases (tests/compat/lowest.txt, setup.cfg's floors) in
 # their own venv: installing our package there with those pins proves the ranges

@@ -28,10 +28,58 @@ def _is_layer_detail(item):
             and not item.originalname.startswith("test_layer_contract"))
 
 
+# Test files whose tests take longest in all (seconds, setup included: the
+# 2026-12-04 clean-clone `make test-tf` on 2 cores, from `--durations`). They
+# are collected first, so that with `--dist loadfile --no-loadscope-reorder`
+# (the Makefile's) one worker starts each while the other works through the
+# short files, instead of one starting last with the other idle; xdist's own
+# reorder (by number of tests) put the browser tests, ~30 tests in ~10 minutes,
+# near the end. Files not listed keep their collection order after these.
+LONG_FILES = [
+    "tests/widgets/frontends_test.py",  # >= 310
+    "tests/export/export_test.py",  # >= 224
+    "tests/layers/long_sequence_task_test.py",  # 124
+    "tests/packaging/wheel_test.py",  # 123
+    "tests/distribution/tf_distribution_test.py",  # 92
+    "tests/benchmarks/gpu_check_test.py",  # 67
+    "tests/benchmarks/serving_benchmark_test.py",  # 58
+    "tests/docs/readme_test.py",  # >= 57
+    "tests/distribution/jax_distribution_test.py",  # 55
+    "tests/widgets/notebooks_test.py",  # 55
+    "tests/examples/distributed_training_test.py",  # 54
+    "tests/examples/phrase_translation_test.py",  # 48
+    "tests/models/seq2seq_translator_test.py",  # >= 48
+    "tests/models/keras_saving_test.py",  # 47
+    "tests/packaging/quiet_startup_test.py",  # >= 41
+    # The longest of `make test-jax` (its clean run, the same day), long on
+    # TensorFlow too.
+    "tests/layers/multi_head_attention_test.py",  # JAX 119
+    "tests/layers/precision_training_test.py",  # JAX 114
+    "tests/layers/sparse_attention_test.py",  # JAX 108
+    "tests/ops/block_sparse_test.py",  # JAX 102
+    "tests/keras_ported/keras_multi_head_attention_test.py",  # JAX 86
+    "tests/ops/memory_efficient_test.py",  # JAX 78
+    "tests/layers/hostile_inputs_test.py",  # JAX 76
+    "tests/layers/fuzz_test.py",  # JAX 70
+    "tests/layers/performer_attention_test.py",  # JAX 70
+    "tests/layers/hidden_nonfinite_test.py",  # JAX 62
+    "tests/keras_hub/keras_hub_substitution_test.py",  # JAX 60
+]
+
+
+def _long_first(item):
+    path = item.path.as_posix()
+    for rank, name in enumerate(LONG_FILES):
+        if path.endswith("/" + name):
+            return rank
+    return len(LONG_FILES)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _is_layer_detail(item):
             item.add_marker(pytest.mark.layer_detail)
+    items.sort(key=_long_first)  # stable: each file's tests stay in order
     if keras.backend.backend() == "tensorflow":
         return
     skip = pytest.mark.skip(reason="needs the TensorFlow backend")
