@@ -77,7 +77,7 @@ class Kernel(enum.Enum):
     BLOCKWISE = "blockwise"  # ops.memory_efficient_attention, linear memory
     COMPOSITE = "composite"  # keras.ops.dot_product_attention, materialised
     DENSE = "dense"  # ops.dense_attention: materialised, returns the weights
-    SHIFTED = "shifted"  # ops.shifted_attention: materialised, normalised last, no weights
+    SHIFTED = "shifted"  # ops.dense_attention.shifted_attention: materialised, normalised last, no weights
 
 
 @dataclasses.dataclass(frozen=True)

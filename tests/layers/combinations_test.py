@@ -292,7 +292,7 @@ def _expected_kernels(case):
     full_weights = case["weights"] == "all"
     if full_weights:
         return {Kernel.DENSE}
-    # TensorFlow's XLA runs our fixed-shift kernel, else Keras' composite.
+    # TensorFlow's XLA runs our normalise-last kernel, else Keras' composite.
     materialised = {Kernel.SHIFTED} if case["mode"] == "xla" else {Kernel.COMPOSITE}
     if case["kernel"] == "blockwise":
         return {Kernel.BLOCKWISE}

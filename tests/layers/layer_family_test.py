@@ -266,7 +266,7 @@ def test_keras_mask_shapes_give_the_same_outputs():
 @pytest.mark.tf_only
 def test_tensorflow_graphs_run_the_composite_kernel_and_xla_runs_ours(monkeypatch):
     # Graph mode: Keras' composite kernel (its memory); under XLA our
-    # fixed-shift kernel, one exp pass instead of XLA's softmax fusions.
+    # normalise-last kernel (SHIFTED), one exp pass instead of XLA's softmax fusions.
     import tensorflow as tf
 
     ran = spy_kernels(monkeypatch)
