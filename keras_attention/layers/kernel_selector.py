@@ -15,12 +15,13 @@ match wins (a test checks this table against the code):
 | forced-flash-blockwise | `flash_attention=True`, static lengths | BLOCKWISE |
 | forced-flash-dynamic | `flash_attention=True` | MATERIALISED |
 | fused | a fused kernel here, flash not disabled globally, equal head dims | FUSED |
-| dynamic | a sequence length is not static | MATERIALISED |
+| dynamic | a sequence length is unknown (see below) | MATERIALISED |
 | forced-blockwise | `memory_efficient=True` | BLOCKWISE |
 | single-query | one query row (a decoding step) | MATERIALISED |
 | length-threshold | `memory_efficient_threshold` set: key length at or above it | BLOCKWISE |
 | faster-blockwise | key length at or above the backend's measured crossover (JAX on CPU: 1024) | BLOCKWISE |
-| over-budget | the dense working set exceeds the memory budget | BLOCKWISE |
+| unknown-batch | the batch is unknown and keys are `UNKNOWN_BATCH_KEY_LENGTH` or longer | BLOCKWISE |
+| over-budget | the dense working set exceeds the memory budget (unknown batch: one example) | BLOCKWISE |
 | fits | otherwise | MATERIALISED |
 
 MATERIALISED is COMPOSITE (`keras.ops.dot_product_attention` without a fused
@@ -45,14 +46,25 @@ The dense working set is what forward + backward keep of the
 `(B, H, Tq, Tk)` logits: `DENSE_WORKING_SET_TENSORS` float32 tensors of that
 shape (logits, weights, their gradients), `DENSE_WORKING_SET_TENSORS_XLA`
 when TensorFlow compiles with XLA (whose CPU buffers for the materialised
-kernel are larger: Keras' layer at L = 8192 did not fit 16 GiB there). When the batch size is not static
-(a TensorFlow graph traced for any batch), one example is counted and keys
-of `UNKNOWN_BATCH_KEY_LENGTH` or more go blockwise as before.
+kernel are larger: Keras' layer at L = 8192 did not fit 16 GiB there).
+
+Unknown sizes: a size is unknown when it is not a Python integer: `None` (a
+TensorFlow graph traced for any batch, a `KerasTensor`) or a JAX symbolic
+dimension (Keras traces the `call` of a layer that calls ours with
+`jax.export`'s shape polymorphism, where comparing `b * 160000` with a
+budget cannot be decided in Python). `KernelRequest` turns every unknown
+size into None (`ops.shapes.static_dim`), so no rule ever compares one: an
+unknown length is the `dynamic` row; with the batch unknown, one example's
+working set is counted against the budget and keys of
+`UNKNOWN_BATCH_KEY_LENGTH` or more go blockwise (`unknown-batch`), since one
+example's working set cannot bound a whole batch's.
 """
 
 import dataclasses
 import enum
 from typing import Optional
+
+from keras_attention.ops.shapes import static_dim
 
 # float32 (B, H, Tq, Tk) tensors alive at once in a materialised forward +
 # backward (measured: 7.3 GiB peak at L = 8192, 8 heads, where one such
@@ -106,6 +118,12 @@ class KernelRequest:
     # Key length from which the blockwise kernel is the faster one here
     # (None: it never is; `blockwise_crossover()` reads it for the backend).
     blockwise_faster_from: Optional[int] = None
+
+    def __post_init__(self):
+        # Sizes Python cannot compare (None, JAX symbolic dimensions) are
+        # unknown: None. See "Unknown sizes" in the module docstring.
+        for name in ("batch_size", "query_length", "key_length"):
+            object.__setattr__(self, name, static_dim(getattr(self, name)))
 
     @property
     def static_lengths(self):
@@ -164,10 +182,9 @@ def decide(request):
         return "fits", _materialised(r)
     if r.blockwise_faster_from is not None and r.key_length >= r.blockwise_faster_from:
         return "faster-blockwise", Kernel.BLOCKWISE
-    over = r.memory_budget is not None and r.dense_working_set() > r.memory_budget
     if r.batch_size is None and r.key_length >= UNKNOWN_BATCH_KEY_LENGTH:
-        over = True
-    if over:
+        return "unknown-batch", Kernel.BLOCKWISE
+    if r.memory_budget is not None and r.dense_working_set() > r.memory_budget:
         return "over-budget", Kernel.BLOCKWISE
     return "fits", _materialised(r)
 

@@ -16,6 +16,7 @@ from keras_attention.ops import multi_head
 from keras_attention.ops import ring_attention
 from keras_attention.ops.cache import update_cache
 from keras_attention.ops.memory_efficient import memory_efficient_attention
+from keras_attention.ops.shapes import static_shape
 from keras_attention.ops.xla import tensorflow_xla_trace
 
 # Tiles of 512: at L = 8192 / 16384 (8 heads, fwd+bwd, one process) 512
@@ -296,15 +297,15 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         the selector's table).
         """
         key_shape = query_shape if key_shape is None else key_shape
+        query_shape, key_shape = static_shape(query_shape), static_shape(key_shape)
         layout = self._layout(len(query_shape))
 
         def length(shape):
             dims = [shape[a] for a in layout.attention_axes]
             return None if None in dims else math.prod(dims)
 
-        batch = query_shape[0]
-        if batch is not None and layout.batch_axes:
-            batch = math.prod([batch] + [query_shape[a] for a in layout.batch_axes])
+        batch_dims = [query_shape[0]] + [query_shape[a] for a in layout.batch_axes]
+        batch = None if None in batch_dims else math.prod(batch_dims)
         shapes = (batch, length(query_shape)), (batch, length(key_shape))
         return kernel_selector.select_kernel(self._kernel_request(
             *shapes, self._weights_needed(training, return_attention_scores)))
@@ -312,6 +313,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
     def _kernel_request(self, query, key, weights_needed):
         """The `KernelRequest` of a call (see `kernel_selector`); `query` and
         `key` are the projected heads or their `(batch, length)` shapes."""
+        # Sizes as they are: `KernelRequest` makes the unknown ones None.
         query = tuple(query.shape) if hasattr(query, "shape") else query
         key = tuple(key.shape) if hasattr(key, "shape") else key
         budget = self.memory_budget

@@ -25,6 +25,7 @@ from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
 
 from keras_attention.ops import loops
+from keras_attention.ops.shapes import static_dim
 
 # Layout used inside this module: (B, H, T, m) features, (B, H, T, Dv) values.
 
@@ -506,8 +507,8 @@ def favor_attention(
         and not causal
         and attention_mask is None
         and not return_weights
-        and query.shape[1] is not None
-        and key.shape[1] is not None
+        and static_dim(query.shape[1]) is not None
+        and static_dim(key.shape[1]) is not None
     ):
         output = chunked_softmax_attention(
             query, key, value, projection, key_mask=key_mask,

@@ -34,6 +34,9 @@ MODEL_TEST_FILES = (
     "keras_hub/src/models/whisper/whisper_backbone_test.py",
     "keras_hub/src/models/xlnet/xlnet_backbone_test.py",
     "keras_hub/src/models/moonshine/moonshine_layers_test.py",
+    # ViT's encoder layer calls the attention inside its own `call`: on JAX
+    # Keras traces it with symbolic shapes (#41).
+    "keras_hub/src/models/vit/vit_backbone_test.py",
 )
 
 CONFTEST = '''\

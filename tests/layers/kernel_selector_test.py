@@ -3,6 +3,7 @@
 import re
 
 import pytest
+from jax import export as jax_export
 
 from keras_attention.layers import kernel_selector
 from keras_attention.layers.kernel_selector import Kernel
@@ -13,6 +14,11 @@ GIB = 2**30
 # A CPU call of 8 heads at L = 1024, batch 2: dense working set 256 MiB.
 BASE = dict(batch_size=2, num_heads=8, query_length=1024, key_length=1024,
             memory_budget=4 * GIB)
+
+
+# A JAX symbolic dimension (`jax.export`), as Keras' JAX backend passes an
+# unknown batch when it traces a wrapper layer's `call` (#41).
+SYMBOLIC_BATCH = jax_export.symbolic_shape("b")[0]
 
 
 def request(**changes):
@@ -57,7 +63,17 @@ TABLE = [
     # Unknown batch: one example counted, and long keys go blockwise.
     (dict(batch_size=None, query_length=4096, key_length=4096), "fits", Kernel.COMPOSITE),
     (dict(batch_size=None, query_length=4096, key_length=8192, memory_budget=64 * GIB),
+     "unknown-batch", Kernel.BLOCKWISE),
+    (dict(batch_size=None, query_length=8192, key_length=4096, memory_budget=GIB),
      "over-budget", Kernel.BLOCKWISE),
+    # JAX symbolic dimensions (a wrapper layer's traced `call`, #41) are unknown
+    # sizes: never compared in Python, the same rows as None.
+    (dict(batch_size=SYMBOLIC_BATCH, query_length=8192, key_length=8192),
+     "unknown-batch", Kernel.BLOCKWISE),
+    (dict(batch_size=SYMBOLIC_BATCH, query_length=4096, key_length=4096), "fits",
+     Kernel.COMPOSITE),
+    (dict(batch_size=SYMBOLIC_BATCH, memory_budget=1), "over-budget", Kernel.BLOCKWISE),
+    (dict(key_length=SYMBOLIC_BATCH * 4), "dynamic", Kernel.COMPOSITE),
 ]
 
 
