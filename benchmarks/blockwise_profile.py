@@ -28,25 +28,28 @@ ceiling is measured again after each length (both readings printed).
 
 import argparse
 import os
-import time
-
 import statistics
+import time
 
 from mha_benchmark import best_time  # noqa: E402  (benchmarks/ is the script's folder)
 
 HEADS, KEY_DIM = 8, 64
 
 
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="8192,16384")
     parser.add_argument("--block-sizes", default="1024")
-    parser.add_argument("--matmuls-only", action="store_true",
-                        help="also time the kernel's einsums alone (the largest block only)")
-    parser.add_argument("--exp-floor", action="store_true",
-                        help="also time the einsums plus one exp per logits tile (largest block)")
+    parser.add_argument(
+        "--matmuls-only",
+        action="store_true",
+        help="also time the kernel's einsums alone (the largest block only)",
+    )
+    parser.add_argument(
+        "--exp-floor",
+        action="store_true",
+        help="also time the einsums plus one exp per logits tile (largest block)",
+    )
     parser.add_argument("--forward", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--backend", default="tensorflow", choices=["tensorflow", "jax"])
@@ -72,6 +75,7 @@ def main():
                     out = fn(q, k, v)
                     loss = tf.reduce_sum(out)
                 return loss, tape.gradient(loss, [q, k, v])
+
             return run
 
         def sync(x):
@@ -88,15 +92,18 @@ def main():
             return jax.block_until_ready(x)
 
     size = 2048
-    a = keras.ops.convert_to_tensor(np.random.default_rng(0).standard_normal((size, size)),
-                                    "float32")
+    a = keras.ops.convert_to_tensor(
+        np.random.default_rng(0).standard_normal((size, size)), "float32"
+    )
     matmul = compile_(lambda a: ops.matmul(a, a))
     ceiling = 2 * size**3 / best_time(lambda: sync(matmul(a)), 5)
     blocks = [int(b) for b in args.block_sizes.split(",")]
-    print(f"# {args.backend}: fp32 matmul {size}^3 {ceiling / 1e9:.1f} GF/s; "
-          f"{HEADS} heads x {KEY_DIM}, batch 1, blocks {blocks}", flush=True)
-    print(f"{'L':>6} {'block':>6} {'what':>18} {'seconds':>9} {'% of matmul peak':>17}",
-          flush=True)
+    print(
+        f"# {args.backend}: fp32 matmul {size}^3 {ceiling / 1e9:.1f} GF/s; "
+        f"{HEADS} heads x {KEY_DIM}, batch 1, blocks {blocks}",
+        flush=True,
+    )
+    print(f"{'L':>6} {'block':>6} {'what':>18} {'seconds':>9} {'% of matmul peak':>17}", flush=True)
 
     def matmuls_only(q, k, v, block, exp=False):
         """The kernel's per-tile einsums (forward 2, backward 5), nothing else;
@@ -104,7 +111,7 @@ def main():
         n = q.shape[1] // block
         tile = ops.exp if exp else (lambda x: x)
         if exp:  # logits of the kernel's scale, so the exps stay finite
-            q = q * (KEY_DIM ** -0.5)
+            q = q * (KEY_DIM**-0.5)
         qb = loops.to_time_blocks(q, n, block)  # (n, B, H, b, D)
         kb = loops.to_time_blocks(k, n, block)
         vb = loops.to_time_blocks(v, n, block)
@@ -125,28 +132,35 @@ def main():
 
             return total + loops.sequential_fori_loop(0, n, key_step, ops.zeros_like(q_tile))
 
-        return loops.sequential_fori_loop(
-            0, n, query_step, ops.zeros_like(ops.take(qb, 0, axis=0)))
+        return loops.sequential_fori_loop(0, n, query_step, ops.zeros_like(ops.take(qb, 0, axis=0)))
 
     for length in [int(v) for v in args.lengths.split(",") if v]:
         rng = np.random.default_rng(1)
-        q, k, v = (keras.ops.convert_to_tensor(
-            rng.standard_normal((1, length, HEADS, KEY_DIM)), "float32") for _ in range(3))
+        q, k, v = (
+            keras.ops.convert_to_tensor(rng.standard_normal((1, length, HEADS, KEY_DIM)), "float32")
+            for _ in range(3)
+        )
         runs = {}
         for block in blocks:
+
             def kernel(q, k, v, block=block):
                 return memory_efficient_attention(q, k, v, block_size=block)
+
             if args.forward:
                 runs[(block, "forward")] = (compile_(kernel), 4)
             runs[(block, "forward+backward")] = (compile_(value_and_grad(kernel)), 12)
         if args.matmuls_only:
             block = max(blocks)
             runs[(block, "matmuls only")] = (
-                compile_(lambda q, k, v: matmuls_only(q, k, v, block)), 14)
+                compile_(lambda q, k, v: matmuls_only(q, k, v, block)),
+                14,
+            )
         if args.exp_floor:
             block = max(blocks)
             runs[(block, "matmuls + exp")] = (
-                compile_(lambda q, k, v: matmuls_only(q, k, v, block, exp=True)), 12)
+                compile_(lambda q, k, v: matmuls_only(q, k, v, block, exp=True)),
+                12,
+            )
         times = {name: [] for name in runs}
         for fn, _ in runs.values():  # warm-up: tracing and compilation
             sync(fn(q, k, v))
@@ -159,10 +173,16 @@ def main():
         for (block, what), (_, factor) in runs.items():
             seconds = statistics.median(times[(block, what)])
             flops = factor * length**2 * HEADS * KEY_DIM
-            print(f"{length:>6} {block:>6} {what:>18} {seconds:9.3f} "
-                  f"{100 * flops / seconds / ceiling:16.1f}%", flush=True)
-        print(f"# matmul ceiling after L={length}: {after / 1e9:.1f} GF/s "
-              f"(before: {ceiling / 1e9:.1f})", flush=True)
+            print(
+                f"{length:>6} {block:>6} {what:>18} {seconds:9.3f} "
+                f"{100 * flops / seconds / ceiling:16.1f}%",
+                flush=True,
+            )
+        print(
+            f"# matmul ceiling after L={length}: {after / 1e9:.1f} GF/s "
+            f"(before: {ceiling / 1e9:.1f})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

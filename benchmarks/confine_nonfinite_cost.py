@@ -37,9 +37,7 @@ def _timed(function, repeats):
 
 def step_ratio(length, repeats, causal):
     layer = ka.MultiHeadAttention(8, 64)
-    x = tf.constant(
-        np.random.default_rng(0).standard_normal((1, length, 512)), tf.float32
-    )
+    x = tf.constant(np.random.default_rng(0).standard_normal((1, length, 512)), tf.float32)
     layer(x[:, :8])
 
     def step():

@@ -20,6 +20,8 @@ import time
 os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 
 import keras_attention  # noqa: E402,F401  (first: a quiet TensorFlow start)
+
+# isort: split
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from keras import ops  # noqa: E402
@@ -70,13 +72,17 @@ def main():
     full_call = compile_fn(lambda x, s: (block(x, s),))
     cached_step = compile_fn(
         lambda x, cache, index, cross: block(
-            x, self_attention_cache=cache, cache_update_index=index,
+            x,
+            self_attention_cache=cache,
+            cache_update_index=index,
             cross_attention_cache=cross,
         )
     )
 
-    print(f"backend={keras.backend.backend()} hidden={args.hidden} "
-          f"heads={args.heads} source_length={args.source_length} batch=1")
+    print(
+        f"backend={keras.backend.backend()} hidden={args.hidden} "
+        f"heads={args.heads} source_length={args.source_length} batch=1"
+    )
     print("| prefix L | full causal call (ms) | cached step (ms) | full / cached |")
     print("|---|---|---|---|")
     for length in args.lengths:
@@ -84,22 +90,24 @@ def main():
         # Fill the cache with the prefix, then time the step at position L - 1.
         cache = block.initial_self_attention_cache(1, length)
         _, cache = block(
-            prefix[:, :-1], self_attention_cache=cache, cache_update_index=0,
+            prefix[:, :-1],
+            self_attention_cache=cache,
+            cache_update_index=0,
             cross_attention_cache=cross_cache,
         )
         index = ops.convert_to_tensor(length - 1, "int32")
         step_input = prefix[:, -1:]
         full_output = ops.convert_to_numpy(full_call(prefix, source)[0])
-        step_output = ops.convert_to_numpy(
-            cached_step(step_input, cache, index, cross_cache)[0]
-        )
+        step_output = ops.convert_to_numpy(cached_step(step_input, cache, index, cross_cache)[0])
         np.testing.assert_allclose(step_output[:, 0], full_output[:, -1], atol=1e-4)
         full_time = best_time(full_call, prefix, source, repeats=args.repeats)
         step_time = best_time(
             cached_step, step_input, cache, index, cross_cache, repeats=args.repeats
         )
-        print(f"| {length} | {full_time * 1e3:.2f} | {step_time * 1e3:.2f} | "
-              f"{full_time / step_time:.1f} |")
+        print(
+            f"| {length} | {full_time * 1e3:.2f} | {step_time * 1e3:.2f} | "
+            f"{full_time / step_time:.1f} |"
+        )
 
 
 if __name__ == "__main__":

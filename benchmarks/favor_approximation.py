@@ -31,6 +31,8 @@ import time
 os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 
 import keras_attention  # noqa: E402,F401  (first: a quiet TensorFlow start)
+
+# isort: split
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -81,9 +83,7 @@ def run(length, dim, draws, feature_counts, seed, scale=1.0):
                 approx = approximate_attention(query, key, projection, features)
                 matrix_errors.append(np.mean((approx - exact) ** 2))
                 output_errors.append(np.mean((approx @ value - exact_output) ** 2))
-            results[features, orthogonal, m] = (
-                np.array(matrix_errors), np.array(output_errors)
-            )
+            results[features, orthogonal, m] = (np.array(matrix_errors), np.array(output_errors))
             print(
                 f"{features:13s} {'orthogonal' if orthogonal else 'independent':11s} "
                 f"m={m:4d}  attention MSE {np.mean(matrix_errors):.3e} "
@@ -95,9 +95,11 @@ def run(length, dim, draws, feature_counts, seed, scale=1.0):
 
 
 def markdown_table(results, feature_counts):
-    header = "| m | " + " | ".join(
-        f"{f} {'orth' if o else 'iid'} (matrix / output)" for f, o in VARIANTS
-    ) + " |"
+    header = (
+        "| m | "
+        + " | ".join(f"{f} {'orth' if o else 'iid'} (matrix / output)" for f, o in VARIANTS)
+        + " |"
+    )
     lines = [header, "|" + "---|" * (len(VARIANTS) + 1)]
     for m in feature_counts:
         cells = []
@@ -118,14 +120,16 @@ def plot(results, feature_counts, path, title):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for index, (axis, name) in enumerate(
-        zip(axes, ("attention matrix MSE", "output MSE"))
-    ):
+    for index, (axis, name) in enumerate(zip(axes, ("attention matrix MSE", "output MSE"))):
         for features, orthogonal in VARIANTS:
             means = [results[features, orthogonal, m][index].mean() for m in feature_counts]
             stds = [results[features, orthogonal, m][index].std() for m in feature_counts]
             axis.errorbar(
-                feature_counts, means, yerr=stds, capsize=3, marker="o",
+                feature_counts,
+                means,
+                yerr=stds,
+                capsize=3,
+                marker="o",
                 linestyle="-" if features == "positive" else "--",
                 label=f"{features}, {'orthogonal' if orthogonal else 'independent'}",
             )
@@ -146,12 +150,12 @@ def main():
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--draws", type=int, default=20)
-    parser.add_argument(
-        "--features", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512]
-    )
+    parser.add_argument("--features", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--scale", type=float, default=1.0,
+        "--scale",
+        type=float,
+        default=1.0,
         help="standard deviation of the query and key entries",
     )
     parser.add_argument(
@@ -160,13 +164,13 @@ def main():
     )
     args = parser.parse_args()
     start = time.time()
-    results = run(
-        args.length, args.dim, args.draws, args.features, args.seed, args.scale
-    )
+    results = run(args.length, args.dim, args.draws, args.features, args.seed, args.scale)
     print()
     print(markdown_table(results, args.features))
     plot(
-        results, args.features, args.plot,
+        results,
+        args.features,
+        args.plot,
         f"FAVOR+ vs exact softmax, L={args.length}, d={args.dim}, "
         f"q, k ~ N(0, {args.scale:g}^2), "
         f"{args.draws} draws (mean ± std)",

@@ -126,8 +126,7 @@ def _flash(enabled):
     import keras
 
     previous = keras.config.is_flash_attention_enabled()
-    set_ = {None: keras.config.enable_flash_attention,
-            False: keras.config.disable_flash_attention}
+    set_ = {None: keras.config.enable_flash_attention, False: keras.config.disable_flash_attention}
     set_[enabled]()
     try:
         yield
@@ -169,8 +168,7 @@ def _cross_case(make, variant="", reference=None):
         return (query, value), {"value_mask": value_mask}
 
     # Sequence 1 sees no key: every row of it must be exactly zero.
-    return dict(make=make, inputs=inputs, zero=[(1,)], variant=variant,
-                reference=reference or {})
+    return dict(make=make, inputs=inputs, zero=[(1,)], variant=variant, reference=reference or {})
 
 
 def _self_case(make, mask_name="query_mask", zero_padded=True):
@@ -214,41 +212,69 @@ def layer_cases():
         query, value, value_mask = _attention_inputs(rng)
         padding = rng.random(query.shape[:2]) >= 0.0
         padding[0, -8:] = False
-        return (query, value), {"decoder_padding_mask": padding,
-                                "encoder_padding_mask": value_mask}
+        return (query, value), {"decoder_padding_mask": padding, "encoder_padding_mask": value_mask}
 
     image = (2, 8, 8, 32)
-    block_tolerance = {"tolerances": {
-        "bfloat16": {**TOLERANCES["bfloat16"],
-                     "gradient": BLOCK_BFLOAT16_GRADIENT_TOLERANCE}}}
+    block_tolerance = {
+        "tolerances": {
+            "bfloat16": {**TOLERANCES["bfloat16"], "gradient": BLOCK_BFLOAT16_GRADIENT_TOLERANCE}
+        }
+    }
     return {
         "AdditiveAttention": [_cross_case(lambda **kw: L.AdditiveAttention(**kw))],
         "LuongAttention": [_cross_case(lambda **kw: L.LuongAttention(score="general", **kw))],
-        "AttentionPooling": [_self_case(lambda **kw: L.AttentionPooling(**kw),
-                                        mask_name="mask", zero_padded=False)
-                             | {"zero": [(1,)]}],
-        "SqueezeExcitation": [_plain_case(lambda **kw: L.SqueezeExcitation(ratio=4, **kw),
-                                          image)],
+        "AttentionPooling": [
+            _self_case(lambda **kw: L.AttentionPooling(**kw), mask_name="mask", zero_padded=False)
+            | {"zero": [(1,)]}
+        ],
+        "SqueezeExcitation": [_plain_case(lambda **kw: L.SqueezeExcitation(ratio=4, **kw), image)],
         "CBAM": [_plain_case(lambda **kw: L.CBAM(ratio=4, kernel_size=3, **kw), image)],
-        "LinformerAttention": [_cross_case(
-            lambda **kw: L.LinformerAttention(2, 32, projected_length=16, max_length=96, **kw))],
+        "LinformerAttention": [
+            _cross_case(
+                lambda **kw: L.LinformerAttention(2, 32, projected_length=16, max_length=96, **kw)
+            )
+        ],
         "LowRankAttention": [_cross_case(lambda **kw: L.LowRankAttention(rank=8, **kw))],
         "MultiHeadAttention": mha,
-        "PerformerAttention": [_self_case(
-            lambda **kw: L.PerformerAttention(2, 32, num_features=32, seed=0, **kw))],
-        "SinusoidalPositionEncoding": [_plain_case(
-            lambda **kw: L.SinusoidalPositionEncoding(**kw), (2, 64, 32))],
-        "PositionEmbedding": [_plain_case(
-            lambda **kw: L.PositionEmbedding(64, **kw), (2, 64, 32))],
-        "SparseAttention": [_self_case(lambda **kw: L.SparseAttention(
-            2, 32, block_size=16, window_blocks=3, global_blocks=1, random_blocks=1,
-            seed=0, **kw))],
-        "TransformerEncoderBlock": [_self_case(
-            lambda **kw: L.TransformerEncoderBlock(2, 64, 256, **kw),
-            mask_name="padding_mask", zero_padded=False) | block_tolerance],
-        "TransformerDecoderBlock": [dict(
-            make=lambda **kw: L.TransformerDecoderBlock(2, 64, 256, **kw),
-            inputs=decoder_inputs, zero=[], variant="", reference={}) | block_tolerance],
+        "PerformerAttention": [
+            _self_case(lambda **kw: L.PerformerAttention(2, 32, num_features=32, seed=0, **kw))
+        ],
+        "SinusoidalPositionEncoding": [
+            _plain_case(lambda **kw: L.SinusoidalPositionEncoding(**kw), (2, 64, 32))
+        ],
+        "PositionEmbedding": [_plain_case(lambda **kw: L.PositionEmbedding(64, **kw), (2, 64, 32))],
+        "SparseAttention": [
+            _self_case(
+                lambda **kw: L.SparseAttention(
+                    2,
+                    32,
+                    block_size=16,
+                    window_blocks=3,
+                    global_blocks=1,
+                    random_blocks=1,
+                    seed=0,
+                    **kw,
+                )
+            )
+        ],
+        "TransformerEncoderBlock": [
+            _self_case(
+                lambda **kw: L.TransformerEncoderBlock(2, 64, 256, **kw),
+                mask_name="padding_mask",
+                zero_padded=False,
+            )
+            | block_tolerance
+        ],
+        "TransformerDecoderBlock": [
+            dict(
+                make=lambda **kw: L.TransformerDecoderBlock(2, 64, 256, **kw),
+                inputs=decoder_inputs,
+                zero=[],
+                variant="",
+                reference={},
+            )
+            | block_tolerance
+        ],
     }
 
 
@@ -326,9 +352,7 @@ def _step_functions(layer, count):
     grad = jax.value_and_grad(loss, argnums=(0, 2), has_aux=True)
 
     def train(trainable, non_trainable, floats, others):
-        (value, y), (weight_grads, input_grads) = grad(
-            trainable, non_trainable, floats, others
-        )
+        (value, y), (weight_grads, input_grads) = grad(trainable, non_trainable, floats, others)
         updated = [w - 0.1 * g.astype(w.dtype) for w, g in zip(trainable, weight_grads)]
         return y, weight_grads, input_grads, value, updated
 
@@ -379,15 +403,21 @@ def _run_case(layer, positional, keyword, device, flash):
 def correctness_child(args):
     import jax
     import keras
-    import numpy as np
 
     cases = layer_cases()
     check_cases_cover_public_layers(cases)
     device = jax.devices()[0]
     cpu = jax.devices("cpu")[0]
-    _emit({"kind": "environment", "platform": device.platform,
-           "device": device.device_kind, "jax": jax.__version__,
-           "keras": keras.__version__, "python": sys.version.split()[0]})
+    _emit(
+        {
+            "kind": "environment",
+            "platform": device.platform,
+            "device": device.device_kind,
+            "jax": jax.__version__,
+            "keras": keras.__version__,
+            "python": sys.version.split()[0],
+        }
+    )
     deadline = time.monotonic() + args.budget_s
     references = {}  # MultiHeadAttention's kernels share one dense reference
     for name in public_layers():
@@ -399,8 +429,7 @@ def correctness_child(args):
             else:
                 rows = _check_case(case, device, cpu, references, name)
             for row in rows:
-                _emit({"kind": "correctness", "layer": name,
-                       "variant": case["variant"], **row})
+                _emit({"kind": "correctness", "layer": name, "variant": case["variant"], **row})
 
 
 def _check_case(case, device, cpu, references, name):
@@ -415,9 +444,10 @@ def _check_case(case, device, cpu, references, name):
         keras.utils.set_random_seed(0)
         layer = case["make"](dtype=POLICIES[dtype], **overrides)
         # A symbolic call builds the weights without running anything.
-        layer(*[keras.KerasTensor(a.shape, dtype=str(a.dtype)) for a in positional],
-              **{k: keras.KerasTensor(a.shape, dtype=str(a.dtype))
-                 for k, a in keyword.items()})
+        layer(
+            *[keras.KerasTensor(a.shape, dtype=str(a.dtype)) for a in positional],
+            **{k: keras.KerasTensor(a.shape, dtype=str(a.dtype)) for k, a in keyword.items()},
+        )
         return layer
 
     rows = []
@@ -432,13 +462,16 @@ def _check_case(case, device, cpu, references, name):
                 )
         reference, weights = references[key]
     except Exception as error:  # one broken layer must not hide the others
-        return [{"dtype": d, "status": f"failed: reference: {_short(error)}"}
-                for d in TOLERANCES]
+        return [{"dtype": d, "status": f"failed: reference: {_short(error)}"} for d in TOLERANCES]
     for dtype, tolerance in TOLERANCES.items():
         tolerance = case.get("tolerances", {}).get(dtype, tolerance)
         row = {"dtype": dtype, "tolerance": tolerance}
-        same_program = (device == cpu and dtype == "float32" and not case["reference"]
-                        and case.get("flash") is None)
+        same_program = (
+            device == cpu
+            and dtype == "float32"
+            and not case["reference"]
+            and case.get("flash") is None
+        )
         try:
             if same_program:  # on a CPU-only machine: the reference itself
                 got = reference
@@ -451,9 +484,12 @@ def _check_case(case, device, cpu, references, name):
             continue
         output_error = _relative_error(got["output"], reference["output"])
         grad_error = _gradient_error(got["grads"], reference["grads"])
-        finite = bool(np.all(np.isfinite(got["output"]))) and all(
-            bool(np.all(np.isfinite(g))) for g in got["grads"]
-        ) and np.isfinite(got["loss"]) and got["updated_finite"]
+        finite = (
+            bool(np.all(np.isfinite(got["output"])))
+            and all(bool(np.all(np.isfinite(g))) for g in got["grads"])
+            and np.isfinite(got["loss"])
+            and got["updated_finite"]
+        )
         zero_rows = all(bool(np.all(got["output"][index] == 0.0)) for index in case["zero"])
         checks = {
             "output": output_error <= tolerance["output"],
@@ -464,32 +500,41 @@ def _check_case(case, device, cpu, references, name):
         }
         checks = {k: bool(v) for k, v in checks.items()}
         failed = [k for k, ok in checks.items() if not ok]
-        rows.append({
-            **row,
-            "status": "passed" if not failed else "failed: " + ", ".join(failed),
-            "output_error": output_error,
-            "gradient_error": grad_error,
-            "checks": checks,
-            "masked_rows_checked": len(case["zero"]),
-            "loss": got["loss"],
-            "reference_loss": reference["loss"],
-            "reference_reused": same_program,
-            "kernel": got["kernel"],
-            "reference_kernel": reference["kernel"],
-            "cudnn_attention": got["cudnn_attention"],
-        })
+        rows.append(
+            {
+                **row,
+                "status": "passed" if not failed else "failed: " + ", ".join(failed),
+                "output_error": output_error,
+                "gradient_error": grad_error,
+                "checks": checks,
+                "masked_rows_checked": len(case["zero"]),
+                "loss": got["loss"],
+                "reference_loss": reference["loss"],
+                "reference_reused": same_program,
+                "kernel": got["kernel"],
+                "reference_kernel": reference["kernel"],
+                "cudnn_attention": got["cudnn_attention"],
+            }
+        )
     return rows
 
 
 # ------------------------------------------------------------ speed child
-IMPLEMENTATIONS = ("ours_fused", "ours_blockwise", "keras_flash", "keras_dense",
-                   "sparse", "performer")
+IMPLEMENTATIONS = (
+    "ours_fused",
+    "ours_blockwise",
+    "keras_flash",
+    "keras_dense",
+    "sparse",
+    "performer",
+)
 EXACT = {"ours_fused", "ours_blockwise", "keras_flash", "keras_dense"}
 
 
 def _make_layer(impl, heads, key_dim, block_size, sparse_block_size):
     """(layer, Keras' global flash setting while tracing, takes (x, x))."""
     import keras
+
     from keras_attention.layers import MultiHeadAttention
     from keras_attention.layers import PerformerAttention
     from keras_attention.layers import SparseAttention
@@ -538,8 +583,12 @@ def _matmul_tflops(size, repeats=5):
 
 def _is_oom(error):
     text = f"{type(error).__name__} {error}".lower()
-    return "resource_exhausted" in text or "out of memory" in text or "xhaust" in text \
+    return (
+        "resource_exhausted" in text
+        or "out of memory" in text
+        or "xhaust" in text
         or isinstance(error, MemoryError)
+    )
 
 
 def _speed_row(args, impl, length, device, deadline, stop):
@@ -550,11 +599,16 @@ def _speed_row(args, impl, length, device, deadline, stop):
 
     heads, key_dim, batch = args.heads, args.key_dim, args.batch
     width = heads * key_dim
-    row = {"kind": "speed", "impl": impl, "heads": heads, "key_dim": key_dim,
-           "batch": batch, "length": length}
+    row = {
+        "kind": "speed",
+        "impl": impl,
+        "heads": heads,
+        "key_dim": key_dim,
+        "batch": batch,
+        "length": length,
+    }
     keras.utils.set_random_seed(0)
-    layer, flash, cross = _make_layer(impl, heads, key_dim, args.block_size,
-                                      args.sparse_block_size)
+    layer, flash, cross = _make_layer(impl, heads, key_dim, args.block_size, args.sparse_block_size)
     shape = (batch, length, width)
     layer.build(shape, shape)
 
@@ -584,7 +638,9 @@ def _speed_row(args, impl, length, device, deadline, stop):
         limit = stats.get("bytes_limit")
         if limit and in_use is not None and needed > limit - in_use:
             row["status"] = "OOM predicted (compiled step needs %.1f GiB, %.1f free)" % (
-                needed / 2**30, (limit - in_use) / 2**30)
+                needed / 2**30,
+                (limit - in_use) / 2**30,
+            )
             stop.append(row["status"])
             return row
     run = lambda: jax.block_until_ready(compiled(trainable, non_trainable, x))  # noqa
@@ -620,16 +676,31 @@ def speed_child(args):
     device = jax.devices()[0]
     deadline = time.monotonic() + args.budget_s
     matmul = _matmul_tflops(args.matmul_size)
-    _emit({"kind": "matmul", "platform": device.platform, "device": device.device_kind,
-           "size": args.matmul_size, "tflops": matmul,
-           "heads": args.heads, "key_dim": args.key_dim, "batch": args.batch})
+    _emit(
+        {
+            "kind": "matmul",
+            "platform": device.platform,
+            "device": device.device_kind,
+            "size": args.matmul_size,
+            "tflops": matmul,
+            "heads": args.heads,
+            "key_dim": args.key_dim,
+            "batch": args.batch,
+        }
+    )
     lengths = [int(v) for v in args.lengths.split(",") if v]
     for impl in args.impls.split(","):
         previous = None
         for length in lengths:
-            base = {"kind": "speed", "impl": impl, "heads": args.heads,
-                    "key_dim": args.key_dim, "batch": args.batch, "length": length,
-                    "matmul_tflops": matmul}
+            base = {
+                "kind": "speed",
+                "impl": impl,
+                "heads": args.heads,
+                "key_dim": args.key_dim,
+                "batch": args.batch,
+                "length": length,
+                "matmul_tflops": matmul,
+            }
             if previous is not None:
                 growth = (length / previous["length"]) ** (2 if impl in EXACT else 1)
                 predicted = previous["time_s"] * growth
@@ -685,24 +756,35 @@ def _set_memory_cap(gib):
 def _run_child(child_args, timeout_s, log_path, on_record, smoke=False):
     """Runs this script as a child; returns its RESULT records, also the ones
     printed before a timeout killed it."""
-    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2",
-               XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        XLA_PYTHON_CLIENT_PREALLOCATE="false",
+    )
     if smoke:  # compiling dominates a smoke run: ~40% less without LLVM's passes
-        env["XLA_FLAGS"] = " ".join([env.get("XLA_FLAGS", ""),
-                                     "--xla_backend_optimization_level=0",
-                                     "--xla_llvm_disable_expensive_passes=true"]).strip()
+        env["XLA_FLAGS"] = " ".join(
+            [
+                env.get("XLA_FLAGS", ""),
+                "--xla_backend_optimization_level=0",
+                "--xla_llvm_disable_expensive_passes=true",
+            ]
+        ).strip()
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     records = []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__)] + child_args,
-            stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
         )
 
         def read():
             for line in proc.stdout:
                 if line.startswith("RESULT "):
-                    record = json.loads(line[len("RESULT "):])
+                    record = json.loads(line[len("RESULT ") :])
                     records.append(record)
                     on_record(record)
 
@@ -716,8 +798,7 @@ def _run_child(child_args, timeout_s, log_path, on_record, smoke=False):
             records.append({"kind": "child", "status": f"killed after {timeout_s:.0f} s"})
         reader.join(timeout=10)
     if proc.returncode not in (0, -9):
-        records.append({"kind": "child", "status": f"exit {proc.returncode}",
-                        "log": log_path})
+        records.append({"kind": "child", "status": f"exit {proc.returncode}", "log": log_path})
     return records
 
 
@@ -725,27 +806,42 @@ def _print_record(record):
     kind = record.get("kind")
     if kind == "correctness":
         err = record.get("output_error")
-        print(f"  {record['layer']:<28}{record['variant']:<10}{record['dtype']:<9}"
-              f"{record['status']}"
-              + (f"  out {err:.1e} grad {record['gradient_error']:.1e}"
-                 f" kernel {record['kernel']}" if err is not None else ""), flush=True)
+        print(
+            f"  {record['layer']:<28}{record['variant']:<10}{record['dtype']:<9}"
+            f"{record['status']}"
+            + (
+                f"  out {err:.1e} grad {record['gradient_error']:.1e} kernel {record['kernel']}"
+                if err is not None
+                else ""
+            ),
+            flush=True,
+        )
     elif kind == "speed":
         time_s = record.get("time_s")
-        line = (f"  {record['impl']:<15}{record['heads']:>3}x{record['key_dim']:<4}"
-                f"b{record['batch']:<3}L={record['length']:<7}")
+        line = (
+            f"  {record['impl']:<15}{record['heads']:>3}x{record['key_dim']:<4}"
+            f"b{record['batch']:<3}L={record['length']:<7}"
+        )
         if time_s is None:
             print(line + record["status"], flush=True)
             return
         rate = record.get("useful_tflops")
         frac = rate / record["matmul_tflops"] if rate else None
         peak = record.get("device_peak_mib", record.get("compiled_peak_mib"))
-        print(line + f"{1e3 * time_s:10.2f} ms"
-              + (f"{rate:8.2f} TFLOP/s {100 * frac:5.1f}% mm" if rate else " " * 28)
-              + f"  peak {peak:.0f} MiB  kernel {record.get('kernel')}"
-              f" cudnn {record.get('cudnn_attention')}", flush=True)
+        print(
+            line
+            + f"{1e3 * time_s:10.2f} ms"
+            + (f"{rate:8.2f} TFLOP/s {100 * frac:5.1f}% mm" if rate else " " * 28)
+            + f"  peak {peak:.0f} MiB  kernel {record.get('kernel')}"
+            f" cudnn {record.get('cudnn_attention')}",
+            flush=True,
+        )
     elif kind == "matmul":
-        print(f"  matmul bf16 {record['size']}^3: {record['tflops']:.2f} TFLOP/s "
-              f"({record['platform']}: {record['device']})", flush=True)
+        print(
+            f"  matmul bf16 {record['size']}^3: {record['tflops']:.2f} TFLOP/s "
+            f"({record['platform']}: {record['device']})",
+            flush=True,
+        )
     elif kind == "child":
         print(f"  child: {record['status']}", flush=True)
 
@@ -767,19 +863,30 @@ def speed_plan(smoke):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes for a CPU smoke test (< 1 minute)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes for a CPU smoke test (< 1 minute)"
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out")
     parser.add_argument("--sections", default="correctness,speed")
-    parser.add_argument("--time-budget-s", type=float, default=0,
-                        help="whole run (default 480, smoke 400)")
-    parser.add_argument("--correctness-budget-s", type=float, default=0,
-                        help="default 100, smoke 300")
-    parser.add_argument("--step-budget-s", type=float, default=0,
-                        help="stop growing L past this step time (default 2.5, smoke 2)")
-    parser.add_argument("--memory-cap-gib", type=float, default=None,
-                        help="RLIMIT_DATA of the speed children (default 0 = none; "
-                        "smoke 8, for a shared CPU machine)")
+    parser.add_argument(
+        "--time-budget-s", type=float, default=0, help="whole run (default 480, smoke 400)"
+    )
+    parser.add_argument(
+        "--correctness-budget-s", type=float, default=0, help="default 100, smoke 300"
+    )
+    parser.add_argument(
+        "--step-budget-s",
+        type=float,
+        default=0,
+        help="stop growing L past this step time (default 2.5, smoke 2)",
+    )
+    parser.add_argument(
+        "--memory-cap-gib",
+        type=float,
+        default=None,
+        help="RLIMIT_DATA of the speed children (default 0 = none; "
+        "smoke 8, for a shared CPU machine)",
+    )
     # Child-only arguments.
     parser.add_argument("--child", choices=["correctness", "speed"], help=argparse.SUPPRESS)
     parser.add_argument("--budget-s", type=float, help=argparse.SUPPRESS)
@@ -812,17 +919,24 @@ def main():
     total = args.time_budget_s or (400 if smoke else 480)
     correctness_budget = args.correctness_budget_s or (300 if smoke else 100)
     step_budget = args.step_budget_s or (2.0 if smoke else 2.5)
-    memory_cap = args.memory_cap_gib if args.memory_cap_gib is not None else (
-        8 if smoke else 0)
+    memory_cap = args.memory_cap_gib if args.memory_cap_gib is not None else (8 if smoke else 0)
     sections = [s for s in args.sections.split(",") if s]
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     started = time.monotonic()
     end = started + total
     command = " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:])
-    report = {"command": f"python {command}", "smoke": smoke, "tolerances": TOLERANCES,
-              "time_budget_s": total, "step_budget_s": step_budget,
-              "environment": None, "correctness": [], "matmul": [], "speed": [],
-              "children": []}
+    report = {
+        "command": f"python {command}",
+        "smoke": smoke,
+        "tolerances": TOLERANCES,
+        "time_budget_s": total,
+        "step_budget_s": step_budget,
+        "environment": None,
+        "correctness": [],
+        "matmul": [],
+        "speed": [],
+        "children": [],
+    }
 
     def collect(record):
         _print_record(record)
@@ -833,50 +947,82 @@ def main():
             report[kind].append(record)
 
     if "correctness" in sections:
-        print(f"# correctness: every public layer, jax.jit, float32 and mixed_bfloat16 "
-              f"vs float32 on the CPU (budget {correctness_budget:.0f} s)", flush=True)
+        print(
+            f"# correctness: every public layer, jax.jit, float32 and mixed_bfloat16 "
+            f"vs float32 on the CPU (budget {correctness_budget:.0f} s)",
+            flush=True,
+        )
         records = _run_child(
             ["--child", "correctness", f"--budget-s={correctness_budget}"],
-            correctness_budget + 60, os.path.join(args.out, "logs", "correctness.log"),
-            collect, smoke,
+            correctness_budget + 60,
+            os.path.join(args.out, "logs", "correctness.log"),
+            collect,
+            smoke,
         )
         report["children"] += [r for r in records if r.get("kind") == "child"]
     if "speed" in sections:
         plan = speed_plan(smoke)
-        children = [(h, d, b, impls if smoke else (impl,), lengths)
-                    for h, d, b, impls, lengths in plan
-                    for impl in (impls[:1] if smoke else impls)]
+        children = [
+            (h, d, b, impls if smoke else (impl,), lengths)
+            for h, d, b, impls, lengths in plan
+            for impl in (impls[:1] if smoke else impls)
+        ]
         # The first shape holds the issue's targets: twice the share.
         weights = [2.0 if (h, d, b) == plan[0][:3] else 1.0 for h, d, b, _, _ in children]
-        print(f"# speed: fwd+bwd, mixed_bfloat16, {len(children)} child processes, "
-              f"{end - time.monotonic():.0f} s left", flush=True)
+        print(
+            f"# speed: fwd+bwd, mixed_bfloat16, {len(children)} child processes, "
+            f"{end - time.monotonic():.0f} s left",
+            flush=True,
+        )
         for index, (heads, key_dim, batch, impls, lengths) in enumerate(children):
             left = end - time.monotonic()
             if left < 5:
                 report["speed"] += [
-                    {"kind": "speed", "impl": impl, "heads": heads, "key_dim": key_dim,
-                     "batch": batch, "length": None, "status": "skipped: time budget"}
-                    for impl in impls]
+                    {
+                        "kind": "speed",
+                        "impl": impl,
+                        "heads": heads,
+                        "key_dim": key_dim,
+                        "batch": batch,
+                        "length": None,
+                        "status": "skipped: time budget",
+                    }
+                    for impl in impls
+                ]
                 continue
             # A fair share of what is left, with room to borrow from runs
             # that stop early.
             budget = min(left, 1.2 * left * weights[index] / sum(weights[index:]))
             child_args = [
-                "--child", "speed", f"--budget-s={budget}", f"--impls={','.join(impls)}",
-                f"--heads={heads}", f"--key-dim={key_dim}", f"--batch={batch}",
-                f"--lengths={lengths}", f"--step-budget-s={step_budget}",
+                "--child",
+                "speed",
+                f"--budget-s={budget}",
+                f"--impls={','.join(impls)}",
+                f"--heads={heads}",
+                f"--key-dim={key_dim}",
+                f"--batch={batch}",
+                f"--lengths={lengths}",
+                f"--step-budget-s={step_budget}",
             ]
             if smoke:
-                child_args += ["--block-size=32", "--sparse-block-size=16",
-                               "--matmul-size=512", "--max-repeats=3",
-                               "--repeat-target-s=0.1"]
+                child_args += [
+                    "--block-size=32",
+                    "--sparse-block-size=16",
+                    "--matmul-size=512",
+                    "--max-repeats=3",
+                    "--repeat-target-s=0.1",
+                ]
             if memory_cap is not None:
                 child_args.append(f"--memory-cap-gib={memory_cap}")
             name = f"speed_{heads}x{key_dim}_b{batch}_{'+'.join(impls)}"
-            records = _run_child(child_args, budget + 30,
-                                 os.path.join(args.out, "logs", name + ".log"), collect, smoke)
-            report["children"] += [dict(r, child=name) for r in records
-                                   if r.get("kind") == "child"]
+            records = _run_child(
+                child_args,
+                budget + 30,
+                os.path.join(args.out, "logs", name + ".log"),
+                collect,
+                smoke,
+            )
+            report["children"] += [dict(r, child=name) for r in records if r.get("kind") == "child"]
     report["wall_s"] = time.monotonic() - started
     report["targets"] = evaluate_targets(report)
     with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
@@ -884,17 +1030,26 @@ def main():
     with open(os.path.join(args.out, "gpu_check.md"), "w") as f:
         f.write(markdown(report))
     failed = [r for r in report["correctness"] if r["status"] != "passed"]
-    print(f"# done in {report['wall_s']:.0f} s: {len(report['correctness'])} correctness "
-          f"rows ({len(failed)} not passed), {len(report['speed'])} speed rows; "
-          f"{os.path.join(args.out, 'gpu_check.md')}", flush=True)
+    print(
+        f"# done in {report['wall_s']:.0f} s: {len(report['correctness'])} correctness "
+        f"rows ({len(failed)} not passed), {len(report['speed'])} speed rows; "
+        f"{os.path.join(args.out, 'gpu_check.md')}",
+        flush=True,
+    )
     return 1 if failed or report["children"] else 0
 
 
 # --------------------------------------------------------------- reporting
 def _rows(report, impl, heads=8, key_dim=64, batch=1):
-    return {r["length"]: r for r in report["speed"]
-            if r["impl"] == impl and r["heads"] == heads and r["key_dim"] == key_dim
-            and r["batch"] == batch and r.get("time_s")}
+    return {
+        r["length"]: r
+        for r in report["speed"]
+        if r["impl"] == impl
+        and r["heads"] == heads
+        and r["key_dim"] == key_dim
+        and r["batch"] == batch
+        and r.get("time_s")
+    }
 
 
 def _longest(rows):
@@ -911,29 +1066,47 @@ def evaluate_targets(report):
         theirs = _rows(report, "keras_flash", heads, key_dim, batch)
         for length in sorted(set(ours) & set(theirs)):
             ratio = ours[length]["time_s"] / theirs[length]["time_s"]
-            targets.append({"target": f"fused within 5% of Keras flash, {heads}x{key_dim} "
-                            f"b{batch} L={length}", "value": f"ours/Keras {ratio:.3f}",
-                            "met": ratio <= 1.05})
+            targets.append(
+                {
+                    "target": f"fused within 5% of Keras flash, {heads}x{key_dim} "
+                    f"b{batch} L={length}",
+                    "value": f"ours/Keras {ratio:.3f}",
+                    "met": ratio <= 1.05,
+                }
+            )
         for length, row in sorted(ours.items()):
             if length >= 4096 and matmul:
                 frac = row["useful_tflops"] / row["matmul_tflops"]
-                targets.append({"target": f"fused >= 40% of bf16 matmul fwd+bwd, "
-                                f"{heads}x{key_dim} b{batch} L={length}",
-                                "value": f"{100 * frac:.1f}%", "met": frac >= 0.40})
+                targets.append(
+                    {
+                        "target": f"fused >= 40% of bf16 matmul fwd+bwd, "
+                        f"{heads}x{key_dim} b{batch} L={length}",
+                        "value": f"{100 * frac:.1f}%",
+                        "met": frac >= 0.40,
+                    }
+                )
         blockwise = _rows(report, "ours_blockwise", heads, key_dim, batch)
         if 16384 in blockwise:
             row = blockwise[16384]
             frac = row["useful_tflops"] / row["matmul_tflops"]
-            targets.append({"target": f"blockwise >= 25% of peak, {heads}x{key_dim} "
-                            f"b{batch} L=16384", "value": f"{100 * frac:.1f}%",
-                            "met": frac >= 0.25})
+            targets.append(
+                {
+                    "target": f"blockwise >= 25% of peak, {heads}x{key_dim} b{batch} L=16384",
+                    "value": f"{100 * frac:.1f}%",
+                    "met": frac >= 0.25,
+                }
+            )
         exact = {**blockwise, **ours}
         dense = _rows(report, "keras_dense", heads, key_dim, batch)
-        targets.append({"target": f"longest exact attention, {heads}x{key_dim} b{batch}",
-                        "value": f"ours {_longest(exact)} (fused {_longest(ours)}, "
-                        f"blockwise {_longest(blockwise)}); Keras dense "
-                        f"{_longest(dense)}, Keras flash {_longest(theirs)}",
-                        "met": None})
+        targets.append(
+            {
+                "target": f"longest exact attention, {heads}x{key_dim} b{batch}",
+                "value": f"ours {_longest(exact)} (fused {_longest(ours)}, "
+                f"blockwise {_longest(blockwise)}); Keras dense "
+                f"{_longest(dense)}, Keras flash {_longest(theirs)}",
+                "met": None,
+            }
+        )
     exact = _rows(report, "ours_fused")
     for impl in ("sparse", "performer"):
         rows = _rows(report, impl)
@@ -942,11 +1115,16 @@ def evaluate_targets(report):
         for length in (16384, 65536):
             if length in rows and length in exact:
                 speedup = exact[length]["time_s"] / rows[length]["time_s"]
-                targets.append({"target": f"{impl} speed vs exact (fused), 8x64 b1 "
-                                f"L={length}", "value": f"{speedup:.2f}x faster",
-                                "met": None})
-        targets.append({"target": f"{impl} longest length, 8x64 b1",
-                        "value": str(_longest(rows)), "met": None})
+                targets.append(
+                    {
+                        "target": f"{impl} speed vs exact (fused), 8x64 b1 L={length}",
+                        "value": f"{speedup:.2f}x faster",
+                        "met": None,
+                    }
+                )
+        targets.append(
+            {"target": f"{impl} longest length, 8x64 b1", "value": str(_longest(rows)), "met": None}
+        )
     return targets
 
 
@@ -954,13 +1132,19 @@ def markdown(report):
     env = report.get("environment") or {}
     lines = [
         f"# GPU check ({'smoke, ' if report['smoke'] else ''}{env.get('platform')}: "
-        f"{env.get('device')})", "",
+        f"{env.get('device')})",
+        "",
         f"Command: `{report['command']}`; jax {env.get('jax')}, keras {env.get('keras')}, "
-        f"Python {env.get('python')}; {report['wall_s']:.0f} s.", "",
-        "## Correctness", "",
+        f"Python {env.get('python')}; {report['wall_s']:.0f} s.",
+        "",
+        "## Correctness",
+        "",
         "Tolerances (max |device - CPU float32| / max |CPU float32|): "
-        + "; ".join(f"{d}: output {t['output']}, gradients {t['gradient']}"
-                    for d, t in report["tolerances"].items()), "",
+        + "; ".join(
+            f"{d}: output {t['output']}, gradients {t['gradient']}"
+            for d, t in report["tolerances"].items()
+        ),
+        "",
         "| layer | kernel | dtype | status | output err | gradient err | masked rows zero "
         "| cuDNN | loss (CPU float32 loss) |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -969,17 +1153,27 @@ def markdown(report):
         err = r.get("output_error")
         lines.append(
             f"| {r['layer']} {r['variant']} | {r.get('kernel') or '-'} | {r['dtype']} | "
-            f"{r['status']} | " + (f"{err:.1e} | {r['gradient_error']:.1e} | "
-            f"{r['checks']['masked_rows_zero'] if r['masked_rows_checked'] else 'n/a'} | "
-            f"{r['cudnn_attention']} | {r['loss']:.5g} ({r['reference_loss']:.5g}) |"
-            if err is not None else "- | - | - | - | - |"))
+            f"{r['status']} | "
+            + (
+                f"{err:.1e} | {r['gradient_error']:.1e} | "
+                f"{r['checks']['masked_rows_zero'] if r['masked_rows_checked'] else 'n/a'} | "
+                f"{r['cudnn_attention']} | {r['loss']:.5g} ({r['reference_loss']:.5g}) |"
+                if err is not None
+                else "- | - | - | - | - |"
+            )
+        )
     lines += ["", "## Speed (forward+backward, mixed_bfloat16)", ""]
     for m in report["matmul"]:
-        lines.append(f"- bf16 matmul {m['size']}^3 ({m['heads']}x{m['key_dim']} b{m['batch']} "
-                     f"child): {m['tflops']:.1f} TFLOP/s")
-    lines += ["", "| heads x dim | batch | L | implementation | kernel | cuDNN | ms | "
-              "TFLOP/s | % matmul | device peak MiB | compiled peak MiB | status |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"- bf16 matmul {m['size']}^3 ({m['heads']}x{m['key_dim']} b{m['batch']} "
+            f"child): {m['tflops']:.1f} TFLOP/s"
+        )
+    lines += [
+        "",
+        "| heads x dim | batch | L | implementation | kernel | cuDNN | ms | "
+        "TFLOP/s | % matmul | device peak MiB | compiled peak MiB | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["speed"]:
         t = r.get("time_s")
         rate = r.get("useful_tflops")
@@ -993,7 +1187,8 @@ def markdown(report):
             f"{fmt(t and 1e3 * t, '.2f')} | {fmt(rate, '.1f')} | "
             f"{fmt(rate and 100 * rate / r['matmul_tflops'], '.1f')} | "
             f"{fmt(r.get('device_peak_mib'), '.0f')} | {fmt(r.get('compiled_peak_mib'), '.0f')} "
-            f"| {r['status']} |")
+            f"| {r['status']} |"
+        )
     lines += ["", "## Targets", ""]
     for t in report["targets"]:
         met = {True: "met", False: "NOT met", None: "reported"}[t["met"]]

@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from mha_benchmark import best_time  # noqa: E402  (benchmarks/ is the script's folder)
 
@@ -30,8 +29,6 @@ SETTINGS = {
     "fast_math": "--xla_cpu_enable_fast_math=true",
 }
 HEADS, KEY_DIM = 8, 64
-
-
 
 
 def jax_child(args):
@@ -49,11 +46,14 @@ def jax_child(args):
     import keras_attention
 
     for length in args.lengths:
-        x = jnp.asarray(np.random.default_rng(1).standard_normal((1, length, HEADS * KEY_DIM)),
-                        jnp.float32)
+        x = jnp.asarray(
+            np.random.default_rng(1).standard_normal((1, length, HEADS * KEY_DIM)), jnp.float32
+        )
         row = {}
-        for name, layer in (("ours", keras_attention.MultiHeadAttention(HEADS, KEY_DIM)),
-                            ("keras", keras.layers.MultiHeadAttention(HEADS, KEY_DIM))):
+        for name, layer in (
+            ("ours", keras_attention.MultiHeadAttention(HEADS, KEY_DIM)),
+            ("keras", keras.layers.MultiHeadAttention(HEADS, KEY_DIM)),
+        ):
             layer(x[:, :8], x[:, :8])
 
             def loss(trainable, non_trainable, x, layer=layer):
@@ -63,11 +63,14 @@ def jax_child(args):
             grad = jax.jit(jax.grad(loss, argnums=(0, 2)))
             trainable = [v.value for v in layer.trainable_variables]
             non_trainable = [v.value for v in layer.non_trainable_variables]
-            seconds = best_time(lambda: jax.block_until_ready(grad(trainable, non_trainable, x)),
-                            args.repeats)
+            seconds = best_time(
+                lambda: jax.block_until_ready(grad(trainable, non_trainable, x)), args.repeats
+            )
             flops = 12 * length**2 * HEADS * KEY_DIM + 24 * length * (HEADS * KEY_DIM) ** 2
-            row[name] = {"seconds": seconds,
-                         "fraction": flops / seconds / (result["matmul_gflops"] * 1e9)}
+            row[name] = {
+                "seconds": seconds,
+                "fraction": flops / seconds / (result["matmul_gflops"] * 1e9),
+            }
         result["steps"][length] = row
     print(json.dumps(result))
 
@@ -86,9 +89,18 @@ def tf_child(args):
 def _run(args, backend, flags=""):
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
     env["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
-    command = [sys.executable, __file__, "--child", backend,
-               "--lengths", ",".join(map(str, args.lengths)),
-               "--repeats", str(args.repeats), "--matmul-size", str(args.matmul_size)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        backend,
+        "--lengths",
+        ",".join(map(str, args.lengths)),
+        "--repeats",
+        str(args.repeats),
+        "--matmul-size",
+        str(args.matmul_size),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
@@ -110,11 +122,19 @@ def main():
     if args.child == "tensorflow":
         return tf_child(args)
     tf_result = _run(args, "tensorflow")
-    print(f"# TensorFlow graph-mode fp32 matmul {args.matmul_size}^3: "
-          f"{tf_result.get('matmul_gflops', float('nan')):.1f} GF/s", flush=True)
-    print(f"{'setting':>20} {'JAX matmul GF/s':>15} {'/ TF':>6} " + " ".join(
-        f"{'L=' + str(n) + ' ours s':>13} {'%ceil':>6} {'keras s':>8} {'%ceil':>6} {'ratio':>6}"
-        for n in args.lengths), flush=True)
+    print(
+        f"# TensorFlow graph-mode fp32 matmul {args.matmul_size}^3: "
+        f"{tf_result.get('matmul_gflops', float('nan')):.1f} GF/s",
+        flush=True,
+    )
+    print(
+        f"{'setting':>20} {'JAX matmul GF/s':>15} {'/ TF':>6} "
+        + " ".join(
+            f"{'L=' + str(n) + ' ours s':>13} {'%ceil':>6} {'keras s':>8} {'%ceil':>6} {'ratio':>6}"
+            for n in args.lengths
+        ),
+        flush=True,
+    )
     for name in args.settings.split(","):
         result = _run(args, "jax", SETTINGS[name])
         if "error" in result:
@@ -125,11 +145,16 @@ def main():
         for length in args.lengths:
             row = result["steps"][str(length)]
             ours, keras_ = row["ours"], row["keras"]
-            cells.append(f"{ours['seconds']:13.3f} {100 * ours['fraction']:5.1f}% "
-                         f"{keras_['seconds']:8.3f} {100 * keras_['fraction']:5.1f}% "
-                         f"{ours['seconds'] / keras_['seconds']:6.2f}")
-        print(f"{name:>20} {gflops:15.1f} {gflops / tf_result.get('matmul_gflops', float('nan')):6.2f} "
-              + " ".join(cells), flush=True)
+            cells.append(
+                f"{ours['seconds']:13.3f} {100 * ours['fraction']:5.1f}% "
+                f"{keras_['seconds']:8.3f} {100 * keras_['fraction']:5.1f}% "
+                f"{ours['seconds'] / keras_['seconds']:6.2f}"
+            )
+        print(
+            f"{name:>20} {gflops:15.1f} {gflops / tf_result.get('matmul_gflops', float('nan')):6.2f} "
+            + " ".join(cells),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,11 @@ import time
 os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 
 import keras_attention  # noqa: E402  (first: a quiet TensorFlow start)
+
+# isort: split
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
 from keras_attention.widgets import LiveAttention  # noqa: E402
 
 
@@ -54,7 +57,9 @@ def make_model(length, vocabulary, dim):
     x = keras.layers.GlobalAveragePooling1D()(x)
     outputs = keras.layers.Dense(vocabulary)(x)
     model = keras.Model(inputs, outputs)
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     return model
 
 
@@ -108,7 +113,7 @@ def main():
     with tempfile.TemporaryDirectory() as snapshot_root:
         for repeat in range(args.repeats):
             # Rotate the order so that no variant always runs first or last.
-            for variant in variants[repeat % 4:] + variants[: repeat % 4]:
+            for variant in variants[repeat % 4 :] + variants[: repeat % 4]:
                 times, count, seconds = run(variant, args, (x, y), initial_weights, snapshot_root)
                 epoch_times[variant].extend(times)
                 updates[variant].append(count)
@@ -116,17 +121,27 @@ def main():
 
     backend = keras.backend.backend()
     batches = args.samples // args.batch_size
-    print(f"backend={backend} batches/epoch={batches} epochs={args.epochs} (first dropped) "
-          f"repeats={args.repeats} batch={args.batch_size} length={args.length} dim={args.dim}")
+    print(
+        f"backend={backend} batches/epoch={batches} epochs={args.epochs} (first dropped) "
+        f"repeats={args.repeats} batch={args.batch_size} length={args.length} dim={args.dim}"
+    )
     base = statistics.median(epoch_times["baseline"])
-    print("overhead = median epoch time / baseline median - 1 (wall clock, noisy on a shared machine);")
-    print("in-callback = seconds training waited inside LiveAttention per epoch / baseline median epoch")
-    print(f"{'variant':10s} {'median epoch s':>15s} {'overhead':>9s} {'in-callback':>12s} {'updates/run':>12s}")
+    print(
+        "overhead = median epoch time / baseline median - 1 (wall clock, noisy on a shared machine);"
+    )
+    print(
+        "in-callback = seconds training waited inside LiveAttention per epoch / baseline median epoch"
+    )
+    print(
+        f"{'variant':10s} {'median epoch s':>15s} {'overhead':>9s} {'in-callback':>12s} {'updates/run':>12s}"
+    )
     for variant in variants:
         median = statistics.median(epoch_times[variant])
         inside = statistics.mean(spent[variant]) / base
-        print(f"{variant:10s} {median:15.4f} {100 * (median / base - 1):8.2f}% {100 * inside:11.2f}% "
-              f"{statistics.mean(updates[variant]):12.1f}")
+        print(
+            f"{variant:10s} {median:15.4f} {100 * (median / base - 1):8.2f}% {100 * inside:11.2f}% "
+            f"{statistics.mean(updates[variant]):12.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -64,6 +64,8 @@ def _current_rss_mib():
 
 def make_layer(kind):
     import keras_attention  # first: a quiet TensorFlow start
+
+    # isort: split
     import keras
 
     if kind == "keras_exact":
@@ -81,6 +83,8 @@ def make_layer(kind):
 def worker(kind, length, repeats):
     """Runs in a subprocess; prints one JSON line."""
     import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
+
+    # isort: split
     import numpy as np
     import tensorflow as tf
 
@@ -118,20 +122,23 @@ def worker(kind, length, repeats):
         loss, grads = step(x)
         _ = [g.numpy() for g in grads[:1]]
         times.append(time.perf_counter() - start)
-    print(json.dumps({
-        "kind": kind,
-        "length": length,
-        "seconds": min(times),
-        "first_call_seconds": first,
-        "peak_rss_mib": _rss_mib(),
-        "base_rss_mib": base_rss,
-        "finite": bool(np.isfinite(float(loss))),
-    }))
+    print(
+        json.dumps(
+            {
+                "kind": kind,
+                "length": length,
+                "seconds": min(times),
+                "first_call_seconds": first,
+                "peak_rss_mib": _rss_mib(),
+                "base_rss_mib": base_rss,
+                "finite": bool(np.isfinite(float(loss))),
+            }
+        )
+    )
 
 
 def run_one(kind, length, repeats, timeout):
-    command = [sys.executable, __file__, "--worker", kind, str(length),
-               "--repeats", str(repeats)]
+    command = [sys.executable, __file__, "--worker", kind, str(length), "--repeats", str(repeats)]
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, env=os.environ
@@ -144,16 +151,22 @@ def run_one(kind, length, repeats, timeout):
             result["status"] = "ok"
             return result
     tail = (done.stderr or "").strip().splitlines()[-1:] or ["?"]
-    status = "out of memory" if done.returncode in (-9, 137) or "OOM" in done.stderr \
-        or "MemoryError" in done.stderr or "ResourceExhausted" in done.stderr \
+    status = (
+        "out of memory"
+        if done.returncode in (-9, 137)
+        or "OOM" in done.stderr
+        or "MemoryError" in done.stderr
+        or "ResourceExhausted" in done.stderr
         else f"failed: {tail[0][:120]}"
+    )
     return {"kind": kind, "length": length, "status": status}
 
 
 def predicted(results, kind, length, repeats):
     """Wall time of a run at `length`, extrapolated from the last two lengths."""
-    done = sorted((r for r in results if r["kind"] == kind and r["status"] == "ok"),
-                  key=lambda r: r["length"])
+    done = sorted(
+        (r for r in results if r["kind"] == kind and r["status"] == "ok"), key=lambda r: r["length"]
+    )
     if len(done) < 2:
         return 0.0
     (l0, t0), (l1, t1) = [(r["length"], r["seconds"]) for r in done[-2:]]
@@ -170,9 +183,9 @@ def dense_gib(length):
 def table(results, lengths, kinds):
     by = {(r["kind"], r["length"]): r for r in results}
     lines = [
-        "| L | " + " | ".join(
-            f"{LABELS[k]} s (peak RSS / above base, MiB)" for k in kinds
-        ) + " | exact/sparse | exact/performer | keras/sparse | keras/performer |",
+        "| L | "
+        + " | ".join(f"{LABELS[k]} s (peak RSS / above base, MiB)" for k in kinds)
+        + " | exact/sparse | exact/performer | keras/sparse | keras/performer |",
         "|" + "---|" * (len(kinds) + 5),
     ]
     for length in lengths:
@@ -196,9 +209,17 @@ def table(results, lengths, kinds):
             return f"{ra['seconds'] / rb['seconds']:.1f}x"
 
         lines.append(
-            f"| {length} | " + " | ".join(cells) + " | "
-            + " | ".join([ratio("ours_exact", "sparse"), ratio("ours_exact", "performer"),
-                          ratio("keras_exact", "sparse"), ratio("keras_exact", "performer")])
+            f"| {length} | "
+            + " | ".join(cells)
+            + " | "
+            + " | ".join(
+                [
+                    ratio("ours_exact", "sparse"),
+                    ratio("ours_exact", "performer"),
+                    ratio("keras_exact", "sparse"),
+                    ratio("keras_exact", "performer"),
+                ]
+            )
             + " |"
         )
     return "\n".join(lines)
@@ -212,16 +233,16 @@ def plot(results, kinds, path):
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for kind in kinds:
-        ok = sorted((r for r in results if r["kind"] == kind and r["status"] == "ok"),
-                    key=lambda r: r["length"])
+        ok = sorted(
+            (r for r in results if r["kind"] == kind and r["status"] == "ok"),
+            key=lambda r: r["length"],
+        )
         if not ok:
             continue
         lengths = [r["length"] for r in ok]
         left.plot(lengths, [r["seconds"] for r in ok], marker="o", label=LABELS[kind])
-        right.plot(lengths, [r["peak_rss_mib"] / 1024 for r in ok], marker="o",
-                   label=LABELS[kind])
-    for axis, name in ((left, "forward+backward time (s)"),
-                       (right, "peak RSS (GiB)")):
+        right.plot(lengths, [r["peak_rss_mib"] / 1024 for r in ok], marker="o", label=LABELS[kind])
+    for axis, name in ((left, "forward+backward time (s)"), (right, "peak RSS (GiB)")):
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         axis.set_xlabel("sequence length L")
@@ -237,8 +258,9 @@ def plot(results, kinds, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "LENGTH"))
-    parser.add_argument("--lengths", type=int, nargs="+",
-                        default=[1024, 2048, 4096, 8192, 16384, 32768, 65536])
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768, 65536]
+    )
     parser.add_argument("--layers", nargs="+", default=list(LAYERS), choices=LAYERS)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900)
@@ -247,11 +269,20 @@ def main():
     parser.add_argument(
         "--plot", default=os.path.join(os.path.dirname(__file__), "long_sequence.png")
     )
-    parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                        help="1: a keras.utils.Progbar over the runs (default); 2: one JSON "
-                             "line per run as it finishes; 0: only the final table")
-    parser.add_argument("--replot", metavar="JSON", default=None,
-                        help="only redraw --plot from the results a --json run wrote")
+    parser.add_argument(
+        "--verbose",
+        type=int,
+        choices=(0, 1, 2),
+        default=1,
+        help="1: a keras.utils.Progbar over the runs (default); 2: one JSON "
+        "line per run as it finishes; 0: only the final table",
+    )
+    parser.add_argument(
+        "--replot",
+        metavar="JSON",
+        default=None,
+        help="only redraw --plot from the results a --json run wrote",
+    )
     args = parser.parse_args()
     if args.replot:
         with open(args.replot) as handle:
@@ -264,6 +295,8 @@ def main():
         worker(args.worker[0], int(args.worker[1]), args.repeats)
         return
     import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
+
+    # isort: split
     import keras
 
     results = []
@@ -272,16 +305,25 @@ def main():
     progress = keras.utils.Progbar(len(runs), unit_name="run") if args.verbose == 1 else None
     for length, kind in runs:
         if kind in DENSE and dense_gib(length) > args.dense_budget_gb:
-            result = {"kind": kind, "length": length,
-                      "status": f"not run: needs > {dense_gib(length):.0f} GiB"}
+            result = {
+                "kind": kind,
+                "length": length,
+                "status": f"not run: needs > {dense_gib(length):.0f} GiB",
+            }
         elif kind in skipped:
-            result = {"kind": kind, "length": length,
-                      "status": "not run (shorter length timed out)"}
+            result = {
+                "kind": kind,
+                "length": length,
+                "status": "not run (shorter length timed out)",
+            }
         elif predicted(results, kind, length, args.repeats) > args.timeout:
-            result = {"kind": kind, "length": length,
-                      "status": "not run: predicted "
-                      f"{predicted(results, kind, length, args.repeats):.0f} s "
-                      f"> {args.timeout:.0f} s"}
+            result = {
+                "kind": kind,
+                "length": length,
+                "status": "not run: predicted "
+                f"{predicted(results, kind, length, args.repeats):.0f} s "
+                f"> {args.timeout:.0f} s",
+            }
         else:
             result = run_one(kind, length, args.repeats, args.timeout)
             if result["status"].startswith("timeout"):

@@ -89,9 +89,7 @@ def _matmul_flops_per_second(backend, dtype, size=None, repeats=5):
         gpu = bool(tf.config.list_logical_devices("GPU"))
         size = size or (8192 if gpu else 2048)
         a = tf.cast(tf.random.normal((size, size)), dtype)
-        matmul = tf.function(
-            lambda a, b: tf.reduce_sum(tf.cast(tf.matmul(a, b), "float32"))
-        )
+        matmul = tf.function(lambda a, b: tf.reduce_sum(tf.cast(tf.matmul(a, b), "float32")))
         seconds = best_time(lambda: matmul(a, a).numpy(), repeats)
     return 2 * size**3 / seconds
 
@@ -177,7 +175,6 @@ def child(args):
     _set_memory_cap(args.memory_cap_gib)
     if args.backend == "jax":
         import jax
-        import jax.numpy as jnp
 
         errors = (MemoryError, jax.errors.JaxRuntimeError)
 
@@ -203,13 +200,9 @@ def child(args):
     }
     which = args.which.split(",")
     if args.matmul:
-        result["matmul_gflops"] = (
-            _matmul_flops_per_second(args.backend, args.dtype) / 1e9
-        )
+        result["matmul_gflops"] = _matmul_flops_per_second(args.backend, args.dtype) / 1e9
     memory_efficient = {"auto": "auto", "true": True, "false": False}[args.memory_efficient]
-    layers = _build_layers(
-        args.length, which, memory_efficient, args.block_size, args.dtype
-    )
+    layers = _build_layers(args.length, which, memory_efficient, args.block_size, args.dtype)
     x = make_input()
     result["rss_before_mib"] = _rss_mib()
     steps = {
@@ -222,9 +215,11 @@ def child(args):
         try:
             step(x)
         except errors as error:  # allocation failures surface as OpErrors too
-            kind = "OOM" if "xhaust" in type(error).__name__ or "memory" in str(
-                error
-            ).lower() else "failed"
+            kind = (
+                "OOM"
+                if "xhaust" in type(error).__name__ or "memory" in str(error).lower()
+                else "failed"
+            )
             failed[name] = f"{kind}: {type(error).__name__}: {str(error)[:120]}"
     for _ in range(args.repeats):
         for name, step in steps.items():
@@ -268,7 +263,7 @@ def _run_child(args, length, mode, which, repeats, matmul):
     wall = time.perf_counter() - start
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT "):])
+            result = json.loads(line[len("RESULT ") :])
             result["wall_s"] = wall
             return result
     if proc.returncode < 0:  # e.g. SIGSEGV when an allocation hits the cap
@@ -298,21 +293,28 @@ def main():
     parser.add_argument("--backend", default="tensorflow", choices=["tensorflow", "jax"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument(
-        "--modes", default="",
+        "--modes",
+        default="",
         help="tensorflow: graph,xla (default both); jax: jit",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
-        "--long-repeats", type=int, default=1,
+        "--long-repeats",
+        type=int,
+        default=1,
         help="repeats for lengths >= 16384 (each step takes minutes)",
     )
     parser.add_argument(
-        "--keras-max-length", type=int, default=16384,
+        "--keras-max-length",
+        type=int,
+        default=16384,
         help="longest length at which Keras is attempted (it needs ~5 "
         "(B,H,L,L) float32 tensors: 43 GiB at 16384)",
     )
     parser.add_argument(
-        "--xla-max-length", type=int, default=0,
+        "--xla-max-length",
+        type=int,
+        default=0,
         help="skip XLA above this length (0 = never skip); XLA on CPU is "
         "slower than graph mode here and 32768 takes ~10 min per step",
     )
@@ -382,9 +384,8 @@ def main():
             # ratios follows the machine's load drifting between repeats
             # better than the ratio of the medians.
             pairs = [
-                a / b for a, b in zip(
-                    result["times"].get("ours", []), result["times"].get("keras", [])
-                )
+                a / b
+                for a, b in zip(result["times"].get("ours", []), result["times"].get("keras", []))
             ]
             ratio = f"{_median(pairs):6.2f}" if pairs else f"{'-':>6}"
             note = "; ".join(f"{k}: {v}" for k, v in result.get("failed", {}).items())
@@ -396,8 +397,11 @@ def main():
                 flush=True,
             )
     if not args.no_memory:
-        print("\n# Peak RSS (MiB) of one process doing one fwd+bwd step "
-              "(incl. compilation); 'net' subtracts the RSS before the step", flush=True)
+        print(
+            "\n# Peak RSS (MiB) of one process doing one fwd+bwd step "
+            "(incl. compilation); 'net' subtracts the RSS before the step",
+            flush=True,
+        )
         print(f"{'L':>6} {'mode':>5} {'impl':>6} {'peak':>8} {'net':>8}", flush=True)
         for length in [int(v) for v in args.memory_lengths.split(",") if v]:
             for mode in modes:
@@ -408,13 +412,18 @@ def main():
                         continue
                     # Long lengths: the timing child ran ours alone, reuse it.
                     reused = [
-                        r for r in records["timing"]
-                        if r.get("length") == length and r.get("mode") == mode
-                        and which == "ours" and "crashed" not in r
+                        r
+                        for r in records["timing"]
+                        if r.get("length") == length
+                        and r.get("mode") == mode
+                        and which == "ours"
+                        and "crashed" not in r
                         and set(r.get("times", {})) == {"ours"}
                     ]
-                    result = reused[0] if reused else _run_child(
-                        args, length, mode, which, 0, matmul=False
+                    result = (
+                        reused[0]
+                        if reused
+                        else _run_child(args, length, mode, which, 0, matmul=False)
                     )
                     records["memory"].append(dict(result, impl=which))
                     failure = result.get("crashed") or result.get("failed", {}).get(which)
@@ -424,8 +433,10 @@ def main():
                         continue
                     device_peak = result.get("device_peak_mib")
                     if device_peak is not None:  # GPU: the allocator's peak
-                        print(f"{length:>6} {mode:>5} {which:>6} {device_peak:8.0f} "
-                              f"{'(device)':>8}", flush=True)
+                        print(
+                            f"{length:>6} {mode:>5} {which:>6} {device_peak:8.0f} {'(device)':>8}",
+                            flush=True,
+                        )
                         continue
                     peak = result["rss_peak_mib"]
                     net = peak - result["rss_before_mib"]

@@ -65,10 +65,15 @@ def _child(args):
         return
     elapsed = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({
-        "peak_mib": round(peak), "seconds": round(elapsed, 2),
-        "row_sums": float(np.abs(rows.sum(-1) - 1).max()),
-    }))
+    print(
+        json.dumps(
+            {
+                "peak_mib": round(peak),
+                "seconds": round(elapsed, 2),
+                "row_sums": float(np.abs(rows.sum(-1) - 1).max()),
+            }
+        )
+    )
 
 
 def main():
@@ -86,20 +91,31 @@ def main():
     for length in [int(n) for n in args.lengths.split(",")]:
         for which in ("on_demand", "dense"):
             result = subprocess.run(
-                [sys.executable, __file__, "--child", f"--which={which}",
-                 f"--length={length}", f"--rows={args.rows}",
-                 f"--memory-cap-gib={args.memory_cap_gib}"],
-                capture_output=True, text=True,
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    f"--which={which}",
+                    f"--length={length}",
+                    f"--rows={args.rows}",
+                    f"--memory-cap-gib={args.memory_cap_gib}",
+                ],
+                capture_output=True,
+                text=True,
             )
             lines = [l for l in result.stdout.splitlines() if l.startswith("{")]
             data = json.loads(lines[-1]) if lines else {"oom": f"exit {result.returncode}"}
-            shape = (f"(1, 1, {args.rows}, {length})" if which == "on_demand"
-                     else f"(1, {HEADS}, {length}, {length})")
+            shape = (
+                f"(1, 1, {args.rows}, {length})"
+                if which == "on_demand"
+                else f"(1, {HEADS}, {length}, {length})"
+            )
             if "oom" in data:
                 print(f"{length:>6} {which:>10} {'OOM':>9} {'-':>8}  {shape} ({data['oom']})")
             else:
-                print(f"{length:>6} {which:>10} {data['peak_mib']:>9} "
-                      f"{data['seconds']:>8}  {shape}")
+                print(
+                    f"{length:>6} {which:>10} {data['peak_mib']:>9} {data['seconds']:>8}  {shape}"
+                )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,7 @@ import time
 os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven",
-         "eight", "nine"]
+WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 
 def pairs(count, seed):
@@ -35,8 +34,7 @@ def pairs(count, seed):
     result = []
     for _ in range(count):
         digits = [rng.randrange(10) for _ in range(rng.randint(1, 5))]
-        result.append((" ".join(WORDS[d] for d in digits),
-                       " ".join(str(d) for d in digits)))
+        result.append((" ".join(WORDS[d] for d in digits), " ".join(str(d) for d in digits)))
     return result
 
 
@@ -47,20 +45,32 @@ def translators(pair_count=1200, epochs=3):
     from keras_attention.models import TransformerTranslator
 
     sources, targets = zip(*pairs(pair_count, 0))
-    common = dict(source_split="whitespace", target_split="whitespace",
-                  max_source_length=6, max_target_length=7)
+    common = dict(
+        source_split="whitespace",
+        target_split="whitespace",
+        max_source_length=6,
+        max_target_length=7,
+    )
     keras.utils.set_random_seed(0)
     built = {
         "Seq2SeqTranslator (GRU 64)": Seq2SeqTranslator.from_texts(
-            sources, targets, units=64, embedding_dim=32, **common),
+            sources, targets, units=64, embedding_dim=32, **common
+        ),
         "TransformerTranslator (2 layers, d 64)": TransformerTranslator.from_texts(
-            sources, targets, num_layers=2, num_heads=4, hidden_dim=64,
-            intermediate_dim=128, **common),
+            sources,
+            targets,
+            num_layers=2,
+            num_heads=4,
+            hidden_dim=64,
+            intermediate_dim=128,
+            **common,
+        ),
     }
     for translator in built.values():
         translator.compile(optimizer=keras.optimizers.Adam(5e-3))
-        translator.fit(translator.make_dataset(sources, targets, 32, seed=0),
-                       epochs=epochs, verbose=0)
+        translator.fit(
+            translator.make_dataset(sources, targets, 32, seed=0), epochs=epochs, verbose=0
+        )
     return built
 
 
@@ -91,10 +101,13 @@ def percentile(values, q):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: little training, batch 1 only")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: little training, batch 1 only"
+    )
     args = parser.parse_args(argv)
     import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
+
+    # isort: split
     import numpy as np
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the ops, as TF Serving links them)
@@ -114,35 +127,40 @@ def main(argv=None):
                 meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
             # translate() runs eagerly, outside the served graph's context.
             for mode, width in (("greedy", 1), ("beam 4", 4)):
-                signature = meta.signature_def[
-                    "greedy" if width == 1 else "beam_search"]
+                signature = meta.signature_def["greedy" if width == 1 else "beam_search"]
                 fetch = {k: v.name for k, v in signature.outputs.items()}
                 for batch in batches:
-                    feed = {signature.inputs["text"].name:
-                            np.array(texts[:batch], dtype=object)}
+                    feed = {signature.inputs["text"].name: np.array(texts[:batch], dtype=object)}
                     if width > 1:
                         feed[signature.inputs["beam_width"].name] = np.int32(width)
                     served, local, ratios = timed_pair(
                         lambda: session.run(fetch, feed),
-                        lambda: translator.translate(
-                            texts[:batch], beam_width=width),
-                        args.repeats)
+                        lambda: translator.translate(texts[:batch], beam_width=width),
+                        args.repeats,
+                    )
                     rows.append((name, mode, batch, served, local, ratios))
-                    print(f"{name:40} {mode:7} batch {batch:3}: served "
-                          f"{batch / np.median(served):8.1f}/s, translate() "
-                          f"{batch / np.median(local):8.1f}/s, served/translate "
-                          f"time {np.median(ratios):.2f}", flush=True)
+                    print(
+                        f"{name:40} {mode:7} batch {batch:3}: served "
+                        f"{batch / np.median(served):8.1f}/s, translate() "
+                        f"{batch / np.median(local):8.1f}/s, served/translate "
+                        f"time {np.median(ratios):.2f}",
+                        flush=True,
+                    )
             session.close()
-    print("\n| translator | decoding | batch | served sentences/s | served p50 ms "
-          "| served p99 ms | translate() sentences/s | translate() p50 ms "
-          "| served/translate time (median of paired repeats) |")
+    print(
+        "\n| translator | decoding | batch | served sentences/s | served p50 ms "
+        "| served p99 ms | translate() sentences/s | translate() p50 ms "
+        "| served/translate time (median of paired repeats) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, mode, batch, served, local, ratios in rows:
-        print(f"| {name} | {mode} | {batch} | {batch / np.median(served):.1f} | "
-              f"{1e3 * percentile(served, 0.5):.1f} | "
-              f"{1e3 * percentile(served, 0.99):.1f} | "
-              f"{batch / np.median(local):.1f} | {1e3 * percentile(local, 0.5):.1f} | "
-              f"{np.median(ratios):.2f} |")
+        print(
+            f"| {name} | {mode} | {batch} | {batch / np.median(served):.1f} | "
+            f"{1e3 * percentile(served, 0.5):.1f} | "
+            f"{1e3 * percentile(served, 0.99):.1f} | "
+            f"{batch / np.median(local):.1f} | {1e3 * percentile(local, 0.5):.1f} | "
+            f"{np.median(ratios):.2f} |"
+        )
     return 0
 
 

@@ -40,8 +40,9 @@ def split_grouped_arguments(text):
         if not match:
             continue
         base = len(match.group(1))
-        while i < len(lines) and (not lines[i].strip()
-                                  or len(lines[i]) - len(lines[i].lstrip()) > base):
+        while i < len(lines) and (
+            not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > base
+        ):
             item = lines[i]
             indent = item[: len(item) - len(item.lstrip())]
             header = item.strip()
@@ -119,7 +120,9 @@ def add_types(text, types):
             continue
         item = re.match(r"^(\s+)(\w+):(\s|$)", line)
         if item and item.group(2) in types and len(item.group(1)) - section <= 4:
-            lines[index] = line.replace(f"{item.group(2)}:", f"{item.group(2)} ({types[item.group(2)]}):", 1)
+            lines[index] = line.replace(
+                f"{item.group(2)}:", f"{item.group(2)} ({types[item.group(2)]}):", 1
+            )
     return "\n".join(lines)
 
 

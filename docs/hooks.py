@@ -55,15 +55,22 @@ def public_symbols():
 
 GUIDES_DIR = os.path.join(ROOT, "docs", "guides")
 # The guides in reading order; any other guide file follows, by name.
-GUIDE_ORDER = ("long-sequences.md", "decoding-and-serving.md", "distribution.md",
-               "widgets.md", "migration.md", "supported-versions.md")
+GUIDE_ORDER = (
+    "long-sequences.md",
+    "decoding-and-serving.md",
+    "distribution.md",
+    "widgets.md",
+    "migration.md",
+    "supported-versions.md",
+)
 
 
 def guide_pages():
     """[(site path, title)] of docs/guides/*.md, in reading order."""
     names = sorted(os.listdir(GUIDES_DIR)) if os.path.isdir(GUIDES_DIR) else []
     names = [n for n in GUIDE_ORDER if n in names] + [
-        n for n in names if n.endswith(".md") and n not in GUIDE_ORDER]
+        n for n in names if n.endswith(".md") and n not in GUIDE_ORDER
+    ]
     pages = []
     for name in names:
         with open(os.path.join(GUIDES_DIR, name), encoding="utf-8") as f:
@@ -79,7 +86,6 @@ def readme_pages():
     return [("index.md", "Home", text)]
 
 
-
 def _rewrite_links(markdown, page_name, anchors):
     depth = page_name.count("/")
 
@@ -91,7 +97,7 @@ def _rewrite_links(markdown, page_name, anchors):
         if target.startswith(("http://", "https://", "mailto:")):
             return match.group(0)
         if image:  # docs/figures/x.png is in the site; other images are copied in
-            inside = target[len("docs/"):] if target.startswith("docs/") else target
+            inside = target[len("docs/") :] if target.startswith("docs/") else target
             return f"![{label}]({relative(inside)})"
         if target.startswith("#"):
             page = anchors.get(target[1:])
@@ -101,7 +107,9 @@ def _rewrite_links(markdown, page_name, anchors):
         path, _, anchor = target.partition("#")
         if path.startswith("docs/") and path.endswith(".md"):
             if os.path.exists(os.path.join(ROOT, path)):
-                return f"[{label}]({relative(path[len('docs/'):])}{'#' + anchor if anchor else ''})"
+                return (
+                    f"[{label}]({relative(path[len('docs/') :])}{'#' + anchor if anchor else ''})"
+                )
             return label
         return label if label.startswith("`") else f"`{target}`"
 
@@ -151,14 +159,16 @@ def on_page_markdown(markdown, page, config, files):
             return match.group(0)
         path, _, anchor = target.partition("#")
         if path.startswith("../../"):
-            inside = path[len("../../"):]
+            inside = path[len("../../") :]
             if inside.startswith("docs/"):
-                return f"{image}[{label}](../{inside[len('docs/'):]})"
+                return f"{image}[{label}](../{inside[len('docs/') :]})"
             if image or inside in EXTRA_PAGES:
                 return f"{image}[{label}](../{EXTRA_PAGES.get(inside, inside)})"
             return label if label.startswith("`") else f"`{inside}`"
-        if path.endswith(".md") and files.get_file_from_path(
-                os.path.normpath(os.path.join("guides", path))) is None:
+        if (
+            path.endswith(".md")
+            and files.get_file_from_path(os.path.normpath(os.path.join("guides", path))) is None
+        ):
             return label
         return match.group(0)
 
@@ -181,8 +191,12 @@ def on_config(config):
     config["nav"] = [
         {"Home": "index.md"},
         {"Guides": [{title: name} for name, title in guide_pages()]},
-        {"API reference": [{API_GROUPS.get(module, module): f"api/{module}.md"}
-                           for module in sorted(PUBLIC_MODULES, key=list(API_GROUPS).index)]},
+        {
+            "API reference": [
+                {API_GROUPS.get(module, module): f"api/{module}.md"}
+                for module in sorted(PUBLIC_MODULES, key=list(API_GROUPS).index)
+            ]
+        },
         {"Benchmarks": "benchmarks.md"},
     ]
     return config

@@ -49,11 +49,20 @@ def decoding_stepper():
     keras.utils.set_random_seed(1)
     sources, targets = zip(*number_pairs(1200, np.random.default_rng(1)))
     translator = Seq2SeqTranslator.from_texts(
-        sources, targets, source_split="whitespace", target_split="whitespace",
-        max_source_length=6, max_target_length=7, embedding_dim=16, units=32, seed=1)
+        sources,
+        targets,
+        source_split="whitespace",
+        target_split="whitespace",
+        max_source_length=6,
+        max_target_length=7,
+        embedding_dim=16,
+        units=32,
+        seed=1,
+    )
     translator.compile(optimizer=keras.optimizers.Adam(1e-2))
-    translator.fit(translator.make_dataset(sources, targets, batch_size=32, seed=1),
-                   epochs=6, verbose=0)
+    translator.fit(
+        translator.make_dataset(sources, targets, batch_size=32, seed=1), epochs=6, verbose=0
+    )
     stepper = DecodingStepper(translator, "three one four one five", top_k=4)
     for _ in range(3):
         stepper.next_token()
@@ -68,7 +77,7 @@ def attention_explorer():
     from keras_attention.widgets import AttentionExplorer
 
     keras.utils.set_random_seed(0)
-    tokens = "the black cat sat on the warm mat".split()
+    tokens = ["the", "black", "cat", "sat", "on", "the", "warm", "mat"]
     inputs = keras.Input((len(tokens), 16))
     x = keras_attention.MultiHeadAttention(4, 4, name="self_attention")(inputs)
     model = keras.Model(inputs, keras_attention.LuongAttention(name="luong")(x))
@@ -84,13 +93,19 @@ def live_attention():
     from keras_attention.widgets import LiveAttention
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((8, 4)), keras_attention.LuongAttention(score="general", name="attention"),
-        keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [
+            keras.Input((8, 4)),
+            keras_attention.LuongAttention(score="general", name="attention"),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
     x = np.random.default_rng(0).normal(size=(64, 8, 4)).astype("float32")
-    live = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0,
-                         overhead_budget=1.0, snapshot_dir=None)
+    live = LiveAttention(
+        model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0, snapshot_dir=None
+    )
     model.fit(x, x[:, :, :1].sum(axis=1), batch_size=8, epochs=3, verbose=0, callbacks=[live])
     return live
 
@@ -107,14 +122,16 @@ def screenshot(html_path, png_path):
     if chromium is None:
         raise SystemExit("needs chromium (Debian: apt-get install chromium)")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, headless=True,
-                                             args=list(CHROMIUM_ARGS))
+        browser = playwright.chromium.launch(
+            executable_path=chromium, headless=True, args=list(CHROMIUM_ARGS)
+        )
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 700})
             page.goto("file://" + os.path.abspath(html_path))
             page.wait_for_function(
                 "window.Bokeh && Bokeh.documents.length > 0 && "
-                "Bokeh.documents.every((d) => d.is_idle)")
+                "Bokeh.documents.every((d) => d.is_idle)"
+            )
             page.wait_for_timeout(1000)  # let BokehJS finish drawing
             raw = png_path + ".full.png"
             page.screenshot(path=raw, full_page=True)
@@ -124,8 +141,14 @@ def screenshot(html_path, png_path):
     os.remove(raw)
     box = Image.eval(image, lambda v: 255 - v).getbbox()  # crop the white margin
     if box:
-        image = image.crop((max(box[0] - 8, 0), max(box[1] - 8, 0),
-                            min(box[2] + 8, image.width), min(box[3] + 8, image.height)))
+        image = image.crop(
+            (
+                max(box[0] - 8, 0),
+                max(box[1] - 8, 0),
+                min(box[2] + 8, image.width),
+                min(box[3] + 8, image.height),
+            )
+        )
     colors = 64
     while True:
         image.quantize(colors).save(png_path, optimize=True)
@@ -137,19 +160,30 @@ def screenshot(html_path, png_path):
 
 def main():
     import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
+
+    # isort: split
     from keras_attention.widgets import export_html
 
     os.makedirs(FIGURES, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
-        for name, build in [("decoding_stepper", decoding_stepper),
-                            ("attention_explorer", attention_explorer),
-                            ("live_attention", live_attention)]:
+        for name, build in [
+            ("decoding_stepper", decoding_stepper),
+            ("attention_explorer", attention_explorer),
+            ("live_attention", live_attention),
+        ]:
             html = export_html(build(), os.path.join(scratch, f"{name}.html"))
             png = screenshot(html, os.path.join(FIGURES, f"{name}.png"))
             print(f"{png}: {os.path.getsize(png) // 1024} KiB")
     benchmark = os.path.join(ROOT, "benchmarks", "long_sequence_benchmark.py")
-    subprocess.run([sys.executable, benchmark, "--replot",
-                    os.path.join(ROOT, "benchmarks", "long_sequence.json")], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            benchmark,
+            "--replot",
+            os.path.join(ROOT, "benchmarks", "long_sequence.json"),
+        ],
+        check=True,
+    )
     return 0
 
 

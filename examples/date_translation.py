@@ -36,14 +36,36 @@ import time
 os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-EN_MONTHS = ["January", "February", "March", "April", "May", "June", "July",
-             "August", "September", "October", "November", "December"]
-EN_DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
-           "Sunday"]
-FR_MONTHS = ["janvier", "février", "mars", "avril", "mai", "juin", "juillet",
-             "août", "septembre", "octobre", "novembre", "décembre"]
-FR_DAYS = ["lundi", "mardi", "mercredi", "jeudi", "vendredi", "samedi",
-           "dimanche"]
+EN_MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
+EN_DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+FR_MONTHS = [
+    "janvier",
+    "février",
+    "mars",
+    "avril",
+    "mai",
+    "juin",
+    "juillet",
+    "août",
+    "septembre",
+    "octobre",
+    "novembre",
+    "décembre",
+]
+FR_DAYS = ["lundi", "mardi", "mercredi", "jeudi", "vendredi", "samedi", "dimanche"]
 FIRST_DATE = datetime.date(1950, 1, 1)
 LAST_DATE = datetime.date(2049, 12, 31)
 
@@ -113,16 +135,21 @@ def make_dates(train_size, test_size, seed=0):
     all_dates = [FIRST_DATE + datetime.timedelta(days=i) for i in range(days)]
     rng.shuffle(all_dates)
     test_dates, train_dates = all_dates[:test_size], all_dates[test_size:]
-    train = [(render(d, rng), d.isoformat()) for d in
-             (rng.choice(train_dates) for _ in range(train_size))]
+    train = [
+        (render(d, rng), d.isoformat())
+        for d in (rng.choice(train_dates) for _ in range(train_size))
+    ]
     test = [(render(d, rng), d.isoformat()) for d in test_dates]
     return train, test
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--attention", default="additive",
-                        choices=["additive", "luong", "general", "concat", "low_rank"])
+    parser.add_argument(
+        "--attention",
+        default="additive",
+        choices=["additive", "luong", "general", "concat", "low_rank"],
+    )
     parser.add_argument("--rnn", default="gru", choices=["gru", "lstm"])
     parser.add_argument("--train-size", type=int, default=30000)
     parser.add_argument("--test-size", type=int, default=1000)
@@ -131,12 +158,17 @@ def parse_args(argv=None):
     parser.add_argument("--units", type=int, default=64)
     parser.add_argument("--embedding-dim", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=3e-3)
-    parser.add_argument("--examples", type=int, default=3,
-                        help="translations printed with their alignment chart")
+    parser.add_argument(
+        "--examples", type=int, default=3, help="translations printed with their alignment chart"
+    )
     parser.add_argument("--output-dir", default=os.path.join("build", "demo"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--min-accuracy", type=float, default=0.99,
-                        help="exit with status 2 below this held-out accuracy")
+    parser.add_argument(
+        "--min-accuracy",
+        type=float,
+        default=0.99,
+        help="exit with status 2 below this held-out accuracy",
+    )
     return parser.parse_args(argv)
 
 
@@ -157,8 +189,9 @@ def main(argv=None):
     args = parse_args(argv)
     start = time.time()
     import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
+
+    # isort: split
     import keras
-    import numpy as np
 
     from keras_attention.export import check_servable
     from keras_attention.export import export_translator
@@ -187,14 +220,14 @@ def main(argv=None):
         args.learning_rate, decay_steps=steps, alpha=0.05
     )
     translator.compile(optimizer=keras.optimizers.Adam(schedule, clipnorm=1.0))
-    dataset = translator.make_dataset(
-        sources, targets, batch_size=args.batch_size, seed=args.seed
-    )
+    dataset = translator.make_dataset(sources, targets, batch_size=args.batch_size, seed=args.seed)
     fit_start = time.time()
     # make_dataset already shuffles each epoch; fit must not try to.
     translator.fit(dataset, epochs=args.epochs, verbose=2, shuffle=False)
-    print(f"trained in {time.time() - fit_start:.0f} s "
-          f"({args.attention} attention, {translator.count_params()} weights)")
+    print(
+        f"trained in {time.time() - fit_start:.0f} s "
+        f"({args.attention} attention, {translator.count_params()} weights)"
+    )
 
     test_sources = [s for s, _ in test]
     results = translator.translate(test_sources)
@@ -209,8 +242,10 @@ def main(argv=None):
     showcase += test_sources[: max(0, args.examples - len(showcase))]
     shown = translator.translate(showcase, beam_width=3)
     for translation in shown:
-        print(f"\n{''.join(translation.source_tokens)!r} -> {translation.text!r}"
-              f" (beam 3, log-prob {translation.score:.3f})")
+        print(
+            f"\n{''.join(translation.source_tokens)!r} -> {translation.text!r}"
+            f" (beam 3, log-prob {translation.score:.3f})"
+        )
         print(alignment_text(translation))
 
     os.makedirs(args.output_dir, exist_ok=True)
@@ -227,14 +262,17 @@ def main(argv=None):
     if not report.ok:
         return 1
 
-    print("translated again by the SavedModel in a fresh process "
-          "(tensorflow + tensorflow_text only):")
+    print(
+        "translated again by the SavedModel in a fresh process (tensorflow + tensorflow_text only):"
+    )
     env = dict(os.environ, PYTHONPATH="")
     with tempfile.TemporaryDirectory() as scratch:  # a cwd without the repo
         reload = subprocess.run(
-            [sys.executable, "-c", RELOAD_SCRIPT, os.path.abspath(export_path),
-             *showcase],
-            capture_output=True, text=True, env=env, cwd=scratch,
+            [sys.executable, "-c", RELOAD_SCRIPT, os.path.abspath(export_path), *showcase],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=scratch,
         )
     print(reload.stdout.rstrip())
     if reload.returncode != 0:
@@ -242,8 +280,7 @@ def main(argv=None):
         return 1
     print(f"\ndemo finished in {time.time() - start:.0f} s")
     if accuracy < args.min_accuracy:
-        print(f"held-out accuracy {accuracy:.1%} is below --min-accuracy "
-              f"{args.min_accuracy:.1%}")
+        print(f"held-out accuracy {accuracy:.1%} is below --min-accuracy {args.min_accuracy:.1%}")
         return 2
     return 0
 

@@ -36,14 +36,14 @@ def setup(args):
     """Picks the backend and splits the CPU, before Keras starts."""
     os.environ["KERAS_BACKEND"] = args.engine
     if args.engine == "jax" and args.cpu_devices:
-        os.environ["XLA_FLAGS"] = (
-            f"--xla_force_host_platform_device_count={args.cpu_devices}")
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.cpu_devices}"
     if args.engine == "tensorflow" and args.cpu_devices:
         import tensorflow as tf
 
         (cpu,) = tf.config.list_physical_devices("CPU")
         tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices)
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices
+        )
 
 
 def encoder_model(sequence_length, sequence_parallel=None):
@@ -56,7 +56,8 @@ def encoder_model(sequence_length, sequence_parallel=None):
     x = keras.layers.Embedding(32, 32)(inputs)
     x = x + ka.PositionEmbedding(sequence_length)(x)
     attention = ka.MultiHeadAttention(
-        4, 8, sequence_parallel=sequence_parallel, name="self_attention")
+        4, 8, sequence_parallel=sequence_parallel, name="self_attention"
+    )
     x = ka.TransformerEncoderBlock(4, 8, 64, attention=attention, name="encoder")(x)
     return keras.Model(inputs, keras.layers.Dense(32)(x))
 
@@ -73,10 +74,11 @@ def fit(model, args, length=16):
     import keras
 
     x, y = copy_task(64, length)
-    model.compile(optimizer=keras.optimizers.Adam(3e-3),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = model.fit(x, y, batch_size=16, epochs=max(1, args.steps // 4),
-                        verbose=0)
+    model.compile(
+        optimizer=keras.optimizers.Adam(3e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    history = model.fit(x, y, batch_size=16, epochs=max(1, args.steps // 4), verbose=0)
     return history.history["loss"]
 
 
@@ -94,33 +96,36 @@ def run_jax(args):
     data_parallel = keras.distribution.DataParallel(devices=devices)
     with data_parallel.scope():
         losses = fit(encoder_model(16), args)
-    print(f"DataParallel over {len(devices)} devices: loss {losses[0]:.3f} -> "
-          f"{losses[-1]:.3f}")
+    print(f"DataParallel over {len(devices)} devices: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
     mesh = keras.distribution.DeviceMesh((half, 2), ("batch", "model"), devices)
     model_parallel = keras.distribution.ModelParallel(
-        layout_map=ka.distribution.get_layout_map(mesh), batch_dim_name="batch")
+        layout_map=ka.distribution.get_layout_map(mesh), batch_dim_name="batch"
+    )
     with model_parallel.scope():
         model = encoder_model(16)
         losses = fit(model, args)
     query = next(v for v in model.weights if v.path.endswith("query/kernel"))
     shard = query.value.addressable_shards[0].data.shape
-    print(f"ModelParallel on a ({half}, 2) mesh: loss {losses[0]:.3f} -> "
-          f"{losses[-1]:.3f}; query kernel {tuple(query.shape)}, "
-          f"per device {tuple(shard)}")
+    print(
+        f"ModelParallel on a ({half}, 2) mesh: loss {losses[0]:.3f} -> "
+        f"{losses[-1]:.3f}; query kernel {tuple(query.shape)}, "
+        f"per device {tuple(shard)}"
+    )
 
-    mesh = keras.distribution.DeviceMesh((1, len(devices)), ("batch", "sequence"),
-                                         devices)
+    mesh = keras.distribution.DeviceMesh((1, len(devices)), ("batch", "sequence"), devices)
     sequence_parallel = keras.distribution.ModelParallel(
-        layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")
+        layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch"
+    )
     length = 16 * len(devices)
     with sequence_parallel.scope():
         model = encoder_model(length, sequence_parallel="sequence")
         losses = fit(model, args, length=length)
-    kernel = model.get_layer("encoder").self_attention.kernel_for(
-        (16, length, 32)).value
-    print(f"Sequence parallel over {len(devices)} devices (L={length}, kernel "
-          f"{kernel!r}): loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    kernel = model.get_layer("encoder").self_attention.kernel_for((16, length, 32)).value
+    print(
+        f"Sequence parallel over {len(devices)} devices (L={length}, kernel "
+        f"{kernel!r}): loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    )
 
 
 def run_tensorflow(args):
@@ -131,8 +136,7 @@ def run_tensorflow(args):
 
     strategy = tf.distribute.MirroredStrategy()
     print(f"MirroredStrategy: {strategy.num_replicas_in_sync} replicas")
-    words = ["zero", "one", "two", "three", "four", "five", "six", "seven",
-             "eight", "nine"]
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     import numpy as np
 
     digits = np.random.default_rng(0).integers(0, 10, (256, 3))
@@ -140,17 +144,24 @@ def run_tensorflow(args):
     targets = [" ".join(str(d) for d in row) for row in digits]
     with strategy.scope():
         translator = TransformerTranslator.from_texts(
-            sources, targets, source_split="whitespace", target_split="whitespace",
-            max_source_length=4, max_target_length=4, num_layers=1, num_heads=2,
-            hidden_dim=32, intermediate_dim=64, seed=0)
+            sources,
+            targets,
+            source_split="whitespace",
+            target_split="whitespace",
+            max_source_length=4,
+            max_target_length=4,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=32,
+            intermediate_dim=64,
+            seed=0,
+        )
         translator.compile(optimizer=keras.optimizers.Adam(1e-2))
         dataset = translator.make_dataset(sources, targets, batch_size=32, seed=0)
         history = translator.fit(dataset, epochs=max(1, args.steps // 4), verbose=0)
     losses = history.history["loss"]
-    print(f"TransformerTranslator under MirroredStrategy: loss {losses[0]:.3f} -> "
-          f"{losses[-1]:.3f}")
-    print("translate('four two seven') ->",
-          translator.translate(["four two seven"])[0].text)
+    print(f"TransformerTranslator under MirroredStrategy: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    print("translate('four two seven') ->", translator.translate(["four two seven"])[0].text)
 
 
 def main(argv=None):

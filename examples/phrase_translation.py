@@ -33,13 +33,25 @@ os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 # French noun -> (English noun, grammatical gender)
-NOUNS = {"chat": ("cat", "m"), "chien": ("dog", "m"), "lapin": ("rabbit", "m"),
-         "garçon": ("boy", "m"), "souris": ("mouse", "f"), "fille": ("girl", "f"),
-         "voiture": ("car", "f"), "maison": ("house", "f")}
+NOUNS = {
+    "chat": ("cat", "m"),
+    "chien": ("dog", "m"),
+    "lapin": ("rabbit", "m"),
+    "garçon": ("boy", "m"),
+    "souris": ("mouse", "f"),
+    "fille": ("girl", "f"),
+    "voiture": ("car", "f"),
+    "maison": ("house", "f"),
+}
 # English adjective -> (masculine, feminine); all follow the noun in French.
-ADJECTIVES = {"black": ("noir", "noire"), "white": ("blanc", "blanche"),
-              "green": ("vert", "verte"), "grey": ("gris", "grise"),
-              "red": ("rouge", "rouge"), "happy": ("content", "contente")}
+ADJECTIVES = {
+    "black": ("noir", "noire"),
+    "white": ("blanc", "blanche"),
+    "green": ("vert", "verte"),
+    "grey": ("gris", "grise"),
+    "red": ("rouge", "rouge"),
+    "happy": ("content", "contente"),
+}
 VERBS = {"mange": "eats", "voit": "sees", "aime": "loves", "suit": "follows"}
 PRONOUNS = {"il": "he", "elle": "she"}
 
@@ -48,8 +60,10 @@ def noun_phrase(rng):
     noun = rng.choice(sorted(NOUNS))
     english, gender = NOUNS[noun]
     definite = rng.random() < 0.6
-    french = [("le" if gender == "m" else "la") if definite
-              else ("un" if gender == "m" else "une"), noun]
+    french = [
+        ("le" if gender == "m" else "la") if definite else ("un" if gender == "m" else "une"),
+        noun,
+    ]
     english_words = ["the" if definite else "a"]
     if rng.random() < 0.7:
         adjective = rng.choice(sorted(ADJECTIVES))
@@ -68,12 +82,16 @@ def sentence(rng):
         french, english = noun_phrase(rng)
     if rng.random() < 0.25:
         # "il a m' entarté": one French verb, five English words.
-        return (" ".join(french + ["a", "m'", "entarté"]),
-                " ".join(english + ["hit", "me", "with", "a", "pie"]))
+        return (
+            " ".join(french + ["a", "m'", "entarté"]),
+            " ".join(english + ["hit", "me", "with", "a", "pie"]),
+        )
     verb = rng.choice(sorted(VERBS))
     object_french, object_english = noun_phrase(rng)
-    return (" ".join(french + [verb] + object_french),
-            " ".join(english + [VERBS[verb]] + object_english))
+    return (
+        " ".join(french + [verb] + object_french),
+        " ".join(english + [VERBS[verb]] + object_english),
+    )
 
 
 def make_pairs(train_size, test_size, seed=0):
@@ -104,8 +122,7 @@ def parse_args(argv=None):
     parser.add_argument("--hidden-dim", type=int, default=64)
     parser.add_argument("--output-dir", default=os.path.join("build", "phrases"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--split", choices=("whitespace", "wordpiece"),
-                        default="whitespace")
+    parser.add_argument("--split", choices=("whitespace", "wordpiece"), default="whitespace")
     return parser.parse_args(argv)
 
 
@@ -113,8 +130,9 @@ def main(argv=None):
     args = parse_args(argv)
     start = time.time()
     import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
-    import keras
 
+    # isort: split
+    import keras
     import numpy as np
 
     from keras_attention.export import check_servable
@@ -130,27 +148,38 @@ def main(argv=None):
     sources, targets = zip(*train)
     print(f"{len(train)} training phrases, e.g. {sources[0]!r} -> {targets[0]!r}")
     translator = TransformerTranslator.from_texts(
-        sources, targets, source_split=args.split, target_split=args.split,
+        sources,
+        targets,
+        source_split=args.split,
+        target_split=args.split,
         max_source_length=24 if args.split == "wordpiece" else 12,
         max_target_length=24 if args.split == "wordpiece" else 14,
-        num_layers=args.num_layers, num_heads=args.num_heads,
-        hidden_dim=args.hidden_dim, intermediate_dim=2 * args.hidden_dim,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        hidden_dim=args.hidden_dim,
+        intermediate_dim=2 * args.hidden_dim,
         seed=args.seed,
     )
     steps = args.epochs * -(-len(train) // args.batch_size)
-    translator.compile(optimizer=keras.optimizers.Adam(
-        keras.optimizers.schedules.CosineDecay(2e-3, steps, alpha=0.05),
-        clipnorm=1.0))
+    translator.compile(
+        optimizer=keras.optimizers.Adam(
+            keras.optimizers.schedules.CosineDecay(2e-3, steps, alpha=0.05), clipnorm=1.0
+        )
+    )
     translator.fit(
         translator.make_dataset(sources, targets, args.batch_size, seed=args.seed),
-        epochs=args.epochs, verbose=2,
+        epochs=args.epochs,
+        verbose=2,
     )
     results = translator.translate([s for s, _ in test])
     correct = sum(r.text == t for r, (_, t) in zip(results, test))
     print(f"held-out exact match: {correct}/{len(test)} = {correct / len(test):.1%}")
 
-    showcase = ["le chat noir mange la souris grise", "il a m' entarté",
-                "une fille contente voit un lapin vert"]
+    showcase = [
+        "le chat noir mange la souris grise",
+        "il a m' entarté",
+        "une fille contente voit un lapin vert",
+    ]
     translations = translator.translate(showcase)
     # Subwords back into words for the charts (a no-op for whitespace).
     shown = [merge_subwords(t) for t in translations]
@@ -161,8 +190,7 @@ def main(argv=None):
     os.makedirs(args.output_dir, exist_ok=True)
     path = os.path.join(args.output_dir, "alignment.html")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(alignment_html(shown, title="French to English (last layer, "
-                               "mean over heads)"))
+        f.write(alignment_html(shown, title="French to English (last layer, mean over heads)"))
     print(f"\nalignment heatmap: {path}")
 
     export_path = os.path.join(args.output_dir, "saved_model")
@@ -172,12 +200,11 @@ def main(argv=None):
     print(report.summary())
     if not report.ok:
         return 1
-    _, served = run_in_serving_process(
-        export_path, feed={"text": np.array(showcase, dtype=object)})
-    print("translated again by the SavedModel in a fresh process "
-          "(tensorflow + tensorflow_text only):")
-    for source, target, expected in zip(showcase, served["translation"],
-                                        translations):
+    _, served = run_in_serving_process(export_path, feed={"text": np.array(showcase, dtype=object)})
+    print(
+        "translated again by the SavedModel in a fresh process (tensorflow + tensorflow_text only):"
+    )
+    for source, target, expected in zip(showcase, served["translation"], translations):
         print(f"  {source!r:42} -> {target.decode()}")
         if target.decode() != expected.text:
             print(f"  differs from translate(): {expected.text!r}")

@@ -13,6 +13,8 @@ import os
 os.environ.setdefault("KERAS_ATTENTION_QUIET_STARTUP", "1")
 
 import keras_attention  # noqa: E402  (first: a quiet TensorFlow start)
+
+# isort: split
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -55,8 +57,11 @@ def attention_bar(tokens, weights):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--score", default="additive",
-                        choices=["additive", "dot", "scaled_dot", "general", "concat"])
+    parser.add_argument(
+        "--score",
+        default="additive",
+        choices=["additive", "dot", "scaled_dot", "general", "concat"],
+    )
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--length", type=int, default=12)
@@ -84,8 +89,10 @@ def main(argv=None):
     weights = captured["pooling_attention"][0][:, 0, :]  # (batch, 1, T) -> (batch, T)
     positives = np.flatnonzero(y_test[:64] == 1)
     on_keyword = [weights[i][x_test[i] == KEYWORD].sum() for i in positives]
-    print(f"Mean attention weight on the keyword: {np.mean(on_keyword):.2f} "
-          f"(uniform would be about {1 / (0.75 * args.length):.2f})\n")
+    print(
+        f"Mean attention weight on the keyword: {np.mean(on_keyword):.2f} "
+        f"(uniform would be about {1 / (0.75 * args.length):.2f})\n"
+    )
     print("Attention over one positive example:")
     print(attention_bar(x_test[positives[0]], weights[positives[0]]))
     return accuracy

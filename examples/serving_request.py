@@ -33,6 +33,8 @@ def main(argv):
         print(__doc__)
         return 2
     import keras_attention  # noqa: F401  (first: a quiet TensorFlow start)
+
+    # isort: split
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the ops the model uses)
 

@@ -36,4 +36,3 @@ def warn_if_shadowed():
             UserWarning,
             stacklevel=3,
         )
-

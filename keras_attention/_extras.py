@@ -7,8 +7,10 @@ DISTRIBUTION = "keras-attention-layers"
 
 
 def install_hint(extra):
-    return (f'pip install "{DISTRIBUTION}[{extra}]" '
-            f'(from a clone of the repository: pip install ".[{extra}]")')
+    return (
+        f'pip install "{DISTRIBUTION}[{extra}]" '
+        f'(from a clone of the repository: pip install ".[{extra}]")'
+    )
 
 
 def require(module, extra, feature, purpose=""):
@@ -32,5 +34,6 @@ def require(module, extra, feature, purpose=""):
 
 def require_tensorflow_text(feature):
     """tensorflow-text (the `text` extra), for tokenizing in the graph."""
-    return require("tensorflow_text", "text", feature,
-                   " (the translators tokenize text with its ops)")
+    return require(
+        "tensorflow_text", "text", feature, " (the translators tokenize text with its ops)"
+    )

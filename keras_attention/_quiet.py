@@ -94,7 +94,8 @@ def filtered_stderr():
             os.close(saved)
             buffer.seek(0)
             kept = [
-                line for line in buffer.read().decode("utf-8", "replace").splitlines(True)
+                line
+                for line in buffer.read().decode("utf-8", "replace").splitlines(True)
                 if not is_startup_noise(line)
             ]
             if kept:

@@ -46,10 +46,7 @@ _ANY_PREFIX = "(?:.*/)?"
 
 
 def _describe_mesh(mesh):
-    return (
-        f"DeviceMesh(shape={tuple(mesh.shape)}, "
-        f"axis_names={tuple(mesh.axis_names)})"
-    )
+    return f"DeviceMesh(shape={tuple(mesh.shape)}, axis_names={tuple(mesh.axis_names)})"
 
 
 def _check_mesh(device_mesh, argument, axis):

@@ -36,7 +36,9 @@ class _LineProgbar(keras.utils.Progbar):
         time_per_unit = self._estimate_step_duration(current, now)
         self._seen_so_far = current
         count = f"{current}/{self.target}" if self.target else f"{current}"
-        line = f"{count} - {now - self._start:.0f}s{self._format_time(time_per_unit, self.unit_name)}"
+        line = (
+            f"{count} - {now - self._start:.0f}s{self._format_time(time_per_unit, self.unit_name)}"
+        )
         io_utils.print_msg(line)
         self._last_update = now
 

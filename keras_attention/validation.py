@@ -46,9 +46,7 @@ def as_python_scalar(value):
     Anything else comes back unchanged (tensors included: an eager 0-d
     tensor is read with `concrete_int` where a value is needed).
     """
-    if isinstance(value, np.generic) or (
-        isinstance(value, np.ndarray) and value.shape == ()
-    ):
+    if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.shape == ()):
         return value.item()
     return value
 
@@ -120,8 +118,7 @@ def validate_bool(owner, argument, value):
         raise TypeError(
             error(
                 owner,
-                f"`{argument}` must be True or False. Received: "
-                f"{argument}={value!r}",
+                f"`{argument}` must be True or False. Received: {argument}={value!r}",
             )
         )
     return value_
@@ -133,15 +130,13 @@ def validate_rate(owner, argument, value):
         raise ValueError(
             error(
                 owner,
-                f"`{argument}` must be a float in [0, 1). Received: "
-                f"{argument}={value!r}",
+                f"`{argument}` must be a float in [0, 1). Received: {argument}={value!r}",
             )
         )
     return float(as_python_scalar(value))
 
 
-def validate_real(owner, argument, value, low=None, high=None,
-                  include_low=True):
+def validate_real(owner, argument, value, low=None, high=None, include_low=True):
     """`value` as a float, optionally bounded (`low` inclusive unless told)."""
     ok = is_real(value) and np.isfinite(float(as_python_scalar(value)))
     if ok:
@@ -155,14 +150,12 @@ def validate_real(owner, argument, value, low=None, high=None,
         if low is not None or high is not None:
             left = "[" if include_low else "("
             bounds = (
-                f" in {left}{'-inf' if low is None else low}, "
-                f"{'inf' if high is None else high}]"
+                f" in {left}{'-inf' if low is None else low}, {'inf' if high is None else high}]"
             )
         raise ValueError(
             error(
                 owner,
-                f"`{argument}` must be a finite number{bounds}. Received: "
-                f"{argument}={value!r}",
+                f"`{argument}` must be a finite number{bounds}. Received: {argument}={value!r}",
             )
         )
     return float(as_python_scalar(value))
@@ -174,8 +167,7 @@ def validate_seed(owner, value, argument="seed"):
         raise TypeError(
             error(
                 owner,
-                f"`{argument}` must be an integer or None. Received: "
-                f"{argument}={value!r}",
+                f"`{argument}` must be an integer or None. Received: {argument}={value!r}",
             )
         )
     return None if value is None else int(as_python_scalar(value))
@@ -189,8 +181,7 @@ def validate_choice(owner, argument, value, choices):
     raise ValueError(
         error(
             owner,
-            f"`{argument}` must be one of {tuple(choices)}. Received: "
-            f"{argument}={value!r}",
+            f"`{argument}` must be one of {tuple(choices)}. Received: {argument}={value!r}",
         )
     )
 
@@ -206,11 +197,7 @@ def validate_axes(owner, argument, value, allow_none=True):
         return None
     if is_int(value):
         return (int(as_python_scalar(value)),)
-    if (
-        not isinstance(value, (list, tuple))
-        or not value
-        or not all(is_int(a) for a in value)
-    ):
+    if not isinstance(value, (list, tuple)) or not value or not all(is_int(a) for a in value):
         raise ValueError(
             error(
                 owner,
@@ -223,8 +210,7 @@ def validate_axes(owner, argument, value, allow_none=True):
         raise ValueError(
             error(
                 owner,
-                f"`{argument}` must not repeat an axis. Received: "
-                f"{argument}={value!r}",
+                f"`{argument}` must not repeat an axis. Received: {argument}={value!r}",
             )
         )
     return axes
@@ -270,8 +256,7 @@ def check_tensor(owner, argument, value, allow_none=True):
         raise TypeError(
             error(
                 owner,
-                f"`{argument}` must be a tensor or array. Received: "
-                f"{argument}={describe(value)}",
+                f"`{argument}` must be a tensor or array. Received: {argument}={describe(value)}",
             )
         )
 
@@ -319,10 +304,7 @@ def check_mask(owner, argument, mask, expected, broadcast=False):
         ok = len(shape) == len(expected)
         aligned = expected
     ok = ok and all(
-        got is None
-        or want is None
-        or got == want
-        or (got == 1 and (broadcast or i == 0))
+        got is None or want is None or got == want or (got == 1 and (broadcast or i == 0))
         for i, (got, want) in enumerate(zip(shape, aligned))
     )
     if not ok:
@@ -348,8 +330,7 @@ def validate_call_flag(owner, argument, value):
     raise TypeError(
         error(
             owner,
-            f"`{argument}` must be True or False. Received: "
-            f"{argument}={value!r}",
+            f"`{argument}` must be True or False. Received: {argument}={value!r}",
         )
     )
 
@@ -376,9 +357,7 @@ def deserialize_layer(owner, argument, config, expected, description):
             )
         )
 
-    if not isinstance(config, dict) or not isinstance(
-        config.get("class_name"), str
-    ):
+    if not isinstance(config, dict) or not isinstance(config.get("class_name"), str):
         raise refuse(repr(config))
     try:
         layer = keras.saving.deserialize_keras_object(config)
@@ -400,9 +379,7 @@ def validate_tokens(owner, argument, tokens):
     """
     if tokens is None:
         return None
-    if isinstance(tokens, (list, tuple)) or (
-        isinstance(tokens, np.ndarray) and tokens.ndim == 1
-    ):
+    if isinstance(tokens, (list, tuple)) or (isinstance(tokens, np.ndarray) and tokens.ndim == 1):
         tokens = list(tokens)
         if all(isinstance(t, (str, np.str_)) for t in tokens):
             return [str(t) for t in tokens]

@@ -24,8 +24,11 @@ def _reset_keras_state():
 def _is_layer_detail(item):
     """A tests/layers test other than a layer's contract and the family checks."""
     path = item.path.as_posix()
-    return ("/tests/layers/" in path and not path.endswith("/layer_family_test.py")
-            and not item.originalname.startswith("test_layer_contract"))
+    return (
+        "/tests/layers/" in path
+        and not path.endswith("/layer_family_test.py")
+        and not item.originalname.startswith("test_layer_contract")
+    )
 
 
 # Test files whose tests take longest in all (seconds, setup included: the

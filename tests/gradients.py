@@ -57,5 +57,5 @@ def layer_gradients(layer, inputs, cotangent, **call_kwargs):
     return (
         out.numpy(),
         [g.numpy() for g in grads[: len(tensors)]],
-        [g.numpy() for g in grads[len(tensors):]],
+        [g.numpy() for g in grads[len(tensors) :]],
     )

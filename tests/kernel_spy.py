@@ -34,8 +34,11 @@ def spy_kernels(monkeypatch, flash_flags=None):
 
     wrap(dense_attention, "dense_attention", lambda kw: Kernel.DENSE)
     wrap(dense_attention, "shifted_attention", lambda kw: Kernel.SHIFTED)
-    wrap(dense_attention, "composite_attention",
-         lambda kw: Kernel.COMPOSITE if kw.get("flash_attention") is False else Kernel.FUSED)
+    wrap(
+        dense_attention,
+        "composite_attention",
+        lambda kw: Kernel.COMPOSITE if kw.get("flash_attention") is False else Kernel.FUSED,
+    )
     wrap(mha_module, "memory_efficient_attention", lambda kw: Kernel.BLOCKWISE)
     wrap(mha_module.ring_attention, "ring_attention", lambda kw: Kernel.RING)
     return ran

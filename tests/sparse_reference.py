@@ -12,7 +12,13 @@ import numpy as np
 
 
 def reference_pattern(
-    tq, tv, block_size, window_blocks, global_blocks=0, plan=None, tokens=(),
+    tq,
+    tv,
+    block_size,
+    window_blocks,
+    global_blocks=0,
+    plan=None,
+    tokens=(),
     causal=False,
 ):
     nk = math.ceil(tv / block_size)

@@ -71,9 +71,12 @@ def run_layer_contract_test(
     config = layer.get_config()
     clone = type(layer).from_config(config)
     assert clone.get_config() == config
-    assert keras.saving.deserialize_keras_object(
-        keras.saving.serialize_keras_object(layer)
-    ).get_config() == config
+    assert (
+        keras.saving.deserialize_keras_object(
+            keras.saving.serialize_keras_object(layer)
+        ).get_config()
+        == config
+    )
 
     # Sequential.add: one input means self-attention.
     model = keras.Sequential([keras.Input(query_shape[1:])])
@@ -103,9 +106,7 @@ def run_layer_contract_test(
         query_input = keras.Input(query_shape[1:])
         value_input = keras.Input(value_shape[1:])
         cross_layer = make_layer()
-        output, scores = cross_layer(
-            query_input, value_input, return_attention_scores=True
-        )
+        output, scores = cross_layer(query_input, value_input, return_attention_scores=True)
         functional = keras.Model([query_input, value_input], [output, scores])
         eager_output, eager_scores = functional([query, value])
         assert tuple(eager_output.shape) == tuple(expected_cross_output_shape)
@@ -117,5 +118,4 @@ def run_layer_contract_test(
         half = make_layer(dtype=policy)
         out = half(query) if not cross_attention else half(query, value)
         assert keras.backend.standardize_dtype(out.dtype) == policy.split("_")[1]
-        assert np.all(np.isfinite(keras.ops.convert_to_numpy(
-            keras.ops.cast(out, "float32"))))
+        assert np.all(np.isfinite(keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))))

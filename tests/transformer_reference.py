@@ -31,9 +31,7 @@ def multi_head_attention(layer, query, value, mask=None, query_mask=None, logits
     """
 
     def project(dense, x):
-        return np.einsum("btd,dhk->bthk", x, numpy_of(dense.kernel)) + numpy_of(
-            dense.bias
-        )
+        return np.einsum("btd,dhk->bthk", x, numpy_of(dense.kernel)) + numpy_of(dense.bias)
 
     q = project(layer.query_dense, query)
     k = project(layer.key_dense, value)
@@ -94,14 +92,19 @@ def encoder_block(block, x, padding_mask=None):
         lambda h: multi_head_attention(block.self_attention, h, h, mask, padding_mask),
         x,
     )
-    x, _ = residual(
-        block, block.feedforward_layer_norm, lambda h: (feedforward(block, h), None), x
-    )
+    x, _ = residual(block, block.feedforward_layer_norm, lambda h: (feedforward(block, h), None), x)
     return x, scores
 
 
-def decoder_block(block, x, encoder_outputs=None, decoder_padding_mask=None,
-                  encoder_padding_mask=None, causal=True, cross_logits_out=None):
+def decoder_block(
+    block,
+    x,
+    encoder_outputs=None,
+    decoder_padding_mask=None,
+    encoder_padding_mask=None,
+    causal=True,
+    cross_logits_out=None,
+):
     """`(outputs, self_scores, cross_scores)` of a `TransformerDecoderBlock`
     (`cross_logits_out`, a list, receives the cross-attention scores before softmax)."""
     x = np.asarray(x, "float64")
@@ -114,9 +117,7 @@ def decoder_block(block, x, encoder_outputs=None, decoder_padding_mask=None,
     x, self_scores = residual(
         block,
         block.self_attention_layer_norm,
-        lambda h: multi_head_attention(
-            block.self_attention, h, h, self_mask, decoder_padding_mask
-        ),
+        lambda h: multi_head_attention(block.self_attention, h, h, self_mask, decoder_padding_mask),
         x,
     )
     cross_scores = None
@@ -133,12 +134,14 @@ def decoder_block(block, x, encoder_outputs=None, decoder_padding_mask=None,
             block,
             block.cross_attention_layer_norm,
             lambda h: multi_head_attention(
-                block.cross_attention, h, encoder_outputs, cross_mask,
-                decoder_padding_mask, logits_out=cross_logits_out,
+                block.cross_attention,
+                h,
+                encoder_outputs,
+                cross_mask,
+                decoder_padding_mask,
+                logits_out=cross_logits_out,
             ),
             x,
         )
-    x, _ = residual(
-        block, block.feedforward_layer_norm, lambda h: (feedforward(block, h), None), x
-    )
+    x, _ = residual(block, block.feedforward_layer_norm, lambda h: (feedforward(block, h), None), x)
     return x, self_scores, cross_scores

@@ -19,8 +19,7 @@ import random
 import keras
 import pytest
 
-WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven",
-         "eight", "nine"]
+WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 
 def number_pairs(count, seed=0):
@@ -29,8 +28,7 @@ def number_pairs(count, seed=0):
     pairs = []
     for _ in range(count):
         digits = [rng.randrange(10) for _ in range(rng.randint(1, 5))]
-        pairs.append((" ".join(WORDS[d] for d in digits),
-                      " ".join(str(d) for d in digits)))
+        pairs.append((" ".join(WORDS[d] for d in digits), " ".join(str(d) for d in digits)))
     return pairs
 
 
@@ -83,13 +81,24 @@ def train_translator():
     pairs = number_pairs(1200)
     sources, targets = zip(*pairs)
     translator = Seq2SeqTranslator.from_texts(
-        sources, targets, source_split="whitespace", target_split="whitespace",
-        max_source_length=6, max_target_length=7, embedding_dim=16, units=32,
-        attention="additive", seed=1,
+        sources,
+        targets,
+        source_split="whitespace",
+        target_split="whitespace",
+        max_source_length=6,
+        max_target_length=7,
+        embedding_dim=16,
+        units=32,
+        attention="additive",
+        seed=1,
     )
     translator.compile(optimizer=keras.optimizers.Adam(1e-2))
-    translator.fit(translator.make_dataset(sources, targets, batch_size=32, seed=1),
-                   epochs=6, verbose=0, shuffle=False)
+    translator.fit(
+        translator.make_dataset(sources, targets, batch_size=32, seed=1),
+        epochs=6,
+        verbose=0,
+        shuffle=False,
+    )
     return translator
 
 
@@ -101,10 +110,16 @@ def train_transformer():
     keras.utils.set_random_seed(2)
     sources, targets = zip(*number_pairs(800, seed=3))
     translator = TransformerTranslator.from_texts(
-        sources, targets, max_source_length=6, max_target_length=7,
-        num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, seed=2,
+        sources,
+        targets,
+        max_source_length=6,
+        max_target_length=7,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        seed=2,
     )
     translator.compile(optimizer=keras.optimizers.Adam(5e-3))
-    translator.fit(translator.make_dataset(sources, targets, 32, seed=2),
-                   epochs=3, verbose=0)
+    translator.fit(translator.make_dataset(sources, targets, 32, seed=2), epochs=3, verbose=0)
     return translator

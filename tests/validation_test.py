@@ -23,7 +23,9 @@ def test_numpy_integers_count_as_the_ints_they_hold(value):
 
 @pytest.mark.parametrize("value", [0, -1, 2.0, True, "2", None, np.float32(2)])
 def test_non_positive_or_non_integers_are_refused_by_name(value):
-    with pytest.raises(ValueError, match=r"Owner: `units` must be a positive integer.*Received: units="):
+    with pytest.raises(
+        ValueError, match=r"Owner: `units` must be a positive integer.*Received: units="
+    ):
         validation.validate_positive_int("Owner", "units", value)
 
 
@@ -68,4 +70,6 @@ def test_axes_duplicates_and_aliases_are_refused():
 
 def test_masks_as_lists_are_refused_by_name():
     with pytest.raises(TypeError, match=r"`attention_mask` must be a boolean tensor.*np.asarray"):
-        validation.check_mask("Owner", "attention_mask", [[True]], (None, None, None), broadcast=True)
+        validation.check_mask(
+            "Owner", "attention_mask", [[True]], (None, None, None), broadcast=True
+        )

@@ -19,10 +19,14 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="verify that TF Serving can serve PATH")
     check.add_argument("path")
-    check.add_argument("--list-ops", action="store_true",
-                       help="also list the TensorFlow core ops")
-    check.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                       help="0 silent, 1 a progress bar (default), 2 one line when done")
+    check.add_argument("--list-ops", action="store_true", help="also list the TensorFlow core ops")
+    check.add_argument(
+        "--verbose",
+        type=int,
+        choices=(0, 1, 2),
+        default=1,
+        help="0 silent, 1 a progress bar (default), 2 one line when done",
+    )
     args = parser.parse_args(argv)
 
     from keras_attention.export.check import NotASavedModelError

@@ -8,7 +8,8 @@ import subprocess
 import sys
 import tempfile
 
-from keras_attention import _extras, validation
+from keras_attention import _extras
+from keras_attention import validation
 from keras_attention.export import serving_process
 from keras_attention.export import tf_serving
 from keras_attention.progress import progress_bar
@@ -67,19 +68,27 @@ class CheckReport:
         return not self.problems
 
     def summary(self, list_ops=False):
-        lines = [f"check_servable {self.path}: "
-                 + ("OK, servable by TF Serving" if self.ok else "FAILED")]
+        lines = [
+            f"check_servable {self.path}: "
+            + ("OK, servable by TF Serving" if self.ok else "FAILED")
+        ]
         for name, signature in sorted(self.signatures.items()):
-            lines.append(f"  {name} inputs: " + ", ".join(
-                f"{k} ({v})" for k, v in sorted(signature["inputs"].items())))
-            lines.append(f"  {name} outputs: " + ", ".join(
-                f"{k} ({v})" for k, v in sorted(signature["outputs"].items())))
+            lines.append(
+                f"  {name} inputs: "
+                + ", ".join(f"{k} ({v})" for k, v in sorted(signature["inputs"].items()))
+            )
+            lines.append(
+                f"  {name} outputs: "
+                + ", ".join(f"{k} ({v})" for k, v in sorted(signature["outputs"].items()))
+            )
         by_source = collections.defaultdict(list)
         for op in sorted(self.op_counts):
             by_source[self.op_sources.get(op, "unchecked")].append(op)
         if self.op_counts:
-            lines.append(f"  {len(self.op_counts)} distinct ops: " + "; ".join(
-                f"{len(ops)} {source}" for source, ops in sorted(by_source.items())))
+            lines.append(
+                f"  {len(self.op_counts)} distinct ops: "
+                + "; ".join(f"{len(ops)} {source}" for source, ops in sorted(by_source.items()))
+            )
         for source, ops in sorted(by_source.items()):
             if list_ops or source != "tensorflow":
                 lines.append(f"    {source}: {', '.join(ops)}")
@@ -87,10 +96,12 @@ class CheckReport:
             if "error" in entry:
                 lines.append(f"  warmup request {entry['index']}: ERROR {entry['error']}")
             else:
-                shapes = ", ".join(f"{k} {tuple(v['shape'])}"
-                                   for k, v in sorted(entry["outputs"].items()))
-                lines.append(f"  warmup request {entry['index']} "
-                             f"({entry.get('signature')}): ran ({shapes})")
+                shapes = ", ".join(
+                    f"{k} {tuple(v['shape'])}" for k, v in sorted(entry["outputs"].items())
+                )
+                lines.append(
+                    f"  warmup request {entry['index']} ({entry.get('signature')}): ran ({shapes})"
+                )
         lines += [f"  note: {note}" for note in self.notes]
         lines += [f"  PROBLEM: {problem}" for problem in self.problems]
         return "\n".join(lines)
@@ -200,16 +211,18 @@ def check_servable(path, load=True, timeout=600, verbose="auto"):
         )
     path = os.fspath(path)
     load = validation.validate_bool("check_servable", "load", load)
-    if isinstance(timeout, bool) or not validation.is_real(timeout) or \
-            not validation.as_python_scalar(timeout) > 0:
+    if (
+        isinstance(timeout, bool)
+        or not validation.is_real(timeout)
+        or not validation.as_python_scalar(timeout) > 0
+    ):
         raise ValueError(
             "check_servable: `timeout` must be a positive number of seconds. "
             f"Received: timeout={timeout!r}"
         )
     timeout = float(validation.as_python_scalar(timeout))
     stages = 3 if load else 2
-    progress = progress_bar(stages, verbose, unit_name="stage", auto=load,
-                            owner="check_servable")
+    progress = progress_bar(stages, verbose, unit_name="stage", auto=load, owner="check_servable")
     proto = read_saved_model(path)
     report = CheckReport(path=path)
     _advance(progress, 1, stages)
@@ -239,12 +252,8 @@ def check_servable(path, load=True, timeout=600, verbose="auto"):
             "request names no signature."
         )
     else:
-        report.signature_inputs = {
-            k: _tensor_description(v) for k, v in signature.inputs.items()
-        }
-        report.signature_outputs = {
-            k: _tensor_description(v) for k, v in signature.outputs.items()
-        }
+        report.signature_inputs = {k: _tensor_description(v) for k, v in signature.inputs.items()}
+        report.signature_outputs = {k: _tensor_description(v) for k, v in signature.outputs.items()}
     counts, must_compile = graph_ops(meta_graph)
     report.op_counts = dict(sorted(counts.items()))
     _advance(progress, 2, stages)
@@ -284,8 +293,7 @@ def _fresh_process_env():
     return env
 
 
-def run_in_serving_process(path, ops=(), feed=None, timeout=600,
-                           signature="serving_default"):
+def run_in_serving_process(path, ops=(), feed=None, timeout=600, signature="serving_default"):
     """Runs `serving_process.py` on `path`; returns `(report dict, outputs)`.
 
     `feed` is an optional dict of numpy arrays for `signature`; the
@@ -296,14 +304,19 @@ def run_in_serving_process(path, ops=(), feed=None, timeout=600,
 
     with tempfile.TemporaryDirectory() as scratch:
         report_path = os.path.join(scratch, "report.json")
-        command = [sys.executable, serving_process.__file__,
-                   os.path.abspath(path), report_path, "--ops", *ops]
+        command = [
+            sys.executable,
+            serving_process.__file__,
+            os.path.abspath(path),
+            report_path,
+            "--ops",
+            *ops,
+        ]
         if feed is not None:
             feed_path = os.path.join(scratch, "feed.npz")
             fetch_path = os.path.join(scratch, "fetch.npz")
             np.savez(feed_path, **feed)
-            command += ["--feed", feed_path, "--fetch", fetch_path,
-                        "--signature", signature]
+            command += ["--feed", feed_path, "--fetch", fetch_path, "--signature", signature]
         result = _run_serving_process(command, scratch, report_path, timeout)
         outputs = None
         if feed is not None and os.path.exists(fetch_path):
@@ -315,8 +328,12 @@ def run_in_serving_process(path, ops=(), feed=None, timeout=600,
 def _run_serving_process(command, scratch, report_path, timeout):
     """Runs serving_process.py as `command` in `scratch`; returns its report."""
     completed = subprocess.run(
-        command, cwd=scratch, env=_fresh_process_env(), capture_output=True,
-        text=True, timeout=timeout,
+        command,
+        cwd=scratch,
+        env=_fresh_process_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if completed.returncode != 0 or not os.path.exists(report_path):
         raise RuntimeError(
@@ -327,31 +344,28 @@ def _run_serving_process(command, scratch, report_path, timeout):
         return json.load(f)
 
 
-def run_feeds_in_serving_process(path, feeds, timeout=600,
-                                 signature="serving_default"):
+def run_feeds_in_serving_process(path, feeds, timeout=600, signature="serving_default"):
     """Runs several requests (dicts of numpy arrays) in one fresh serving
     process; returns `(report dict, [outputs dict or error string])`."""
     import numpy as np
 
     with tempfile.TemporaryDirectory() as scratch:
         report_path = os.path.join(scratch, "report.json")
-        command = [sys.executable, serving_process.__file__,
-                   os.path.abspath(path), report_path]
+        command = [sys.executable, serving_process.__file__, os.path.abspath(path), report_path]
         for index, feed in enumerate(feeds):
             feed_path = os.path.join(scratch, f"feed{index}.npz")
             np.savez(feed_path, **feed)
-            command += ["--feed", feed_path,
-                        "--fetch", os.path.join(scratch, f"fetch{index}.npz")]
+            command += ["--feed", feed_path, "--fetch", os.path.join(scratch, f"fetch{index}.npz")]
         command += ["--signature", signature]
         result = _run_serving_process(command, scratch, report_path, timeout)
         answers = []
-        for index, error in enumerate(result.get("feed_errors") or
-                                      [result.get("load_error")] * len(feeds)):
+        for index, error in enumerate(
+            result.get("feed_errors") or [result.get("load_error")] * len(feeds)
+        ):
             if error is not None:
                 answers.append(error)
                 continue
-            with np.load(os.path.join(scratch, f"fetch{index}.npz"),
-                         allow_pickle=True) as data:
+            with np.load(os.path.join(scratch, f"fetch{index}.npz"), allow_pickle=True) as data:
                 answers.append({k: data[k] for k in data.files})
         return result, answers
 
@@ -378,9 +392,10 @@ def _check_in_fresh_process(report, ops, timeout):
         for op in local:
             report.op_sources[op] = "tensorflow-text (not importable here)"
         if result.get("tensorflow_text_missing"):
-            cause = ("tensorflow-text is not installed here (a gap of this "
-                     "environment, not of the model; " + _extras.install_hint("text")
-                     + ")")
+            cause = (
+                "tensorflow-text is not installed here (a gap of this "
+                "environment, not of the model; " + _extras.install_hint("text") + ")"
+            )
         else:
             cause = f"tensorflow_text failed to import here ({text_error})"
         if local:
@@ -394,14 +409,15 @@ def _check_in_fresh_process(report, ops, timeout):
         report.problems.append(
             "ops registered by neither TensorFlow nor tensorflow-text (TF "
             f"Serving would not have them): {', '.join(unregistered)}"
-            if not text_error else
-            "ops TensorFlow does not register that are not among the "
+            if not text_error
+            else "ops TensorFlow does not register that are not among the "
             "tensorflow-text ops TF Serving links (TF Serving would not have "
             "them): "
             f"{', '.join(unregistered)}"
         )
     not_linked = sorted(
-        op for op, source in report.op_sources.items()
+        op
+        for op, source in report.op_sources.items()
         if source == "tensorflow-text" and op not in tf_serving.TENSORFLOW_TEXT_OPS
     )
     if not_linked:
@@ -435,6 +451,4 @@ def _check_in_fresh_process(report, ops, timeout):
         )
     for entry in report.warmup:
         if "error" in entry:
-            report.problems.append(
-                f"warmup request {entry['index']} failed: {entry['error']}"
-            )
+            report.problems.append(f"warmup request {entry['index']} failed: {entry['error']}")

@@ -4,21 +4,34 @@ import os
 
 import tensorflow as tf
 
-from keras_attention import _extras, validation
+from keras_attention import _extras
+from keras_attention import validation
 from keras_attention.export.warmup import write_warmup_requests
 from keras_attention.models import text_processing
 
 SERVING_OUTPUTS = (
-    "translation", "alignment", "source_tokens", "target_tokens", "score",
-    "source_length", "output_length",
+    "translation",
+    "alignment",
+    "source_tokens",
+    "target_tokens",
+    "score",
+    "source_length",
+    "output_length",
 )
 # The signatures every exported translator has (`serving_default` as well).
 SIGNATURES = ("greedy", "beam_search")
 
 
-def export_translator(translator, path, beam_width=1, max_beam_width=None,
-                      max_length=None, length_penalty=0.0, warmup_texts=None,
-                      model_name=None):
+def export_translator(
+    translator,
+    path,
+    beam_width=1,
+    max_beam_width=None,
+    max_length=None,
+    length_penalty=0.0,
+    warmup_texts=None,
+    model_name=None,
+):
     """Writes `translator` as a SavedModel that TF Serving serves as is.
 
     Signatures (`saved_model_cli show --dir PATH --all` lists them):
@@ -76,9 +89,13 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
     """
     owner = "export_translator"
     if not callable(getattr(translator, "serving_outputs", None)):
-        raise TypeError(validation.error(
-            owner, "`translator` must be a keras_attention translator. "
-            f"Received: translator of type {type(translator).__name__}"))
+        raise TypeError(
+            validation.error(
+                owner,
+                "`translator` must be a keras_attention translator. "
+                f"Received: translator of type {type(translator).__name__}",
+            )
+        )
     path = _check_path(owner, path)
     # The exported graph tokenizes with tensorflow-text's ops.
     _extras.require_tensorflow_text(owner)
@@ -88,35 +105,44 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
     if max_beam_width is None:
         max_beam_width = max(4, beam_width)
     max_beam_width, _, _ = translator._check_decoding_arguments(
-        max_beam_width, max_length, length_penalty, owner=owner,
+        max_beam_width,
+        max_length,
+        length_penalty,
+        owner=owner,
         beam_argument="max_beam_width",
     )
     if beam_width > max_beam_width:
-        raise ValueError(validation.error(
-            owner, "`beam_width` must be at most `max_beam_width`. "
-            f"Received: beam_width={beam_width}, max_beam_width={max_beam_width}"))
+        raise ValueError(
+            validation.error(
+                owner,
+                "`beam_width` must be at most `max_beam_width`. "
+                f"Received: beam_width={beam_width}, max_beam_width={max_beam_width}",
+            )
+        )
     if model_name is not None and not isinstance(model_name, str):
-        raise TypeError(validation.error(
-            owner, "`model_name` must be a string or None. Received: "
-            f"model_name={model_name!r}"))
+        raise TypeError(
+            validation.error(
+                owner, f"`model_name` must be a string or None. Received: model_name={model_name!r}"
+            )
+        )
     if warmup_texts is None:
         tokens = translator.source_vocabulary[4:14]
         warmup_texts = [translator.source_text.separator.join(tokens), ""]
     # Valid UTF-8 strings, as `translate` reads them (a warmup request is a
     # real request: TF Serving answers it on load).
     warmup_texts = [
-        text.decode("utf-8") for text in text_processing.as_string_array(
-            warmup_texts, "warmup_texts", owner=owner)
+        text.decode("utf-8")
+        for text in text_processing.as_string_array(warmup_texts, "warmup_texts", owner=owner)
     ]
     penalty = tf.constant(length_penalty, tf.float32)
 
     def outputs_of(text, width, method):
         text = _checked_text(text)
-        outputs = translator.serving_outputs(text, width, max_length, penalty,
-                                             method)
+        outputs = translator.serving_outputs(text, width, max_length, penalty, method)
         return {name: outputs[name] for name in SERVING_OUTPUTS}
 
     text_spec = tf.TensorSpec([None], tf.string, name="text")
+
     # No AutoGraph: the search uses explicit tf.while_loops.
     @tf.function(input_signature=[text_spec], autograph=False)
     def serve(text):
@@ -133,12 +159,14 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
     def beam_search(text, beam_width):
         checks = [
             tf.debugging.assert_greater_equal(
-                beam_width, 1,
-                message="beam_search: `beam_width` must be at least 1"),
+                beam_width, 1, message="beam_search: `beam_width` must be at least 1"
+            ),
             tf.debugging.assert_less_equal(
-                beam_width, max_beam_width,
+                beam_width,
+                max_beam_width,
                 message=f"beam_search: `beam_width` must be at most "
-                        f"{max_beam_width}, the max_beam_width fixed at export"),
+                f"{max_beam_width}, the max_beam_width fixed at export",
+            ),
         ]
         with tf.control_dependencies(checks):
             beam_width = tf.identity(beam_width)
@@ -152,17 +180,26 @@ def export_translator(translator, path, beam_width=1, max_beam_width=None,
     # The vocabulary tables are resources the signature captures; track them.
     module.tables = [translator.source_text.table, translator.target_text.table]
     module.serve, module.greedy, module.beam_search = serve, greedy, beam_search
-    tf.saved_model.save(module, path, signatures={
-        "serving_default": serve, "greedy": greedy, "beam_search": beam_search,
-    })
+    tf.saved_model.save(
+        module,
+        path,
+        signatures={
+            "serving_default": serve,
+            "greedy": greedy,
+            "beam_search": beam_search,
+        },
+    )
     requests = [
         ("serving_default", {"text": warmup_texts}),
         ("greedy", {"text": warmup_texts}),
-        ("beam_search", {"text": warmup_texts,
-                         "beam_width": tf.constant(max_beam_width, tf.int32)}),
+        (
+            "beam_search",
+            {"text": warmup_texts, "beam_width": tf.constant(max_beam_width, tf.int32)},
+        ),
     ]
     write_warmup_requests(
-        path, requests,
+        path,
+        requests,
         model_name=model_name or os.path.basename(os.path.normpath(path)),
     )
     return path
@@ -178,12 +215,13 @@ def _checked_text(text):
     shape written as a string ("2", "1,2", "" for a scalar) is opaque to
     both, so the assertion runs on every request and names the shape.
     """
-    shape = tf.strings.reduce_join(
-        tf.strings.as_string(tf.shape(text)), separator=",")
+    shape = tf.strings.reduce_join(tf.strings.as_string(tf.shape(text)), separator=",")
     check = tf.debugging.Assert(
         tf.strings.regex_full_match(shape, "[0-9]+"),
-        ["`text` must be a 1-D batch of strings, shape (B,). Received: text "
-         "with shape", tf.strings.join(["(", shape, ")"])],
+        [
+            "`text` must be a 1-D batch of strings, shape (B,). Received: text with shape",
+            tf.strings.join(["(", shape, ")"]),
+        ],
         name="check_text_rank",
     )
     with tf.control_dependencies([check]):
@@ -193,15 +231,21 @@ def _checked_text(text):
 def _check_path(owner, path):
     """`path` as a string: a directory to create (or overwrite), not a file."""
     if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
-        raise TypeError(validation.error(
-            owner, "`path` must be a string or os.PathLike naming the "
-            f"SavedModel directory to write. Received: path={path!r}"))
+        raise TypeError(
+            validation.error(
+                owner,
+                "`path` must be a string or os.PathLike naming the "
+                f"SavedModel directory to write. Received: path={path!r}",
+            )
+        )
     path = os.fspath(path)
     if not path:
-        raise ValueError(validation.error(
-            owner, "`path` must name a directory. Received: path=''"))
+        raise ValueError(validation.error(owner, "`path` must name a directory. Received: path=''"))
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(validation.error(
-            owner, "`path` is an existing file; a SavedModel is a directory. "
-            f"Received: path={path!r}"))
+        raise ValueError(
+            validation.error(
+                owner,
+                f"`path` is an existing file; a SavedModel is a directory. Received: path={path!r}",
+            )
+        )
     return path

@@ -55,12 +55,12 @@ def parse_fields(data):
             value, position = _read_varint(data, position)
         elif wire_type == 2:
             length, position = _read_varint(data, position)
-            value = data[position:position + length]
+            value = data[position : position + length]
             position += length
         elif wire_type == 1:
-            value, position = data[position:position + 8], position + 8
+            value, position = data[position : position + 8], position + 8
         elif wire_type == 5:
-            value, position = data[position:position + 4], position + 4
+            value, position = data[position : position + 4], position + 4
         else:
             raise ValueError(f"unsupported protobuf wire type {wire_type}")
         fields.append((number, value))
@@ -102,8 +102,10 @@ def _classify_ops(op_names):
         text_error = f"{type(error).__name__}: {error}"
         # Not installed in this environment (as opposed to installed but
         # broken, e.g. built for another TensorFlow).
-        text_missing = (isinstance(error, ModuleNotFoundError)
-                        and (error.name or "").split(".")[0] == "tensorflow_text")
+        text_missing = (
+            isinstance(error, ModuleNotFoundError)
+            and (error.name or "").split(".")[0] == "tensorflow_text"
+        )
     sources = {}
     for name in op_names:
         if name in core:
@@ -123,8 +125,7 @@ def _run_signature(session, signature, arrays):
     for name, value in arrays.items():
         if name not in signature.inputs:
             raise KeyError(
-                f"input {name!r} is not in the signature; it has "
-                f"{sorted(signature.inputs)}"
+                f"input {name!r} is not in the signature; it has {sorted(signature.inputs)}"
             )
         # TF Serving refuses a tensor of the wrong dtype before running the
         # graph ("Expects arg[0] to be string but int32 is provided").
@@ -132,7 +133,8 @@ def _run_signature(session, signature, arrays):
         value = np.asarray(value)
         is_text = value.dtype.kind in "OSU"
         if (expected == tf.string) != is_text or (
-                not is_text and tf.as_dtype(value.dtype) != expected):
+            not is_text and tf.as_dtype(value.dtype) != expected
+        ):
             raise TypeError(
                 f"input {name!r} expects {expected.name} but "
                 f"{'string' if is_text else value.dtype.name} is provided"
@@ -148,11 +150,10 @@ def _run_signature(session, signature, arrays):
     session._extend_graph()
     outputs = session._call_tf_sessionrun(
         None,
-        {graph.get_tensor_by_name(key)._as_tf_output(): value
-         for key, value in feed.items()},
-        [graph.get_tensor_by_name(signature.outputs[name].name)._as_tf_output()
-         for name in names],
-        [], None,
+        {graph.get_tensor_by_name(key)._as_tf_output(): value for key, value in feed.items()},
+        [graph.get_tensor_by_name(signature.outputs[name].name)._as_tf_output() for name in names],
+        [],
+        None,
     )
     return dict(zip(names, outputs))
 
@@ -163,8 +164,9 @@ def main(argv):
     op_names = []
     if "--ops" in options:
         start = options.index("--ops") + 1
-        end = next((i for i in range(start, len(options))
-                    if options[i].startswith("--")), len(options))
+        end = next(
+            (i for i in range(start, len(options)) if options[i].startswith("--")), len(options)
+        )
         op_names = options[start:end]
     # `--feed A --fetch B` may repeat: each pair is one request.
     feed_paths = [options[i + 1] for i, o in enumerate(options) if o == "--feed"]
@@ -179,9 +181,12 @@ def main(argv):
     except ImportError:
         report["keras_attention_importable"] = False
 
-    (report["op_sources"], report["tensorflow_text_error"],
-     report["tensorflow_text_version"],
-     report["tensorflow_text_missing"]) = _classify_ops(op_names)
+    (
+        report["op_sources"],
+        report["tensorflow_text_error"],
+        report["tensorflow_text_version"],
+        report["tensorflow_text_missing"],
+    ) = _classify_ops(op_names)
 
     import numpy as np
     import tensorflow as tf
@@ -190,16 +195,12 @@ def main(argv):
     try:
         graph = tf.Graph()
         with tf.compat.v1.Session(graph=graph) as session:
-            meta_graph = tf.compat.v1.saved_model.loader.load(
-                session, ["serve"], saved_model_dir
-            )
+            meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], saved_model_dir)
             report["loaded"] = True
             signatures = meta_graph.signature_def
             warmup_path = os.path.join(saved_model_dir, WARMUP_FILE)
             if os.path.exists(warmup_path):
-                for index, record in enumerate(
-                    tf.compat.v1.io.tf_record_iterator(warmup_path)
-                ):
+                for index, record in enumerate(tf.compat.v1.io.tf_record_iterator(warmup_path)):
                     entry = {"index": index}
                     try:
                         name, inputs = parse_predict_log(record)
@@ -211,8 +212,10 @@ def main(argv):
                             arrays[key] = tf.make_ndarray(proto)
                         outputs = _run_signature(session, signatures[name], arrays)
                         entry["outputs"] = {
-                            key: {"shape": list(np.shape(value)),
-                                  "dtype": str(np.asarray(value).dtype)}
+                            key: {
+                                "shape": list(np.shape(value)),
+                                "dtype": str(np.asarray(value).dtype),
+                            }
                             for key, value in outputs.items()
                         }
                     except Exception as error:
@@ -220,8 +223,7 @@ def main(argv):
                     report["warmup"].append(entry)
             if len(feed_paths) == 1:
                 arrays = dict(np.load(feed_paths[0], allow_pickle=True))
-                outputs = _run_signature(session, signatures[signature_name],
-                                         arrays)
+                outputs = _run_signature(session, signatures[signature_name], arrays)
                 np.savez(fetch_paths[0], **outputs)
             elif feed_paths:
                 # Several requests: each one's error is reported on its own.
@@ -229,11 +231,9 @@ def main(argv):
                 for feed_path, fetch_path in zip(feed_paths, fetch_paths):
                     arrays = dict(np.load(feed_path, allow_pickle=True))
                     try:
-                        outputs = _run_signature(
-                            session, signatures[signature_name], arrays)
+                        outputs = _run_signature(session, signatures[signature_name], arrays)
                     except Exception as error:
-                        report["feed_errors"].append(
-                            f"{type(error).__name__}: {error}")
+                        report["feed_errors"].append(f"{type(error).__name__}: {error}")
                         continue
                     report["feed_errors"].append(None)
                     np.savez(fetch_path, **outputs)

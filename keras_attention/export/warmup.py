@@ -39,8 +39,7 @@ def _field(number, payload):
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def predict_request_log(inputs, model_name="model",
-                        signature_name="serving_default"):
+def predict_request_log(inputs, model_name="model", signature_name="serving_default"):
     """Serialized `PredictionLog` holding a `PredictRequest` for `inputs`.
 
     Args:
@@ -55,8 +54,9 @@ def predict_request_log(inputs, model_name="model",
     return _field(6, _field(1, request))
 
 
-def write_warmup_requests(saved_model_dir, requests, model_name="model",
-                          signature_name="serving_default"):
+def write_warmup_requests(
+    saved_model_dir, requests, model_name="model", signature_name="serving_default"
+):
     """Writes `assets.extra/tf_serving_warmup_requests`, one record per request.
 
     Each request is a dict of inputs for `signature_name`, or a
@@ -66,8 +66,6 @@ def write_warmup_requests(saved_model_dir, requests, model_name="model",
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
         for request in requests:
-            signature, inputs = (
-                request if isinstance(request, tuple) else (signature_name, request)
-            )
+            signature, inputs = request if isinstance(request, tuple) else (signature_name, request)
             writer.write(predict_request_log(inputs, model_name, signature))
     return path

@@ -78,9 +78,7 @@ class AdditiveAttention(ScoreAttention):
         owner = kwargs.get("_owner") or type(self).__name__
         super().__init__(dropout=dropout, seed=seed, **kwargs)
         self.use_scale = validation.validate_bool(owner, "use_scale", use_scale)
-        self.units = validation.validate_positive_int(
-            owner, "units", units, allow_none=True
-        )
+        self.units = validation.validate_positive_int(owner, "units", units, allow_none=True)
         self.use_bias = validation.validate_bool(owner, "use_bias", use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -129,7 +127,8 @@ class AdditiveAttention(ScoreAttention):
             )
             if self.use_bias:
                 self.bias = self.add_weight(
-                    name="bias", shape=(width,),
+                    name="bias",
+                    shape=(width,),
                     initializer=clone_initializer(self.bias_initializer),
                 )
         if self.use_scale:
@@ -159,15 +158,9 @@ class AdditiveAttention(ScoreAttention):
                 "use_scale": self.use_scale,
                 "units": self.units,
                 "use_bias": self.use_bias,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
             }
         )
         return config

@@ -5,8 +5,8 @@ from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
 from keras_attention.layers.additive_attention import AdditiveAttention
-from keras_attention.layers.score_attention import ScoreAttention
 from keras_attention.layers.luong_attention import LuongAttention
+from keras_attention.layers.score_attention import ScoreAttention
 
 _SCORE_NAMES = ("additive", "dot", "scaled_dot", "general", "concat")
 
@@ -18,7 +18,10 @@ def _score_layer(score, units, dropout, seed, dtype, name):
         # A config dict passed to the constructor gets the same class check as
         # from_config's (a Dense config must not become the score layer).
         return validation.deserialize_layer(
-            "AttentionPooling", "score", score, ScoreAttention,
+            "AttentionPooling",
+            "score",
+            score,
+            ScoreAttention,
             "a score name or a keras_attention single-head attention layer",
         )
     if score not in _SCORE_NAMES:
@@ -33,8 +36,7 @@ def _score_layer(score, units, dropout, seed, dtype, name):
             f"'concat'. Received: units={units!r} with score={score!r}"
         )
     # The user built AttentionPooling: the sublayer's errors say so.
-    common = dict(dropout=dropout, seed=seed, dtype=dtype, name=name,
-                  _owner="AttentionPooling")
+    common = dict(dropout=dropout, seed=seed, dtype=dtype, name=name, _owner="AttentionPooling")
     if score == "additive":
         return AdditiveAttention(units=units, **common)
     if score == "scaled_dot":
@@ -135,8 +137,7 @@ class AttentionPooling(keras.layers.Layer):
         if inputs is None or not (hasattr(inputs, "shape") and hasattr(inputs, "dtype")):
             raise TypeError(
                 self._error(
-                    "`inputs` must be a tensor or array. Received: "
-                    f"inputs={utils.describe(inputs)}"
+                    f"`inputs` must be a tensor or array. Received: inputs={utils.describe(inputs)}"
                 )
             )
         self._check_inputs_shape(tuple(inputs.shape))
@@ -182,9 +183,7 @@ class AttentionPooling(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape):
         return (inputs_shape[0], inputs_shape[-1])
 
-    def compute_output_spec(
-        self, inputs, mask=None, return_attention_scores=False, training=None
-    ):
+    def compute_output_spec(self, inputs, mask=None, return_attention_scores=False, training=None):
         self._check_call(inputs, mask)
         output = keras.KerasTensor(
             self.compute_output_shape(inputs.shape), dtype=self.compute_dtype
@@ -198,14 +197,11 @@ class AttentionPooling(keras.layers.Layer):
         config = super().get_config()
         config.update(
             {
-                "score": self.score_name
-                or keras.saving.serialize_keras_object(self.attention),
+                "score": self.score_name or keras.saving.serialize_keras_object(self.attention),
                 "units": self.units,
                 "dropout": self.dropout,
                 "seed": self.seed,
-                "query_initializer": keras.initializers.serialize(
-                    self.query_initializer
-                ),
+                "query_initializer": keras.initializers.serialize(self.query_initializer),
             }
         )
         return config
@@ -216,7 +212,10 @@ class AttentionPooling(keras.layers.Layer):
         config = dict(config)
         if isinstance(config.get("score"), dict):
             config["score"] = validation.deserialize_layer(
-                cls.__name__, "score", config["score"], ScoreAttention,
+                cls.__name__,
+                "score",
+                config["score"],
+                ScoreAttention,
                 "a score name or a keras_attention single-head attention layer",
             )
         return cls(**config)

@@ -8,8 +8,8 @@ import inspect
 
 import keras
 
-from keras_attention.api_export import keras_attention_export
 from keras_attention import validation
+from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
 
 
@@ -93,9 +93,7 @@ class BaseAttention(keras.layers.Layer):
         key = args[2] if len(args) > 2 else kwargs.get("key")
         if not isinstance(query, (list, tuple)):
             if query is None:
-                raise TypeError(
-                    self._error("`query` is required. Received: query=None")
-                )
+                raise TypeError(self._error("`query` is required. Received: query=None"))
             for name, x in (("query", query), ("value", value), ("key", key)):
                 self._check_tensor(name, x)
             self._resolve_inputs(query, value, key)
@@ -135,8 +133,7 @@ class BaseAttention(keras.layers.Layer):
         if x is not None and not (hasattr(x, "shape") and hasattr(x, "dtype")):
             raise TypeError(
                 self._error(
-                    f"`{name}` must be a tensor or array. Received: "
-                    f"{name}={utils.describe(x)}"
+                    f"`{name}` must be a tensor or array. Received: {name}={utils.describe(x)}"
                 )
             )
 
@@ -180,4 +177,3 @@ class BaseAttention(keras.layers.Layer):
         config = super().get_config()
         config.update({"dropout": self.dropout, "seed": self.seed})
         return config
-

@@ -99,10 +99,10 @@ class BaseMultiHeadAttention(BaseAttention):
         owner = type(self).__name__
         num_heads = validation.validate_positive_int(owner, "num_heads", num_heads)
         key_dim = validation.validate_positive_int(owner, "key_dim", key_dim)
-        value_dim = validation.validate_positive_int(
-            owner, "value_dim", value_dim, allow_none=True)
+        value_dim = validation.validate_positive_int(owner, "value_dim", value_dim, allow_none=True)
         num_key_value_heads = validation.validate_positive_int(
-            owner, "num_key_value_heads", num_key_value_heads, allow_none=True)
+            owner, "num_key_value_heads", num_key_value_heads, allow_none=True
+        )
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
             raise ValueError(
                 f"{owner}: `num_key_value_heads` must divide `num_heads` "
@@ -190,52 +190,73 @@ class BaseMultiHeadAttention(BaseAttention):
     def _check_shapes(self, query_shape, value_shape, key_shape):
         """Keras' rules, with errors that name the layer and the shapes."""
         for name, shape in (
-            ("query_shape", query_shape), ("value_shape", value_shape),
+            ("query_shape", query_shape),
+            ("value_shape", value_shape),
             ("key_shape", key_shape),
         ):
-            if shape is not None and not isinstance(shape, (tuple, list)) and not (
-                hasattr(shape, "__len__") and hasattr(shape, "__getitem__")
+            if (
+                shape is not None
+                and not isinstance(shape, (tuple, list))
+                and not (hasattr(shape, "__len__") and hasattr(shape, "__getitem__"))
             ):
-                raise ValueError(self._error(
-                    f"`{name}` must be a shape (a tuple of dimensions). "
-                    f"Received: {name}={shape!r}"))
+                raise ValueError(
+                    self._error(
+                        f"`{name}` must be a shape (a tuple of dimensions). "
+                        f"Received: {name}={shape!r}"
+                    )
+                )
         query_shape, value_shape = tuple(query_shape), tuple(value_shape)
         key_shape = value_shape if key_shape is None else tuple(key_shape)
         if tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
-            raise ValueError(self._error(
-                "All dimensions of `value` and `key`, except the last one, "
-                f"must be equal. Received: value_shape={value_shape} and "
-                f"key_shape={key_shape}"))
+            raise ValueError(
+                self._error(
+                    "All dimensions of `value` and `key`, except the last one, "
+                    f"must be equal. Received: value_shape={value_shape} and "
+                    f"key_shape={key_shape}"
+                )
+            )
         for name, shape in (("query", query_shape), ("value", value_shape)):
             if len(shape) < 3:
-                raise ValueError(self._error(
-                    f"`{name}` must have rank >= 3 (batch, time..., "
-                    f"features). Received: {name} with shape {shape}"))
+                raise ValueError(
+                    self._error(
+                        f"`{name}` must have rank >= 3 (batch, time..., "
+                        f"features). Received: {name} with shape {shape}"
+                    )
+                )
         if len(value_shape) != len(query_shape):
-            raise ValueError(self._error(
-                "`query` and `value` must have the same rank, and all "
-                "dimensions except the attention axes and the last one "
-                f"must be equal. Received: query_shape={query_shape} and "
-                f"value_shape={value_shape}"))
+            raise ValueError(
+                self._error(
+                    "`query` and `value` must have the same rank, and all "
+                    "dimensions except the attention axes and the last one "
+                    f"must be equal. Received: query_shape={query_shape} and "
+                    f"value_shape={value_shape}"
+                )
+            )
         layout = self._layout(len(query_shape))
         for axis in layout.batch_axes:
             q, v = query_shape[axis], value_shape[axis]
             if q is not None and v is not None and q != v:
-                raise ValueError(self._error(
-                    "All dimensions of `query` and `value` outside the "
-                    "attention axes, except the last one, must be equal. "
-                    f"Received: query_shape={query_shape} and "
-                    f"value_shape={value_shape}"))
+                raise ValueError(
+                    self._error(
+                        "All dimensions of `query` and `value` outside the "
+                        "attention axes, except the last one, must be equal. "
+                        f"Received: query_shape={query_shape} and "
+                        f"value_shape={value_shape}"
+                    )
+                )
         built = getattr(self, "_built_feature_dims", None)
         if built is not None:
             for name, shape, dim in zip(
                 ("query", "value", "key"), (query_shape, value_shape, key_shape), built
             ):
                 if shape[-1] is not None and shape[-1] != dim:
-                    raise ValueError(self._error(
-                        f"`{name}` has {shape[-1]} features but the layer "
-                        f"was built for {dim}. Received: {name} with shape "
-                        f"{shape}"))
+                    raise ValueError(
+                        self._error(
+                            f"`{name}` has {shape[-1]} features but the layer "
+                            f"was built for {dim}. Received: {name} with shape "
+                            f"{shape}"
+                        )
+                    )
         return layout
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
@@ -249,9 +270,11 @@ class BaseMultiHeadAttention(BaseAttention):
         """Keras' hook: the projections' arguments, fresh initializer copies."""
         return dict(
             kernel_initializer=self._kernel_initializer.__class__.from_config(
-                self._kernel_initializer.get_config()),
+                self._kernel_initializer.get_config()
+            ),
             bias_initializer=self._bias_initializer.__class__.from_config(
-                self._bias_initializer.get_config()),
+                self._bias_initializer.get_config()
+            ),
             kernel_regularizer=self._kernel_regularizer,
             bias_regularizer=self._bias_regularizer,
             activity_regularizer=self._activity_regularizer,
@@ -260,8 +283,7 @@ class BaseMultiHeadAttention(BaseAttention):
             dtype=self.dtype_policy,
         )
 
-    def _dense(self, output_shape, bias_axes, name, equation="abc,cde->abde",
-               activation=None):
+    def _dense(self, output_shape, bias_axes, name, equation="abc,cde->abde", activation=None):
         return keras.layers.EinsumDense(
             equation,
             output_shape=output_shape,
@@ -287,14 +309,16 @@ class BaseMultiHeadAttention(BaseAttention):
         self._key_dense.build((None, None, key_shape[-1]))
         if self._use_gate:
             self._gate_dense = self._dense(
-                (None, heads, self._value_dim), "de", "gate", activation="sigmoid")
+                (None, heads, self._value_dim), "de", "gate", activation="sigmoid"
+            )
             self._gate_dense.build((None, None, query_shape[-1]))
-        self._value_dense = self._dense(
-            (None, kv_heads, self._value_dim), "de", "value")
+        self._value_dense = self._dense((None, kv_heads, self._value_dim), "de", "value")
         self._value_dense.build((None, None, value_shape[-1]))
         letters = "efghijklmnop"[: len(out_dims)]
         self._output_dense = self._dense(
-            (None,) + tuple(out_dims), letters, "attention_output",
+            (None,) + tuple(out_dims),
+            letters,
+            "attention_output",
             equation=f"abcd,cd{letters}->ab{letters}",
         )
         self._output_dense.build((None, None, heads, self._value_dim))
@@ -310,7 +334,8 @@ class BaseMultiHeadAttention(BaseAttention):
         """
         axes = tuple(range(1, rank - 2))
         self._dot_product_equation, self._combine_equation, scores_rank = (
-            attention_layout.attention_equations(rank, axes))
+            attention_layout.attention_equations(rank, axes)
+        )
         self._softmax = keras.layers.Softmax(
             axis=tuple(range(scores_rank - len(axes), scores_rank)),
             dtype=self.dtype_policy,
@@ -323,23 +348,25 @@ class BaseMultiHeadAttention(BaseAttention):
         kv_head = ("num_key_value_heads", "key_dim")
         value_head = ("num_key_value_heads", "value_dim")
         weights = {
-            "query/kernel": ((query_shape[-1], heads, self._key_dim),
-                             ("query features",) + head),
+            "query/kernel": ((query_shape[-1], heads, self._key_dim), ("query features",) + head),
             "query/bias": ((heads, self._key_dim), head),
-            "key/kernel": ((key_shape[-1], kv_heads, self._key_dim),
-                           ("key features",) + kv_head),
+            "key/kernel": ((key_shape[-1], kv_heads, self._key_dim), ("key features",) + kv_head),
             "key/bias": ((kv_heads, self._key_dim), kv_head),
-            "value/kernel": ((value_shape[-1], kv_heads, self._value_dim),
-                             ("value features",) + value_head),
+            "value/kernel": (
+                (value_shape[-1], kv_heads, self._value_dim),
+                ("value features",) + value_head,
+            ),
             "value/bias": ((kv_heads, self._value_dim), value_head),
             "attention_output/kernel": (
                 (heads, self._value_dim) + tuple(out_dims),
-                ("num_heads", "value_dim") + ("output_shape",) * len(out_dims)),
+                ("num_heads", "value_dim") + ("output_shape",) * len(out_dims),
+            ),
         }
         if self._use_gate:
             weights["gate/kernel"] = (
                 (query_shape[-1], heads, self._value_dim),
-                ("query features", "num_heads", "value_dim"))
+                ("query features", "num_heads", "value_dim"),
+            )
         distribution.check_layout(self, weights)
 
     # ------------------------------------------------------------ kernel hook
@@ -399,12 +426,17 @@ class BaseMultiHeadAttention(BaseAttention):
             weights for `capture_attention`.
         """
         mask = self._as_attention_mask(attention_mask, use_causal_mask)
-        if mask.sliding_window is not None or mask.key_length is not None or (
-            not isinstance(mask.query_offset, int) or mask.query_offset
+        if (
+            mask.sliding_window is not None
+            or mask.key_length is not None
+            or (not isinstance(mask.query_offset, int) or mask.query_offset)
         ):
-            raise ValueError(self._error(
-                "this attention kernel takes no sliding window or decoding "
-                "positions. Received: an attention mask with them"))
+            raise ValueError(
+                self._error(
+                    "this attention kernel takes no sliding window or decoding "
+                    "positions. Received: an attention mask with them"
+                )
+            )
         pair = mask.pair_mask
         if pair is not None and not mask.per_head:
             pair = pair[:, 0]  # one mask for every head: (B|1, Tq, Tv)
@@ -423,8 +455,19 @@ class BaseMultiHeadAttention(BaseAttention):
         )
         return result if isinstance(result, tuple) else (result, None)
 
-    def _attend(self, query, key, value, *, query_mask, key_mask,
-                attention_mask, use_causal_mask, dropout, return_weights):
+    def _attend(
+        self,
+        query,
+        key,
+        value,
+        *,
+        query_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        dropout,
+        return_weights,
+    ):
         """A sibling's kernel: `output`, or `(output, weights)` with `return_weights`.
 
         `query` is `(B, Tq, H, D)`, `key`/`value` `(B, Tv, H, D)` with the
@@ -433,8 +476,7 @@ class BaseMultiHeadAttention(BaseAttention):
         `_check_call_options`; masked query rows are zeroed by the caller.
         """
         raise NotImplementedError(
-            f"{type(self).__name__} must implement `_attend` or "
-            "`_compute_attention`."
+            f"{type(self).__name__} must implement `_attend` or `_compute_attention`."
         )
 
     def _check_call_options(self, query, value, attention_mask, use_causal_mask):
@@ -452,15 +494,28 @@ class BaseMultiHeadAttention(BaseAttention):
             and len(attention_mask.shape) == 4
             and attention_mask.shape[1] not in (1, None)
         ):
-            raise ValueError(self._error(
-                "a per-head `attention_mask` (B, H, Tq, Tv) is not "
-                "supported by this kernel; pass one mask for all heads, "
-                "(B, Tq, Tv). Received: attention_mask with shape "
-                f"{tuple(attention_mask.shape)}"))
+            raise ValueError(
+                self._error(
+                    "a per-head `attention_mask` (B, H, Tq, Tv) is not "
+                    "supported by this kernel; pass one mask for all heads, "
+                    "(B, Tq, Tv). Received: attention_mask with shape "
+                    f"{tuple(attention_mask.shape)}"
+                )
+            )
 
     # ------------------------------------------------------------------- call
-    def _prepare(self, query, value, key, query_mask, value_mask, key_mask,
-                 attention_mask, use_causal_mask, mask):
+    def _prepare(
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        mask,
+    ):
         """Validates a call; returns the resolved inputs, masks and layout."""
         for name, x in (("query", query), ("value", value), ("key", key)):
             self._check_tensor(name, x)
@@ -480,18 +535,30 @@ class BaseMultiHeadAttention(BaseAttention):
         batch = (query_shape[0],) + tuple(query_shape[a] for a in layout.batch_axes)
         q_axes = tuple(query_shape[a] for a in layout.attention_axes)
         k_axes = tuple(value_shape[a] for a in layout.attention_axes)
-        if attention_mask is not None and hasattr(attention_mask, "shape") and len(
-            attention_mask.shape
-        ) == (len(batch) + 1 + len(q_axes) + len(k_axes)):  # with a head axis
+        if (
+            attention_mask is not None
+            and hasattr(attention_mask, "shape")
+            and len(attention_mask.shape) == (len(batch) + 1 + len(q_axes) + len(k_axes))
+        ):  # with a head axis
             expected = batch + (self._num_heads,) + q_axes + k_axes
         else:
             expected = batch + q_axes + k_axes
         self._check_mask("attention_mask", attention_mask, expected, broadcast=True)
         return query, value, key, query_mask, value_mask, layout
 
-    def _attention_mask(self, layout, query, value, query_mask, key_mask,
-                        attention_mask, flat_query_length, flat_key_length,
-                        causal, **positions):
+    def _attention_mask(
+        self,
+        layout,
+        query,
+        value,
+        query_mask,
+        key_mask,
+        attention_mask,
+        flat_query_length,
+        flat_key_length,
+        causal,
+        **positions,
+    ):
         """The call's one `AttentionMask`, from every spelling of a mask.
 
         `query_mask` / `key_mask` come flattened like the inputs. An
@@ -521,7 +588,8 @@ class BaseMultiHeadAttention(BaseAttention):
                 mask = ops.broadcast_to(mask, full)
                 mask = ops.reshape(
                     mask,
-                    (-1,) + ((full[batch_rank],) if heads else ())
+                    (-1,)
+                    + ((full[batch_rank],) if heads else ())
                     + (flat_query_length, flat_key_length),
                 )
             if heads and mask.shape[1] == 1:
@@ -534,16 +602,37 @@ class BaseMultiHeadAttention(BaseAttention):
                 mask = None
             attention_mask = mask
         return attention_masks.AttentionMask(
-            query_mask=query_mask, key_mask=key_mask, pair_mask=attention_mask,
-            causal=causal, sliding_window=self._sliding_window, **positions,
+            query_mask=query_mask,
+            key_mask=key_mask,
+            pair_mask=attention_mask,
+            causal=causal,
+            sliding_window=self._sliding_window,
+            **positions,
         )
 
-    def _prepare_inputs(self, query, value, key, query_mask, value_mask, key_mask,
-                        attention_mask, use_causal_mask, mask):
+    def _prepare_inputs(
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        mask,
+    ):
         """`_Call` of a call without a cache: flat inputs and one mask."""
         query, value, key, query_mask, value_mask, layout = self._prepare(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            use_causal_mask, mask,
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
+            mask,
         )
         # Integer inputs run in the compute dtype, as Keras' layers compute.
         query, value, key = (self._to_compute_dtype(x) for x in (query, value, key))
@@ -555,8 +644,15 @@ class BaseMultiHeadAttention(BaseAttention):
             layout.flatten(key_mask, features=False),
         )
         spec = self._attention_mask(
-            layout, query, value, query_mask, key_mask, attention_mask,
-            ops.shape(flat_query)[1], ops.shape(flat_value)[1], use_causal_mask,
+            layout,
+            query,
+            value,
+            query_mask,
+            key_mask,
+            attention_mask,
+            ops.shape(flat_query)[1],
+            ops.shape(flat_value)[1],
+            use_causal_mask,
         )
         # Masked positions are zeroed before the projections (a `where`, not
         # a product), so whatever they hold (NaN, Inf) contributes nothing to
@@ -564,8 +660,7 @@ class BaseMultiHeadAttention(BaseAttention):
         # Keras masks off the projections' inputs.
         flat_value = masking.zero_masked(ops.copy(flat_value), spec.key_mask)
         flat_key = masking.zero_masked(ops.copy(flat_key), spec.key_mask)
-        return _Call(query, flat_query, flat_key, flat_value, spec, layout,
-                     tuple(ops.shape(value)))
+        return _Call(query, flat_query, flat_key, flat_value, spec, layout, tuple(ops.shape(value)))
 
     def _project_query(self, call):
         """`(projected query (B, Tq, H, D), gate or None)`."""
@@ -577,28 +672,40 @@ class BaseMultiHeadAttention(BaseAttention):
         """Projected `(key, value)`, non-finite positions confined."""
         return masking.confine_nonfinite(self._key_dense(key), self._value_dense(value))
 
-    def _run_compute_attention(self, query, key, value, mask, training,
-                               return_attention_scores):
+    def _run_compute_attention(self, query, key, value, mask, training, return_attention_scores):
         """`_compute_attention`, given a Keras-style merged mask when a
         subclass written for Keras overrides it."""
         hook = type(self)._compute_attention
         if hook.__module__.startswith("keras_attention."):
             return self._compute_attention(
-                query, key, value, mask, training, return_attention_scores)
+                query, key, value, mask, training, return_attention_scores
+            )
         merged = mask.dense(ops.shape(query)[1], ops.shape(key)[1])
         if merged is not None:
             if not mask.per_head:
                 merged = merged[:, 0]
             merged = ops.broadcast_to(
-                merged, (ops.shape(query)[0],) + tuple(
-                    ops.shape(merged)[1:-2]) + (ops.shape(query)[1], ops.shape(key)[1]))
+                merged,
+                (ops.shape(query)[0],)
+                + tuple(ops.shape(merged)[1:-2])
+                + (ops.shape(query)[1], ops.shape(key)[1]),
+            )
         optional = {"training": training}
         if "return_attention_scores" in inspect.signature(hook).parameters:
             optional["return_attention_scores"] = return_attention_scores
         return self._compute_attention(query, key, value, merged, **optional)
 
-    def _attend_and_project(self, call, query, gate, key, value, training,
-                            return_attention_scores, weights_requested=None):
+    def _attend_and_project(
+        self,
+        call,
+        query,
+        gate,
+        key,
+        value,
+        training,
+        return_attention_scores,
+        weights_requested=None,
+    ):
         """Kernel, gate, output projection and result tuple of a call."""
         if weights_requested is None:
             weights_requested = return_attention_scores
@@ -608,13 +715,17 @@ class BaseMultiHeadAttention(BaseAttention):
             output, weights = masking.empty_attention(query, value, return_weights=True)
         else:
             output, weights = self._run_compute_attention(
-                query, key, value, call.mask, training, weights_requested)
+                query, key, value, call.mask, training, weights_requested
+            )
             if weights is not None:
                 weights = self._zero_hidden_weights(weights, call.mask)
         if weights_requested and weights is None:
-            raise ValueError(self._error(
-                "this attention kernel does not compute attention weights; "
-                "call with return_attention_scores=False"))
+            raise ValueError(
+                self._error(
+                    "this attention kernel does not compute attention weights; "
+                    "call with return_attention_scores=False"
+                )
+            )
         self._record_attention(weights)
         # A masked query row's attention result is zero on every kernel, so
         # its output is the output projection's bias, as a row with no key.
@@ -631,8 +742,12 @@ class BaseMultiHeadAttention(BaseAttention):
         if not return_attention_scores:
             return (output,)
         if not call.layout.trivial and weights is not None:
-            weights = ops.reshape(weights, call.layout.scores_shape(
-                tuple(ops.shape(call.query)), call.value_shape, self._num_heads))
+            weights = ops.reshape(
+                weights,
+                call.layout.scores_shape(
+                    tuple(ops.shape(call.query)), call.value_shape, self._num_heads
+                ),
+            )
         return output, weights
 
     @staticmethod
@@ -663,31 +778,61 @@ class BaseMultiHeadAttention(BaseAttention):
         mask=None,
     ):
         return_attention_scores = validation.validate_call_flag(
-            self, "return_attention_scores", return_attention_scores)
+            self, "return_attention_scores", return_attention_scores
+        )
         use_causal_mask = validation.validate_call_flag(self, "use_causal_mask", use_causal_mask)
         call = self._prepare_inputs(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            use_causal_mask, mask,
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
+            mask,
         )
         projected_query, gate = self._project_query(call)
-        projected_key, projected_value = self._project_key_value(
-            call.flat_key, call.flat_value)
+        projected_key, projected_value = self._project_key_value(call.flat_key, call.flat_value)
         results = self._attend_and_project(
-            call, projected_query, gate, projected_key, projected_value, training,
+            call,
+            projected_query,
+            gate,
+            projected_key,
+            projected_value,
+            training,
             return_attention_scores,
         )
         return results[0] if len(results) == 1 else results
 
-    def _output_spec(self, query, value, key, query_mask, value_mask, key_mask,
-                     attention_mask, return_attention_scores, use_causal_mask,
-                     keys_shape=None):
+    def _output_spec(
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        return_attention_scores,
+        use_causal_mask,
+        keys_shape=None,
+    ):
         query, value, key, _, _, layout = self._prepare(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            use_causal_mask, None,
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
+            None,
         )
         dims = self._output_shape or (query.shape[-1],)
-        results = (keras.KerasTensor(
-            tuple(query.shape[:-1]) + tuple(dims), dtype=self.compute_dtype),)
+        results = (
+            keras.KerasTensor(tuple(query.shape[:-1]) + tuple(dims), dtype=self.compute_dtype),
+        )
         if return_attention_scores:
             keys_shape = tuple(value.shape) if keys_shape is None else keys_shape
             shape = layout.scores_shape(tuple(query.shape), keys_shape, self._num_heads)
@@ -717,8 +862,15 @@ class BaseMultiHeadAttention(BaseAttention):
         mask=None,
     ):
         results = self._output_spec(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            return_attention_scores, use_causal_mask,
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            return_attention_scores,
+            use_causal_mask,
         )
         return results[0] if len(results) == 1 else results
 
@@ -734,14 +886,11 @@ class BaseMultiHeadAttention(BaseAttention):
                 "output_shape": self._output_shape,
                 "use_gate": self._use_gate,
                 "num_key_value_heads": self._num_key_value_heads,
-                "kernel_initializer": keras.initializers.serialize(
-                    self._kernel_initializer),
+                "kernel_initializer": keras.initializers.serialize(self._kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self._bias_initializer),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self._kernel_regularizer),
+                "kernel_regularizer": keras.regularizers.serialize(self._kernel_regularizer),
                 "bias_regularizer": keras.regularizers.serialize(self._bias_regularizer),
-                "activity_regularizer": keras.regularizers.serialize(
-                    self._activity_regularizer),
+                "activity_regularizer": keras.regularizers.serialize(self._activity_regularizer),
                 "kernel_constraint": keras.constraints.serialize(self._kernel_constraint),
                 "bias_constraint": keras.constraints.serialize(self._bias_constraint),
             }
@@ -752,8 +901,7 @@ class BaseMultiHeadAttention(BaseAttention):
 class _Call:
     """One call's validated inputs: flat `(B', T, F)` tensors and one mask."""
 
-    def __init__(self, query, flat_query, flat_key, flat_value, mask, layout,
-                 value_shape):
+    def __init__(self, query, flat_query, flat_key, flat_value, mask, layout, value_shape):
         self.query = query  # as given (for the output's shape)
         self.flat_query = flat_query
         self.flat_key = flat_key

@@ -75,9 +75,7 @@ class capture_attention:
         """The weights of the layer with this path, or this unique name."""
         if name_or_path in self.scores:
             return self.scores[name_or_path]
-        matches = [
-            path for path in self.scores if path.rsplit("/", 1)[-1] == name_or_path
-        ]
+        matches = [path for path in self.scores if path.rsplit("/", 1)[-1] == name_or_path]
         if len(matches) != 1:
             raise KeyError(
                 f"capture_attention: {len(matches)} attention layers are named "

@@ -3,10 +3,10 @@ from keras import ops
 
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
-from keras_attention.ops import masking
+from keras_attention.layers.squeeze_excitation import check_feature_map_shape
 from keras_attention.layers.utils import clone_initializer
 from keras_attention.layers.utils import validate_positive_int
-from keras_attention.layers.squeeze_excitation import check_feature_map_shape
+from keras_attention.ops import masking
 
 
 @keras_attention_export("layers")
@@ -135,9 +135,7 @@ class CBAM(keras.layers.Layer):
         channel_weights = keras.KerasTensor(
             (inputs.shape[0], inputs.shape[-1]), dtype=self.compute_dtype
         )
-        spatial_weights = keras.KerasTensor(
-            tuple(inputs.shape[:3]), dtype=self.compute_dtype
-        )
+        spatial_weights = keras.KerasTensor(tuple(inputs.shape[:3]), dtype=self.compute_dtype)
         return outputs, (channel_weights, spatial_weights)
 
     def get_config(self):
@@ -146,12 +144,8 @@ class CBAM(keras.layers.Layer):
             {
                 "ratio": self.ratio,
                 "kernel_size": self.kernel_size,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             }
         )
         return config

@@ -62,7 +62,6 @@ example's working set cannot bound a whole batch's.
 
 import dataclasses
 import enum
-from typing import Optional
 
 from keras_attention.ops.shapes import static_dim
 
@@ -98,26 +97,26 @@ class KernelRequest:
 
     # The layer's configuration.
     sequence_parallel: bool = False
-    flash_attention: Optional[bool] = None
+    flash_attention: bool | None = None
     memory_efficient: object = "auto"
-    memory_efficient_threshold: Optional[int] = None
+    memory_efficient_threshold: int | None = None
     equal_head_dims: bool = True
     # Static shapes (None: unknown until run time).
-    batch_size: Optional[int] = None
+    batch_size: int | None = None
     num_heads: int = 1
-    query_length: Optional[int] = None
-    key_length: Optional[int] = None
+    query_length: int | None = None
+    key_length: int | None = None
     # What the call needs.
     weights_needed: bool = False
     # Backend and trace mode.
     fused_available: bool = False
-    flash_enabled: Optional[bool] = None
+    flash_enabled: bool | None = None
     xla: bool = False
     # Bytes the dense working set may take (None: no limit).
-    memory_budget: Optional[int] = None
+    memory_budget: int | None = None
     # Key length from which the blockwise kernel is the faster one here
     # (None: it never is; `blockwise_crossover()` reads it for the backend).
-    blockwise_faster_from: Optional[int] = None
+    blockwise_faster_from: int | None = None
 
     def __post_init__(self):
         # Sizes Python cannot compare (None, JAX symbolic dimensions) are
@@ -133,14 +132,7 @@ class KernelRequest:
         """Bytes of the materialised kernel's logits-shaped tensors."""
         batch = self.batch_size if self.batch_size is not None else 1
         tensors = DENSE_WORKING_SET_TENSORS_XLA if self.xla else DENSE_WORKING_SET_TENSORS
-        return (
-            tensors
-            * 4
-            * batch
-            * self.num_heads
-            * self.query_length
-            * self.key_length
-        )
+        return tensors * 4 * batch * self.num_heads * self.query_length * self.key_length
 
 
 def _materialised(request):

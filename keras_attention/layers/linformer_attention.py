@@ -122,7 +122,5 @@ class LinformerAttention(BaseMultiHeadAttention):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {"projected_length": self.projected_length, "max_length": self.max_length}
-        )
+        config.update({"projected_length": self.projected_length, "max_length": self.max_length})
         return config

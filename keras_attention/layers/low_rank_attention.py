@@ -60,21 +60,15 @@ class LowRankAttention(ScoreAttention):
         )
 
     def score(self, query, key):
-        return score_ops.low_rank_score(
-            query, key, self.query_kernel, self.key_kernel
-        )
+        return score_ops.low_rank_score(query, key, self.query_kernel, self.key_kernel)
 
     def get_config(self):
         config = super().get_config()
         config.update(
             {
                 "rank": self.rank,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
             }
         )
         return config

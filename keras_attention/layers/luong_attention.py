@@ -108,9 +108,7 @@ class LuongAttention(ScoreAttention):
                 f"Received: units={units!r} with score_mode={score_mode!r}"
             )
         self.score_mode = score_mode
-        self.units = validation.validate_positive_int(
-            owner, "units", units, allow_none=True
-        )
+        self.units = validation.validate_positive_int(owner, "units", units, allow_none=True)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
 
@@ -149,12 +147,12 @@ class LuongAttention(ScoreAttention):
         self.scale = None
         self.concat_score_weight = None
         if self.use_scale:
-            self.scale = self.add_weight(
-                name="scale", shape=(), initializer="ones", trainable=True
-            )
+            self.scale = self.add_weight(name="scale", shape=(), initializer="ones", trainable=True)
         if self.score_mode == "concat" and self.units is None:
             self.concat_score_weight = self.add_weight(
-                name="concat_score_weight", shape=(), initializer="ones",
+                name="concat_score_weight",
+                shape=(),
+                initializer="ones",
                 trainable=True,
             )
         elif self.score_mode == "general":
@@ -192,9 +190,7 @@ class LuongAttention(ScoreAttention):
             if learned_scale is not None:
                 hidden = hidden * ops.cast(learned_scale, wide)
             learned_scale = None  # applied inside the tanh
-            scores = ops.cast(self.concat_score_weight, wide) * ops.sum(
-                ops.tanh(hidden), axis=-1
-            )
+            scores = ops.cast(self.concat_score_weight, wide) * ops.sum(ops.tanh(hidden), axis=-1)
         else:
             # W [q; k] = W_q q + W_k k: split W rather than tiling the concat.
             query_part = ops.matmul(query, self.kernel[: self._query_dim])
@@ -215,12 +211,8 @@ class LuongAttention(ScoreAttention):
                 "units": self.units,
                 "scale": self._scale_by_key_dim,
                 "score": None,  # the older name, resolved into score_mode
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
             }
         )
         return config

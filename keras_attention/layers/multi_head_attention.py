@@ -218,50 +218,64 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         owner = type(self).__name__
         attention_axes = validation.validate_axes(owner, "attention_axes", attention_axes)
         sliding_window = validation.validate_positive_int(
-            owner, "sliding_window", sliding_window, allow_none=True)
+            owner, "sliding_window", sliding_window, allow_none=True
+        )
         flash_attention = validation.validate_choice(
-            owner, "flash_attention", flash_attention, (None, True, False))
+            owner, "flash_attention", flash_attention, (None, True, False)
+        )
         memory_efficient = validation.validate_choice(
-            owner, "memory_efficient", memory_efficient, ("auto", True, False))
+            owner, "memory_efficient", memory_efficient, ("auto", True, False)
+        )
         if flash_attention is not None and memory_efficient is (not flash_attention):
             raise ValueError(
                 f"{owner}: flash_attention={flash_attention} contradicts "
                 f"memory_efficient={memory_efficient}; set only one. Received: "
                 f"flash_attention={flash_attention!r}, "
-                f"memory_efficient={memory_efficient!r}")
+                f"memory_efficient={memory_efficient!r}"
+            )
         super().__init__(
-            num_heads, key_dim, value_dim=value_dim, dropout=dropout,
-            use_bias=use_bias, output_shape=output_shape,
+            num_heads,
+            key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            use_bias=use_bias,
+            output_shape=output_shape,
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
             kernel_regularizer=kernel_regularizer,
             bias_regularizer=bias_regularizer,
             activity_regularizer=activity_regularizer,
-            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint,
-            use_gate=use_gate, seed=seed, num_key_value_heads=num_key_value_heads,
+            kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint,
+            use_gate=use_gate,
+            seed=seed,
+            num_key_value_heads=num_key_value_heads,
             **kwargs,
         )
         if flash_attention and self.dropout > 0.0:
             raise ValueError(
                 f"{owner}: Dropout is not supported when flash attention is "
                 "enabled. Please set dropout to 0.0 to use flash attention. "
-                f"Received: dropout={dropout!r}, flash_attention=True")
+                f"Received: dropout={dropout!r}, flash_attention=True"
+            )
         self._attention_axes = attention_axes
         self._sliding_window = sliding_window
         self.flash_attention = flash_attention
         self.memory_efficient = memory_efficient
         self.memory_efficient_threshold = validation.validate_positive_int(
-            owner, "memory_efficient_threshold", memory_efficient_threshold,
-            allow_none=True)
+            owner, "memory_efficient_threshold", memory_efficient_threshold, allow_none=True
+        )
         self.memory_budget = validation.validate_positive_int(
-            owner, "memory_budget", memory_budget, allow_none=True)
+            owner, "memory_budget", memory_budget, allow_none=True
+        )
         self.block_size = validation.validate_positive_int(owner, "block_size", block_size)
         if sequence_parallel is not None:
             if not isinstance(sequence_parallel, str) or not sequence_parallel:
                 raise ValueError(
                     f"{owner}: `sequence_parallel` must be None or the name of "
                     "a device mesh axis. Received: "
-                    f"sequence_parallel={sequence_parallel!r}")
+                    f"sequence_parallel={sequence_parallel!r}"
+                )
             for argument, given, received in (
                 ("dropout", self.dropout > 0.0, dropout),
                 ("sliding_window", sliding_window is not None, sliding_window),
@@ -272,7 +286,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                         f"{owner}: `sequence_parallel` (ring attention) does "
                         f"not support `{argument}`. Received: "
                         f"sequence_parallel={sequence_parallel!r}, "
-                        f"{argument}={received!r}")
+                        f"{argument}={received!r}"
+                    )
         self.sequence_parallel = sequence_parallel
 
     @property
@@ -285,8 +300,9 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         return bool(self.flash_attention)
 
     # ------------------------------------------------------ kernel selection
-    def kernel_for(self, query_shape, key_shape=None, *, training=False,
-                   return_attention_scores=False):
+    def kernel_for(
+        self, query_shape, key_shape=None, *, training=False, return_attention_scores=False
+    ):
         """The `Kernel` a call on inputs of these shapes would run.
 
         A pure query of `kernel_selector.select_kernel` (nothing runs):
@@ -307,8 +323,9 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         batch_dims = [query_shape[0]] + [query_shape[a] for a in layout.batch_axes]
         batch = None if None in batch_dims else math.prod(batch_dims)
         shapes = (batch, length(query_shape)), (batch, length(key_shape))
-        return kernel_selector.select_kernel(self._kernel_request(
-            *shapes, self._weights_needed(training, return_attention_scores)))
+        return kernel_selector.select_kernel(
+            self._kernel_request(*shapes, self._weights_needed(training, return_attention_scores))
+        )
 
     def _kernel_request(self, query, key, weights_needed):
         """The `KernelRequest` of a call (see `kernel_selector`); `query` and
@@ -334,8 +351,9 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             flash_enabled=keras.config.is_flash_attention_enabled(),
             xla=tensorflow_xla_trace(),
             memory_budget=budget,
-            blockwise_faster_from=(kernel_selector.blockwise_crossover()
-                                   if self.memory_efficient == "auto" else None),
+            blockwise_faster_from=(
+                kernel_selector.blockwise_crossover() if self.memory_efficient == "auto" else None
+            ),
         )
 
     def _weights_needed(self, training, return_attention_scores):
@@ -357,62 +375,88 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         `BaseMultiHeadAttention._compute_attention`): one kernel choice, then
         one dispatch."""
         if return_attention_scores and self.flash_attention:
-            raise ValueError(self._error(
-                "Returning attention scores is not supported when flash "
-                "attention is enabled. Please disable flash attention to "
-                "access attention scores, or select heads/rows with "
-                "`attention_scores_heads` / `attention_scores_query_range`."))
+            raise ValueError(
+                self._error(
+                    "Returning attention scores is not supported when flash "
+                    "attention is enabled. Please disable flash attention to "
+                    "access attention scores, or select heads/rows with "
+                    "`attention_scores_heads` / `attention_scores_query_range`."
+                )
+            )
         mask = self._as_attention_mask(attention_mask, use_causal_mask)
-        kernel = kernel_selector.select_kernel(self._kernel_request(
-            query, key, self._weights_needed(training, return_attention_scores)))
+        kernel = kernel_selector.select_kernel(
+            self._kernel_request(
+                query, key, self._weights_needed(training, return_attention_scores)
+            )
+        )
         scale = self._inverse_sqrt_key_dim
         if kernel is Kernel.DENSE:
             return dense_attention.dense_attention(
-                query, key, value, mask, scale=scale,
-                dropout=self._dropout_callable(training))
+                query, key, value, mask, scale=scale, dropout=self._dropout_callable(training)
+            )
         if kernel is Kernel.SHIFTED:
-            return dense_attention.shifted_attention(
-                query, key, value, mask, scale=scale), None
+            return dense_attention.shifted_attention(query, key, value, mask, scale=scale), None
         if kernel is Kernel.RING:
             if self._weights_needed(training, return_attention_scores):
-                raise ValueError(self._error(
-                    f"`sequence_parallel={self.sequence_parallel!r}` (ring "
-                    "attention) never forms the attention weights. Received: a "
-                    "call that needs the weights (returned, captured or dropped "
-                    "out)"))
+                raise ValueError(
+                    self._error(
+                        f"`sequence_parallel={self.sequence_parallel!r}` (ring "
+                        "attention) never forms the attention weights. Received: a "
+                        "call that needs the weights (returned, captured or dropped "
+                        "out)"
+                    )
+                )
             return self._ring_attention(query, key, value, mask), None
         if kernel is Kernel.BLOCKWISE:
             output = memory_efficient_attention(
-                query, key, value, scale=scale, mask=mask, block_size=self.block_size)
+                query, key, value, scale=scale, mask=mask, block_size=self.block_size
+            )
         else:  # FUSED, COMPOSITE: keras.ops.dot_product_attention
             output = dense_attention.composite_attention(
-                query, key, value, mask, scale=scale, num_heads=self._num_heads,
+                query,
+                key,
+                value,
+                mask,
+                scale=scale,
+                num_heads=self._num_heads,
                 flash_attention=(
-                    False if kernel is Kernel.COMPOSITE
-                    else (True if self.flash_attention else None)),
+                    False
+                    if kernel is Kernel.COMPOSITE
+                    else (True if self.flash_attention else None)
+                ),
             )
         return output, None
 
     def _ring_attention(self, query, key, value, mask):
         axis = self.sequence_parallel
         if mask.pair_mask is not None:
-            raise ValueError(self._error(
-                f"`sequence_parallel={axis!r}` (ring attention) takes query, "
-                "key and causal masks only. Received: an attention_mask of "
-                f"shape {tuple((mask.pair_mask if mask.per_head else mask.pair_mask[:, 0]).shape)}"))
+            raise ValueError(
+                self._error(
+                    f"`sequence_parallel={axis!r}` (ring attention) takes query, "
+                    "key and causal masks only. Received: an attention_mask of "
+                    f"shape {tuple((mask.pair_mask if mask.per_head else mask.pair_mask[:, 0]).shape)}"
+                )
+            )
         mesh = ring_attention.check_sequence_mesh(
-            self._error, "sequence_parallel", axis, query.shape, key.shape)
+            self._error, "sequence_parallel", axis, query.shape, key.shape
+        )
         distribution = keras.distribution.distribution()
         batch_axis = distribution.batch_dim_name
         if batch_axis == axis or batch_axis not in mesh.axis_names:
             batch_axis = None
-        ring_attention.check_batch_axis(
-            self._error, mesh, batch_axis, query.shape[0])
+        ring_attention.check_batch_axis(self._error, mesh, batch_axis, query.shape[0])
         key = multi_head.repeat_key_value_heads(key, self._num_heads)
         value = multi_head.repeat_key_value_heads(value, self._num_heads)
         return ring_attention.ring_attention(
-            query, key, value, mesh=mesh.backend_mesh, sequence_axis=axis,
-            batch_axis=batch_axis, scale=self._inverse_sqrt_key_dim, mask=mask)
+            query,
+            key,
+            value,
+            mesh=mesh.backend_mesh,
+            sequence_axis=axis,
+            batch_axis=batch_axis,
+            scale=self._inverse_sqrt_key_dim,
+            mask=mask,
+        )
 
     # ---------------------------------------------------------------- caching
     def precompute_key_value(self, value, key=None):
@@ -428,79 +472,116 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         """
         key = value if key is None else key
         if not self.built:
-            raise ValueError(self._error(
-                "precompute_key_value needs a built layer: call it once on "
-                "(query, value) or build it. Received: an unbuilt layer"))
+            raise ValueError(
+                self._error(
+                    "precompute_key_value needs a built layer: call it once on "
+                    "(query, value) or build it. Received: an unbuilt layer"
+                )
+            )
         self._check_cacheable()
         return ops.stack(self._project_key_value(key, value), axis=1)
 
     def _check_cacheable(self):
         if self._value_dim != self._key_dim:
-            raise ValueError(self._error(
-                "a key/value cache needs `value_dim == key_dim`. Received: "
-                f"key_dim={self._key_dim}, value_dim={self._value_dim}"))
+            raise ValueError(
+                self._error(
+                    "a key/value cache needs `value_dim == key_dim`. Received: "
+                    f"key_dim={self._key_dim}, value_dim={self._value_dim}"
+                )
+            )
         if self.sequence_parallel is not None:
-            raise ValueError(self._error(
-                f"`sequence_parallel={self.sequence_parallel!r}` (ring "
-                "attention) does not support a decoding `cache`: decode "
-                "without sequence parallelism. Received: a cache"))
+            raise ValueError(
+                self._error(
+                    f"`sequence_parallel={self.sequence_parallel!r}` (ring "
+                    "attention) does not support a decoding `cache`: decode "
+                    "without sequence parallelism. Received: a cache"
+                )
+            )
 
     def _check_cache(self, query, value, key, cache, cache_update_index):
         self._check_cacheable()
         if not hasattr(cache, "shape"):
-            raise TypeError(self._error(
-                f"`cache` must be a tensor. Received: cache={cache!r}"))
+            raise TypeError(self._error(f"`cache` must be a tensor. Received: cache={cache!r}"))
         shape = tuple(cache.shape)
         expected = (query.shape[0], 2, None, self._num_key_value_heads, self._key_dim)
         if len(shape) != 5 or not all(
-            got is None or want is None or got == want
-            for got, want in zip(shape, expected)
+            got is None or want is None or got == want for got, want in zip(shape, expected)
         ):
-            raise ValueError(self._error(
-                "`cache` must have shape (batch, 2, max_length, "
-                f"num_key_value_heads, key_dim) = {expected} (None = any). "
-                f"Received: cache with shape {shape}"))
+            raise ValueError(
+                self._error(
+                    "`cache` must have shape (batch, 2, max_length, "
+                    f"num_key_value_heads, key_dim) = {expected} (None = any). "
+                    f"Received: cache with shape {shape}"
+                )
+            )
         if cache_update_index is None:
             if value is not None or key is not None:
-                raise ValueError(self._error(
-                    "a read-only `cache` (cache_update_index=None) holds the "
-                    "keys and values; do not pass `value` or `key` too. "
-                    f"Received: value={value is not None}, key={key is not None}"))
+                raise ValueError(
+                    self._error(
+                        "a read-only `cache` (cache_update_index=None) holds the "
+                        "keys and values; do not pass `value` or `key` too. "
+                        f"Received: value={value is not None}, key={key is not None}"
+                    )
+                )
             return
         if key is not None or (value is not None and value is not query):
-            raise ValueError(self._error(
-                "`cache_update_index` is for self-attention decoding: `value` "
-                "and `key` must be None (or `value` the query itself). "
-                f"Received: value={value is not None}, key={key is not None}"))
+            raise ValueError(
+                self._error(
+                    "`cache_update_index` is for self-attention decoding: `value` "
+                    "and `key` must be None (or `value` the query itself). "
+                    f"Received: value={value is not None}, key={key is not None}"
+                )
+            )
         if isinstance(cache_update_index, (bool, float)):
-            raise TypeError(self._error(
-                "`cache_update_index` must be an int or an int tensor. "
-                f"Received: cache_update_index={cache_update_index!r}"))
+            raise TypeError(
+                self._error(
+                    "`cache_update_index` must be an int or an int tensor. "
+                    f"Received: cache_update_index={cache_update_index!r}"
+                )
+            )
         index = scores_selection.static_int(cache_update_index)
         max_length, steps = shape[2], query.shape[1]
-        if index is not None and (index < 0 or (
-            max_length is not None and steps is not None and index + steps > max_length
-        )):
+        if index is not None and (
+            index < 0
+            or (max_length is not None and steps is not None and index + steps > max_length)
+        ):
             # A concrete index is checked; only a compiled loop's symbolic
             # index is clamped by the update slice.
-            raise ValueError(self._error(
-                "`cache_update_index` plus the query length "
-                f"({steps}) must fit in the cache length ({max_length}). "
-                f"Received: cache_update_index={index}"))
+            raise ValueError(
+                self._error(
+                    "`cache_update_index` plus the query length "
+                    f"({steps}) must fit in the cache length ({max_length}). "
+                    f"Received: cache_update_index={index}"
+                )
+            )
 
-    def _prepare_cached(self, query, value, key, query_mask, value_mask, key_mask,
-                        attention_mask, use_causal_mask, mask, cache,
-                        cache_update_index):
+    def _prepare_cached(
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        mask,
+        cache,
+        cache_update_index,
+    ):
         """Validation of a call with a cache; returns the query and masks."""
         self._check_tensor("query", query)
         self._check_rank("query", tuple(query.shape))
         self._check_cache(query, value, key, cache, cache_update_index)
         built = getattr(self, "_built_feature_dims", None)
         if built is not None and query.shape[-1] not in (None, built[0]):
-            raise ValueError(self._error(
-                f"`query` has {query.shape[-1]} features but the layer was "
-                f"built for {built[0]}. Received: query with shape "
-                f"{tuple(query.shape)}"))
+            raise ValueError(
+                self._error(
+                    f"`query` has {query.shape[-1]} features but the layer was "
+                    f"built for {built[0]}. Received: query with shape "
+                    f"{tuple(query.shape)}"
+                )
+            )
         if query_mask is None:
             query_mask = mask
         batch, steps, cache_length = query.shape[0], query.shape[1], cache.shape[2]
@@ -511,12 +592,21 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         ):
             self._check_mask(name, given, expected)
         self._check_mask(
-            "attention_mask", attention_mask, (batch, steps, cache_length),
-            broadcast=True)
+            "attention_mask", attention_mask, (batch, steps, cache_length), broadcast=True
+        )
         return query, query_mask
 
-    def _cached_call(self, query, query_mask, value_mask, key_mask, attention_mask,
-                     use_causal_mask, cache, cache_update_index):
+    def _cached_call(
+        self,
+        query,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        cache,
+        cache_update_index,
+    ):
         """`(call, projected query, gate, key, value, new cache)` of a call
         with a cache: the query's keys/values are written at
         `cache_update_index` and the queries sit at that absolute position."""
@@ -529,14 +619,22 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             cache = update_cache(cache, step, index)  # (B, 2, T_max, Hkv, D)
             positions["query_offset"] = (
                 scores_selection.static_int(cache_update_index)
-                if scores_selection.static_int(cache_update_index) is not None else index)
+                if scores_selection.static_int(cache_update_index) is not None
+                else index
+            )
             if not use_causal_mask:  # every written position, none beyond
                 positions["key_length"] = index + ops.shape(query)[1]
         spec = self._attention_mask(
-            layout, query, None, masking.to_bool_mask(query_mask),
-            masking.merge_masks(value_mask, key_mask), attention_mask,
-            ops.shape(query)[1], ops.shape(cache)[2],
-            use_causal_mask and cache_update_index is not None, **positions,
+            layout,
+            query,
+            None,
+            masking.to_bool_mask(query_mask),
+            masking.merge_masks(value_mask, key_mask),
+            attention_mask,
+            ops.shape(query)[1],
+            ops.shape(cache)[2],
+            use_causal_mask and cache_update_index is not None,
+            **positions,
         )
         key, value = cache[:, 0], cache[:, 1]
         # The cache's masked positions contribute nothing, whatever they hold.
@@ -567,42 +665,82 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         cache_update_index=None,
     ):
         return_attention_scores = validation.validate_call_flag(
-            self, "return_attention_scores", return_attention_scores)
+            self, "return_attention_scores", return_attention_scores
+        )
         use_causal_mask = validation.validate_call_flag(self, "use_causal_mask", use_causal_mask)
         selection = self._selection(
-            query, return_attention_scores, attention_scores_heads,
-            attention_scores_query_range)
+            query, return_attention_scores, attention_scores_heads, attention_scores_query_range
+        )
         if cache is None:
             if cache_update_index is not None:
-                raise ValueError(self._error(
-                    "`cache_update_index` needs a `cache`. Received: "
-                    f"cache_update_index={cache_update_index!r}, cache=None"))
+                raise ValueError(
+                    self._error(
+                        "`cache_update_index` needs a `cache`. Received: "
+                        f"cache_update_index={cache_update_index!r}, cache=None"
+                    )
+                )
             call = self._prepare_inputs(
-                query, value, key, query_mask, value_mask, key_mask,
-                attention_mask, use_causal_mask, mask)
+                query,
+                value,
+                key,
+                query_mask,
+                value_mask,
+                key_mask,
+                attention_mask,
+                use_causal_mask,
+                mask,
+            )
             projected_query, gate = self._project_query(call)
-            projected_key, projected_value = self._project_key_value(
-                call.flat_key, call.flat_value)
+            projected_key, projected_value = self._project_key_value(call.flat_key, call.flat_value)
         else:
             query, query_mask = self._prepare_cached(
-                query, value, key, query_mask, value_mask, key_mask,
-                attention_mask, use_causal_mask, mask, cache, cache_update_index)
-            call, projected_query, gate, projected_key, projected_value, cache = (
-                self._cached_call(
-                    query, query_mask, value_mask, key_mask, attention_mask,
-                    use_causal_mask, cache, cache_update_index))
+                query,
+                value,
+                key,
+                query_mask,
+                value_mask,
+                key_mask,
+                attention_mask,
+                use_causal_mask,
+                mask,
+                cache,
+                cache_update_index,
+            )
+            call, projected_query, gate, projected_key, projected_value, cache = self._cached_call(
+                query,
+                query_mask,
+                value_mask,
+                key_mask,
+                attention_mask,
+                use_causal_mask,
+                cache,
+                cache_update_index,
+            )
         results = self._attend_and_project(
-            call, projected_query, gate, projected_key, projected_value, training,
+            call,
+            projected_query,
+            gate,
+            projected_key,
+            projected_value,
+            training,
             return_attention_scores,
             weights_requested=return_attention_scores and selection is None,
         )
         if selection is not None:
             # A step after the kernel: the exact weights of the selection only.
-            results = (results[0], dense_attention.selected_weights(
-                projected_query, projected_key, call.mask,
-                scale=self._inverse_sqrt_key_dim, num_heads=self._num_heads,
-                heads=selection.heads, rows=selection.query_range,
-                dtype=self.compute_dtype))
+            results = (
+                results[0],
+                dense_attention.selected_weights(
+                    projected_query,
+                    projected_key,
+                    call.mask,
+                    scale=self._inverse_sqrt_key_dim,
+                    num_heads=self._num_heads,
+                    heads=selection.heads,
+                    rows=selection.query_range,
+                    dtype=self.compute_dtype,
+                ),
+            )
         if cache is not None:
             results += (cache,)
         return results[0] if len(results) == 1 else results
@@ -627,42 +765,69 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         cache_update_index=None,
     ):
         selection = self._selection(
-            query, return_attention_scores, attention_scores_heads,
-            attention_scores_query_range)
+            query, return_attention_scores, attention_scores_heads, attention_scores_query_range
+        )
         if cache is None:
             results = self._output_spec(
-                query, value, key, query_mask, value_mask, key_mask,
-                attention_mask, return_attention_scores, use_causal_mask)
+                query,
+                value,
+                key,
+                query_mask,
+                value_mask,
+                key_mask,
+                attention_mask,
+                return_attention_scores,
+                use_causal_mask,
+            )
         else:
             query, _ = self._prepare_cached(
-                query, value, key, query_mask, value_mask, key_mask,
-                attention_mask, use_causal_mask, mask, cache, cache_update_index)
+                query,
+                value,
+                key,
+                query_mask,
+                value_mask,
+                key_mask,
+                attention_mask,
+                use_causal_mask,
+                mask,
+                cache,
+                cache_update_index,
+            )
             dims = self._output_shape or (query.shape[-1],)
-            results = (keras.KerasTensor(
-                tuple(query.shape[:-1]) + tuple(dims), dtype=self.compute_dtype),)
+            results = (
+                keras.KerasTensor(tuple(query.shape[:-1]) + tuple(dims), dtype=self.compute_dtype),
+            )
             if return_attention_scores:
                 shape = (query.shape[0], self._num_heads, query.shape[1], cache.shape[2])
                 results += (keras.KerasTensor(shape, dtype=self.compute_dtype),)
             results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
         if selection is not None:
             scores = results[1]
-            results = (results[0], keras.KerasTensor(
-                selection.shape(tuple(scores.shape)), dtype=scores.dtype)) + results[2:]
+            results = (
+                results[0],
+                keras.KerasTensor(selection.shape(tuple(scores.shape)), dtype=scores.dtype),
+            ) + results[2:]
         return results[0] if len(results) == 1 else results
 
     def _selection(self, query, return_attention_scores, heads, query_range):
         if heads is None and query_range is None:
             return None
         if not return_attention_scores:
-            raise ValueError(self._error(
-                "`attention_scores_heads` / `attention_scores_query_range` "
-                "select returned weights: pass return_attention_scores=True. "
-                f"Received: attention_scores_heads={heads!r}, "
-                f"attention_scores_query_range={query_range!r}"))
+            raise ValueError(
+                self._error(
+                    "`attention_scores_heads` / `attention_scores_query_range` "
+                    "select returned weights: pass return_attention_scores=True. "
+                    f"Received: attention_scores_heads={heads!r}, "
+                    f"attention_scores_query_range={query_range!r}"
+                )
+            )
         if hasattr(query, "shape") and len(query.shape) != 3:
-            raise ValueError(self._error(
-                "selected attention scores need rank-3 inputs. Received: "
-                f"query with shape {tuple(query.shape)}"))
+            raise ValueError(
+                self._error(
+                    "selected attention scores need rank-3 inputs. Received: "
+                    f"query with shape {tuple(query.shape)}"
+                )
+            )
         selection = scores_selection.ScoresSelection(self, heads, query_range)
         if hasattr(query, "shape"):
             selection.check_length(self, query.shape[1])
@@ -685,11 +850,13 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 "MultiHeadAttention.from_keras expects a "
                 "keras.layers.MultiHeadAttention or "
                 "keras.layers.GroupQueryAttention. Received: "
-                f"{type(layer).__name__}")
+                f"{type(layer).__name__}"
+            )
         if not layer.built:
             raise ValueError(
                 "MultiHeadAttention.from_keras needs a built layer (call it "
-                f"once). Received: unbuilt layer '{layer.name}'")
+                f"once). Received: unbuilt layer '{layer.name}'"
+            )
         config = layer.get_config()
         if grouped:
             config["num_heads"] = config.pop("num_query_heads")
@@ -702,7 +869,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         if not grouped and config.get("attention_axes") is not None:
             # Keras stores the axes resolved for the projected rank.
             config["attention_axes"] = tuple(
-                a if a >= 0 else a + rank for a in config["attention_axes"])
+                a if a >= 0 else a + rank for a in config["attention_axes"]
+            )
         config.update(kwargs)
         new = cls.from_config(config)
         new.build(*[(None,) * (rank - 1) + (tuple(d.kernel.shape)[0],) for d in dense])

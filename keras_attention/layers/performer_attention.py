@@ -2,8 +2,8 @@ import keras
 from keras import ops
 
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers.utils import validate_positive_int
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.layers.utils import validate_positive_int
 from keras_attention.ops import favor
 
 KERNELS = ("softmax", "relu")
@@ -91,14 +91,12 @@ class PerformerAttention(BaseMultiHeadAttention):
         validate_positive_int(name, "num_features", num_features)
         if kernel not in KERNELS:
             raise ValueError(
-                f"{name}: `kernel` must be one of {KERNELS}. "
-                f"Received: kernel={kernel!r}"
+                f"{name}: `kernel` must be one of {KERNELS}. Received: kernel={kernel!r}"
             )
         for argument, value in (("orthogonal", orthogonal), ("causal", causal)):
             if not isinstance(value, bool):
                 raise TypeError(
-                    f"{name}: `{argument}` must be True or False. "
-                    f"Received: {argument}={value!r}"
+                    f"{name}: `{argument}` must be True or False. Received: {argument}={value!r}"
                 )
         dropout = kwargs.get("dropout", 0.0)
         if dropout:
@@ -129,15 +127,16 @@ class PerformerAttention(BaseMultiHeadAttention):
             name="projection",
             shape=(self.num_features, self.key_dim),
             dtype="float32",
-            initializer=lambda shape, dtype=None: ops.convert_to_tensor(
-                initial, dtype="float32"
-            ),
+            initializer=lambda shape, dtype=None: ops.convert_to_tensor(initial, dtype="float32"),
             trainable=False,
         )
         # How many redraws this projection is past the first: layer state,
         # saved with the model, so a loaded layer redraws onwards.
         self.redraws = self.add_weight(
-            name="redraws", shape=(), dtype="int32", initializer="zeros",
+            name="redraws",
+            shape=(),
+            dtype="int32",
+            initializer="zeros",
             trainable=False,
         )
         # The same count as a Python int: redraws run from callbacks, where
@@ -159,8 +158,7 @@ class PerformerAttention(BaseMultiHeadAttention):
         if not self.built:
             raise ValueError(
                 self._error(
-                    "redraw_features needs a built layer (call it once). "
-                    "Received: an unbuilt layer"
+                    "redraw_features needs a built layer (call it once). Received: an unbuilt layer"
                 )
             )
         redraw = self._redraw_count + 1
@@ -239,9 +237,7 @@ class RedrawFeatures(keras.callbacks.Callback):
 
     def __init__(self, every_n_steps):
         super().__init__()
-        self.every_n_steps = validate_positive_int(
-            "RedrawFeatures", "every_n_steps", every_n_steps
-        )
+        self.every_n_steps = validate_positive_int("RedrawFeatures", "every_n_steps", every_n_steps)
         self._steps = 0
 
     def _performer_layers(self):

@@ -66,9 +66,7 @@ class ScoreAttention(BaseAttention):
 
     def score(self, query, key):
         """Returns logits `(B, Tq, Tk)`. Override in subclasses."""
-        raise NotImplementedError(
-            f"{type(self).__name__} must implement `score(query, key)`."
-        )
+        raise NotImplementedError(f"{type(self).__name__} must implement `score(query, key)`.")
 
     def _calculate_scores(self, query, key):
         """Keras' protected name for `score` (`keras.layers.Attention`)."""
@@ -83,15 +81,11 @@ class ScoreAttention(BaseAttention):
         causal = masking.causal_mask(shape[-2], shape[-1])
         if v_mask is None:
             return causal
-        return ops.logical_and(
-            ops.expand_dims(masking.to_bool_mask(v_mask), -2), causal
-        )
+        return ops.logical_and(ops.expand_dims(masking.to_bool_mask(v_mask), -2), causal)
 
     # ------------------------------------------------------------- validation
     def _check_input_shapes(self, query_shape, value_shape, key_shape):
-        for name, shape in (
-            ("query", query_shape), ("value", value_shape), ("key", key_shape)
-        ):
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
             if shape is not None and len(shape) < 3:
                 raise ValueError(
                     self._error(
@@ -130,12 +124,7 @@ class ScoreAttention(BaseAttention):
         for name, shape, dim in zip(
             ("query", "value", "key"), (query_shape, value_shape, key_shape), built
         ):
-            if (
-                shape is not None
-                and dim is not None
-                and shape[-1] is not None
-                and shape[-1] != dim
-            ):
+            if shape is not None and dim is not None and shape[-1] is not None and shape[-1] != dim:
                 raise ValueError(
                     self._error(
                         f"`{name}` has {shape[-1]} features but the layer was "
@@ -191,20 +180,16 @@ class ScoreAttention(BaseAttention):
             masks = (list(mask) + [None, None])[:3]
         return query, value, key, None, masks
 
-    def _prepare(self, query, value, key, query_mask, value_mask, key_mask,
-                 attention_mask, mask):
+    def _prepare(self, query, value, key, query_mask, value_mask, key_mask, attention_mask, mask):
         keras_masks = [None, None, None]
         if isinstance(query, (list, tuple)) and isinstance(query_mask, (list, tuple)):
             # Keras fills `query_mask` with the Keras masks of a list input's
             # tensors: they apply where `mask` gives none.
             keras_masks = (list(query_mask) + [None, None])[:3]
             query_mask = None
-        query, value, key, mask, list_masks = self._unpack_list_call(
-            query, value, key, mask
-        )
+        query, value, key, mask, list_masks = self._unpack_list_call(query, value, key, mask)
         list_masks = [
-            given if given is not None else filled
-            for given, filled in zip(list_masks, keras_masks)
+            given if given is not None else filled for given, filled in zip(list_masks, keras_masks)
         ]
         for name, x in (("query", query), ("value", value), ("key", key)):
             self._check_tensor(name, x)
@@ -236,8 +221,10 @@ class ScoreAttention(BaseAttention):
         self._check_mask("value_mask", value_mask, value_shape[:-1])
         self._check_mask("key_mask", key_mask, value_shape[:-1])
         self._check_mask(
-            "attention_mask", attention_mask,
-            query_shape[:-1] + (value_shape[-2],), broadcast=True,
+            "attention_mask",
+            attention_mask,
+            query_shape[:-1] + (value_shape[-2],),
+            broadcast=True,
         )
         return query, value, key, query_mask, value_mask, key_mask
 
@@ -254,8 +241,10 @@ class ScoreAttention(BaseAttention):
             )
         if query_shape is None:
             query_shape = input_shape
-        if isinstance(query_shape, (list, tuple)) and query_shape and isinstance(
-            query_shape[0], (list, tuple)
+        if (
+            isinstance(query_shape, (list, tuple))
+            and query_shape
+            and isinstance(query_shape[0], (list, tuple))
         ):  # list call: build([query_shape, value_shape(, key_shape)])
             query_shape, value_shape, key_shape = (list(query_shape) + [None] * 2)[:3]
         value_shape = query_shape if value_shape is None else value_shape
@@ -283,9 +272,7 @@ class ScoreAttention(BaseAttention):
         training=None,
         mask=None,
     ):
-        use_causal_mask = validation.validate_call_flag(
-            self, "use_causal_mask", use_causal_mask
-        )
+        use_causal_mask = validation.validate_call_flag(self, "use_causal_mask", use_causal_mask)
         return_attention_scores = validation.validate_call_flag(
             self, "return_attention_scores", return_attention_scores
         )
@@ -296,17 +283,22 @@ class ScoreAttention(BaseAttention):
         if len(query.shape) > 3:
             # (B..., T, F) -> (B', T, F): the leading axes are all batch.
             leading = tuple(ops.shape(query)[:-2])
-            query_mask, value_mask, key_mask, attention_mask = (
-                self._flatten_masks(query, value, query_mask, value_mask, key_mask,
-                                    attention_mask)
+            query_mask, value_mask, key_mask, attention_mask = self._flatten_masks(
+                query, value, query_mask, value_mask, key_mask, attention_mask
             )
             query, value, key = (
-                ops.reshape(x, (-1,) + tuple(ops.shape(x)[-2:]))
-                for x in (query, value, key)
+                ops.reshape(x, (-1,) + tuple(ops.shape(x)[-2:])) for x in (query, value, key)
             )
         output, weights = self._attend(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask,
-            use_causal_mask, training,
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
+            training,
         )
         if leading is not None:
             output = ops.reshape(output, leading + tuple(ops.shape(output)[1:]))
@@ -317,8 +309,7 @@ class ScoreAttention(BaseAttention):
         return output
 
     @staticmethod
-    def _flatten_masks(query, value, query_mask, value_mask, key_mask,
-                       attention_mask):
+    def _flatten_masks(query, value, query_mask, value_mask, key_mask, attention_mask):
         """The masks of `(B..., T, F)` inputs, flattened like the inputs."""
         lead = tuple(ops.shape(query)[:-2])
         tq, tv = ops.shape(query)[-2], ops.shape(value)[-2]
@@ -329,11 +320,25 @@ class ScoreAttention(BaseAttention):
             mask = ops.broadcast_to(masking.to_bool_mask(mask), lead + shape)
             return ops.reshape(mask, (-1,) + shape)
 
-        return (flat(query_mask, (tq,)), flat(value_mask, (tv,)),
-                flat(key_mask, (tv,)), flat(attention_mask, (tq, tv)))
+        return (
+            flat(query_mask, (tq,)),
+            flat(value_mask, (tv,)),
+            flat(key_mask, (tv,)),
+            flat(attention_mask, (tq, tv)),
+        )
 
-    def _attend(self, query, value, key, query_mask, value_mask, key_mask,
-                attention_mask, use_causal_mask, training):
+    def _attend(
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        training,
+    ):
         """Scores, masked softmax and weighted sum over `(B, T, F)` inputs."""
         combined = masking.attention_mask_from(
             query_mask=query_mask,
@@ -345,9 +350,7 @@ class ScoreAttention(BaseAttention):
         )
         # Scores and the weighted sum run in the compute dtype: integer
         # inputs are cast, as Keras' own layers do.
-        query, value, key = (
-            ops.cast(x, self.compute_dtype) for x in (query, value, key)
-        )
+        query, value, key = (ops.cast(x, self.compute_dtype) for x in (query, value, key))
         # Masked positions are zeroed before any matmul, so that whatever
         # they hold (NaN, Inf) contributes nothing (0 * NaN would be NaN).
         query = masking.zero_masked(query, query_mask)
@@ -370,12 +373,13 @@ class ScoreAttention(BaseAttention):
         # A masked query row is zero whatever the values hold.
         return masking.zero_masked(output, query_mask), weights
 
-    def compute_output_shape(self, query_shape=None, value_shape=None,
-                             key_shape=None, **shapes):
+    def compute_output_shape(self, query_shape=None, value_shape=None, key_shape=None, **shapes):
         if query_shape is None:
             query_shape = shapes.pop("input_shape", None)
-        if isinstance(query_shape, (list, tuple)) and query_shape and isinstance(
-            query_shape[0], (list, tuple)
+        if (
+            isinstance(query_shape, (list, tuple))
+            and query_shape
+            and isinstance(query_shape[0], (list, tuple))
         ):  # Keras' compute_output_shape([query_shape, value_shape(, key_shape)])
             query_shape, value_shape = (list(query_shape) + [None])[:2]
         value_shape = query_shape if value_shape is None else value_shape

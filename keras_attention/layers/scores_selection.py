@@ -33,13 +33,14 @@ class ScoresSelection:
             if hasattr(heads, "shape") and len(heads.shape) == 1:
                 items = [heads[i] for i in range(heads.shape[0])]
             picked = [static_int(h) for h in items]
-            if not picked or not all(
-                h is not None and 0 <= h < layer.num_heads for h in picked
-            ):
-                raise ValueError(layer._error(
-                    "`attention_scores_heads` must be a head index or a "
-                    f"non-empty list of indices in [0, {layer.num_heads}). "
-                    f"Received: attention_scores_heads={heads!r}"))
+            if not picked or not all(h is not None and 0 <= h < layer.num_heads for h in picked):
+                raise ValueError(
+                    layer._error(
+                        "`attention_scores_heads` must be a head index or a "
+                        f"non-empty list of indices in [0, {layer.num_heads}). "
+                        f"Received: attention_scores_heads={heads!r}"
+                    )
+                )
             self.heads = picked
         self.query_range = None
         if query_range is not None:
@@ -47,19 +48,25 @@ class ScoresSelection:
             if isinstance(query_range, (tuple, list)) and len(query_range) == 2:
                 bounds = [static_int(x) for x in query_range]
             if bounds is None or None in bounds or not 0 <= bounds[0] < bounds[1]:
-                raise ValueError(layer._error(
-                    "`attention_scores_query_range` must be (start, stop) "
-                    "with 0 <= start < stop. Received: "
-                    f"attention_scores_query_range={query_range!r}"))
+                raise ValueError(
+                    layer._error(
+                        "`attention_scores_query_range` must be (start, stop) "
+                        "with 0 <= start < stop. Received: "
+                        f"attention_scores_query_range={query_range!r}"
+                    )
+                )
             self.query_range = tuple(bounds)
 
     def check_length(self, layer, query_length):
         if self.query_range and query_length is not None:
             if self.query_range[1] > query_length:
-                raise ValueError(layer._error(
-                    "`attention_scores_query_range` must lie inside the "
-                    f"query of length {query_length}. Received: "
-                    f"attention_scores_query_range={self.query_range}"))
+                raise ValueError(
+                    layer._error(
+                        "`attention_scores_query_range` must lie inside the "
+                        f"query of length {query_length}. Received: "
+                        f"attention_scores_query_range={self.query_range}"
+                    )
+                )
 
     def shape(self, full):
         """The selected scores' shape given the full `(B, H, Tq, Tv)`."""

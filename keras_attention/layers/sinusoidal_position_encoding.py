@@ -97,14 +97,10 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         check_start_index(self, start_index)
         shape = ops.shape(inputs)
         length, features = shape[-2], shape[-1]
-        positions = ops.cast(ops.arange(length), "float32") + ops.cast(
-            start_index, "float32"
-        )
+        positions = ops.cast(ops.arange(length), "float32") + ops.cast(start_index, "float32")
         feature_index = ops.arange(features)
         # Features 2i and 2i + 1 share the frequency max_wavelength ** (-2i / d).
-        exponent = ops.cast(2 * (feature_index // 2), "float32") / ops.cast(
-            features, "float32"
-        )
+        exponent = ops.cast(2 * (feature_index // 2), "float32") / ops.cast(features, "float32")
         frequencies = ops.power(float(self.max_wavelength), -exponent)
         angles = positions[:, None] * frequencies[None, :]  # (T, d)
         is_cosine = ops.equal(feature_index % 2, 1)

@@ -2,9 +2,9 @@ import keras
 import numpy as np
 
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.utils import validate_non_negative_int
 from keras_attention.layers.utils import validate_positive_int
-from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import block_sparse
 from keras_attention.ops import dense_attention
@@ -112,9 +112,7 @@ class SparseAttention(BaseMultiHeadAttention):
         validate_non_negative_int(name, "global_blocks", global_blocks)
         validate_non_negative_int(name, "random_blocks", random_blocks)
         if global_tokens is not None:
-            if isinstance(global_tokens, (str, bytes)) or not hasattr(
-                global_tokens, "__iter__"
-            ):
+            if isinstance(global_tokens, (str, bytes)) or not hasattr(global_tokens, "__iter__"):
                 raise TypeError(
                     f"{name}: `global_tokens` must be a list of token positions "
                     f"or None. Received: global_tokens={global_tokens!r}"
@@ -138,18 +136,14 @@ class SparseAttention(BaseMultiHeadAttention):
         rows = MIN_PLAN_ROWS
         if query_length is not None:
             rows = max(rows, -(-query_length // self.block_size))
-        plan = np.random.default_rng(self.seed).integers(
-            0, _PLAN_HIGH, (rows, self.random_blocks)
-        )
+        plan = np.random.default_rng(self.seed).integers(0, _PLAN_HIGH, (rows, self.random_blocks))
         # Created after the parent's weights and non-trainable, so that
         # `trainable_weights` are exactly MultiHeadAttention's.
         self.random_plan = self.add_weight(
             name="random_plan",
             shape=(rows, self.random_blocks),
             dtype="int32",
-            initializer=lambda shape, dtype=None: keras.ops.convert_to_tensor(
-                plan, dtype="int32"
-            ),
+            initializer=lambda shape, dtype=None: keras.ops.convert_to_tensor(plan, dtype="int32"),
             trainable=False,
         )
 
@@ -161,8 +155,10 @@ class SparseAttention(BaseMultiHeadAttention):
         if query_length is None or key_length is None:
             return False
         return block_sparse.covers_every_key(
-            -(-query_length // self.block_size), -(-key_length // self.block_size),
-            window_blocks=self.window_blocks, global_blocks=self.global_blocks,
+            -(-query_length // self.block_size),
+            -(-key_length // self.block_size),
+            window_blocks=self.window_blocks,
+            global_blocks=self.global_blocks,
             causal=causal,
         )
 
@@ -201,8 +197,10 @@ class SparseAttention(BaseMultiHeadAttention):
             # Short sequences: the pattern holds every key, and exact
             # attention under the same masks is the same answer.
             mask = attention_masks.AttentionMask(
-                query_mask=query_mask, key_mask=key_mask,
-                pair_mask=attention_mask, causal=use_causal_mask,
+                query_mask=query_mask,
+                key_mask=key_mask,
+                pair_mask=attention_mask,
+                causal=use_causal_mask,
             )
             output, weights = dense_attention.dense_attention(
                 query, key, value, mask, scale=self._scale, dropout=dropout

@@ -7,12 +7,12 @@
 import keras
 from keras.src.backend import get_keras_mask
 
-from keras_attention import validation
 from keras_attention import distribution
-from keras_attention.layers.utils import clone_initializer
-from keras_attention.layers.utils import validate_positive_int
+from keras_attention import validation
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
+from keras_attention.layers.utils import clone_initializer
+from keras_attention.layers.utils import validate_positive_int
 
 
 def attention_prototype(block_name, argument, attention, num_heads, key_dim):
@@ -78,13 +78,11 @@ def check_mask(block, name, mask, expected_shape):
     if not hasattr(mask, "shape") or not ("bool" in dtype or "int" in dtype):
         raise TypeError(
             f"{prefix}`{name}` must be a boolean tensor, True for positions to "
-            f"attend. Received: {name}="
-            + (f"tensor with dtype {dtype}" if dtype else repr(mask))
+            f"attend. Received: {name}=" + (f"tensor with dtype {dtype}" if dtype else repr(mask))
         )
     shape = tuple(mask.shape)
     if len(shape) != len(expected_shape) or any(
-        got is not None and want is not None and got != want
-        and not (axis == 0 and got == 1)
+        got is not None and want is not None and got != want and not (axis == 0 and got == 1)
         for axis, (got, want) in enumerate(zip(shape, expected_shape))
     ):
         raise ValueError(
@@ -115,32 +113,26 @@ class TransformerBlockBase(keras.layers.Layer):
         name = type(self).__name__
         self.num_heads = validate_positive_int(name, "num_heads", num_heads)
         self.key_dim = validate_positive_int(name, "key_dim", key_dim)
-        self.intermediate_dim = validate_positive_int(
-            name, "intermediate_dim", intermediate_dim
-        )
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (
-            0.0 <= dropout < 1.0
+        self.intermediate_dim = validate_positive_int(name, "intermediate_dim", intermediate_dim)
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not (0.0 <= dropout < 1.0)
         ):
             raise ValueError(
-                f"{name}: `dropout` must be a float in [0, 1). "
-                f"Received: dropout={dropout!r}"
+                f"{name}: `dropout` must be a float in [0, 1). Received: dropout={dropout!r}"
             )
         if not isinstance(norm_first, bool):
             raise TypeError(
-                f"{name}: `norm_first` must be True or False. "
-                f"Received: norm_first={norm_first!r}"
+                f"{name}: `norm_first` must be True or False. Received: norm_first={norm_first!r}"
             )
-        if not isinstance(layer_norm_epsilon, (int, float)) or not (
-            layer_norm_epsilon > 0
-        ):
+        if not isinstance(layer_norm_epsilon, (int, float)) or not (layer_norm_epsilon > 0):
             raise ValueError(
                 f"{name}: `layer_norm_epsilon` must be a positive number. "
                 f"Received: layer_norm_epsilon={layer_norm_epsilon!r}"
             )
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise TypeError(
-                f"{name}: `seed` must be an integer or None. Received: seed={seed!r}"
-            )
+            raise TypeError(f"{name}: `seed` must be an integer or None. Received: seed={seed!r}")
         self.dropout = float(dropout)
         self.norm_first = norm_first
         self.activation = keras.activations.get(activation)
@@ -174,9 +166,7 @@ class TransformerBlockBase(keras.layers.Layer):
 
     def _check_attention_output(self, attention, inputs_shape, other_shape):
         output_shape = attention.compute_output_shape(inputs_shape, other_shape)
-        if tuple(output_shape[-1:]) != tuple(inputs_shape[-1:]) or len(
-            output_shape
-        ) != 3:
+        if tuple(output_shape[-1:]) != tuple(inputs_shape[-1:]) or len(output_shape) != 3:
             raise ValueError(
                 f"{validation.owner_name(self)}: the attention "
                 f"output {tuple(output_shape)} cannot be added to the residual "
@@ -201,18 +191,23 @@ class TransformerBlockBase(keras.layers.Layer):
 
     def _dropout(self, name, seed_offset):
         return keras.layers.Dropout(
-            self.dropout, seed=self._seed(seed_offset), dtype=self.dtype_policy,
+            self.dropout,
+            seed=self._seed(seed_offset),
+            dtype=self.dtype_policy,
             name=name,
         )
 
     def _build_feedforward(self, inputs_shape):
         hidden = inputs_shape[-1]
         ff = ("features", "intermediate_dim")
-        distribution.check_layout(self, {
-            "feedforward_intermediate_dense/kernel": ((hidden, self.intermediate_dim), ff),
-            "feedforward_intermediate_dense/bias": ((self.intermediate_dim,), ff[1:]),
-            "feedforward_output_dense/kernel": ((self.intermediate_dim, hidden), ff[::-1]),
-        })
+        distribution.check_layout(
+            self,
+            {
+                "feedforward_intermediate_dense/kernel": ((hidden, self.intermediate_dim), ff),
+                "feedforward_intermediate_dense/bias": ((self.intermediate_dim,), ff[1:]),
+                "feedforward_output_dense/kernel": ((self.intermediate_dim, hidden), ff[::-1]),
+            },
+        )
         self.feedforward_layer_norm = self._layer_norm("feedforward_layer_norm")
         self.feedforward_layer_norm.build(inputs_shape)
         self.feedforward_intermediate_dense = self._dense(
@@ -222,9 +217,7 @@ class TransformerBlockBase(keras.layers.Layer):
         )
         self.feedforward_intermediate_dense.build(inputs_shape)
         self.feedforward_output_dense = self._dense(hidden, "feedforward_output_dense")
-        self.feedforward_output_dense.build(
-            tuple(inputs_shape[:-1]) + (self.intermediate_dim,)
-        )
+        self.feedforward_output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
         self.feedforward_dropout = self._dropout("feedforward_dropout", 100)
 
     def _residual(self, sublayer, layer_norm, dropout, inputs, training):
@@ -265,12 +258,8 @@ class TransformerBlockBase(keras.layers.Layer):
                 "attention": serialize_prototype(self._attention_prototype),
                 "activation": keras.activations.serialize(self.activation),
                 "layer_norm_epsilon": self.layer_norm_epsilon,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(
-                    self.bias_initializer
-                ),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
                 "seed": self.seed,
             }
         )

@@ -145,9 +145,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
     def build(self, inputs_shape, encoder_outputs_shape=None):
         check_sequence_shape(self, "inputs", inputs_shape)
         inputs_shape = tuple(inputs_shape)
-        self.self_attention = self._make_attention(
-            self._attention_prototype, "self_attention", 0
-        )
+        self.self_attention = self._make_attention(self._attention_prototype, "self_attention", 0)
         self._check_attention_output(self.self_attention, inputs_shape, inputs_shape)
         self.self_attention.build(inputs_shape, inputs_shape)
         self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm")
@@ -163,13 +161,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 "cross_attention",
                 2,
             )
-            self._check_attention_output(
-                self.cross_attention, inputs_shape, encoder_outputs_shape
-            )
+            self._check_attention_output(self.cross_attention, inputs_shape, encoder_outputs_shape)
             self.cross_attention.build(inputs_shape, encoder_outputs_shape)
-            self.cross_attention_layer_norm = self._layer_norm(
-                "cross_attention_layer_norm"
-            )
+            self.cross_attention_layer_norm = self._layer_norm("cross_attention_layer_norm")
             self.cross_attention_layer_norm.build(inputs_shape)
             self.cross_attention_dropout = self._dropout("cross_attention_dropout", 3)
         self._build_feedforward(inputs_shape)
@@ -243,8 +237,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 self._error(
                     "the block was built "
                     + (
-                        "with cross-attention: pass `encoder_outputs` or "
-                        "`cross_attention_cache`"
+                        "with cross-attention: pass `encoder_outputs` or `cross_attention_cache`"
                         if self.has_cross_attention
                         else "without cross-attention (decoder-only), so it "
                         "takes no `encoder_outputs`/`cross_attention_cache`"
@@ -263,9 +256,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 )
             )
         batch, length = inputs.shape[0], inputs.shape[1]
-        self_length = (
-            length if self_attention_cache is None else self_attention_cache.shape[2]
-        )
+        self_length = length if self_attention_cache is None else self_attention_cache.shape[2]
         check_mask(self, "decoder_padding_mask", decoder_padding_mask, (batch, length))
         check_mask(
             self,
@@ -286,9 +277,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                     f"with shape {tuple(encoder_padding_mask.shape)}"
                 )
             )
-        check_mask(
-            self, "encoder_padding_mask", encoder_padding_mask, (batch, encoder_length)
-        )
+        check_mask(self, "encoder_padding_mask", encoder_padding_mask, (batch, encoder_length))
         return self_length, encoder_length
 
     def call(
@@ -323,9 +312,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             encoder_padding_mask = keras_mask_of(encoder_outputs)
         # Integer inputs run in the compute dtype (after reading their masks).
         inputs = utils.cast_to_compute_dtype(self, inputs)
-        encoder_outputs = utils.cast_to_compute_dtype(
-            self, encoder_outputs, "encoder_outputs"
-        )
+        encoder_outputs = utils.cast_to_compute_dtype(self, encoder_outputs, "encoder_outputs")
         if return_cross_attention_logits:
             self._check_cross_logits()
         updated_cache = []
@@ -335,9 +322,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             if self_attention_cache is None:
                 extra = dict(value_mask=decoder_padding_mask)
             else:
-                extra = dict(
-                    cache=self_attention_cache, cache_update_index=cache_update_index
-                )
+                extra = dict(cache=self_attention_cache, cache_update_index=cache_update_index)
             result = self.self_attention(
                 x,
                 query_mask=decoder_padding_mask,
@@ -355,8 +340,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
 
         def cross_attention(x):
             if return_cross_attention_logits:
-                cross_logits.append(self._cross_attention_logits(
-                    x, encoder_outputs, cross_attention_cache))
+                cross_logits.append(
+                    self._cross_attention_logits(x, encoder_outputs, cross_attention_cache)
+                )
             if cross_attention_cache is None:
                 result = self.cross_attention(
                     x,
@@ -440,9 +426,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                     dtype=self.compute_dtype,
                 ),
             )
-            has_encoder = (
-                encoder_outputs is not None or cross_attention_cache is not None
-            )
+            has_encoder = encoder_outputs is not None or cross_attention_cache is not None
             if has_encoder:
                 results += (
                     keras.KerasTensor(
@@ -460,20 +444,21 @@ class TransformerDecoderBlock(TransformerBlockBase):
             )
         if self_attention_cache is not None:
             results += (
-                keras.KerasTensor(
-                    self_attention_cache.shape, dtype=self_attention_cache.dtype
-                ),
+                keras.KerasTensor(self_attention_cache.shape, dtype=self_attention_cache.dtype),
             )
         return results[0] if len(results) == 1 else results
 
     def _check_cross_logits(self):
         layer = getattr(self, "cross_attention", None) if self.has_cross_attention else None
         if not isinstance(layer, MultiHeadAttention):
-            raise ValueError(self._error(
-                "`return_cross_attention_logits=True` needs a block with "
-                "cross-attention of the MultiHeadAttention kind (a dot-product "
-                "score). Received: cross_attention="
-                f"{type(layer).__name__ if layer is not None else None}"))
+            raise ValueError(
+                self._error(
+                    "`return_cross_attention_logits=True` needs a block with "
+                    "cross-attention of the MultiHeadAttention kind (a dot-product "
+                    "score). Received: cross_attention="
+                    f"{type(layer).__name__ if layer is not None else None}"
+                )
+            )
 
     def _cross_attention_logits(self, query, encoder_outputs, cross_attention_cache):
         """`(B, H, T, S)` scores before softmax of the cross-attention's heads."""
@@ -485,13 +470,12 @@ class TransformerDecoderBlock(TransformerBlockBase):
             key = layer.key_dense(encoder_outputs)
         key = multi_head.repeat_key_value_heads(key, layer.num_heads)  # (B, S, H, D)
         return ops.einsum("bthd,bshd->bhts", query, ops.cast(key, query.dtype)) * ops.cast(
-            1.0 / math.sqrt(float(layer.key_dim)), query.dtype)
+            1.0 / math.sqrt(float(layer.key_dim)), query.dtype
+        )
 
     def get_config(self):
         config = super().get_config()
-        config["cross_attention"] = serialize_prototype(
-            self._cross_attention_prototype
-        )
+        config["cross_attention"] = serialize_prototype(self._cross_attention_prototype)
         return config
 
 

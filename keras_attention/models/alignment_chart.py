@@ -69,18 +69,18 @@ def merge_subwords(translation, suffix="##"):
     targets = _word_groups(translation.tokens, suffix)
 
     def word(tokens, group):
-        return "".join(tokens[i].removeprefix(suffix) if n else tokens[i]
-                       for n, i in enumerate(group))
+        return "".join(
+            tokens[i].removeprefix(suffix) if n else tokens[i] for n, i in enumerate(group)
+        )
 
-    columns = np.stack([alignment[..., g].sum(-1) for g in sources], -1) \
-        if sources else alignment
-    rows = np.stack([columns[..., g, :].mean(-2) for g in targets], -2) \
-        if targets else columns
+    columns = np.stack([alignment[..., g].sum(-1) for g in sources], -1) if sources else alignment
+    rows = np.stack([columns[..., g, :].mean(-2) for g in targets], -2) if targets else columns
     return Translation(
         text=translation.text,
         tokens=[word(translation.tokens, g) for g in targets],
         source_tokens=[word(translation.source_tokens, g) for g in sources],
-        score=translation.score, alignment=rows,
+        score=translation.score,
+        alignment=rows,
     )
 
 
@@ -101,17 +101,13 @@ def alignment_text(translation, width=None, layer=-1, head=None):
     header = " " * (label + 3) + "".join(t[:width].ljust(width) for t in source)
     lines = [header]
     for token, row in zip(translation.tokens, alignment):
-        cells = "".join(
-            _SHADES[min(len(_SHADES) - 1, int(w * len(_SHADES)))] * width
-            for w in row
-        )
+        cells = "".join(_SHADES[min(len(_SHADES) - 1, int(w * len(_SHADES)))] * width for w in row)
         top = source[int(np.argmax(row))] if len(row) else ""
         lines.append(f"{_shown(token).rjust(label)} | {cells}  <- {top}")
     return "\n".join(lines)
 
 
-def alignment_html(translations, title="Attention alignments", layer=-1,
-                   head=None):
+def alignment_html(translations, title="Attention alignments", layer=-1, head=None):
     """A self-contained HTML page with one heatmap table per translation.
 
     Cell darkness is the attention weight; hovering a cell shows the value.
@@ -140,9 +136,7 @@ def alignment_html(translations, title="Attention alignments", layer=-1,
             f"{html.escape(source)} &rarr; {html.escape(translation.text)}"
             "</caption><tr><th></th>"
         )
-        parts.extend(
-            f"<th>{html.escape(_shown(t))}</th>" for t in translation.source_tokens
-        )
+        parts.extend(f"<th>{html.escape(_shown(t))}</th>" for t in translation.source_tokens)
         parts.append("</tr>")
         for token, row in zip(translation.tokens, alignment):
             parts.append(f'<tr><th class="row">{html.escape(_shown(token))}</th>')

@@ -127,8 +127,7 @@ class DecodingSession:
         join = getattr(self.translator, "join_target_tokens", None)
         if join is not None:
             return join(self.output_tokens)
-        return getattr(self.translator, "target_separator", "").join(
-            self.output_tokens)
+        return getattr(self.translator, "target_separator", "").join(self.output_tokens)
 
     def _token_id(self, force_token):
         vocabulary = self.translator.target_vocabulary

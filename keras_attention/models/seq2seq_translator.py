@@ -5,9 +5,9 @@ import tensorflow as tf
 
 from keras_attention import validation
 from keras_attention.layers.additive_attention import AdditiveAttention
-from keras_attention.layers.score_attention import ScoreAttention
 from keras_attention.layers.low_rank_attention import LowRankAttention
 from keras_attention.layers.luong_attention import LuongAttention
+from keras_attention.layers.score_attention import ScoreAttention
 from keras_attention.models.text_processing import PAD_ID
 from keras_attention.models.translator_base import Translator
 from keras_attention.models.translator_base import positive_int
@@ -33,8 +33,8 @@ def make_attention(attention, units, name="attention"):
         return attention
     if isinstance(attention, dict):
         return validation.deserialize_layer(
-            "Seq2SeqTranslator", "attention", attention, ScoreAttention,
-            _ATTENTION_DESCRIPTION)
+            "Seq2SeqTranslator", "attention", attention, ScoreAttention, _ATTENTION_DESCRIPTION
+        )
     if attention == "additive":
         return AdditiveAttention(units=units, name=name)
     if attention == "luong":
@@ -50,7 +50,6 @@ def make_attention(attention, units, name="attention"):
         "keras_attention single-head attention layer (e.g. "
         f"AdditiveAttention()). Received: attention={attention!r}"
     )
-
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -127,10 +126,14 @@ class Seq2SeqTranslator(Translator):
         **kwargs,
     ):
         super().__init__(
-            source_vocabulary, target_vocabulary, source_split=source_split,
-            target_split=target_split, lowercase=lowercase,
+            source_vocabulary,
+            target_vocabulary,
+            source_split=source_split,
+            target_split=target_split,
+            lowercase=lowercase,
             max_source_length=max_source_length,
-            max_target_length=max_target_length, **kwargs,
+            max_target_length=max_target_length,
+            **kwargs,
         )
         units = positive_int("units", units, owner="Seq2SeqTranslator")
         if units % 2:
@@ -140,16 +143,14 @@ class Seq2SeqTranslator(Translator):
             )
         if rnn not in RNN_NAMES:
             raise ValueError(
-                f"Seq2SeqTranslator: `rnn` must be one of {RNN_NAMES}. "
-                f"Received: rnn={rnn!r}"
+                f"Seq2SeqTranslator: `rnn` must be one of {RNN_NAMES}. Received: rnn={rnn!r}"
             )
         if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(
                 "Seq2SeqTranslator: `dropout` must be a float in [0, 1). "
                 f"Received: dropout={dropout!r}"
             )
-        self.embedding_dim = positive_int(
-            "embedding_dim", embedding_dim, owner="Seq2SeqTranslator")
+        self.embedding_dim = positive_int("embedding_dim", embedding_dim, owner="Seq2SeqTranslator")
         self.units = units
         self.rnn = rnn
         self.dropout = float(dropout)
@@ -158,7 +159,9 @@ class Seq2SeqTranslator(Translator):
 
         rnn_class = keras.layers.GRU if rnn == "gru" else keras.layers.LSTM
         self.source_embedding = keras.layers.Embedding(
-            self.source_text.size, embedding_dim, mask_zero=True,
+            self.source_text.size,
+            embedding_dim,
+            mask_zero=True,
             name="source_embedding",
         )
         self.encoder = keras.layers.Bidirectional(
@@ -167,9 +170,7 @@ class Seq2SeqTranslator(Translator):
         )
         # Encoder final states -> decoder initial state (and LSTM cell state).
         # Attributes, not a list: TensorFlow's SavedModel tracking must see them.
-        self.hidden_bridge = keras.layers.Dense(
-            units, activation="tanh", name="hidden_bridge"
-        )
+        self.hidden_bridge = keras.layers.Dense(units, activation="tanh", name="hidden_bridge")
         self.cell_bridge = (
             keras.layers.Dense(units, activation="tanh", name="cell_bridge")
             if rnn == "lstm"
@@ -178,32 +179,30 @@ class Seq2SeqTranslator(Translator):
         self.target_embedding = keras.layers.Embedding(
             self.target_text.size, embedding_dim, name="target_embedding"
         )
-        self.decoder = rnn_class(
-            units, return_sequences=True, return_state=True, name="decoder"
-        )
+        self.decoder = rnn_class(units, return_sequences=True, return_state=True, name="decoder")
         self.attention = make_attention(attention, units)
         self.attention_projection = keras.layers.Dense(
             units, activation="tanh", name="attention_projection"
         )
         self.hidden_dropout = keras.layers.Dropout(self.dropout, seed=seed)
-        self.output_projection = keras.layers.Dense(
-            self.target_text.size, name="output_projection"
-        )
+        self.output_projection = keras.layers.Dense(self.target_text.size, name="output_projection")
         # Build every weight now, so translate() and sessions work before fit.
         self._build_weights()
 
     # ----------------------------------------------------------- config
     def get_config(self):
         config = self._text_config()
-        config.update({
-            "embedding_dim": self.embedding_dim,
-            "units": self.units,
-            "rnn": self.rnn,
-            "attention": self.attention_name
-            or keras.saving.serialize_keras_object(self.attention),
-            "dropout": self.dropout,
-            "seed": self.seed,
-        })
+        config.update(
+            {
+                "embedding_dim": self.embedding_dim,
+                "units": self.units,
+                "rnn": self.rnn,
+                "attention": self.attention_name
+                or keras.saving.serialize_keras_object(self.attention),
+                "dropout": self.dropout,
+                "seed": self.seed,
+            }
+        )
         return config
 
     # ------------------------------------------------------------------ model
@@ -217,9 +216,7 @@ class Seq2SeqTranslator(Translator):
         forward, backward = final_states[:half], final_states[half:]
         decoder_states = [
             bridge(tf.concat([f, b], axis=-1))
-            for bridge, f, b in zip(
-                (self.hidden_bridge, self.cell_bridge), forward, backward
-            )
+            for bridge, f, b in zip((self.hidden_bridge, self.cell_bridge), forward, backward)
         ]
         return encoder_outputs, source_mask, decoder_states
 
@@ -231,9 +228,7 @@ class Seq2SeqTranslator(Translator):
             return_attention_scores=True,
             training=training,
         )
-        hidden = self.attention_projection(
-            tf.concat([context, decoder_outputs], axis=-1)
-        )
+        hidden = self.attention_projection(tf.concat([context, decoder_outputs], axis=-1))
         hidden = self.hidden_dropout(hidden, training=training)
         return self.output_projection(hidden), weights
 
@@ -242,12 +237,8 @@ class Seq2SeqTranslator(Translator):
         source_ids, decoder_inputs = inputs
         encoder_outputs, source_mask, states = self.encode(source_ids, training)
         embedded = self.target_embedding(decoder_inputs)
-        decoder_outputs = self.decoder(
-            embedded, initial_state=states, training=training
-        )[0]
-        logits, weights = self._attend(
-            decoder_outputs, encoder_outputs, source_mask, training
-        )
+        decoder_outputs = self.decoder(embedded, initial_state=states, training=training)[0]
+        logits, weights = self._attend(decoder_outputs, encoder_outputs, source_mask, training)
         if return_attention_scores:
             return logits, weights
         return logits
@@ -271,7 +262,6 @@ class Seq2SeqTranslator(Translator):
             tf.cast(weights[:, 0, :], tf.float32),
             output,
         )
-
 
     # ------------------------------------------------------ decoding hooks
     def _start_decoding(self, source_ids, max_length):

@@ -37,8 +37,7 @@ SUFFIX = "##"
 def _check_split(split, owner="TextEncoder", argument="split"):
     if split not in SPLITS:
         raise ValueError(
-            f"{owner}: `{argument}` must be one of {SPLITS}. Received: "
-            f"{argument}={split!r}"
+            f"{owner}: `{argument}` must be one of {SPLITS}. Received: {argument}={split!r}"
         )
 
 
@@ -71,14 +70,11 @@ def split_text(texts, split, lowercase, wordpiece=None):
         return wordpiece.tokenize(words).merge_dims(1, 2)  # (B, pieces)
     codepoints = tf_text.UnicodeCharTokenizer().tokenize(texts)  # (B, None) int32
     # One string per character: encode each codepoint back to UTF-8.
-    characters = tf.strings.unicode_encode(
-        tf.expand_dims(codepoints.flat_values, -1), "UTF-8"
-    )
+    characters = tf.strings.unicode_encode(tf.expand_dims(codepoints.flat_values, -1), "UTF-8")
     return codepoints.with_flat_values(characters)
 
 
-def wordpiece_vocabulary(word_counts, max_tokens=None, min_count=1,
-                         max_suffix_length=4):
+def wordpiece_vocabulary(word_counts, max_tokens=None, min_count=1, max_suffix_length=4):
     """Learns WordPiece pieces from `{word: count}` (our own, deterministic).
 
     Pieces, most useful first: every character, as a word start and as a
@@ -103,17 +99,17 @@ def wordpiece_vocabulary(word_counts, max_tokens=None, min_count=1,
     for character, _ in characters.most_common():
         tokens += [character, SUFFIX + character]
     tokens += [
-        piece for piece, _ in pieces.most_common()
+        piece
+        for piece, _ in pieces.most_common()
         if not piece.startswith(SUFFIX) or suffix_words[piece] >= 2
     ]
     tokens = list(dict.fromkeys(t for t in tokens if t not in RESERVED_TOKENS))
     if max_tokens is not None:
-        tokens = tokens[:max(0, max_tokens - len(RESERVED_TOKENS))]
+        tokens = tokens[: max(0, max_tokens - len(RESERVED_TOKENS))]
     return tokens
 
 
-def build_vocabulary(texts, split="character", lowercase=True, max_tokens=None,
-                     min_count=1):
+def build_vocabulary(texts, split="character", lowercase=True, max_tokens=None, min_count=1):
     """Counts the tokens of `texts` (Python strings) and returns the vocabulary.
 
     The result starts with the reserved tokens, then the tokens seen at least
@@ -124,14 +120,12 @@ def build_vocabulary(texts, split="character", lowercase=True, max_tokens=None,
     counts = collections.Counter()
     words = "whitespace" if split == "wordpiece" else split
     for start in range(0, len(texts), 4096):
-        batch = split_text(list(texts[start:start + 4096]), words, lowercase)
+        batch = split_text(list(texts[start : start + 4096]), words, lowercase)
         for row in batch.to_list():
             counts.update(token.decode("utf-8") for token in row)
     if split == "wordpiece":
-        return list(RESERVED_TOKENS) + wordpiece_vocabulary(
-            counts, max_tokens, min_count)
-    tokens = [t for t, c in counts.most_common() if c >= min_count
-              and t not in RESERVED_TOKENS]
+        return list(RESERVED_TOKENS) + wordpiece_vocabulary(counts, max_tokens, min_count)
+    tokens = [t for t, c in counts.most_common() if c >= min_count and t not in RESERVED_TOKENS]
     vocabulary = list(RESERVED_TOKENS) + tokens
     if max_tokens is not None:
         vocabulary = vocabulary[:max_tokens]
@@ -150,8 +144,16 @@ class TextEncoder(tf.Module):
             first `max_length` tokens); padded tensors have this width.
     """
 
-    def __init__(self, vocabulary, split="character", lowercase=True,
-                 max_length=64, name=None, owner=None, role=None):
+    def __init__(
+        self,
+        vocabulary,
+        split="character",
+        lowercase=True,
+        max_length=64,
+        name=None,
+        owner=None,
+        role=None,
+    ):
         # `owner`/`role` ("TransformerTranslator", "source"): errors name the
         # class the user built and its argument (`source_split`).
         super().__init__(name=name)
@@ -175,8 +177,7 @@ class TextEncoder(tf.Module):
                 f"{owner}: `{prefix}vocabulary` has duplicate tokens. Received: "
                 f"{len(vocabulary)} tokens, {len(set(vocabulary))} distinct"
             )
-        if isinstance(max_length, bool) or not isinstance(max_length, int) \
-                or max_length < 1:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
             raise ValueError(
                 f"{owner}: `max_length` must be a positive integer. "
                 f"Received: max_length={max_length!r}"
@@ -189,8 +190,11 @@ class TextEncoder(tf.Module):
         self._wordpiece = None
         if split == "wordpiece":
             self._wordpiece = _tf_text(owner).FastWordpieceTokenizer(
-                vocab=vocabulary, suffix_indicator=SUFFIX, unknown_token=UNK,
-                token_out_type=tf.string, no_pretokenization=True,
+                vocab=vocabulary,
+                suffix_indicator=SUFFIX,
+                unknown_token=UNK,
+                token_out_type=tf.string,
+                no_pretokenization=True,
             )
         self.table = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(
@@ -207,8 +211,7 @@ class TextEncoder(tf.Module):
 
     def tokenize(self, texts):
         """`(B,)` strings -> ragged `(B, None)` token strings, truncated."""
-        return split_text(texts, self.split, self.lowercase,
-                          self._wordpiece)[:, : self.max_length]
+        return split_text(texts, self.split, self.lowercase, self._wordpiece)[:, : self.max_length]
 
     def encode(self, texts, max_length=None, add_end=False):
         """`(B,)` strings -> `(ids (B, max_length) int32, tokens ragged)`.

@@ -6,12 +6,10 @@ import tensorflow as tf
 
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
-from keras_attention.layers.sinusoidal_position_encoding import (
-    SinusoidalPositionEncoding,
-)
+from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_attention.layers.transformer_block import attention_prototype
 from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
-from keras_attention.layers.transformer_block import attention_prototype
 from keras_attention.layers.utils import validate_rate
 from keras_attention.layers.utils import validate_seed
 from keras_attention.models.text_processing import PAD_ID
@@ -61,11 +59,13 @@ class TransformerTranslator(Translator):
     ((1, 2), 3)
     """
 
-    _nested_layer_types = {"attention": (
-        BaseMultiHeadAttention,
-        "None or a keras_attention multi-head layer (MultiHeadAttention, "
-        "SparseAttention, PerformerAttention, LinformerAttention, ...)",
-    )}
+    _nested_layer_types = {
+        "attention": (
+            BaseMultiHeadAttention,
+            "None or a keras_attention multi-head layer (MultiHeadAttention, "
+            "SparseAttention, PerformerAttention, LinformerAttention, ...)",
+        )
+    }
 
     def __init__(
         self,
@@ -87,17 +87,20 @@ class TransformerTranslator(Translator):
         **kwargs,
     ):
         super().__init__(
-            source_vocabulary, target_vocabulary, source_split=source_split,
-            target_split=target_split, lowercase=lowercase,
+            source_vocabulary,
+            target_vocabulary,
+            source_split=source_split,
+            target_split=target_split,
+            lowercase=lowercase,
             max_source_length=max_source_length,
-            max_target_length=max_target_length, **kwargs,
+            max_target_length=max_target_length,
+            **kwargs,
         )
         owner = "TransformerTranslator"
         self.num_layers = positive_int("num_layers", num_layers, owner=owner)
         self.num_heads = positive_int("num_heads", num_heads, owner=owner)
         self.hidden_dim = positive_int("hidden_dim", hidden_dim, owner=owner)
-        self.intermediate_dim = positive_int(
-            "intermediate_dim", intermediate_dim, owner=owner)
+        self.intermediate_dim = positive_int("intermediate_dim", intermediate_dim, owner=owner)
         if hidden_dim % num_heads:
             raise ValueError(
                 "TransformerTranslator: `hidden_dim` must be a multiple of "
@@ -107,21 +110,27 @@ class TransformerTranslator(Translator):
         self.dropout = validate_rate(owner, "dropout", dropout)
         validate_seed(owner, seed)
         # The blocks would reject a bad prototype in their own name.
-        attention_prototype(owner, "attention", attention, num_heads,
-                            hidden_dim // num_heads)
+        attention_prototype(owner, "attention", attention, num_heads, hidden_dim // num_heads)
         self.attention_config = (
             keras.saving.serialize_keras_object(attention)
-            if isinstance(attention, keras.layers.Layer) else attention
+            if isinstance(attention, keras.layers.Layer)
+            else attention
         )
         self.norm_first = bool(norm_first)
         self.seed = seed
         block_args = dict(
-            num_heads=num_heads, key_dim=hidden_dim // num_heads,
-            intermediate_dim=intermediate_dim, dropout=dropout,
-            norm_first=norm_first, attention=self.attention_config, seed=seed,
+            num_heads=num_heads,
+            key_dim=hidden_dim // num_heads,
+            intermediate_dim=intermediate_dim,
+            dropout=dropout,
+            norm_first=norm_first,
+            attention=self.attention_config,
+            seed=seed,
         )
         self.source_embedding = keras.layers.Embedding(
-            self.source_text.size, hidden_dim, mask_zero=True,
+            self.source_text.size,
+            hidden_dim,
+            mask_zero=True,
             name="source_embedding",
         )
         self.target_embedding = keras.layers.Embedding(
@@ -130,13 +139,17 @@ class TransformerTranslator(Translator):
         self.position_encoding = SinusoidalPositionEncoding(name="position_encoding")
         # Attributes rather than lists, so SavedModel tracking sees each block.
         for i in range(num_layers):
-            setattr(self, f"encoder_block_{i}", TransformerEncoderBlock(
-                name=f"encoder_block_{i}", **block_args))
-            setattr(self, f"decoder_block_{i}", TransformerDecoderBlock(
-                name=f"decoder_block_{i}", **block_args))
-        self.output_projection = keras.layers.Dense(
-            self.target_text.size, name="output_projection"
-        )
+            setattr(
+                self,
+                f"encoder_block_{i}",
+                TransformerEncoderBlock(name=f"encoder_block_{i}", **block_args),
+            )
+            setattr(
+                self,
+                f"decoder_block_{i}",
+                TransformerDecoderBlock(name=f"decoder_block_{i}", **block_args),
+            )
+        self.output_projection = keras.layers.Dense(self.target_text.size, name="output_projection")
         self._build_weights()
 
     @property
@@ -149,16 +162,18 @@ class TransformerTranslator(Translator):
 
     def get_config(self):
         config = self._text_config()
-        config.update({
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "hidden_dim": self.hidden_dim,
-            "intermediate_dim": self.intermediate_dim,
-            "dropout": self.dropout,
-            "attention": self.attention_config,
-            "norm_first": self.norm_first,
-            "seed": self.seed,
-        })
+        config.update(
+            {
+                "num_layers": self.num_layers,
+                "num_heads": self.num_heads,
+                "hidden_dim": self.hidden_dim,
+                "intermediate_dim": self.intermediate_dim,
+                "dropout": self.dropout,
+                "attention": self.attention_config,
+                "norm_first": self.norm_first,
+                "seed": self.seed,
+            }
+        )
         return config
 
     # ------------------------------------------------------------------ model
@@ -186,8 +201,11 @@ class TransformerTranslator(Translator):
         cross = []
         for block in self.decoder_blocks:
             outputs, _, cross_scores = block(
-                outputs, encoder_outputs, encoder_padding_mask=source_mask,
-                return_attention_scores=True, training=training,
+                outputs,
+                encoder_outputs,
+                encoder_padding_mask=source_mask,
+                return_attention_scores=True,
+                training=training,
             )
             cross.append(cross_scores)
         logits = self.output_projection(outputs)
@@ -200,12 +218,10 @@ class TransformerTranslator(Translator):
         encoder_outputs, source_mask = self.encode(source_ids, False)
         batch = tf.shape(source_ids)[0]
         cross_caches = tuple(
-            block.precompute_cross_attention_cache(encoder_outputs)
-            for block in self.decoder_blocks
+            block.precompute_cross_attention_cache(encoder_outputs) for block in self.decoder_blocks
         )
         self_caches = [
-            block.initial_self_attention_cache(batch, max_length)
-            for block in self.decoder_blocks
+            block.initial_self_attention_cache(batch, max_length) for block in self.decoder_blocks
         ]
         return (source_mask, *cross_caches), self_caches
 
@@ -213,10 +229,11 @@ class TransformerTranslator(Translator):
         source_mask, *cross_caches = context
         outputs = self._embed(self.target_embedding, token_ids[:, None], step)
         new_states, weights, scores = [], [], []
-        for block, cache, cross_cache in zip(self.decoder_blocks, states,
-                                             cross_caches):
+        for block, cache, cross_cache in zip(self.decoder_blocks, states, cross_caches):
             outputs, _, cross_scores, *logits, cache = block(
-                outputs, self_attention_cache=cache, cache_update_index=step,
+                outputs,
+                self_attention_cache=cache,
+                cache_update_index=step,
                 cross_attention_cache=cross_cache,
                 encoder_padding_mask=source_mask,
                 return_attention_scores=True,
@@ -230,13 +247,13 @@ class TransformerTranslator(Translator):
         weights = tf.stack(weights, axis=1)  # (N, layers, H, T_in)
         # The cross-attention scores before softmax, like `weights`, when asked.
         scores = tf.stack(scores, axis=1) if scores else None
-        return tf.cast(logits, tf.float32), new_states, tf.cast(
-            weights, tf.float32), scores
+        return tf.cast(logits, tf.float32), new_states, tf.cast(weights, tf.float32), scores
 
     def _dot_product_cross_attention(self):
         # Scores before softmax and the cache's value layout are MultiHeadAttention's.
-        return all(isinstance(block.cross_attention, MultiHeadAttention)
-                   for block in self.decoder_blocks)
+        return all(
+            isinstance(block.cross_attention, MultiHeadAttention) for block in self.decoder_blocks
+        )
 
     def _session_values(self, state):
         # What each layer's cross-attention weights sum: the value vectors of
@@ -245,8 +262,11 @@ class TransformerTranslator(Translator):
             return None
         _, *cross_caches = state["context"]
         values = [
-            np.repeat(cache[0, 1, : state["length"]].numpy(),
-                      block.cross_attention.num_heads // cache.shape[3], axis=1)
+            np.repeat(
+                cache[0, 1, : state["length"]].numpy(),
+                block.cross_attention.num_heads // cache.shape[3],
+                axis=1,
+            )
             for block, cache in zip(self.decoder_blocks, cross_caches)
         ]  # each (T_in, H, head_dim)
         return np.stack(values).transpose(0, 2, 1, 3)  # (layers, H, T_in, head_dim)

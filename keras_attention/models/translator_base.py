@@ -20,18 +20,18 @@ decoding hooks, and gets `translate` (greedy and beam search compiled as
 import inspect
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from keras_attention import _extras, validation
+from keras_attention import _extras
+from keras_attention import validation
 from keras_attention.models import text_processing
-from keras_attention.progress import progress_bar
 from keras_attention.models.decoding import DecodingSession
 from keras_attention.models.decoding import Translation
 from keras_attention.models.text_processing import END_ID
 from keras_attention.models.text_processing import PAD_ID
 from keras_attention.models.text_processing import START_ID
 from keras_attention.models.text_processing import TextEncoder
+from keras_attention.progress import progress_bar
 
 # Finite stand-in for log(0): keeps beam arithmetic free of inf - inf = NaN.
 _NEG_INF = -1e9
@@ -87,10 +87,17 @@ class Translator(keras.Model):
 
     supports_decoding_session = True
 
-    def __init__(self, source_vocabulary, target_vocabulary,
-                 source_split="character", target_split="character",
-                 lowercase=True, max_source_length=48, max_target_length=16,
-                 **kwargs):
+    def __init__(
+        self,
+        source_vocabulary,
+        target_vocabulary,
+        source_split="character",
+        target_split="character",
+        lowercase=True,
+        max_source_length=48,
+        max_target_length=16,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         owner = type(self).__name__
         if keras.backend.backend() != "tensorflow":
@@ -99,18 +106,26 @@ class Translator(keras.Model):
                 f"tensorflow-text). Received: KERAS_BACKEND="
                 f"{keras.backend.backend()!r}"
             )
-        self.max_source_length = positive_int(
-            "max_source_length", max_source_length, owner=owner)
-        self.max_target_length = positive_int(
-            "max_target_length", max_target_length, owner=owner)
+        self.max_source_length = positive_int("max_source_length", max_source_length, owner=owner)
+        self.max_target_length = positive_int("max_target_length", max_target_length, owner=owner)
         self.lowercase = bool(lowercase)
         self.source_text = TextEncoder(
-            source_vocabulary, source_split, lowercase, self.max_source_length,
-            name="source_text", owner=owner, role="source",
+            source_vocabulary,
+            source_split,
+            lowercase,
+            self.max_source_length,
+            name="source_text",
+            owner=owner,
+            role="source",
         )
         self.target_text = TextEncoder(
-            target_vocabulary, target_split, lowercase, self.max_target_length,
-            name="target_text", owner=owner, role="target",
+            target_vocabulary,
+            target_split,
+            lowercase,
+            self.max_target_length,
+            name="target_text",
+            owner=owner,
+            role="target",
         )
         # Every translator tokenizes with tensorflow-text (the `text` extra):
         # say so here, not from deep inside the first `fit` or `translate`.
@@ -132,7 +147,8 @@ class Translator(keras.Model):
         for key, (expected, description) in cls._nested_layer_types.items():
             if isinstance(config.get(key), dict):
                 config[key] = validation.deserialize_layer(
-                    cls.__name__, key, config[key], expected, description)
+                    cls.__name__, key, config[key], expected, description
+                )
         return cls(**config)
 
     def _build_weights(self):
@@ -161,9 +177,17 @@ class Translator(keras.Model):
         return alignment
 
     @classmethod
-    def from_texts(cls, source_texts, target_texts, source_split=None,
-                   target_split=None, lowercase=True, max_tokens=None,
-                   min_count=1, **kwargs):
+    def from_texts(
+        cls,
+        source_texts,
+        target_texts,
+        source_split=None,
+        target_split=None,
+        lowercase=True,
+        max_tokens=None,
+        min_count=1,
+        **kwargs,
+    ):
         """Builds the vocabularies from training texts, then the translator."""
         defaults = inspect.signature(cls.__init__).parameters
         source_split = source_split or defaults["source_split"].default
@@ -211,13 +235,11 @@ class Translator(keras.Model):
         The same graph join `translate()` and the SavedModel use, so
         WordPiece continuations are glued (`["chat", "##s"]` -> `"chats"`).
         """
-        ragged = tf.ragged.constant([[str(t) for t in tokens]], dtype=tf.string,
-                                    ragged_rank=1)
+        ragged = tf.ragged.constant([[str(t) for t in tokens]], dtype=tf.string, ragged_rank=1)
         return self.target_text.join(ragged)[0].numpy().decode("utf-8")
 
     # --------------------------------------------------------------- training
-    def make_dataset(self, source_texts, target_texts, batch_size=64,
-                     shuffle=True, seed=None):
+    def make_dataset(self, source_texts, target_texts, batch_size=64, shuffle=True, seed=None):
         """A `tf.data.Dataset` of `((source_ids, decoder_inputs), targets)`.
 
         Targets are the target ids followed by `<end>` (truncated to
@@ -226,12 +248,8 @@ class Translator(keras.Model):
         ignores.
         """
         owner = f"{type(self).__name__}.make_dataset"
-        source_texts = text_processing.as_string_array(
-            source_texts, "source_texts", owner=owner
-        )
-        target_texts = text_processing.as_string_array(
-            target_texts, "target_texts", owner=owner
-        )
+        source_texts = text_processing.as_string_array(source_texts, "source_texts", owner=owner)
+        target_texts = text_processing.as_string_array(target_texts, "target_texts", owner=owner)
         if len(source_texts) != len(target_texts):
             raise ValueError(
                 f"{type(self).__name__}.make_dataset: needs as many target texts as "
@@ -241,9 +259,11 @@ class Translator(keras.Model):
         dataset = tf.data.Dataset.from_tensor_slices((source_texts, target_texts))
         if shuffle:
             dataset = dataset.shuffle(len(source_texts), seed=seed)
-        return dataset.batch(batch_size).map(
-            self._training_example, num_parallel_calls=tf.data.AUTOTUNE
-        ).prefetch(tf.data.AUTOTUNE)
+        return (
+            dataset.batch(batch_size)
+            .map(self._training_example, num_parallel_calls=tf.data.AUTOTUNE)
+            .prefetch(tf.data.AUTOTUNE)
+        )
 
     def _training_example(self, sources, targets):
         source_ids, _ = self.source_text.encode(sources)
@@ -261,9 +281,7 @@ class Translator(keras.Model):
     def compile(self, optimizer="adam", loss=None, **kwargs):
         """`keras.Model.compile`; the default loss ignores padding targets."""
         if loss is None:
-            loss = keras.losses.SparseCategoricalCrossentropy(
-                from_logits=True, ignore_class=PAD_ID
-            )
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=PAD_ID)
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
 
     def compile_from_config(self, config):
@@ -276,18 +294,14 @@ class Translator(keras.Model):
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
-
     # --------------------------------------------------------------- decoding
     def _greedy_search(self, source_ids, max_length):
         """Greedy decoding as one `tf.while_loop`; see `_search_outputs`."""
         batch = tf.shape(source_ids)[0]
         context, states = self._start_decoding(source_ids, max_length)
 
-        def body(step, previous, states, finished, lengths, log_prob, tokens_ta,
-                 weights_ta):
-            logits, states, weights, _ = self._decode_step(
-                previous, states, context, step
-            )
+        def body(step, previous, states, finished, lengths, log_prob, tokens_ta, weights_ta):
+            logits, states, weights, _ = self._decode_step(previous, states, context, step)
             log_probs = next_token_log_probs(logits)
             token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
             token = tf.where(finished, PAD_ID, token)
@@ -295,13 +309,22 @@ class Translator(keras.Model):
             log_prob += tf.where(finished, 0.0, token_log_prob)
             lengths += tf.cast(tf.logical_not(finished), tf.int32)
             finished = tf.logical_or(finished, tf.equal(token, END_ID))
-            return (step + 1, token, states, finished, lengths, log_prob,
-                    tokens_ta.write(step, token), weights_ta.write(step, weights))
+            return (
+                step + 1,
+                token,
+                states,
+                finished,
+                lengths,
+                log_prob,
+                tokens_ta.write(step, token),
+                weights_ta.write(step, weights),
+            )
 
         def cond(step, previous, states, finished, *_):
             # At least one step, so an empty batch still stacks its arrays.
-            return tf.logical_and(step < max_length, tf.logical_or(
-                step == 0, tf.logical_not(tf.reduce_all(finished))))
+            return tf.logical_and(
+                step < max_length, tf.logical_or(step == 0, tf.logical_not(tf.reduce_all(finished)))
+            )
 
         loop_vars = (
             tf.constant(0),
@@ -313,9 +336,7 @@ class Translator(keras.Model):
             tf.TensorArray(tf.int32, size=0, dynamic_size=True),
             tf.TensorArray(tf.float32, size=0, dynamic_size=True),
         )
-        _, _, _, _, lengths, log_prob, tokens_ta, weights_ta = tf.while_loop(
-            cond, body, loop_vars
-        )
+        _, _, _, _, lengths, log_prob, tokens_ta, weights_ta = tf.while_loop(cond, body, loop_vars)
         tokens = tf.transpose(tokens_ta.stack(), [1, 0])  # (B, steps)
         weights = _batch_major(weights_ta.stack())  # (B, steps, ..., T_in)
         return tokens, weights, log_prob, lengths
@@ -336,16 +357,13 @@ class Translator(keras.Model):
         # Every hypothesis is a row of a (B * K) batch.
         context = tuple(tf.repeat(c, beam_width, axis=0) for c in context)
         states = [tf.repeat(s, beam_width, axis=0) for s in states]
-        only_padding = tf.where(
-            tf.equal(tf.range(vocabulary_size), PAD_ID), 0.0, _NEG_INF
-        )
+        only_padding = tf.where(tf.equal(tf.range(vocabulary_size), PAD_ID), 0.0, _NEG_INF)
         batch_offsets = tf.range(batch)[:, None] * beam_width  # (B, 1)
 
-        def body(step, previous, states, finished, lengths, log_prob, tokens_ta,
-                 parents_ta, weights_ta):
-            logits, states, weights, _ = self._decode_step(
-                previous, states, context, step
-            )
+        def body(
+            step, previous, states, finished, lengths, log_prob, tokens_ta, parents_ta, weights_ta
+        ):
+            logits, states, weights, _ = self._decode_step(previous, states, context, step)
             log_probs = tf.reshape(
                 next_token_log_probs(logits), [batch, beam_width, vocabulary_size]
             )
@@ -365,18 +383,29 @@ class Translator(keras.Model):
             )
             finished = tf.logical_or(parent_finished, tf.equal(token, END_ID))
             weights = tf.gather(
-                tf.reshape(weights, tf.concat(
-                    [[batch, beam_width], tf.shape(weights)[1:]], axis=0)),
-                parent, batch_dims=1,
+                tf.reshape(
+                    weights, tf.concat([[batch, beam_width], tf.shape(weights)[1:]], axis=0)
+                ),
+                parent,
+                batch_dims=1,
             )
-            return (step + 1, tf.reshape(token, [-1]), states, finished, lengths,
-                    log_prob, tokens_ta.write(step, token),
-                    parents_ta.write(step, parent), weights_ta.write(step, weights))
+            return (
+                step + 1,
+                tf.reshape(token, [-1]),
+                states,
+                finished,
+                lengths,
+                log_prob,
+                tokens_ta.write(step, token),
+                parents_ta.write(step, parent),
+                weights_ta.write(step, weights),
+            )
 
         def cond(step, previous, states, finished, *_):
             # At least one step, so an empty batch still stacks its arrays.
-            return tf.logical_and(step < max_length, tf.logical_or(
-                step == 0, tf.logical_not(tf.reduce_all(finished))))
+            return tf.logical_and(
+                step < max_length, tf.logical_or(step == 0, tf.logical_not(tf.reduce_all(finished)))
+            )
 
         first_beam_only = tf.where(tf.range(beam_width) == 0, 0.0, _NEG_INF)
         loop_vars = (
@@ -390,8 +419,9 @@ class Translator(keras.Model):
             tf.TensorArray(tf.int32, size=0, dynamic_size=True),
             tf.TensorArray(tf.float32, size=0, dynamic_size=True),
         )
-        (steps, _, _, _, lengths, log_prob, tokens_ta, parents_ta,
-         weights_ta) = tf.while_loop(cond, body, loop_vars)
+        (steps, _, _, _, lengths, log_prob, tokens_ta, parents_ta, weights_ta) = tf.while_loop(
+            cond, body, loop_vars
+        )
         return steps, lengths, log_prob, tokens_ta, parents_ta, weights_ta
 
     def _backtrack(self, steps, chosen, tokens_ta, parents_ta, weights_ta):
@@ -401,21 +431,21 @@ class Translator(keras.Model):
             token = tf.gather(tokens_ta.read(step), beam, batch_dims=1)
             weights = tf.gather(weights_ta.read(step), beam, batch_dims=1)
             beam = tf.gather(parents_ta.read(step), beam, batch_dims=1)
-            return (step - 1, beam, tokens_out.write(step, token),
-                    weights_out.write(step, weights))
+            return (step - 1, beam, tokens_out.write(step, token), weights_out.write(step, weights))
 
         _, _, tokens_out, weights_out = tf.while_loop(
             lambda step, *_: step >= 0,
             body,
-            (steps - 1, chosen,
-             tf.TensorArray(tf.int32, size=steps),
-             tf.TensorArray(tf.float32, size=steps)),
+            (
+                steps - 1,
+                chosen,
+                tf.TensorArray(tf.int32, size=steps),
+                tf.TensorArray(tf.float32, size=steps),
+            ),
         )
-        return (tf.transpose(tokens_out.stack(), [1, 0]),
-                _batch_major(weights_out.stack()))
+        return (tf.transpose(tokens_out.stack(), [1, 0]), _batch_major(weights_out.stack()))
 
-    def serving_outputs(self, texts, beam_width, max_length, length_penalty,
-                        method="auto"):
+    def serving_outputs(self, texts, beam_width, max_length, length_penalty, method="auto"):
         """The decoding graph behind `translate` and the exported signatures.
 
         Args:
@@ -428,11 +458,9 @@ class Translator(keras.Model):
 
         Returns the dict documented in `_search_outputs`.
         """
-        return self._search_outputs(texts, beam_width, max_length,
-                                    length_penalty, method)
+        return self._search_outputs(texts, beam_width, max_length, length_penalty, method)
 
-    def _search_outputs(self, texts, beam_width, max_length, length_penalty,
-                        method="auto"):
+    def _search_outputs(self, texts, beam_width, max_length, length_penalty, method="auto"):
         """Graph body shared by `translate` and the exported signature.
 
         Returns a dict of tensors padded to the batch's longest output
@@ -445,12 +473,10 @@ class Translator(keras.Model):
         source_ids, source_tokens = self.source_text.encode(texts)
         source_length = tf.cast(source_tokens.row_lengths(), tf.int32)
         if method == "greedy" or (method == "auto" and beam_width == 1):
-            token_ids, weights, log_prob, lengths = self._greedy_search(
-                source_ids, max_length
-            )
+            token_ids, weights, log_prob, lengths = self._greedy_search(source_ids, max_length)
         else:
-            steps, lengths, log_prob, tokens_ta, parents_ta, weights_ta = (
-                self._beam_search(source_ids, max_length, beam_width)
+            steps, lengths, log_prob, tokens_ta, parents_ta, weights_ta = self._beam_search(
+                source_ids, max_length, beam_width
             )
             normalized = log_prob / tf.pow(
                 tf.cast(tf.maximum(lengths, 1), tf.float32), length_penalty
@@ -458,12 +484,8 @@ class Translator(keras.Model):
             chosen = tf.argmax(normalized, axis=-1, output_type=tf.int32)
             log_prob = tf.gather(log_prob, chosen, batch_dims=1)
             lengths = tf.gather(lengths, chosen, batch_dims=1)
-            token_ids, weights = self._backtrack(
-                steps, chosen, tokens_ta, parents_ta, weights_ta
-            )
-        score = log_prob / tf.pow(
-            tf.cast(tf.maximum(lengths, 1), tf.float32), length_penalty
-        )
+            token_ids, weights = self._backtrack(steps, chosen, tokens_ta, parents_ta, weights_ta)
+        score = log_prob / tf.pow(tf.cast(tf.maximum(lengths, 1), tf.float32), length_penalty)
         # Tokens before <end>; an empty source translates to an empty text.
         has_source = source_length > 0
         is_end = tf.equal(token_ids, END_ID)
@@ -496,10 +518,9 @@ class Translator(keras.Model):
         key = (beam_width, max_length, method)
         functions = self._decode_functions.functions
         if key not in functions:
+
             def decode(texts, length_penalty):
-                return self._search_outputs(
-                    texts, beam_width, max_length, length_penalty, method
-                )
+                return self._search_outputs(texts, beam_width, max_length, length_penalty, method)
 
             # No AutoGraph: the search is written with explicit
             # `tf.while_loop`s, and converting our code recursively is slow
@@ -523,8 +544,9 @@ class Translator(keras.Model):
         """
         return INT32_MAX // self.target_text.size
 
-    def _check_decoding_arguments(self, beam_width, max_length, length_penalty,
-                                  owner=None, beam_argument="beam_width"):
+    def _check_decoding_arguments(
+        self, beam_width, max_length, length_penalty, owner=None, beam_argument="beam_width"
+    ):
         """`(beam_width, max_length, length_penalty)` as Python numbers.
 
         NumPy scalars and 0-d arrays count as the numbers they hold. Limits:
@@ -532,30 +554,43 @@ class Translator(keras.Model):
         (decoding steps are counted in int32).
         """
         owner = owner or f"{type(self).__name__}.translate"
-        beam_width = validation.validate_positive_int(
-            owner, beam_argument, beam_width)
+        beam_width = validation.validate_positive_int(owner, beam_argument, beam_width)
         if beam_width > self.max_beam_width():
-            raise ValueError(validation.error(
-                owner,
-                f"`{beam_argument}` must be at most {self.max_beam_width()} "
-                f"((2**31 - 1) // {self.target_text.size} target tokens: beam "
-                f"search indexes beam_width x vocabulary candidates in int32). "
-                f"Received: {beam_argument}={beam_width}"))
+            raise ValueError(
+                validation.error(
+                    owner,
+                    f"`{beam_argument}` must be at most {self.max_beam_width()} "
+                    f"((2**31 - 1) // {self.target_text.size} target tokens: beam "
+                    f"search indexes beam_width x vocabulary candidates in int32). "
+                    f"Received: {beam_argument}={beam_width}",
+                )
+            )
         if max_length is None:
             max_length = self.max_target_length
         max_length = validation.validate_positive_int(
-            owner, "max_length", max_length, allow_none=True)
+            owner, "max_length", max_length, allow_none=True
+        )
         if max_length > INT32_MAX:
-            raise ValueError(validation.error(
-                owner,
-                f"`max_length` must be at most {INT32_MAX} (decoding steps "
-                f"are counted in int32). Received: max_length={max_length}"))
-        length_penalty = validation.validate_real(
-            owner, "length_penalty", length_penalty)
+            raise ValueError(
+                validation.error(
+                    owner,
+                    f"`max_length` must be at most {INT32_MAX} (decoding steps "
+                    f"are counted in int32). Received: max_length={max_length}",
+                )
+            )
+        length_penalty = validation.validate_real(owner, "length_penalty", length_penalty)
         return beam_width, max_length, length_penalty
 
-    def translate(self, texts, beam_width=1, max_length=None, length_penalty=0.0,
-                  batch_size=256, verbose="auto", _method="auto"):
+    def translate(
+        self,
+        texts,
+        beam_width=1,
+        max_length=None,
+        length_penalty=0.0,
+        batch_size=256,
+        verbose="auto",
+        _method="auto",
+    ):
         """Translates strings; returns one `Translation` per input.
 
         Args:
@@ -588,14 +623,15 @@ class Translator(keras.Model):
         texts = text_processing.as_string_array(texts, owner=owner)
         batch_size = positive_int("batch_size", batch_size, owner=owner)
         starts = range(0, len(texts), batch_size)
-        progress = progress_bar(len(starts), verbose, unit_name="batch",
-                                auto=len(starts) > 1, owner=owner)
+        progress = progress_bar(
+            len(starts), verbose, unit_name="batch", auto=len(starts) > 1, owner=owner
+        )
         if len(texts) == 0:
             return []
         function = self._decode_function(beam_width, max_length, _method)
         results = []
         for done, start in enumerate(starts, 1):
-            batch = texts[start:start + batch_size]
+            batch = texts[start : start + batch_size]
             outputs = function(
                 tf.constant(batch, tf.string), tf.constant(length_penalty, tf.float32)
             )
@@ -614,17 +650,17 @@ class Translator(keras.Model):
                 Translation(
                     text=outputs["translation"][row].decode("utf-8"),
                     tokens=[
-                        t.decode("utf-8")
-                        for t in outputs["target_tokens"][row, :output_length]
+                        t.decode("utf-8") for t in outputs["target_tokens"][row, :output_length]
                     ],
                     source_tokens=[
-                        t.decode("utf-8")
-                        for t in outputs["source_tokens"][row, :source_length]
+                        t.decode("utf-8") for t in outputs["source_tokens"][row, :source_length]
                     ],
                     score=float(outputs["score"][row]),
-                    alignment=self._alignment_layout(outputs["alignment"][
-                        row, :output_length, ..., :source_length
-                    ].astype("float32")),
+                    alignment=self._alignment_layout(
+                        outputs["alignment"][row, :output_length, ..., :source_length].astype(
+                            "float32"
+                        )
+                    ),
                 )
             )
         return results
@@ -641,8 +677,7 @@ class Translator(keras.Model):
         source_ids, tokens = self.source_text.encode(tf.constant(texts, tf.string))
         context, states = self._start_decoding(source_ids, self.max_target_length)
         source_tokens = [t.decode("utf-8") for t in tokens.to_list()[0]]
-        state = {"context": context, "states": states, "step": 0,
-                 "length": len(source_tokens)}
+        state = {"context": context, "states": states, "step": 0, "length": len(source_tokens)}
         return source_tokens, state
 
     def _session_step(self, state, previous_token_id):
@@ -657,8 +692,12 @@ class Translator(keras.Model):
         if scores is not None:
             scores = scores[0, ..., :length].numpy()
         log_probs = next_token_log_probs(logits)[0].numpy()
-        return (log_probs, weights[0, ..., :length].numpy(), scores,
-                {**state, "states": states, "step": state["step"] + 1})
+        return (
+            log_probs,
+            weights[0, ..., :length].numpy(),
+            scores,
+            {**state, "states": states, "step": state["step"] + 1},
+        )
 
 
 class _FunctionCache:

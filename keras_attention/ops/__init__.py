@@ -1,5 +1,14 @@
 """Pure attention functions written with `keras.ops` only."""
 
+from keras_attention.ops.block_sparse import block_plan
+from keras_attention.ops.block_sparse import block_sparse_attention
+from keras_attention.ops.favor import causal_linear_attention
+from keras_attention.ops.favor import favor_attention
+from keras_attention.ops.favor import linear_attention
+from keras_attention.ops.favor import random_projection
+from keras_attention.ops.favor import relu_features
+from keras_attention.ops.favor import softmax_features
+from keras_attention.ops.linformer import linformer_attention
 from keras_attention.ops.masking import attention_mask_from
 from keras_attention.ops.masking import causal_mask
 from keras_attention.ops.masking import masked_softmax
@@ -10,15 +19,6 @@ from keras_attention.ops.scores import dot_score
 from keras_attention.ops.scores import general_score
 from keras_attention.ops.scores import low_rank_score
 from keras_attention.ops.scores import weighted_sum
-from keras_attention.ops.block_sparse import block_plan
-from keras_attention.ops.block_sparse import block_sparse_attention
-from keras_attention.ops.favor import causal_linear_attention
-from keras_attention.ops.favor import favor_attention
-from keras_attention.ops.favor import linear_attention
-from keras_attention.ops.favor import random_projection
-from keras_attention.ops.favor import relu_features
-from keras_attention.ops.favor import softmax_features
-from keras_attention.ops.linformer import linformer_attention
 
 __all__ = [
     "attention_mask_from",

@@ -82,9 +82,7 @@ class AttentionMask:
     @property
     def has_positional(self):
         """Whether a rule depends on positions (causal, window, key length)."""
-        return self.causal or self.sliding_window is not None or (
-            self.key_length is not None
-        )
+        return self.causal or self.sliding_window is not None or (self.key_length is not None)
 
     @property
     def is_empty(self):
@@ -183,8 +181,11 @@ class AttentionMask:
         see (see `key_range`); tiles outside are all masked."""
         start, stop = self.key_range(first_row, last_row)
         start = start // key_block
-        stop = num_key_blocks if stop is None else _minimum(
-            (stop + key_block - 1) // key_block, num_key_blocks)
+        stop = (
+            num_key_blocks
+            if stop is None
+            else _minimum((stop + key_block - 1) // key_block, num_key_blocks)
+        )
         return _minimum(start, stop), stop  # an empty range, never a negative one
 
     # -------------------------------------------------------------- dense

@@ -58,8 +58,9 @@ def window_offsets(window_blocks, causal):
     return tuple(range(-left, right + 1))
 
 
-def covers_every_key(num_query_blocks, num_key_blocks, *, window_blocks,
-                     global_blocks=0, causal=False):
+def covers_every_key(
+    num_query_blocks, num_key_blocks, *, window_blocks, global_blocks=0, causal=False
+):
     """Whether the window and global blocks alone let every query block see
     every key block it may (every earlier one, when causal).
 
@@ -120,9 +121,7 @@ def block_plan(
             limit = ops.minimum(limit, rows + 1)
         slots.append(ops.mod(draws, ops.maximum(limit, 1)))
     index = ops.concatenate(slots, axis=1)  # (nq, S)
-    in_range = ops.logical_and(
-        ops.greater_equal(index, 0), ops.less(index, num_key_blocks)
-    )
+    in_range = ops.logical_and(ops.greater_equal(index, 0), ops.less(index, num_key_blocks))
     # Slot t repeats slot s < t of the same row: counting it twice would
     # give that key block double weight in the softmax.
     num_slots = index.shape[1]
@@ -251,9 +250,7 @@ def _recomputed_block_rows(
     def gather(x_blocks, chunk_index):
         # (B, H, nk, bs, d) -> (B, H, C, S * bs, d)
         picked = ops.take(x_blocks, chunk_index, axis=2)
-        return ops.reshape(
-            picked, (-1, heads, chunk_blocks, keys_per_row, picked.shape[-1])
-        )
+        return ops.reshape(picked, (-1, heads, chunk_blocks, keys_per_row, picked.shape[-1]))
 
     def scores_of(c, q_chunk, k_blocks, token_k):
         chunk_index = ops.take(index, c, axis=0)
@@ -274,9 +271,7 @@ def _recomputed_block_rows(
         def step(c, buffers):
             out_buffer, lse_buffer = buffers
             q_chunk = ops.take(q, c, axis=0)
-            chunk_index, _, scores, token_scores = scores_of(
-                c, q_chunk, k_blocks, token_k
-            )
+            chunk_index, _, scores, token_scores = scores_of(c, q_chunk, k_blocks, token_k)
             v_chunk = gather(v_blocks, chunk_index)
             # The gathered blocks, then the global tokens: two blocks of keys
             # of one online softmax.
@@ -292,8 +287,7 @@ def _recomputed_block_rows(
                     lambda probs: ops.einsum("bhiqg,bhgd->bhiqd", probs, token_v),
                 )
             out, lse = online_softmax.finish(state)
-            return (loops.write_block(out_buffer, c, out),
-                    loops.write_block(lse_buffer, c, lse))
+            return (loops.write_block(out_buffer, c, out), loops.write_block(lse_buffer, c, lse))
 
         rows = (ops.shape(q)[1], heads, chunk_blocks, bs)
         out, lse = loops.sequential_fori_loop(
@@ -301,8 +295,7 @@ def _recomputed_block_rows(
             num_chunks,
             step,
             (
-                loops.block_buffer(
-                    ops.zeros((num_chunks,) + rows + (value_dim,), dtype="float32")),
+                loops.block_buffer(ops.zeros((num_chunks,) + rows + (value_dim,), dtype="float32")),
                 loops.block_buffer(ops.zeros((num_chunks,) + rows, dtype="float32")),
             ),
         )
@@ -320,13 +313,9 @@ def _recomputed_block_rows(
             d_out_chunk = ops.take(d_out, c, axis=0)
             chunk_lse = ops.take(lse, c, axis=0)
             chunk_delta = ops.take(delta, c, axis=0)
-            chunk_index, k_chunk, scores, token_scores = scores_of(
-                c, q_chunk, k_blocks, token_k
-            )
+            chunk_index, k_chunk, scores, token_scores = scores_of(c, q_chunk, k_blocks, token_k)
             probs = online_softmax.probabilities(scores, chunk_lse)
-            d_probs = ops.einsum(
-                "bhiqd,bhikd->bhiqk", d_out_chunk, gather(v_blocks, chunk_index)
-            )
+            d_probs = ops.einsum("bhiqd,bhikd->bhiqk", d_out_chunk, gather(v_blocks, chunk_index))
             d_scores = online_softmax.logits_gradient(probs, d_probs, chunk_delta)
             dq = ops.einsum("bhiqk,bhikd->bhiqd", d_scores, k_chunk)
 
@@ -342,12 +331,8 @@ def _recomputed_block_rows(
                     num_segments=nk,
                 )
 
-            dk_blocks = dk_blocks + scatter(
-                ops.einsum("bhiqk,bhiqd->bhikd", d_scores, q_chunk)
-            )
-            dv_blocks = dv_blocks + scatter(
-                ops.einsum("bhiqk,bhiqd->bhikd", probs, d_out_chunk)
-            )
+            dk_blocks = dk_blocks + scatter(ops.einsum("bhiqk,bhiqd->bhikd", d_scores, q_chunk))
+            dv_blocks = dv_blocks + scatter(ops.einsum("bhiqk,bhiqd->bhikd", probs, d_out_chunk))
             if has_tokens:
                 token_probs = online_softmax.probabilities(token_scores, chunk_lse)
                 d_token_probs = ops.einsum("bhiqd,bhgd->bhiqg", d_out_chunk, token_v)
@@ -355,12 +340,8 @@ def _recomputed_block_rows(
                     token_probs, d_token_probs, chunk_delta
                 )
                 dq = dq + ops.einsum("bhiqg,bhgd->bhiqd", d_token_scores, token_k)
-                dtoken_k = dtoken_k + ops.einsum(
-                    "bhiqg,bhiqd->bhgd", d_token_scores, q_chunk
-                )
-                dtoken_v = dtoken_v + ops.einsum(
-                    "bhiqg,bhiqd->bhgd", token_probs, d_out_chunk
-                )
+                dtoken_k = dtoken_k + ops.einsum("bhiqg,bhiqd->bhgd", d_token_scores, q_chunk)
+                dtoken_v = dtoken_v + ops.einsum("bhiqg,bhiqd->bhgd", token_probs, d_out_chunk)
             return loops.write_block(dq_buffer, c, dq), dk_blocks, dv_blocks, dtoken_k, dtoken_v
 
         batch = ops.shape(q)[1]
@@ -397,8 +378,21 @@ def _recomputed_block_rows(
 
 
 def _gathered_block_rows(
-    q, k, v, index, slot_valid, key_valid, attention_mask, q_block_positions,
-    token_k, token_v, token_mask, *, block_size, rules, dropout,
+    q,
+    k,
+    v,
+    index,
+    slot_valid,
+    key_valid,
+    attention_mask,
+    q_block_positions,
+    token_k,
+    token_v,
+    token_mask,
+    *,
+    block_size,
+    rules,
+    dropout,
 ):
     """Block rows by autodiff over gathered keys and values (the general path).
 
@@ -423,8 +417,8 @@ def _gathered_block_rows(
     q_blocks = ops.reshape(q, (batch, heads, nq, block_size, head_dim))
 
     # Mask (B or 1, nq, bs, S * bs) of the gathered keys.
-    key_positions = (
-        index[:, :, None] * block_size + ops.arange(block_size, dtype="int32")
+    key_positions = index[:, :, None] * block_size + ops.arange(
+        block_size, dtype="int32"
     )  # (nq, S, bs)
     key_positions = ops.reshape(key_positions, (nq, num_slots * block_size))
     slot_mask = ops.repeat(slot_valid, block_size, axis=1)  # (nq, S * bs)
@@ -442,9 +436,7 @@ def _gathered_block_rows(
         )
     if attention_mask is not None:
         # (B, nq, bs, nk, bs) gathered to (B, nq, bs, S, bs).
-        blocked = ops.reshape(
-            attention_mask, (-1, nq, block_size, nk, block_size)
-        )
+        blocked = ops.reshape(attention_mask, (-1, nq, block_size, nk, block_size))
         gather_index = ops.broadcast_to(
             index[None, :, None, :, None],
             (ops.shape(blocked)[0], nq, block_size, num_slots, block_size),
@@ -545,7 +537,8 @@ def block_sparse_attention(
     """
     if mask is None:
         mask = attention_masks.AttentionMask(
-            key_mask=key_mask, pair_mask=attention_mask, causal=causal)
+            key_mask=key_mask, pair_mask=attention_mask, causal=causal
+        )
     key_mask = mask.key_mask
     attention_mask = None if mask.pair_mask is None else mask.pair_mask[:, 0]
     causal = mask.causal
@@ -582,9 +575,7 @@ def block_sparse_attention(
         )  # (B or 1, Tkp)
     if attention_mask is not None:
         attention_mask = masking.to_bool_mask(attention_mask)
-        attention_mask = _pad_time(
-            attention_mask, padded_query_length, axis=1, value=False
-        )
+        attention_mask = _pad_time(attention_mask, padded_query_length, axis=1, value=False)
         attention_mask = _pad_time(
             attention_mask, padded_key_length, axis=2, value=False
         )  # (B, Tqp, Tkp)
@@ -609,9 +600,7 @@ def block_sparse_attention(
         token_positions = ops.convert_to_tensor(tokens, dtype="int32")  # (G,)
         token_index = ops.minimum(token_positions, padded_key_length - 1)
         token_valid = ops.take(key_valid, token_index, axis=1)  # (B or 1, G)
-        token_valid = ops.logical_and(
-            token_valid, ops.less(token_positions, key_length)[None]
-        )
+        token_valid = ops.logical_and(token_valid, ops.less(token_positions, key_length)[None])
         token_block = token_positions // block_size
         covered = ops.any(
             ops.logical_and(
@@ -620,9 +609,9 @@ def block_sparse_attention(
             ),
             axis=1,
         )  # (nq, G): the token is already inside one of the row's blocks
-        token_mask = ops.logical_and(
-            token_valid[:, None, :], ops.logical_not(covered)[None]
-        )[:, :, None, :]  # (B or 1, nq, 1, G)
+        token_mask = ops.logical_and(token_valid[:, None, :], ops.logical_not(covered)[None])[
+            :, :, None, :
+        ]  # (B or 1, nq, 1, G)
         if rules.has_positional:
             token_mask = ops.logical_and(
                 token_mask,
@@ -665,9 +654,20 @@ def block_sparse_attention(
         output = ops.cast(output, dtype)
     else:
         output, weights = _gathered_block_rows(
-            q, k, v, index, slot_valid, key_valid, attention_mask,
-            q_block_positions, token_k, token_v, token_mask,
-            block_size=block_size, rules=rules, dropout=dropout,
+            q,
+            k,
+            v,
+            index,
+            slot_valid,
+            key_valid,
+            attention_mask,
+            q_block_positions,
+            token_k,
+            token_v,
+            token_mask,
+            block_size=block_size,
+            rules=rules,
+            dropout=dropout,
         )
 
     # ---------------------------------------------------- global query rows
@@ -686,9 +686,7 @@ def block_sparse_attention(
                 rules.positional(row_positions, ops.arange(padded_key_length, dtype="int32"))[None],
             )
         if attention_mask is not None:
-            row_mask = ops.logical_and(
-                row_mask, ops.take(attention_mask, row_index, axis=1)
-            )
+            row_mask = ops.logical_and(row_mask, ops.take(attention_mask, row_index, axis=1))
         if recompute:
             # Exact attention of R rows over all keys, blockwise with a
             # recomputing gradient: the (B, H, R, Tv) strip is never held.
@@ -720,9 +718,10 @@ def block_sparse_attention(
         return output
 
     # ------------------------------------------- dense weights (O(Tq * Tv))
-    slot_one_hot = ops.one_hot(index, nk, dtype=weights.dtype) * ops.cast(
-        slot_valid, weights.dtype
-    )[:, :, None]  # (nq, S, nk)
+    slot_one_hot = (
+        ops.one_hot(index, nk, dtype=weights.dtype)
+        * ops.cast(slot_valid, weights.dtype)[:, :, None]
+    )  # (nq, S, nk)
     per_slot = ops.reshape(
         weights[..., : num_slots * block_size],
         (batch, heads, nq, block_size, num_slots, block_size),

@@ -44,7 +44,9 @@ def _scatter_update(cache, update, index):
     # One (batch, key-or-value, time) index per written `(Hkv, D)` slice.
     indices = tf.stack(
         tf.meshgrid(
-            tf.range(tf.shape(cache)[0]), tf.range(2), index + tf.range(steps),
+            tf.range(tf.shape(cache)[0]),
+            tf.range(2),
+            index + tf.range(steps),
             indexing="ij",
         ),
         axis=-1,

@@ -28,8 +28,8 @@ from keras import ops
 
 from keras_attention.ops import masking
 from keras_attention.ops import multi_head
-from keras_attention.ops.masking import score_dtype
 from keras_attention.ops import online_softmax
+from keras_attention.ops.masking import score_dtype
 
 
 def _length(x, axis):
@@ -85,15 +85,15 @@ def shifted_attention(query, key, value, mask, *, scale):
     terms = ops.exp(logits - shift)
     value = ops.cast(value, wide)
     sums = multi_head.multi_head_weighted_sum(
-        terms, online_softmax.append_column(value, ops.ones_like(value[..., 0])))
+        terms, online_softmax.append_column(value, ops.ones_like(value[..., 0]))
+    )
     total = sums[..., -1:]
     attended = ops.not_equal(total, 0.0)
     output = sums[..., :-1] / ops.where(attended, total, 1.0)
     return ops.cast(ops.where(attended, output, 0.0), dtype)
 
 
-def composite_attention(query, key, value, mask, *, scale, num_heads,
-                        flash_attention=None):
+def composite_attention(query, key, value, mask, *, scale, num_heads, flash_attention=None):
     """`keras.ops.dot_product_attention` under one `AttentionMask`.
 
     `flash_attention=False` is the backend's composite (materialised)
@@ -110,7 +110,11 @@ def composite_attention(query, key, value, mask, *, scale, num_heads,
         value = multi_head.repeat_key_value_heads(value, num_heads)
     if mask.is_empty or mask.causal_only:  # the kernel's own causal mode
         output = ops.dot_product_attention(
-            query, key, value, scale=scale, is_causal=mask.causal,
+            query,
+            key,
+            value,
+            scale=scale,
+            is_causal=mask.causal,
             flash_attention=flash_attention,
         )
         return ops.cast(output, dtype)
@@ -120,7 +124,11 @@ def composite_attention(query, key, value, mask, *, scale, num_heads,
         allowed, (ops.shape(query)[0], heads, _length(query, 1), _length(key, 1))
     )
     output = ops.dot_product_attention(
-        query, key, value, mask=allowed, scale=scale,
+        query,
+        key,
+        value,
+        mask=allowed,
+        scale=scale,
         flash_attention=flash_attention,
     )
     # The backends spread a row with no allowed key uniformly: zero it.
@@ -129,8 +137,7 @@ def composite_attention(query, key, value, mask, *, scale, num_heads,
     return ops.cast(output, dtype)
 
 
-def selected_weights(query, key, mask, *, scale, num_heads, heads=None,
-                     rows=None, dtype=None):
+def selected_weights(query, key, mask, *, scale, num_heads, heads=None, rows=None, dtype=None):
     """Exact weights of the query `heads` and `rows = (start, stop)` only.
 
     Each selected row's softmax is over all keys, so only

@@ -21,10 +21,9 @@ import math
 import numpy as np
 from keras import ops
 
+from keras_attention.ops import loops
 from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
-
-from keras_attention.ops import loops
 from keras_attention.ops.shapes import static_dim
 
 # Layout used inside this module: (B, H, T, m) features, (B, H, T, Dv) values.
@@ -113,7 +112,8 @@ def softmax_features(x, projection, *, is_query, mask=None, epsilon=1e-6):
                 usable = ops.logical_and(usable, valid)
             shift = masking.row_max(
                 ops.where(usable, projected, online_softmax.INITIAL_MAX),
-                axis=(2, 3), keepdims=True,
+                axis=(2, 3),
+                keepdims=True,
             )
         features = (ops.exp(projected - (half_norm + shift)) + epsilon) / root
         if valid is not None:
@@ -125,11 +125,9 @@ def softmax_features(x, projection, *, is_query, mask=None, epsilon=1e-6):
         d_logits = upstream * (features - epsilon / root)
         if valid is not None:
             d_logits = ops.where(valid, d_logits, 0.0)
-        d_scaled = ops.einsum(
-            "bhtm,md->bhtd", d_logits, projection
-        ) - ops.cast(x, "float32") * scale * ops.sum(
-            d_logits, axis=-1, keepdims=True
-        )
+        d_scaled = ops.einsum("bhtm,md->bhtd", d_logits, projection) - ops.cast(
+            x, "float32"
+        ) * scale * ops.sum(d_logits, axis=-1, keepdims=True)
         return ops.cast(d_scaled * scale, x.dtype)
 
     features_of = online_softmax.recomputing_gradient(forward, backward)
@@ -178,9 +176,7 @@ def linear_attention(query_features, key_features, value):
     value = ops.cast(value, key_features.dtype)
     context = ops.einsum("bhkm,bhkd->bhmd", key_features, value)
     numerator = ops.einsum("bhqm,bhmd->bhqd", query_features, context)
-    denominator = ops.einsum(
-        "bhqm,bhm->bhq", query_features, ops.sum(key_features, axis=2)
-    )
+    denominator = ops.einsum("bhqm,bhm->bhq", query_features, ops.sum(key_features, axis=2))
     return _safe_divide(numerator, denominator)
 
 
@@ -211,9 +207,7 @@ def causal_linear_attention(query_features, key_features, value, chunk_size=128)
 
     def chunks(x):
         x = ops.pad(x, [[0, 0], [0, 0], [0, padded - length], [0, 0]])
-        return ops.reshape(
-            x, (ops.shape(x)[0], x.shape[1], num_chunks, chunk_size, x.shape[-1])
-        )
+        return ops.reshape(x, (ops.shape(x)[0], x.shape[1], num_chunks, chunk_size, x.shape[-1]))
 
     q, k, v = chunks(query_features), chunks(key_features), chunks(value)
     context = ops.einsum("bhncm,bhncd->bhnmd", k, v)  # per-chunk phi(K)^T V
@@ -223,9 +217,7 @@ def causal_linear_attention(query_features, key_features, value, chunk_size=128)
     key_sums = _exclusive_cumsum(key_sums)
     numerator = ops.einsum("bhncm,bhnmd->bhncd", q, context)
     denominator = ops.einsum("bhncm,bhnm->bhnc", q, key_sums)
-    causal = ops.greater_equal(
-        ops.arange(chunk_size)[:, None], ops.arange(chunk_size)[None, :]
-    )
+    causal = ops.greater_equal(ops.arange(chunk_size)[:, None], ops.arange(chunk_size)[None, :])
     # A `where`: a NaN key later in the chunk must not reach earlier queries.
     local = ops.where(causal, ops.einsum("bhncm,bhnkm->bhnck", q, k), 0.0)
     numerator = numerator + ops.einsum("bhnck,bhnkd->bhncd", local, v)
@@ -289,7 +281,7 @@ def chunked_softmax_attention(
     value_dim = value.shape[-1]
     num_features = projection.shape[0]
     root = math.sqrt(num_features)
-    scale = dim ** -0.25
+    scale = dim**-0.25
     projection = ops.stop_gradient(ops.cast(projection, "float32"))
     chunk = chunk_size or DEFAULT_FEATURE_CHUNK
     q_chunk, k_chunk = min(chunk, q_len), min(chunk, k_len)
@@ -300,9 +292,7 @@ def chunked_softmax_attention(
         valid = ops.ones((1, k_len), "bool") if key_mask is None else key_mask
         valid = ops.cast(valid, "bool")
         if nk * k_chunk != k_len:
-            valid = ops.pad(
-                valid, ((0, 0), (0, nk * k_chunk - k_len)), constant_values=False
-            )
+            valid = ops.pad(valid, ((0, 0), (0, nk * k_chunk - k_len)), constant_values=False)
         valid = ops.reshape(valid, (-1, nk, 1, k_chunk, 1))
         valid = ops.transpose(valid, (1, 0, 2, 3, 4))  # (nk, Bm, 1, Tc, 1)
 
@@ -327,9 +317,9 @@ def chunked_softmax_attention(
         d_logits = d_features * (features - epsilon / root)
         if mask is not None:
             d_logits = ops.where(mask, d_logits, 0.0)
-        d_scaled = ops.einsum("bhtm,md->bhtd", d_logits, projection) - (
-            x * scale
-        ) * ops.sum(d_logits, axis=-1, keepdims=True)
+        d_scaled = ops.einsum("bhtm,md->bhtd", d_logits, projection) - (x * scale) * ops.sum(
+            d_logits, axis=-1, keepdims=True
+        )
         return d_scaled * scale
 
     def key_shift(k):
@@ -351,9 +341,7 @@ def chunked_softmax_attention(
         def key_step(j, sums):
             context, key_sum = sums
             features = features_of(ops.take(k, j, axis=0), shift, chunk_valid(j))
-            context = context + ops.einsum(
-                "bhtm,bhtd->bhmd", features, ops.take(v, j, axis=0)
-            )
+            context = context + ops.einsum("bhtm,bhtd->bhmd", features, ops.take(v, j, axis=0))
             return context, key_sum + ops.sum(features, axis=2)
 
         context, key_sum = loops.sequential_fori_loop(
@@ -372,16 +360,20 @@ def chunked_softmax_attention(
             numerator = ops.einsum("bhtm,bhmd->bhtd", features, context)
             denominator = ops.einsum("bhtm,bhm->bht", features, key_sum)
             out = _safe_divide(numerator, denominator)
-            return (loops.write_block(out_buffer, i, out),
-                    loops.write_block(den_buffer, i, denominator))
+            return (
+                loops.write_block(out_buffer, i, out),
+                loops.write_block(den_buffer, i, denominator),
+            )
 
         rows = (nq, batch, heads, q_chunk)
         out, denominator = loops.sequential_fori_loop(
             0,
             nq,
             query_step,
-            (loops.block_buffer(ops.zeros(rows + (value_dim,), "float32")),
-             loops.block_buffer(ops.zeros(rows, "float32"))),
+            (
+                loops.block_buffer(ops.zeros(rows + (value_dim,), "float32")),
+                loops.block_buffer(ops.zeros(rows, "float32")),
+            ),
         )
         out, denominator = loops.stack_blocks(out), loops.stack_blocks(denominator)
         return out, (out, denominator, context, key_sum, shift)
@@ -399,18 +391,13 @@ def chunked_softmax_attention(
             features = features_of(q_i, None, None)
             inverse_i = ops.take(inverse, i, axis=0)
             d_numerator = ops.take(d_out, i, axis=0) * inverse_i[..., None]
-            d_denominator = -ops.sum(
-                d_numerator * ops.take(out, i, axis=0), axis=-1
-            )  # (B, H, Tc)
-            d_features = ops.einsum(
-                "bhtd,bhmd->bhtm", d_numerator, context
-            ) + d_denominator[..., None] * key_sum[:, :, None, :]
-            d_context = d_context + ops.einsum(
-                "bhtm,bhtd->bhmd", features, d_numerator
+            d_denominator = -ops.sum(d_numerator * ops.take(out, i, axis=0), axis=-1)  # (B, H, Tc)
+            d_features = (
+                ops.einsum("bhtd,bhmd->bhtm", d_numerator, context)
+                + d_denominator[..., None] * key_sum[:, :, None, :]
             )
-            d_key_sum = d_key_sum + ops.einsum(
-                "bhtm,bht->bhm", features, d_denominator
-            )
+            d_context = d_context + ops.einsum("bhtm,bhtd->bhmd", features, d_numerator)
+            d_key_sum = d_key_sum + ops.einsum("bhtm,bht->bhm", features, d_denominator)
             dq = features_grad(d_features, features, q_i, None)
             return loops.write_block(dq_buffer, i, dq), d_context, d_key_sum
 
@@ -418,8 +405,11 @@ def chunked_softmax_attention(
             0,
             nq,
             query_step,
-            (loops.block_buffer(ops.zeros_like(q)), ops.zeros_like(context),
-             ops.zeros_like(key_sum)),
+            (
+                loops.block_buffer(ops.zeros_like(q)),
+                ops.zeros_like(context),
+                ops.zeros_like(key_sum),
+            ),
         )
         dq = loops.stack_blocks(dq)
 
@@ -427,16 +417,16 @@ def chunked_softmax_attention(
             dk_buffer, dv_buffer = buffers
             k_j, v_j, mask = ops.take(k, j, axis=0), ops.take(v, j, axis=0), chunk_valid(j)
             features = features_of(k_j, shift, mask)
-            d_features = ops.einsum(
-                "bhtd,bhmd->bhtm", v_j, d_context
-            ) + d_key_sum[:, :, None, :]
+            d_features = ops.einsum("bhtd,bhmd->bhtm", v_j, d_context) + d_key_sum[:, :, None, :]
             dv = ops.einsum("bhtm,bhmd->bhtd", features, d_context)
             dk = features_grad(d_features, features, k_j, mask)
             return loops.write_block(dk_buffer, j, dk), loops.write_block(dv_buffer, j, dv)
 
         del batch
         dk, dv = loops.sequential_fori_loop(
-            0, nk, key_step,
+            0,
+            nk,
+            key_step,
             (loops.block_buffer(ops.zeros_like(k)), loops.block_buffer(ops.zeros_like(v))),
         )
         return dq, loops.stack_blocks(dk), loops.stack_blocks(dv)
@@ -511,7 +501,11 @@ def favor_attention(
         and static_dim(key.shape[1]) is not None
     ):
         output = chunked_softmax_attention(
-            query, key, value, projection, key_mask=key_mask,
+            query,
+            key,
+            value,
+            projection,
+            key_mask=key_mask,
             chunk_size=feature_chunk_size,
         )
         return ops.cast(output, dtype)
@@ -528,8 +522,7 @@ def favor_attention(
         k = relu_features(k, projection, mask=key_mask)
     else:
         raise ValueError(
-            f"favor_attention: `kernel` must be 'softmax' or 'relu'. "
-            f"Received: kernel={kernel!r}"
+            f"favor_attention: `kernel` must be 'softmax' or 'relu'. Received: kernel={kernel!r}"
         )
     weights = None
     if return_weights or attention_mask is not None:

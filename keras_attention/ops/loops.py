@@ -75,7 +75,9 @@ def block_buffer(initial):
         import tensorflow as tf
 
         return tf.TensorArray(
-            initial.dtype, size=initial.shape[0], clear_after_read=False,
+            initial.dtype,
+            size=initial.shape[0],
+            clear_after_read=False,
             element_shape=initial.shape[1:],
         ).unstack(initial)
     return initial

@@ -70,9 +70,7 @@ def confine_nonfinite(key, value):
     """
     # `x * 0` is 0 for a finite x and NaN otherwise: the sum over the
     # features flags a position without the overflow a plain sum could hit.
-    flag = ops.sum(key * 0, axis=-1) + ops.cast(
-        ops.sum(value * 0, axis=-1), key.dtype
-    )
+    flag = ops.sum(key * 0, axis=-1) + ops.cast(ops.sum(value * 0, axis=-1), key.dtype)
     key = key + ops.expand_dims(ops.stop_gradient(flag), -1)
     value = ops.where(ops.isfinite(value), value, ops.zeros((), dtype=value.dtype))
     return key, value

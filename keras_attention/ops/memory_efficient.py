@@ -38,9 +38,9 @@ import math
 from keras import ops
 
 from keras_attention.ops import attention_mask as attention_masks
+from keras_attention.ops import loops
 from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
-from keras_attention.ops import loops
 from keras_attention.ops.loops import sequential_fori_loop
 from keras_attention.ops.loops import to_time_blocks
 
@@ -125,11 +125,16 @@ def memory_efficient_attention(
     """
     if mask is None:
         mask = attention_masks.AttentionMask(
-            query_mask=query_mask, key_mask=key_mask, pair_mask=attention_mask,
-            causal=use_causal_mask, sliding_window=sliding_window,
+            query_mask=query_mask,
+            key_mask=key_mask,
+            pair_mask=attention_mask,
+            causal=use_causal_mask,
+            sliding_window=sliding_window,
         )
-    elif any(x is not None for x in (query_mask, key_mask, attention_mask,
-                                      sliding_window)) or use_causal_mask:
+    elif (
+        any(x is not None for x in (query_mask, key_mask, attention_mask, sliding_window))
+        or use_causal_mask
+    ):
         raise ValueError(
             "memory_efficient_attention: pass either `mask` (an AttentionMask) "
             "or the separate mask arguments, not both."
@@ -162,9 +167,7 @@ def memory_efficient_attention(
     num_k_blocks = -(-k_len // k_block)
     groups = num_heads // num_kv_heads
 
-    q = _to_query_blocks(
-        ops.cast(query, "float32") * scale, num_q_blocks, q_block, num_kv_heads
-    )
+    q = _to_query_blocks(ops.cast(query, "float32") * scale, num_q_blocks, q_block, num_kv_heads)
     k = to_time_blocks(ops.cast(key, "float32"), num_k_blocks, k_block)
     v = to_time_blocks(ops.cast(value, "float32"), num_k_blocks, k_block)
 
@@ -172,23 +175,24 @@ def memory_efficient_attention(
     key_valid = mask.key_mask
     if key_valid is None and num_k_blocks * k_block != k_len:
         key_valid = ops.ones((1, k_len), dtype="bool")  # hides the padding
-    key_blocks = None if key_valid is None else _mask_blocks(
-        key_valid, num_k_blocks, k_block, k_len)
-    query_blocks = None if mask.query_mask is None else _mask_blocks(
-        mask.query_mask, num_q_blocks, q_block, q_len)
+    key_blocks = (
+        None if key_valid is None else _mask_blocks(key_valid, num_k_blocks, k_block, k_len)
+    )
+    query_blocks = (
+        None
+        if mask.query_mask is None
+        else _mask_blocks(mask.query_mask, num_q_blocks, q_block, q_len)
+    )
     pair_blocks = None
     pair_heads = (1, 1)  # the pair mask's (Hkv, G): per-head masks split like q
     if mask.pair_mask is not None:
         pair = mask.pair_mask  # (Bm, H|1, Tq|1, Tk|1)
         if mask.per_head:
             pair_heads = (num_kv_heads, groups)
-        pair = ops.broadcast_to(
-            pair, (ops.shape(pair)[0], pair.shape[1], q_len, k_len))
+        pair = ops.broadcast_to(pair, (ops.shape(pair)[0], pair.shape[1], q_len, k_len))
         pad_q, pad_k = num_q_blocks * q_block - q_len, num_k_blocks * k_block - k_len
         if pad_q or pad_k:
-            pair = ops.pad(
-                pair, ((0, 0), (0, 0), (0, pad_q), (0, pad_k)), constant_values=False
-            )
+            pair = ops.pad(pair, ((0, 0), (0, 0), (0, pad_q), (0, pad_k)), constant_values=False)
         pair = ops.reshape(
             pair, (-1,) + pair_heads + (num_q_blocks, q_block, num_k_blocks, k_block)
         )
@@ -202,17 +206,20 @@ def memory_efficient_attention(
             allowed = ops.reshape(_take(key_blocks, j), (-1, 1, 1, 1, k_block))
         if query_blocks is not None:
             allowed = attention_masks._and(
-                allowed, ops.reshape(_take(query_blocks, i), (-1, 1, 1, q_block, 1)))
+                allowed, ops.reshape(_take(query_blocks, i), (-1, 1, 1, q_block, 1))
+            )
         if pair_blocks is not None:
-            tile = ops.reshape(_take(_take(pair_blocks, i), j),
-                               (-1,) + pair_heads + (q_block, k_block))
+            tile = ops.reshape(
+                _take(_take(pair_blocks, i), j), (-1,) + pair_heads + (q_block, k_block)
+            )
             allowed = attention_masks._and(allowed, tile)
         if mask.has_positional:
             rows = mask.query_positions(i * q_block, q_block)
             cols = j * k_block + ops.arange(k_block, dtype="int32")
             positional = mask.positional(rows, cols)
             allowed = attention_masks._and(
-                allowed, ops.reshape(positional, (1, 1, 1, q_block, k_block)))
+                allowed, ops.reshape(positional, (1, 1, 1, q_block, k_block))
+            )
         return allowed
 
     def masked_logits(q_tile, k_tile, i, j):
@@ -240,8 +247,8 @@ def memory_efficient_attention(
         q_shift = online_softmax.append_column(q, -shift)
         k_one = online_softmax.append_column(k, ops.ones_like(k[..., 0]))
         bounded = ops.all(
-            ops.reshape(shift <= online_softmax.FIXED_SHIFT_MAX, (num_q_blocks, -1)),
-            axis=1)
+            ops.reshape(shift <= online_softmax.FIXED_SHIFT_MAX, (num_q_blocks, -1)), axis=1
+        )
 
         def query_step(i, buffers):
             out_buffer, lse_buffer = buffers
@@ -251,6 +258,7 @@ def memory_efficient_attention(
             def key_loop(update, queries, keys, init):
                 """The key blocks folded into `init` by `update` (the
                 online softmax's running-max or fixed-shift step)."""
+
                 def key_step(j, state):
                     v_tile = _take(v, j)
                     return update(
@@ -260,24 +268,31 @@ def memory_efficient_attention(
                     )
 
                 return sequential_fori_loop(
-                    start, stop, key_step, init, parallel_iterations=_KEY_PARALLEL)
+                    start, stop, key_step, init, parallel_iterations=_KEY_PARALLEL
+                )
 
             state = ops.cond(
                 _take(bounded, i),
                 lambda: key_loop(
-                    online_softmax.update_fixed_shift, _take(q_shift, i), k_one,
-                    online_softmax.fixed_shift_state(_take(shift, i), value_dim)),
+                    online_softmax.update_fixed_shift,
+                    _take(q_shift, i),
+                    k_one,
+                    online_softmax.fixed_shift_state(_take(shift, i), value_dim),
+                ),
                 lambda: key_loop(
-                    online_softmax.update, q_tile, k,
-                    online_softmax.initial_state(row_shape, value_dim)),
+                    online_softmax.update,
+                    q_tile,
+                    k,
+                    online_softmax.initial_state(row_shape, value_dim),
+                ),
             )
             out, lse = online_softmax.finish(state)
-            return (loops.write_block(out_buffer, i, out),
-                    loops.write_block(lse_buffer, i, lse))
+            return (loops.write_block(out_buffer, i, out), loops.write_block(lse_buffer, i, lse))
 
         buffers = (
-            loops.block_buffer(ops.zeros(
-                (num_q_blocks,) + row_shape + (value_dim,), dtype="float32")),
+            loops.block_buffer(
+                ops.zeros((num_q_blocks,) + row_shape + (value_dim,), dtype="float32")
+            ),
             loops.block_buffer(ops.zeros((num_q_blocks,) + row_shape, dtype="float32")),
         )
         out, lse = sequential_fori_loop(
@@ -317,19 +332,26 @@ def memory_efficient_attention(
                 dv = loops.read_block(dv_buffer, j) + ops.einsum(
                     "bhgqk,bhgqd->bhkd", probs, d_out_tile
                 )
-                return (dq, loops.write_block(dk_buffer, j, dk),
-                        loops.write_block(dv_buffer, j, dv))
+                return (
+                    dq,
+                    loops.write_block(dk_buffer, j, dk),
+                    loops.write_block(dv_buffer, j, dv),
+                )
 
             start, stop = key_range(i)
             dq, dk_buffer, dv_buffer = sequential_fori_loop(
-                start, stop, key_step,
+                start,
+                stop,
+                key_step,
                 (ops.zeros_like(q_tile), dk_buffer, dv_buffer),
                 parallel_iterations=_KEY_PARALLEL,
             )
             return loops.write_block(dq_buffer, i, dq), dk_buffer, dv_buffer
 
         grads = sequential_fori_loop(
-            0, num_q_blocks, query_step,
+            0,
+            num_q_blocks,
+            query_step,
             tuple(loops.block_buffer(ops.zeros_like(x)) for x in (q, k, v)),
             parallel_iterations=_QUERY_PARALLEL,
         )

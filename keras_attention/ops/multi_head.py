@@ -29,9 +29,7 @@ def _split_groups(query, num_key_value_heads):
     # (B, Tq, H, D) -> (B, Tq, Hkv, G, D)
     shape = ops.shape(query)
     groups = query.shape[2] // num_key_value_heads
-    return ops.reshape(
-        query, (-1, shape[1], num_key_value_heads, groups, query.shape[-1])
-    )
+    return ops.reshape(query, (-1, shape[1], num_key_value_heads, groups, query.shape[-1]))
 
 
 def multi_head_logits(query, key):

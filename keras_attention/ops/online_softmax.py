@@ -104,8 +104,7 @@ def logit_bound(queries, keys, query_axis=-2, key_axis=-2):
     infinite input makes it NaN/inf, which fails that test.
     """
     query_norm = ops.sqrt(ops.sum(ops.square(queries), axis=-1))
-    key_norm = ops.max(ops.sqrt(ops.sum(ops.square(keys), axis=-1)), axis=key_axis,
-                       keepdims=True)
+    key_norm = ops.max(ops.sqrt(ops.sum(ops.square(keys), axis=-1)), axis=key_axis, keepdims=True)
     return query_norm * key_norm
 
 
@@ -138,9 +137,7 @@ def finish(state):
     # it), so a diverging model stays visible.
     attended = ops.not_equal(running_sum, 0.0)
     safe_sum = ops.where(attended, running_sum, 1.0)
-    output = ops.where(
-        ops.expand_dims(attended, -1), acc / ops.expand_dims(safe_sum, -1), 0.0
-    )
+    output = ops.where(ops.expand_dims(attended, -1), acc / ops.expand_dims(safe_sum, -1), 0.0)
     lse = ops.where(attended, running_max + ops.log(safe_sum), NO_KEY_LSE)
     return output, lse
 

@@ -63,8 +63,10 @@ def _block_positions(index, block, parts, num_devices):
     if parts == 1:
         return [index * block + jnp.arange(block, dtype=jnp.int32)]
     half = block // 2
-    return [index * half + jnp.arange(half, dtype=jnp.int32),
-            (2 * num_devices - 1 - index) * half + jnp.arange(half, dtype=jnp.int32)]
+    return [
+        index * half + jnp.arange(half, dtype=jnp.int32),
+        (2 * num_devices - 1 - index) * half + jnp.arange(half, dtype=jnp.int32),
+    ]
 
 
 def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts):
@@ -84,14 +86,12 @@ def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts):
     q_size, k_size = q_block // parts, k_block // parts
     offset = mask.query_offset
     rows = [offset + r for r in _block_positions(index, q_block, parts, num_devices)]
-    q_parts = [q[:, p * q_size:(p + 1) * q_size] for p in range(parts)]
-    states = [online_softmax.initial_state((batch, heads, q_size), value_dim)
-              for _ in range(parts)]
+    q_parts = [q[:, p * q_size : (p + 1) * q_size] for p in range(parts)]
+    states = [online_softmax.initial_state((batch, heads, q_size), value_dim) for _ in range(parts)]
     # Device i sends to i + 1: at step s, device i holds the block of i - s.
     permutation = [(i, (i + 1) % num_devices) for i in range(num_devices)]
     update = jax.checkpoint(
-        lambda state, q, k, v, m, rows, cols: _block_update(
-            state, q, k, v, m, rows, cols, mask),
+        lambda state, q, k, v, m, rows, cols: _block_update(state, q, k, v, m, rows, cols, mask),
     )
 
     def visible(rows, cols):
@@ -108,8 +108,7 @@ def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts):
                 piece = (slice(None), slice(kp * k_size, (kp + 1) * k_size))
                 k_part, v_part = k[piece], v[piece]
                 m_part = None if key_mask is None else key_mask[piece]
-                operands = (states[qp], q_parts[qp], k_part, v_part, m_part,
-                            rows[qp], cols[kp])
+                operands = (states[qp], q_parts[qp], k_part, v_part, m_part, rows[qp], cols[kp])
                 if mask.has_positional:
                     states[qp] = lax.cond(
                         visible(rows[qp], cols[kp]),
@@ -137,8 +136,10 @@ def zigzag_order(length, num_devices):
     half = length // (2 * num_devices)
     blocks = []
     for i in range(num_devices):
-        blocks += [np.arange(i * half, (i + 1) * half),
-                   np.arange((2 * num_devices - 1 - i) * half, (2 * num_devices - i) * half)]
+        blocks += [
+            np.arange(i * half, (i + 1) * half),
+            np.arange((2 * num_devices - 1 - i) * half, (2 * num_devices - i) * half),
+        ]
     return np.concatenate(blocks)
 
 
@@ -186,18 +187,20 @@ def ring_attention(
         `(B, Tq, H, Dv)` in the dtype of `query`; rows with no allowed key
         are zeros.
     """
-    import numpy as np
     import jax
     import jax.numpy as jnp
+    import numpy as np
     from jax.sharding import PartitionSpec as P
 
     if mask is None:
         mask = attention_masks.AttentionMask(
-            query_mask=query_mask, key_mask=key_mask, causal=use_causal_mask)
+            query_mask=query_mask, key_mask=key_mask, causal=use_causal_mask
+        )
     if mask.pair_mask is not None:
         raise ValueError(
             "ring_attention takes query and key masks and positional rules "
-            "only; a (Tq, Tk) pair mask would be whole on every device.")
+            "only; a (Tq, Tk) pair mask would be whole on every device."
+        )
     num_devices = mesh.shape[sequence_axis]
     dtype = query.dtype
     if scale is None:
@@ -207,10 +210,7 @@ def ring_attention(
     v = jnp.asarray(value, jnp.float32)
     sequences = P(batch_axis, sequence_axis)
     blocks = P(batch_axis, sequence_axis, None, None)
-    masks = [
-        None if m is None else jnp.asarray(m, bool)
-        for m in (mask.key_mask, mask.query_mask)
-    ]
+    masks = [None if m is None else jnp.asarray(m, bool) for m in (mask.key_mask, mask.query_mask)]
     present = [m is not None for m in masks]
     # The per-device program sees its own blocks of the masks; the
     # positional rules travel as the description without them.
@@ -232,8 +232,17 @@ def ring_attention(
     def per_device(q, k, v, *given):
         given = iter(given)
         key_mask, query_mask = (next(given) if p else None for p in present)
-        return _ring(q, k, v, key_mask, query_mask, axis=sequence_axis,
-                     num_devices=num_devices, mask=positional, parts=parts)
+        return _ring(
+            q,
+            k,
+            v,
+            key_mask,
+            query_mask,
+            axis=sequence_axis,
+            num_devices=num_devices,
+            mask=positional,
+            parts=parts,
+        )
 
     program = jax.shard_map(
         per_device,
@@ -259,31 +268,41 @@ def check_sequence_mesh(error, argument, axis, query_shape, key_shape):
     import keras
 
     if keras.backend.backend() != "jax":
-        raise ValueError(error(
-            f"`{argument}` (ring attention) needs the JAX backend. Received: "
-            f"{argument}={axis!r}, KERAS_BACKEND={keras.backend.backend()!r}"))
+        raise ValueError(
+            error(
+                f"`{argument}` (ring attention) needs the JAX backend. Received: "
+                f"{argument}={axis!r}, KERAS_BACKEND={keras.backend.backend()!r}"
+            )
+        )
     distribution = keras.distribution.distribution()
     if distribution is None:
-        raise ValueError(error(
-            f"`{argument}={axis!r}` needs a keras.distribution whose device "
-            "mesh has that axis (e.g. `with keras.distribution.ModelParallel("
-            "...).scope():`). Received: no distribution set"))
+        raise ValueError(
+            error(
+                f"`{argument}={axis!r}` needs a keras.distribution whose device "
+                "mesh has that axis (e.g. `with keras.distribution.ModelParallel("
+                "...).scope():`). Received: no distribution set"
+            )
+        )
     mesh = distribution.device_mesh
-    described = (f"DeviceMesh(shape={tuple(mesh.shape)}, "
-                 f"axis_names={tuple(mesh.axis_names)})")
+    described = f"DeviceMesh(shape={tuple(mesh.shape)}, axis_names={tuple(mesh.axis_names)})"
     if axis not in mesh.axis_names:
-        raise ValueError(error(
-            f"`{argument}` must name an axis of the device mesh {described}. "
-            f"Received: {argument}={axis!r}"))
+        raise ValueError(
+            error(
+                f"`{argument}` must name an axis of the device mesh {described}. "
+                f"Received: {argument}={axis!r}"
+            )
+        )
     size = dict(zip(mesh.axis_names, mesh.shape))[axis]
-    for name, shape in (("projected query", query_shape),
-                        ("projected key", key_shape)):
+    for name, shape in (("projected query", query_shape), ("projected key", key_shape)):
         length = shape[1]
         if length is None or length % size:
-            raise ValueError(error(
-                f"the mesh axis {axis!r} of size {size} ({described}) must "
-                f"divide the {name} length. Received: {argument}={axis!r}, "
-                f"{name} with shape {tuple(shape)}"))
+            raise ValueError(
+                error(
+                    f"the mesh axis {axis!r} of size {size} ({described}) must "
+                    f"divide the {name} length. Received: {argument}={axis!r}, "
+                    f"{name} with shape {tuple(shape)}"
+                )
+            )
     return mesh
 
 
@@ -294,8 +313,11 @@ def check_batch_axis(error, mesh, batch_axis, batch_size):
         return
     size = dict(zip(mesh.axis_names, mesh.shape))[batch_axis]
     if batch_size % size:
-        raise ValueError(error(
-            f"the batch is split over the mesh axis {batch_axis!r} of size "
-            f"{size} (DeviceMesh(shape={tuple(mesh.shape)}, axis_names="
-            f"{tuple(mesh.axis_names)})), which must divide the batch size. "
-            f"Received: a batch of {batch_size}"))
+        raise ValueError(
+            error(
+                f"the batch is split over the mesh axis {batch_axis!r} of size "
+                f"{size} (DeviceMesh(shape={tuple(mesh.shape)}, axis_names="
+                f"{tuple(mesh.axis_names)})), which must divide the batch size. "
+                f"Received: a batch of {batch_size}"
+            )
+        )

@@ -18,6 +18,4 @@ def tensorflow_xla_trace():
 
     if tf.executing_eagerly():
         return False
-    return control_flow_util.GraphOrParentsInXlaContext(
-        tf.compat.v1.get_default_graph()
-    )
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())

@@ -34,7 +34,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "keras_attention.widgets needs the optional `widgets` extra "
-        "(ipywidgets, bokeh, jupyter_bokeh): pip install \"keras-attention-layers[widgets]\". "
+        '(ipywidgets, bokeh, jupyter_bokeh): pip install "keras-attention-layers[widgets]". '
         f"Missing module: {error.name}"
     ) from error
 

@@ -37,7 +37,9 @@ def per_head(weights, example):
         return weights[example][None]
     if weights.ndim == 4:
         return weights[example]
-    raise ValueError(f"attention weights must be (B, Tq, Tv) or (B, H, Tq, Tv). Received: shape {weights.shape}")
+    raise ValueError(
+        f"attention weights must be (B, Tq, Tv) or (B, H, Tq, Tv). Received: shape {weights.shape}"
+    )
 
 
 def batch_size(weights):

@@ -47,8 +47,11 @@ def swap_frame_callback(models, frames, controls):
     Attach it to each control's `value` and to the document's
     `document_ready` event (the first frame is then drawn on opening).
     """
-    return CustomJS(args=dict(models=models, frames=frames, controls=list(controls)), code=SWAP_FRAME_JS,
-                    name="swap_frame")
+    return CustomJS(
+        args=dict(models=models, frames=frames, controls=list(controls)),
+        code=SWAP_FRAME_JS,
+        name="swap_frame",
+    )
 
 
 def apply_frame(models, frame):
@@ -74,8 +77,10 @@ def set_data(source, data):
             if changed and new_length:
                 source.patch({k: [(slice(0, new_length), v)] for k, v in changed.items()})
             return
-        if set(data) == set(old) and new_length > old_length and all(
-            list(old[k]) == list(data[k][:old_length]) for k in data
+        if (
+            set(data) == set(old)
+            and new_length > old_length
+            and all(list(old[k]) == list(data[k][:old_length]) for k in data)
         ):
             source.stream({k: list(data[k][old_length:]) for k in data})
             return

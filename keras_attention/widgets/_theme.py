@@ -59,5 +59,6 @@ def follow_page_theme(document, root):
     callbacks = document.callbacks._js_event_callbacks.get("document_ready", [])
     if any(getattr(callback, "name", None) == CALLBACK_NAME for callback in callbacks):
         return
-    document.js_on_event("document_ready", CustomJS(args=dict(root=root), code=FOLLOW_THEME_JS,
-                                                    name=CALLBACK_NAME))
+    document.js_on_event(
+        "document_ready", CustomJS(args=dict(root=root), code=FOLLOW_THEME_JS, name=CALLBACK_NAME)
+    )

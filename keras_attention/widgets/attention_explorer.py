@@ -98,8 +98,18 @@ class AttentionExplorer(Component):
             clicked token).
     """
 
-    def __init__(self, model, inputs, *, query_tokens=None, key_tokens=None, example=0, max_tokens=64,
-                 scores_on_demand="auto", rows_per_call=256):
+    def __init__(
+        self,
+        model,
+        inputs,
+        *,
+        query_tokens=None,
+        key_tokens=None,
+        example=0,
+        max_tokens=64,
+        scores_on_demand="auto",
+        rows_per_call=256,
+    ):
         if not hasattr(model, "_flatten_layers") or not attention_layers(model):
             raise ValueError(
                 "AttentionExplorer: `model` has no keras_attention attention layers to show. "
@@ -161,18 +171,22 @@ class AttentionExplorer(Component):
         many = len(self.model_view_source.data["layer"]) > 1
         self.model_view_widget = BokehModel(self.model_view_figure)
         self.model_view_widget.layout = ipywidgets.Layout(max_width="100%", overflow="auto")
-        self.model_view_widget.layout.display = None if many else "none"  # one head: it is the detail
+        self.model_view_widget.layout.display = (
+            None if many else "none"
+        )  # one head: it is the detail
         self._updating = False
         self.layer_choice.observe(self._on_layer, names="value")
         for control in (self.head_choice, self.query_start, self.key_start):
             control.observe(lambda _: self._show_detail(), names="value")
-        self.widget = ipywidgets.VBox([
-            ipywidgets.HBox([self.layer_choice, self.head_choice]),
-            ipywidgets.HBox([self.query_start, self.key_start]),
-            self.info_html,
-            ipywidgets.HBox([self.detail_widget, self.overview_box]),
-            self.model_view_widget,
-        ])
+        self.widget = ipywidgets.VBox(
+            [
+                ipywidgets.HBox([self.layer_choice, self.head_choice]),
+                ipywidgets.HBox([self.query_start, self.key_start]),
+                self.info_html,
+                ipywidgets.HBox([self.detail_widget, self.overview_box]),
+                self.model_view_widget,
+            ]
+        )
 
     def _model_view(self):
         names = list(self.shapes)
@@ -216,7 +230,9 @@ class AttentionExplorer(Component):
         self._updating = True
         try:
             self.head_choice.options = [MEAN_OF_HEADS, *range(num_heads)] if num_heads > 1 else [0]
-            self.head_choice.value = head if head in self.head_choice.options else self.head_choice.options[0]
+            self.head_choice.value = (
+                head if head in self.head_choice.options else self.head_choice.options[0]
+            )
             long_queries = num_queries > self.max_tokens
             long_keys = num_keys > self.max_tokens
             self.query_start.max = max(0, num_queries - self.max_tokens)
@@ -237,7 +253,11 @@ class AttentionExplorer(Component):
             self.overview_box.children = []
         self.info_html.value = (
             f"<b>{escape(layer)}</b>: {num_heads} head(s), {num_queries} queries x {num_keys} keys"
-            + (f"; detail shows a {self.max_tokens}-token window" if long_queries or long_keys else "")
+            + (
+                f"; detail shows a {self.max_tokens}-token window"
+                if long_queries or long_keys
+                else ""
+            )
             + ("; weights computed on demand" if self.weights is None else "")
         )
         self._show_detail()
@@ -266,11 +286,22 @@ class AttentionExplorer(Component):
         _, num_queries, num_keys = self.shapes[layer]
         size = self.max_tokens * 2
         overview = self._source.summary(layer, size).mean(axis=0)
-        fig = figures.image_heatmap(overview, title=f"{layer}: overview", max_size=size,
-                                    full_shape=(num_queries, num_keys))
-        window_source = ColumnDataSource(self._window_data(num_queries, num_keys), name="window_source")
-        fig.quad(left="left", right="right", top="top", bottom="bottom", source=window_source, fill_alpha=0.0,
-                 line_color=figures.SELECTED_COLOR, line_width=2)
+        fig = figures.image_heatmap(
+            overview, title=f"{layer}: overview", max_size=size, full_shape=(num_queries, num_keys)
+        )
+        window_source = ColumnDataSource(
+            self._window_data(num_queries, num_keys), name="window_source"
+        )
+        fig.quad(
+            left="left",
+            right="right",
+            top="top",
+            bottom="bottom",
+            source=window_source,
+            fill_alpha=0.0,
+            line_color=figures.SELECTED_COLOR,
+            line_width=2,
+        )
         return fig, window_source
 
     def _window_data(self, num_queries, num_keys):
@@ -284,9 +315,15 @@ class AttentionExplorer(Component):
         The highlighting and the bars are drawn by BokehJS in the page.
         """
         if side not in ("query", "key"):
-            raise ValueError(f"AttentionExplorer.focus_token: `side` must be 'query' or 'key'. Received: side={side!r}")
+            raise ValueError(
+                f"AttentionExplorer.focus_token: `side` must be 'query' or 'key'. Received: side={side!r}"
+            )
         data = self.token_source.data
-        matches = [i for i, (s, p) in enumerate(zip(data["side"], data["position"])) if s == side and p == index]
+        matches = [
+            i
+            for i, (s, p) in enumerate(zip(data["side"], data["position"]))
+            if s == side and p == index
+        ]
         if not matches:
             raise ValueError(
                 f"AttentionExplorer.focus_token: no {side} token at window position {index}. "
@@ -310,12 +347,17 @@ class AttentionExplorer(Component):
         panels = _detail_panels()
         model_view = self._model_view()
         thumbnails = figures.model_view_source(model_view)
-        layer_options = {layer: [MEAN_OF_HEADS, *map(str, range(heads))] if heads > 1 else ["0"]
-                         for layer, (heads, _, _) in self.shapes.items()}
+        layer_options = {
+            layer: [MEAN_OF_HEADS, *map(str, range(heads))] if heads > 1 else ["0"]
+            for layer, (heads, _, _) in self.shapes.items()
+        }
         every_head = {option for options in layer_options.values() for option in options}
         # Long layers: their overview beside the detail, the one of the chosen layer shown.
-        overviews = {layer: self._overview(layer)[0] for layer, (_, num_queries, num_keys) in self.shapes.items()
-                     if max(num_queries, num_keys) > self.max_tokens}
+        overviews = {
+            layer: self._overview(layer)[0]
+            for layer, (_, num_queries, num_keys) in self.shapes.items()
+            if max(num_queries, num_keys) > self.max_tokens
+        }
         first = next(iter(self.shapes))
         for index, (layer, overview) in enumerate(overviews.items()):
             overview.name = f"overview_{index}"
@@ -327,8 +369,14 @@ class AttentionExplorer(Component):
             options = layer_options[layer]
             for option in options:
                 head = option if option == MEAN_OF_HEADS else int(option)
-                frame = _detail_frame(self._source.window(layer, head, q0, q1, k0, k1), x_labels, y_labels,
-                                      layer, head, thumbnails.data)
+                frame = _detail_frame(
+                    self._source.window(layer, head, q0, q1, k0, k1),
+                    x_labels,
+                    y_labels,
+                    layer,
+                    head,
+                    thumbnails.data,
+                )
                 frame["props"]["head_select"] = {"options": options}
                 for other, overview in overviews.items():
                     frame["props"][overview.name] = {"visible": other == layer}
@@ -336,22 +384,40 @@ class AttentionExplorer(Component):
             # A head this layer does not have (chosen on another layer): its first head option.
             for option in every_head - set(options):
                 frames[_frames.frame_key(layer, option)] = {
-                    "data": {}, "props": {"head_select": {"options": options, "value": options[0]}}}
-        layer_select = Select(title="layer", value=first, options=list(self.shapes), name="layer_select")
-        head_select = Select(title="head", value=layer_options[first][0], options=layer_options[first],
-                             name="head_select")
-        models = {**_detail_models(panels, thumbnails), "head_select": head_select,
-                  **{overview.name: overview for overview in overviews.values()}}
+                    "data": {},
+                    "props": {"head_select": {"options": options, "value": options[0]}},
+                }
+        layer_select = Select(
+            title="layer", value=first, options=list(self.shapes), name="layer_select"
+        )
+        head_select = Select(
+            title="head",
+            value=layer_options[first][0],
+            options=layer_options[first],
+            name="head_select",
+        )
+        models = {
+            **_detail_models(panels, thumbnails),
+            "head_select": head_select,
+            **{overview.name: overview for overview in overviews.values()},
+        }
         callback = _frames.swap_frame_callback(models, frames, [layer_select, head_select])
         layer_select.js_on_change("value", callback)
         head_select.js_on_change("value", callback)
-        thumbnails.selected.js_on_change("indices", CustomJS(
-            args=dict(thumbnails=thumbnails, layer_select=layer_select, head_select=head_select),
-            code=THUMBNAIL_TAP_JS,
-        ))
+        thumbnails.selected.js_on_change(
+            "indices",
+            CustomJS(
+                args=dict(
+                    thumbnails=thumbnails, layer_select=layer_select, head_select=head_select
+                ),
+                code=THUMBNAIL_TAP_JS,
+            ),
+        )
         document = Document()
-        parts = [row(layer_select, head_select),
-                 row(panels.layout, *overviews.values()) if overviews else panels.layout]
+        parts = [
+            row(layer_select, head_select),
+            row(panels.layout, *overviews.values()) if overviews else panels.layout,
+        ]
         if len(thumbnails.data["layer"]) > 1:
             parts.append(model_view)
         document.add_root(column(*parts))
@@ -379,11 +445,15 @@ def _detail_panels():
     """The detail heatmap with its head view and bars: one Bokeh document, so that the
     head view's callbacks read the heatmap's source in the page."""
     panels = types.SimpleNamespace()
-    panels.detail_figure = figures.heatmap(np.zeros((1, 1)), title="", width=DETAIL_SIZE[0], height=DETAIL_SIZE[1])
+    panels.detail_figure = figures.heatmap(
+        np.zeros((1, 1)), title="", width=DETAIL_SIZE[0], height=DETAIL_SIZE[1]
+    )
     panels.detail_figure.name = "detail_figure"  # found by name in the browser
     panels.detail_source = figures.heatmap_source(panels.detail_figure)
     panels.detail_source.name = "detail_source"
-    panels.head_view_figure, panels.bars_figure, panels.token_source = figures.head_view(panels.detail_figure)
+    panels.head_view_figure, panels.bars_figure, panels.token_source = figures.head_view(
+        panels.detail_figure
+    )
     panels.layout = row(panels.detail_figure, column(panels.head_view_figure, panels.bars_figure))
     return panels
 
@@ -394,22 +464,32 @@ def _detail_frame(window, x_labels, y_labels, layer, head, thumbnails):
     window = np.asarray(window, dtype="float64")
     rows, cols = window.shape
     # No more labels than the 460 x 440 detail holds (a 64-token window: every 4th; hover names each cell).
-    x_ticks, x_overrides = figures.tick_labels(x_labels, figures.labels_that_fit(DETAIL_SIZE[0] - 150, slanted=True))
-    y_ticks, y_overrides = figures.tick_labels(y_labels, figures.labels_that_fit(DETAIL_SIZE[1] - 110))
+    x_ticks, x_overrides = figures.tick_labels(
+        x_labels, figures.labels_that_fit(DETAIL_SIZE[0] - 150, slanted=True)
+    )
+    y_ticks, y_overrides = figures.tick_labels(
+        y_labels, figures.labels_that_fit(DETAIL_SIZE[1] - 110)
+    )
     # Colours fitted to the shown weights (the colour bar shows the range).
     low = min(0.0, float(np.nanmin(window))) if window.size else 0.0
     high = max(float(np.nanmax(window)), low + 1e-9) if window.size else 1.0
     head_view = figures.head_view_layout(rows, cols)
     return {
-        "data": {"detail_source": figures.heatmap_data(window, x_labels, y_labels),
-                 "head_view_tokens": figures.head_view_tokens(y_labels, x_labels)},
+        "data": {
+            "detail_source": figures.heatmap_data(window, x_labels, y_labels),
+            "head_view_tokens": figures.head_view_tokens(y_labels, x_labels),
+        },
         "props": {
             "detail_x_range": {"start": -0.5, "end": max(cols, 1) - 0.5},
             "detail_y_range": {"start": max(rows, 1) - 0.5, "end": -0.5},
-            "detail_x_ticker": {"ticks": x_ticks}, "detail_x_axis": {"major_label_overrides": x_overrides},
-            "detail_y_ticker": {"ticks": y_ticks}, "detail_y_axis": {"major_label_overrides": y_overrides},
+            "detail_x_ticker": {"ticks": x_ticks},
+            "detail_x_axis": {"major_label_overrides": x_overrides},
+            "detail_y_ticker": {"ticks": y_ticks},
+            "detail_y_axis": {"major_label_overrides": y_overrides},
             "detail_mapper": {"low": low, "high": high},
-            "detail_title": {"text": f"{layer}, {head if head == MEAN_OF_HEADS else f'head {head}'}"},
+            "detail_title": {
+                "text": f"{layer}, {head if head == MEAN_OF_HEADS else f'head {head}'}"
+            },
             "head_view_y_range": {"start": head_view["y_range"][0], "end": head_view["y_range"][1]},
             "head_view_figure": {"height": head_view["height"]},
             "thumbnail_selection": {"indices": _thumbnail_indices(thumbnails, layer, head)},
@@ -421,19 +501,29 @@ def _detail_models(panels, thumbnails):
     """The models a detail frame sets, by the keys `_detail_frame` uses."""
     detail, view = panels.detail_figure, panels.head_view_figure
     return {
-        "detail_source": panels.detail_source, "head_view_tokens": panels.token_source,
-        "detail_x_range": detail.x_range, "detail_y_range": detail.y_range,
-        "detail_x_ticker": detail.xaxis[0].ticker, "detail_x_axis": detail.xaxis[0],
-        "detail_y_ticker": detail.yaxis[0].ticker, "detail_y_axis": detail.yaxis[0],
-        "detail_mapper": detail.select_one({"type": LinearColorMapper}), "detail_title": detail.title,
-        "head_view_y_range": view.y_range, "head_view_figure": view, "thumbnail_selection": thumbnails.selected,
+        "detail_source": panels.detail_source,
+        "head_view_tokens": panels.token_source,
+        "detail_x_range": detail.x_range,
+        "detail_y_range": detail.y_range,
+        "detail_x_ticker": detail.xaxis[0].ticker,
+        "detail_x_axis": detail.xaxis[0],
+        "detail_y_ticker": detail.yaxis[0].ticker,
+        "detail_y_axis": detail.yaxis[0],
+        "detail_mapper": detail.select_one({"type": LinearColorMapper}),
+        "detail_title": detail.title,
+        "head_view_y_range": view.y_range,
+        "head_view_figure": view,
+        "thumbnail_selection": thumbnails.selected,
     }
 
 
 def _thumbnail_indices(data, layer, head):
     """The model-view thumbnails of what the detail shows (all heads of a layer for the mean)."""
-    return [i for i, (name, index) in enumerate(zip(data["layer"], data["head"]))
-            if name == layer and (head == MEAN_OF_HEADS or index == head)]
+    return [
+        i
+        for i, (name, index) in enumerate(zip(data["layer"], data["head"]))
+        if name == layer and (head == MEAN_OF_HEADS or index == head)
+    ]
 
 
 # A tap on one thumbnail of an exported explorer sets the selects (the frame
@@ -451,7 +541,10 @@ if (head_select.value !== head) head_select.value = head;
 
 def _use_scores_on_demand(model, inputs, setting):
     """Whether the explorer asks `model` (a layer) for windows instead of capturing all weights."""
-    capable = not isinstance(model, keras.Model) and "attention_scores_heads" in inspect.signature(model.call).parameters
+    capable = (
+        not isinstance(model, keras.Model)
+        and "attention_scores_heads" in inspect.signature(model.call).parameters
+    )
     if setting is True and not capable:
         raise ValueError(
             "AttentionExplorer: `scores_on_demand=True` needs an attention layer whose call takes "
@@ -519,11 +612,15 @@ class _OnDemandWeights:
     def __init__(self, layer, inputs, example, rows_per_call):
         query, value, key = _layer_inputs(inputs)
         _check_example(example, int(query.shape[0]))
-        as_tensor = lambda x: None if x is None else keras.ops.convert_to_tensor(x)[example:example + 1]
+        as_tensor = lambda x: (
+            None if x is None else keras.ops.convert_to_tensor(x)[example : example + 1]
+        )
         self.layer = layer
         self.query, self.value, self.key = as_tensor(query), as_tensor(value), as_tensor(key)
         if self.value is None:
-            self.value = self.query  # self-attention: every query row attends over the whole sequence
+            self.value = (
+                self.query
+            )  # self-attention: every query row attends over the whole sequence
         self.rows_per_call = rows_per_call
         name = layer.name
         try:
@@ -538,8 +635,14 @@ class _OnDemandWeights:
         self._summaries = {}
 
     def _call(self, q0, q1, heads):
-        output, weights = self.layer(self.query[:, q0:q1], self.value, self.key, return_attention_scores=True,
-                                     attention_scores_heads=heads, training=False)
+        output, weights = self.layer(
+            self.query[:, q0:q1],
+            self.value,
+            self.key,
+            return_attention_scores=True,
+            attention_scores_heads=heads,
+            training=False,
+        )
         return output, weights
 
     def rows(self, heads, q0, q1):
@@ -576,14 +679,22 @@ class _OnDemandWeights:
         for start in range(0, num_queries, chunk):
             stop = min(num_queries, start + chunk)
             weights = self.rows(range(num_heads), start, stop)
-            blocks.append(np.stack([figures.downsample(head, max_size=10**9, steps=(row_step, col_step))[0]
-                                    for head in weights]))
+            blocks.append(
+                np.stack(
+                    [
+                        figures.downsample(head, max_size=10**9, steps=(row_step, col_step))[0]
+                        for head in weights
+                    ]
+                )
+            )
         return np.concatenate(blocks, axis=1)
 
 
 def _check_example(example, size):
     if not validation.is_int(example) or not 0 <= example < size:
-        raise ValueError(f"AttentionExplorer: `example` must be in [0, {size}). Received: example={example!r}")
+        raise ValueError(
+            f"AttentionExplorer: `example` must be in [0, {size}). Received: example={example!r}"
+        )
 
 
 def _shapes(inputs):
@@ -591,4 +702,6 @@ def _shapes(inputs):
         return [_shapes(x) for x in inputs]
     if isinstance(inputs, dict):
         return {key: _shapes(x) for key, x in inputs.items()}
-    return tuple(getattr(inputs, "shape", ())) if hasattr(inputs, "shape") else type(inputs).__name__
+    return (
+        tuple(getattr(inputs, "shape", ())) if hasattr(inputs, "shape") else type(inputs).__name__
+    )

@@ -11,8 +11,8 @@ from bokeh.models import LinearColorMapper
 from keras_attention import validation
 from keras_attention.widgets import _frames
 from keras_attention.widgets import figures
-from keras_attention.widgets._component import FreshBokehModel as BokehModel
 from keras_attention.widgets._component import Component
+from keras_attention.widgets._component import FreshBokehModel as BokehModel
 from keras_attention.widgets._component import escape
 
 MEAN_OF_HEADS = "mean of heads"
@@ -78,9 +78,13 @@ class DecodingStepper(Component):
                 f"method, like keras_attention.models translators). Received: {type(translator).__name__}"
             )
         if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"DecodingStepper: `text` must be a non-empty string. Received: text={text!r}")
+            raise ValueError(
+                f"DecodingStepper: `text` must be a non-empty string. Received: text={text!r}"
+            )
         if not validation.is_int(top_k) or top_k < 1:
-            raise ValueError(f"DecodingStepper: `top_k` must be a positive integer. Received: top_k={top_k!r}")
+            raise ValueError(
+                f"DecodingStepper: `top_k` must be a positive integer. Received: top_k={top_k!r}"
+            )
         if reserved_rows is not None and (
             not validation.is_int(reserved_rows) or reserved_rows < 1
         ):
@@ -113,12 +117,26 @@ class DecodingStepper(Component):
     # ------------------------------------------------------------------ build
 
     def _build_figures(self, num_source):
-        panels = _stage_figures(self.source_tokens, self.values, self.top_k, self._cell, self._reserved_rows)
-        for name in ("heatmap_figure", "heatmap_source", "scores_figure", "scores_source",
-                     "distribution_figure", "distribution_source", "weighted_sum_figure",
-                     "weighted_sum_source", "candidate_figure", "candidate_source", "figures_layout"):
+        panels = _stage_figures(
+            self.source_tokens, self.values, self.top_k, self._cell, self._reserved_rows
+        )
+        for name in (
+            "heatmap_figure",
+            "heatmap_source",
+            "scores_figure",
+            "scores_source",
+            "distribution_figure",
+            "distribution_source",
+            "weighted_sum_figure",
+            "weighted_sum_source",
+            "candidate_figure",
+            "candidate_source",
+            "figures_layout",
+        ):
             setattr(self, name, getattr(panels, name))
-        self._view = _StepperView(self.source_tokens, self.values, self.top_k, self._cell, self._reserved_rows)
+        self._view = _StepperView(
+            self.source_tokens, self.values, self.top_k, self._cell, self._reserved_rows
+        )
         self._models = _frame_models(panels)
         self.candidate_source.selected.on_change("indices", self._on_candidate_tap)
         self.bokeh_widget = BokehModel(self.figures_layout)
@@ -128,16 +146,23 @@ class DecodingStepper(Component):
     def _build_controls(self):
         button = ipywidgets.Button
         self.reset_button = button(description="Reset", icon="fast-backward", tooltip="Start over")
-        self.back_button = button(description="Back", icon="step-backward", tooltip="Undo one token")
-        self.next_button = button(description="Next token", icon="step-forward", button_style="primary")
-        self.play = ipywidgets.Play(value=0, min=0, max=10**6, interval=500, show_repeat=False,
-                                    description="Play")
-        self.speed = ipywidgets.FloatSlider(value=2.0, min=0.5, max=10.0, step=0.5,
-                                            description="tokens/s", readout_format=".1f")
+        self.back_button = button(
+            description="Back", icon="step-backward", tooltip="Undo one token"
+        )
+        self.next_button = button(
+            description="Next token", icon="step-forward", button_style="primary"
+        )
+        self.play = ipywidgets.Play(
+            value=0, min=0, max=10**6, interval=500, show_repeat=False, description="Play"
+        )
+        self.speed = ipywidgets.FloatSlider(
+            value=2.0, min=0.5, max=10.0, step=0.5, description="tokens/s", readout_format=".1f"
+        )
         self.step_slider = ipywidgets.IntSlider(value=0, min=0, max=0, description="step")
         self.layer_choice = ipywidgets.Dropdown(options=[0], value=0, description="layer")
-        self.head_choice = ipywidgets.Dropdown(options=[MEAN_OF_HEADS], value=MEAN_OF_HEADS,
-                                               description="head")
+        self.head_choice = ipywidgets.Dropdown(
+            options=[MEAN_OF_HEADS], value=MEAN_OF_HEADS, description="head"
+        )
         self.layer_choice.layout.display = "none"
         self.head_choice.layout.display = "none"
         self.output_html = ipywidgets.HTML()
@@ -146,8 +171,10 @@ class DecodingStepper(Component):
         )
         self.status_html = ipywidgets.HTML()
         self.candidate_buttons = [
-            ipywidgets.Button(layout=ipywidgets.Layout(width="auto"),
-                              tooltip="Use this token instead and decode on from here")
+            ipywidgets.Button(
+                layout=ipywidgets.Layout(width="auto"),
+                tooltip="Use this token instead and decode on from here",
+            )
             for _ in range(self.top_k)
         ]
 
@@ -163,16 +190,24 @@ class DecodingStepper(Component):
         self.layer_choice.observe(lambda _: self._redraw_all(), names="value")
         self.head_choice.observe(lambda _: self._redraw_all(), names="value")
 
-        controls = ipywidgets.HBox([self.reset_button, self.back_button, self.next_button,
-                                    self.play, self.speed])
+        controls = ipywidgets.HBox(
+            [self.reset_button, self.back_button, self.next_button, self.play, self.speed]
+        )
         choices = ipywidgets.HBox([self.step_slider, self.layer_choice, self.head_choice])
         candidates = ipywidgets.HBox(
             [ipywidgets.HTML("<b>candidates (click to force):</b>"), *self.candidate_buttons]
         )
-        self.widget = ipywidgets.VBox([
-            controls, choices, self.source_html, self.output_html, candidates,
-            self.status_html, self.bokeh_widget,
-        ])
+        self.widget = ipywidgets.VBox(
+            [
+                controls,
+                choices,
+                self.source_html,
+                self.output_html,
+                candidates,
+                self.status_html,
+                self.bokeh_widget,
+            ]
+        )
 
     # --------------------------------------------------------------- actions
 
@@ -245,7 +280,9 @@ class DecodingStepper(Component):
         leaves the stepper as it was.
         """
         if self.position == 0:
-            raise ValueError("DecodingStepper.force: there is no step yet; call next_token() first.")
+            raise ValueError(
+                "DecodingStepper.force: there is no step yet; call next_token() first."
+            )
         self.go_to(self.position - 1)
         try:
             return self.next_token(force_token=token)
@@ -330,8 +367,9 @@ class DecodingStepper(Component):
         self.back_button.disabled = self.position == 0
         self.next_button.disabled = self.session.done
         # Every panel, its range, title and tick labels: the frame the export embeds too.
-        frame = self._view.frame(history, *self._choice(),
-                                 show_choice=self.layer_choice.layout.display != "none")
+        frame = self._view.frame(
+            history, *self._choice(), show_choice=self.layer_choice.layout.display != "none"
+        )
         _frames.apply_frame(self._models, frame)
         if not history:
             for candidate_button in self.candidate_buttons:
@@ -387,8 +425,12 @@ class _StepperView:
     the frame of every step, layer and head. Nothing else draws the panels.
     """
 
-    BLANK_TITLES = {"scores": "1. Scores (before softmax)", "distribution": "2. Softmax distribution",
-                    "weighted": "3. Weighted sum", "candidate": "4. Prediction"}
+    BLANK_TITLES = {
+        "scores": "1. Scores (before softmax)",
+        "distribution": "2. Softmax distribution",
+        "weighted": "3. Weighted sum",
+        "candidate": "4. Prediction",
+    }
 
     def __init__(self, source_tokens, values, top_k, cell, reserved_rows):
         self.source_tokens = list(source_tokens)
@@ -401,19 +443,27 @@ class _StepperView:
         tokens, num_source = self.source_tokens, len(self.source_tokens)
         position = len(history)
         output_tokens = [str(step.token) for step in history]
-        matrix = (np.stack([select(step.attention, layer, head) for step in history]) if history
-                  else np.zeros((0, num_source)))
+        matrix = (
+            np.stack([select(step.attention, layer, head) for step in history])
+            if history
+            else np.zeros((0, num_source))
+        )
         rows = max(position, 1)  # the rows decoded, no blank rows below them
         ticks, labels = figures.tick_labels(output_tokens)
         data = {"alignment_source": figures.heatmap_data(matrix, tokens, output_tokens)}
         props = {
             "alignment_y_range": {"start": rows - 0.5, "end": -0.5},
-            "alignment_figure": {"height": _heatmap_height(self.cell, max(rows, self.reserved_rows))},
+            "alignment_figure": {
+                "height": _heatmap_height(self.cell, max(rows, self.reserved_rows))
+            },
             "alignment_y_ticker": {"ticks": ticks},
             "alignment_y_axis": {"major_label_overrides": labels},
             # With a layer and head to name, the short title keeps them on the figure.
-            "alignment_title": {"text": f"Alignment: {choice_label(layer, head)}" if show_choice
-                                else "Alignment (one row per output token)"},
+            "alignment_title": {
+                "text": f"Alignment: {choice_label(layer, head)}"
+                if show_choice
+                else "Alignment (one row per output token)"
+            },
         }
         if history:
             step = history[-1]
@@ -423,7 +473,11 @@ class _StepperView:
             candidates = list(step.candidates)[: self.top_k]
             chosen = step.token
         else:
-            titles, distribution, scores = self.BLANK_TITLES, np.zeros(num_source), np.zeros(num_source)
+            titles, distribution, scores = (
+                self.BLANK_TITLES,
+                np.zeros(num_source),
+                np.zeros(num_source),
+            )
             candidates, chosen = [], None
         data["distribution_source"] = figures.bar_data(distribution, tokens)
         props["distribution_title"] = {"text": titles["distribution"]}
@@ -434,33 +488,47 @@ class _StepperView:
             start, end = figures.value_range(scores)
             props["scores_y_range"] = {"start": start, "end": end}
             props["scores_title"] = {"text": titles["scores"]}
-            props["scores_y_axis"] = {"axis_label": "score" + (" (mean of heads)" if show_choice and head == MEAN_OF_HEADS
-                                                                else "")}
+            props["scores_y_axis"] = {
+                "axis_label": "score"
+                + (" (mean of heads)" if show_choice and head == MEAN_OF_HEADS else "")
+            }
         if self.values is not None:
             attention = history[-1].attention if history else None
-            weighted, row_labels, features = self._weighted_sum(attention, distribution, layer, head)
+            weighted, row_labels, features = self._weighted_sum(
+                attention, distribution, layer, head
+            )
             data["weighted_source"] = figures.heatmap_data(weighted, features, row_labels)
             ticks, labels = figures.tick_labels(row_labels)
             x_ticks, x_labels = figures.tick_labels(features, max_labels=12)  # ~30 px per label
             # Colours fitted to the values (white at 0), so small contexts stay visible.
             limit = float(max(np.abs(weighted).max(), 1e-9))
             side_by_side = self.values.ndim == 4 and head == MEAN_OF_HEADS
-            props.update({
-                "weighted_y_ticker": {"ticks": ticks}, "weighted_y_axis": {"major_label_overrides": labels},
-                "weighted_x_range": {"start": -0.5, "end": len(features) - 0.5},
-                "weighted_x_ticker": {"ticks": x_ticks},
-                "weighted_x_axis": {"major_label_overrides": x_labels,
-                                    "axis_label": "feature (heads side by side)" if side_by_side else "feature"},
-                "weighted_mapper": {"low": -limit, "high": limit}, "weighted_title": {"text": titles["weighted"]},
-            })
+            props.update(
+                {
+                    "weighted_y_ticker": {"ticks": ticks},
+                    "weighted_y_axis": {"major_label_overrides": labels},
+                    "weighted_x_range": {"start": -0.5, "end": len(features) - 0.5},
+                    "weighted_x_ticker": {"ticks": x_ticks},
+                    "weighted_x_axis": {
+                        "major_label_overrides": x_labels,
+                        "axis_label": "feature (heads side by side)" if side_by_side else "feature",
+                    },
+                    "weighted_mapper": {"low": -limit, "high": limit},
+                    "weighted_title": {"text": titles["weighted"]},
+                }
+            )
         padded = candidates + [("", 0.0)] * (self.top_k - len(candidates))
         data["candidate_source"] = figures.candidate_data(padded, chosen=chosen)
         # Short labels keep the bars (and the title above them) wide; hover shows the token.
         ticks, labels = figures.tick_labels([figures.shorten(t, 16) for t, _ in padded])
-        props.update({"candidate_y_ticker": {"ticks": ticks}, "candidate_y_axis": {"major_label_overrides": labels},
-                      "candidate_title": {"text": titles["candidate"]}})
+        props.update(
+            {
+                "candidate_y_ticker": {"ticks": ticks},
+                "candidate_y_axis": {"major_label_overrides": labels},
+                "candidate_title": {"text": titles["candidate"]},
+            }
+        )
         return {"data": data, "props": props}
-
 
     def _features(self, head):
         """Feature labels of the weighted sum: one value vector, or every head's side by side."""
@@ -481,41 +549,59 @@ class _StepperView:
         if self.values.ndim == 2:
             rows, labels = figures.weighted_sum_rows(distribution, self.values, tokens)
             return rows, labels, features
-        values = self.values[layer if layer in range(self.values.shape[0]) else -1]  # (H, T_in, head_dim)
+        values = self.values[
+            layer if layer in range(self.values.shape[0]) else -1
+        ]  # (H, T_in, head_dim)
         if attention is None:
             attention = np.zeros(values.shape[:2])
         else:
-            attention = np.asarray(attention, "float64")[layer if layer in range(self.values.shape[0]) else -1]
+            attention = np.asarray(attention, "float64")[
+                layer if layer in range(self.values.shape[0]) else -1
+            ]
         if head != MEAN_OF_HEADS:
             rows, labels = figures.weighted_sum_rows(attention[head], values[head], tokens)
             return rows, labels, features
-        rows = np.concatenate([figures.weighted_sum_rows(w, v, tokens)[0] for w, v in zip(attention, values)], axis=1)
+        rows = np.concatenate(
+            [figures.weighted_sum_rows(w, v, tokens)[0] for w, v in zip(attention, values)], axis=1
+        )
         return rows, [*(f"w x {t}" for t in tokens), "= context"], features
 
 
 def _frame_models(panels):
     """The models a stepper frame sets, by the keys `_StepperView.frame` uses."""
     models = {
-        "alignment_source": panels.heatmap_source, "alignment_figure": panels.heatmap_figure,
-        "alignment_y_range": panels.heatmap_figure.y_range, "alignment_title": panels.heatmap_figure.title,
-        "alignment_y_axis": panels.heatmap_figure.yaxis[0], "alignment_y_ticker": panels.heatmap_figure.yaxis[0].ticker,
-        "scores_source": panels.scores_source, "scores_figure": panels.scores_figure,
-        "scores_y_range": panels.scores_figure.y_range, "scores_title": panels.scores_figure.title,
+        "alignment_source": panels.heatmap_source,
+        "alignment_figure": panels.heatmap_figure,
+        "alignment_y_range": panels.heatmap_figure.y_range,
+        "alignment_title": panels.heatmap_figure.title,
+        "alignment_y_axis": panels.heatmap_figure.yaxis[0],
+        "alignment_y_ticker": panels.heatmap_figure.yaxis[0].ticker,
+        "scores_source": panels.scores_source,
+        "scores_figure": panels.scores_figure,
+        "scores_y_range": panels.scores_figure.y_range,
+        "scores_title": panels.scores_figure.title,
         "scores_y_axis": panels.scores_figure.yaxis[0],
-        "distribution_source": panels.distribution_source, "distribution_title": panels.distribution_figure.title,
-        "candidate_source": panels.candidate_source, "candidate_title": panels.candidate_figure.title,
+        "distribution_source": panels.distribution_source,
+        "distribution_title": panels.distribution_figure.title,
+        "candidate_source": panels.candidate_source,
+        "candidate_title": panels.candidate_figure.title,
         "candidate_y_axis": panels.candidate_figure.yaxis[0],
         "candidate_y_ticker": panels.candidate_figure.yaxis[0].ticker,
     }
     weighted = panels.weighted_sum_figure
     if weighted is not None:
-        models.update({
-            "weighted_source": panels.weighted_sum_source, "weighted_title": weighted.title,
-            "weighted_y_axis": weighted.yaxis[0], "weighted_y_ticker": weighted.yaxis[0].ticker,
-            "weighted_x_axis": weighted.xaxis[0], "weighted_x_ticker": weighted.xaxis[0].ticker,
-            "weighted_x_range": weighted.x_range,
-            "weighted_mapper": weighted.select_one({"type": LinearColorMapper}),
-        })
+        models.update(
+            {
+                "weighted_source": panels.weighted_sum_source,
+                "weighted_title": weighted.title,
+                "weighted_y_axis": weighted.yaxis[0],
+                "weighted_y_ticker": weighted.yaxis[0].ticker,
+                "weighted_x_axis": weighted.xaxis[0],
+                "weighted_x_ticker": weighted.xaxis[0].ticker,
+                "weighted_x_range": weighted.x_range,
+                "weighted_mapper": weighted.select_one({"type": LinearColorMapper}),
+            }
+        )
     return models
 
 
@@ -530,44 +616,74 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
     label_room = 40 + 7 * min(24, max([len(t) for t in source_tokens] + [4]))
     panels = types.SimpleNamespace()
     panels.heatmap_figure = figures.heatmap(
-        np.zeros((0, num_source)), source_tokens, [],
-        title="Alignment (one row per output token)", x_axis_label="source", y_axis_label="output",
+        np.zeros((0, num_source)),
+        source_tokens,
+        [],
+        title="Alignment (one row per output token)",
+        x_axis_label="source",
+        y_axis_label="output",
         # At least room for its title with the layer and head on one line.
-        rows=rows, width=max(440, num_source * cell + 130 + label_room), height=_heatmap_height(cell, rows),
+        rows=rows,
+        width=max(440, num_source * cell + 130 + label_room),
+        height=_heatmap_height(cell, rows),
     )
     panels.heatmap_source = figures.heatmap_source(panels.heatmap_figure)
     panels.heatmap_source.name = "alignment_source"  # found by name in the browser
     panels.scores_figure = figures.distribution_bars(
-        zeros, source_tokens, title="1. Scores (before softmax)",
-        y_axis_label="score", fixed_scale=False, color="#7a7a7a", width=400,
+        zeros,
+        source_tokens,
+        title="1. Scores (before softmax)",
+        y_axis_label="score",
+        fixed_scale=False,
+        color="#7a7a7a",
+        width=400,
     )
     panels.scores_source = figures.heatmap_source(panels.scores_figure)
     panels.scores_source.name = "scores_source"
     panels.distribution_figure = figures.distribution_bars(
-        zeros, source_tokens, title="2. Softmax distribution", width=400,
+        zeros,
+        source_tokens,
+        title="2. Softmax distribution",
+        width=400,
     )
     panels.distribution_source = figures.heatmap_source(panels.distribution_figure)
     panels.distribution_source.name = "distribution_source"
     if values is not None:
         # The first frame sets its rows (a Transformer's values are per layer and head).
         panels.weighted_sum_figure = figures.weighted_sum(
-            zeros, np.zeros((num_source, values.shape[-1])), source_tokens, title="3. Weighted sum", width=400,
+            zeros,
+            np.zeros((num_source, values.shape[-1])),
+            source_tokens,
+            title="3. Weighted sum",
+            width=400,
             height=max(220, 18 * (num_source + 1) + 110),
         )
         panels.weighted_sum_source = figures.heatmap_source(panels.weighted_sum_figure)
         panels.weighted_sum_source.name = "weighted_sum_source"
     else:
         panels.weighted_sum_figure = panels.weighted_sum_source = None
-    panels.candidate_figure = figures.candidate_bars([("", 0.0)] * top_k, title="4. Prediction", width=400)
+    panels.candidate_figure = figures.candidate_bars(
+        [("", 0.0)] * top_k, title="4. Prediction", width=400
+    )
     panels.candidate_source = figures.heatmap_source(panels.candidate_figure)
     panels.candidate_source.name = "candidate_source"
-    stages = [panels.scores_figure, panels.distribution_figure, panels.weighted_sum_figure,
-              panels.candidate_figure]
+    stages = [
+        panels.scores_figure,
+        panels.distribution_figure,
+        panels.weighted_sum_figure,
+        panels.candidate_figure,
+    ]
     stages = [stage for stage in stages if stage is not None]
     for stage in stages:
         stage.title.text_font_size = "10pt"  # titles name the step and token: keep them on one line
     # Found by name in the browser (tests read their ranges there).
-    for name in ("heatmap_figure", "scores_figure", "distribution_figure", "weighted_sum_figure", "candidate_figure"):
+    for name in (
+        "heatmap_figure",
+        "scores_figure",
+        "distribution_figure",
+        "weighted_sum_figure",
+        "candidate_figure",
+    ):
         if getattr(panels, name) is not None:
             getattr(panels, name).name = "alignment_figure" if name == "heatmap_figure" else name
     # Bar panels fill the cell (down to their designed widths, which the labels were counted
@@ -575,11 +691,15 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
     for stage in stages:
         if stage is not panels.weighted_sum_figure:
             figures.stretch(stage, max_width=STAGE_MAX_WIDTH)
-    rows_ = [figures.stretch(row(*pair), min_width=sum(f.min_width or f.width for f in pair))
-             for pair in (stages[:2], stages[2:]) if pair]
+    rows_ = [
+        figures.stretch(row(*pair), min_width=sum(f.min_width or f.width for f in pair))
+        for pair in (stages[:2], stages[2:])
+        if pair
+    ]
     panels.figures_layout = figures.stretch(
         column(*rows_, panels.heatmap_figure),
-        min_width=max([r.min_width for r in rows_] + [panels.heatmap_figure.width]))
+        min_width=max([r.min_width for r in rows_] + [panels.heatmap_figure.width]),
+    )
     return panels
 
 
@@ -595,8 +715,10 @@ def _stage_titles(step, position):
         "scores": f"1. Scores before softmax · {token} (step {position})",
         "distribution": f"2. Attention while producing {token} (step {position})",
         "weighted": f"3. Σ weight × value · {token} (step {position})",
-        "candidate": (f"4. Prediction (step {position}): {token} "
-                      f"p={step.probability:.2f}" + (" (forced)" if forced else "")),
+        "candidate": (
+            f"4. Prediction (step {position}): {token} "
+            f"p={step.probability:.2f}" + (" (forced)" if forced else "")
+        ),
     }
 
 
@@ -614,12 +736,17 @@ def _standalone(stepper, steps):
     from bokeh.models import Slider
 
     if not steps:
-        raise ValueError("DecodingStepper.standalone_layout: the decoded line is empty (nothing to export).")
-    panels = _stage_figures(stepper.source_tokens, stepper.values, stepper.top_k, stepper._cell,
-                            stepper._reserved_rows)
+        raise ValueError(
+            "DecodingStepper.standalone_layout: the decoded line is empty (nothing to export)."
+        )
+    panels = _stage_figures(
+        stepper.source_tokens, stepper.values, stepper.top_k, stepper._cell, stepper._reserved_rows
+    )
     attention = np.asarray(steps[0].attention)
     layers, heads = attention.shape[:2] if attention.ndim == 3 else (0, 0)
-    view = _StepperView(stepper.source_tokens, stepper.values, stepper.top_k, stepper._cell, stepper._reserved_rows)
+    view = _StepperView(
+        stepper.source_tokens, stepper.values, stepper.top_k, stepper._cell, stepper._reserved_rows
+    )
     layer_options = [str(layer) for layer in range(max(layers, 1))]
     head_options = [MEAN_OF_HEADS, *(str(head) for head in range(heads))]
     frames = {}
@@ -627,21 +754,50 @@ def _standalone(stepper, steps):
         for layer in range(max(layers, 1)):
             for head in [MEAN_OF_HEADS, *range(heads)]:
                 frames[_frames.frame_key(position, layer, head)] = view.frame(
-                    steps[:position], layer, head, show_choice=layers > 0)
-    slider = Slider(start=1, end=max(len(steps), 2), value=len(steps), step=1, title="step",
-                    name="step_slider", width=400, disabled=len(steps) == 1,
-                    tooltips=False)  # the title shows the value; a bubble covered the title
-    layer_select = Select(title="layer", value=layer_options[-1], options=layer_options, name="layer_select",
-                          visible=layers > 0)
-    head_select = Select(title="head", value=MEAN_OF_HEADS, options=head_options, name="head_select",
-                         visible=heads > 0)
-    callback = _frames.swap_frame_callback(_frame_models(panels), frames, [slider, layer_select, head_select])
+                    steps[:position], layer, head, show_choice=layers > 0
+                )
+    slider = Slider(
+        start=1,
+        end=max(len(steps), 2),
+        value=len(steps),
+        step=1,
+        title="step",
+        name="step_slider",
+        width=400,
+        disabled=len(steps) == 1,
+        tooltips=False,
+    )  # the title shows the value; a bubble covered the title
+    layer_select = Select(
+        title="layer",
+        value=layer_options[-1],
+        options=layer_options,
+        name="layer_select",
+        visible=layers > 0,
+    )
+    head_select = Select(
+        title="head",
+        value=MEAN_OF_HEADS,
+        options=head_options,
+        name="head_select",
+        visible=heads > 0,
+    )
+    callback = _frames.swap_frame_callback(
+        _frame_models(panels), frames, [slider, layer_select, head_select]
+    )
     for control in (slider, layer_select, head_select):
         control.js_on_change("value", callback)
-    header = Div(text="<b>source:</b> " + " ".join(f"<code>{escape(t)}</code>" for t in stepper.source_tokens)
-                 + "<br><b>output:</b> " + " ".join(f"<code>{escape(s.token)}</code>" for s in steps))
+    header = Div(
+        text="<b>source:</b> "
+        + " ".join(f"<code>{escape(t)}</code>" for t in stepper.source_tokens)
+        + "<br><b>output:</b> "
+        + " ".join(f"<code>{escape(s.token)}</code>" for s in steps)
+    )
     document = Document()
-    document.add_root(figures.stretch(column(header, row(slider, layer_select, head_select), panels.figures_layout),
-                                      min_width=panels.figures_layout.min_width))
+    document.add_root(
+        figures.stretch(
+            column(header, row(slider, layer_select, head_select), panels.figures_layout),
+            min_width=panels.figures_layout.min_width,
+        )
+    )
     document.js_on_event("document_ready", callback)  # draws the last step on opening
     return document

@@ -37,8 +37,7 @@ def _as_matrix(weights, name):
     matrix = np.asarray(weights, dtype="float64")
     if matrix.ndim != 2:
         raise ValueError(
-            f"{name}: `weights` must be a 2-D array (rows, columns). "
-            f"Received: shape {matrix.shape}"
+            f"{name}: `weights` must be a 2-D array (rows, columns). Received: shape {matrix.shape}"
         )
     return matrix
 
@@ -256,14 +255,27 @@ def heatmap(
     fig.grid.visible = False
     fig.xaxis.major_label_orientation = 0.9
     # As many labels as the plot holds (its frame: the figure less the axes, title and colour bar).
-    _label_axis(fig.xaxis[0], _labels(x_tokens, num_cols, "heatmap", "x_tokens"),
-                max_labels=labels_that_fit(width - 70 - (70 if color_bar else 0), slanted=True))
-    _label_axis(fig.yaxis[0], _labels(y_tokens, num_rows, "heatmap", "y_tokens"),
-                max_labels=labels_that_fit(height - 90 - (30 if toolbar else 0)))
+    _label_axis(
+        fig.xaxis[0],
+        _labels(x_tokens, num_cols, "heatmap", "x_tokens"),
+        max_labels=labels_that_fit(width - 70 - (70 if color_bar else 0), slanted=True),
+    )
+    _label_axis(
+        fig.yaxis[0],
+        _labels(y_tokens, num_rows, "heatmap", "y_tokens"),
+        max_labels=labels_that_fit(height - 90 - (30 if toolbar else 0)),
+    )
     if color_bar:
         fig.add_layout(
-            ColorBar(formatter=_color_bar_ticks(), color_mapper=mapper, width=8, title=color_bar_title, title_text_font_size="8pt",
-                     title_text_font_style="normal", name="color_bar"),
+            ColorBar(
+                formatter=_color_bar_ticks(),
+                color_mapper=mapper,
+                width=8,
+                title=color_bar_title,
+                title_text_font_size="8pt",
+                title_text_font_style="normal",
+                name="color_bar",
+            ),
             "right",
         )
     return fig
@@ -271,7 +283,9 @@ def heatmap(
 
 def heatmap_source(fig):
     """The `ColumnDataSource` behind a figure made by `heatmap`/`image_heatmap` (or the bar charts)."""
-    return fig.renderers[0].data_source  # the figure's first glyph (callbacks may reference other sources)
+    return fig.renderers[
+        0
+    ].data_source  # the figure's first glyph (callbacks may reference other sources)
 
 
 def set_tick_labels(fig, x_tokens=None, y_tokens=None, max_chars=None):
@@ -316,7 +330,9 @@ def downsample(weights, max_size, steps=None):
     return np.nanmean(blocks, axis=(1, 3)), row_step, col_step
 
 
-def image_heatmap(weights, *, title="Attention overview", max_size=128, width=420, height=380, full_shape=None):
+def image_heatmap(
+    weights, *, title="Attention overview", max_size=128, width=420, height=380, full_shape=None
+):
     """A heatmap for long sequences: one image, block-averaged to `max_size`.
 
     The axes stay in original positions (a `(4096, 4096)` matrix shown at
@@ -334,7 +350,10 @@ def image_heatmap(weights, *, title="Attention overview", max_size=128, width=42
     else:
         rows, cols = (int(n) for n in full_shape)
         small = matrix
-        row_step, col_step = int(np.ceil(rows / matrix.shape[0])), int(np.ceil(cols / matrix.shape[1]))
+        row_step, col_step = (
+            int(np.ceil(rows / matrix.shape[0])),
+            int(np.ceil(cols / matrix.shape[1])),
+        )
     # Image row 0 sits at y=-0.5; with the flipped y range it is drawn on top.
     source = ColumnDataSource(
         {"image": [small], "x": [-0.5], "y": [-0.5], "dw": [cols], "dh": [rows]},
@@ -354,8 +373,17 @@ def image_heatmap(weights, *, title="Attention overview", max_size=128, width=42
     )
     mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=float(max(np.nanmax(small), 1e-9)))
     fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=source, color_mapper=mapper)
-    fig.add_layout(ColorBar(formatter=_color_bar_ticks(), color_mapper=mapper, width=8, title="mean weight", title_text_font_size="8pt",
-                            title_text_font_style="normal"), "right")
+    fig.add_layout(
+        ColorBar(
+            formatter=_color_bar_ticks(),
+            color_mapper=mapper,
+            width=8,
+            title="mean weight",
+            title_text_font_size="8pt",
+            title_text_font_style="normal",
+        ),
+        "right",
+    )
     fig.grid.visible = False
     return fig
 
@@ -404,7 +432,9 @@ def distribution_bars(
     fig.add_tools(HoverTool(tooltips=[("token", "@token"), ("value", "@weight{0.000}")]))
     fig.xgrid.visible = False
     fig.xaxis.major_label_orientation = 0.9
-    _label_axis(fig.xaxis[0], labels, max_labels=labels_that_fit(width - 80, slanted=True))  # less the y axis
+    _label_axis(
+        fig.xaxis[0], labels, max_labels=labels_that_fit(width - 80, slanted=True)
+    )  # less the y axis
     return fig
 
 
@@ -412,8 +442,9 @@ CANDIDATE_COLOR = "#e8b090"
 CHOSEN_COLOR = "#c03010"
 
 
-def candidate_bars(candidates, *, chosen=None, title="Next-token candidates", source=None, width=300,
-                   height=220):
+def candidate_bars(
+    candidates, *, chosen=None, title="Next-token candidates", source=None, width=300, height=220
+):
     """Horizontal bars of the top-k `(token, probability)` candidates, best on top.
 
     The `chosen` token's bar is drawn in a strong colour. A tap tool is
@@ -438,13 +469,36 @@ def candidate_bars(candidates, *, chosen=None, title="Next-token candidates", so
     )
     # Each row is a target across the whole panel (invisible, same source): a candidate of
     # p < 0.01 is a 1-3 px bar, too thin to tap or hover.
-    rows = fig.hbar(y="rank", left=0.0, right=1.0, height=0.9, source=source, fill_alpha=0.0,
-                    line_alpha=0.0, selection_fill_alpha=0.0, selection_line_alpha=0.0,
-                    nonselection_fill_alpha=0.0, nonselection_line_alpha=0.0, name="candidate_rows")
-    fig.hbar(y="rank", right="probability", height=0.7, source=source, fill_color="color",
-             line_color="color", name="bars", nonselection_fill_alpha=1.0, nonselection_line_alpha=1.0)
-    fig.add_tools(HoverTool(tooltips=[("token", "@token"), ("probability", "@probability{0.000}")],
-                            renderers=[rows]))
+    rows = fig.hbar(
+        y="rank",
+        left=0.0,
+        right=1.0,
+        height=0.9,
+        source=source,
+        fill_alpha=0.0,
+        line_alpha=0.0,
+        selection_fill_alpha=0.0,
+        selection_line_alpha=0.0,
+        nonselection_fill_alpha=0.0,
+        nonselection_line_alpha=0.0,
+        name="candidate_rows",
+    )
+    fig.hbar(
+        y="rank",
+        right="probability",
+        height=0.7,
+        source=source,
+        fill_color="color",
+        line_color="color",
+        name="bars",
+        nonselection_fill_alpha=1.0,
+        nonselection_line_alpha=1.0,
+    )
+    fig.add_tools(
+        HoverTool(
+            tooltips=[("token", "@token"), ("probability", "@probability{0.000}")], renderers=[rows]
+        )
+    )
     fig.ygrid.visible = False
     _label_axis(fig.yaxis[0], [token for token, _ in candidates])
     return fig
@@ -457,12 +511,16 @@ def candidate_data(candidates, chosen=None):
         "rank": list(range(len(candidates))),
         "token": tokens,
         "probability": [float(p) for _, p in candidates],
-        "color": [CHOSEN_COLOR if chosen is not None and t == str(chosen) else CANDIDATE_COLOR
-                  for t in tokens],
+        "color": [
+            CHOSEN_COLOR if chosen is not None and t == str(chosen) else CANDIDATE_COLOR
+            for t in tokens
+        ],
     }
 
 
-def weighted_sum(weights, values, tokens=None, *, title="Weighted sum of values", width=520, height=300):
+def weighted_sum(
+    weights, values, tokens=None, *, title="Weighted sum of values", width=520, height=300
+):
     """The third stage: each value vector scaled by its weight, and their sum.
 
     Rows are the source positions (`weights[i] * values[i]`), the last row is
@@ -527,31 +585,77 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
     for index, head in enumerate(heads):
         if max(head.shape) > max_size:
             small, _, _ = downsample(head, max_size)
-            fig = heatmap(small, title=f"{title}head {index} (overview)", width=size, height=size, high=high,
-                          color_bar=False, toolbar=False, x_axis_label="", y_axis_label="")
+            fig = heatmap(
+                small,
+                title=f"{title}head {index} (overview)",
+                width=size,
+                height=size,
+                high=high,
+                color_bar=False,
+                toolbar=False,
+                x_axis_label="",
+                y_axis_label="",
+            )
         else:
-            fig = heatmap(head, x_tokens, y_tokens, title=f"{title}head {index}", width=size,
-                          height=size, high=high, color_bar=False, toolbar=False, x_axis_label="",
-                          y_axis_label="")
+            fig = heatmap(
+                head,
+                x_tokens,
+                y_tokens,
+                title=f"{title}head {index}",
+                width=size,
+                height=size,
+                high=high,
+                color_bar=False,
+                toolbar=False,
+                x_axis_label="",
+                y_axis_label="",
+            )
             fig.xaxis.major_label_text_font_size = "7pt"
             fig.yaxis.major_label_text_font_size = "7pt"
             # 7pt labels: a 12 px line box stacked, 15 px along the axis at the x axis' slant.
-            _thin_ticks(fig.xaxis[0], _labels(x_tokens, head.shape[1], "head_grid", "x_tokens"), size,
-                        pixels_per_label=15)
-            _thin_ticks(fig.yaxis[0], _labels(y_tokens, head.shape[0], "head_grid", "y_tokens"), size,
-                        pixels_per_label=12)
+            _thin_ticks(
+                fig.xaxis[0],
+                _labels(x_tokens, head.shape[1], "head_grid", "x_tokens"),
+                size,
+                pixels_per_label=15,
+            )
+            _thin_ticks(
+                fig.yaxis[0],
+                _labels(y_tokens, head.shape[0], "head_grid", "y_tokens"),
+                size,
+                pixels_per_label=12,
+            )
         figures.append(fig)
-    scale = figure(width=90, height=size, toolbar_location=None, min_border_left=0, outline_line_color=None,
-                   title="", name="head_grid_scale")
+    scale = figure(
+        width=90,
+        height=size,
+        toolbar_location=None,
+        min_border_left=0,
+        outline_line_color=None,
+        title="",
+        name="head_grid_scale",
+    )
     scale.axis.visible = False
     scale.grid.visible = False
-    scale.add_layout(ColorBar(formatter=_color_bar_ticks(), color_mapper=LinearColorMapper(palette=Viridis256, low=0.0, high=high), width=8,
-                              title="attention weight", title_text_font_size="8pt",
-                              title_text_font_style="normal", name="grid_color_bar"), "left")
+    scale.add_layout(
+        ColorBar(
+            formatter=_color_bar_ticks(),
+            color_mapper=LinearColorMapper(palette=Viridis256, low=0.0, high=high),
+            width=8,
+            title="attention weight",
+            title_text_font_size="8pt",
+            title_text_font_style="normal",
+            name="grid_color_bar",
+        ),
+        "left",
+    )
     # An invisible glyph keeps Bokeh from warning about an empty figure.
     scale.scatter([0], [0], alpha=0.0)
-    return gridplot([*figures, scale], ncols=ncols + 1 if len(figures) <= ncols else ncols,
-                    toolbar_location=None)
+    return gridplot(
+        [*figures, scale],
+        ncols=ncols + 1 if len(figures) <= ncols else ncols,
+        toolbar_location=None,
+    )
 
 
 def _thin_ticks(axis, labels, size, pixels_per_label, max_chars=6):
@@ -599,7 +703,9 @@ THUMBNAIL_GAP = 0.2
 SELECTED_COLOR = "#ff3030"
 
 
-def model_view(thumbnails, layer_names, *, size=64, max_size=32, title="Model view: layer x head (click one)"):
+def model_view(
+    thumbnails, layer_names, *, size=64, max_size=32, title="Model view: layer x head (click one)"
+):
     """bertviz's model view: one thumbnail per layer (rows) and head (columns).
 
     Args:
@@ -619,12 +725,17 @@ def model_view(thumbnails, layer_names, *, size=64, max_size=32, title="Model vi
             "model_view: `thumbnails` and `layer_names` must be non-empty and of the same length. "
             f"Received: {len(thumbnails)} thumbnails, {len(layer_names)} names"
         )
-    images, cells = {"image": [], "x": [], "y": [], "dw": [], "dh": []}, {"layer": [], "head": [], "x": [], "y": []}
+    images, cells = (
+        {"image": [], "x": [], "y": [], "dw": [], "dh": []},
+        {"layer": [], "head": [], "x": [], "y": []},
+    )
     high = 1e-9
     for row_index, (heads, name) in enumerate(zip(thumbnails, layer_names)):
         heads = np.asarray(heads, dtype="float64")
         if heads.ndim != 3:
-            raise ValueError(f"model_view: each thumbnail must be (heads, Tq, Tv). Received: shape {heads.shape}")
+            raise ValueError(
+                f"model_view: each thumbnail must be (heads, Tq, Tv). Received: shape {heads.shape}"
+            )
         for head_index, head in enumerate(heads):
             small = downsample(head, max_size)[0] if max(head.shape) > max_size else head
             high = max(high, float(np.nanmax(small)) if small.size else 0.0)
@@ -645,28 +756,68 @@ def model_view(thumbnails, layer_names, *, size=64, max_size=32, title="Model vi
     fig = figure(
         title=title,
         # The title starts after the layer names (the frame's left edge): room for both.
-        width=max(int(num_cols * size * (1 + THUMBNAIL_GAP)) + label_room + 110, label_room + 60 + int(7.5 * len(title))),
+        width=max(
+            int(num_cols * size * (1 + THUMBNAIL_GAP)) + label_room + 110,
+            label_room + 60 + int(7.5 * len(title)),
+        ),
         height=int(num_rows * size * (1 + THUMBNAIL_GAP)) + 70,
-        x_range=Range1d(-THUMBNAIL_GAP, span_x), y_range=Range1d(span_y, -THUMBNAIL_GAP),
-        tools="tap", toolbar_location=None, x_axis_location="above", name="model_view_figure",
+        x_range=Range1d(-THUMBNAIL_GAP, span_x),
+        y_range=Range1d(span_y, -THUMBNAIL_GAP),
+        tools="tap",
+        toolbar_location=None,
+        x_axis_location="above",
+        name="model_view_figure",
     )
     mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=high)
-    fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=ColumnDataSource(images, name="model_view_images"),
-              color_mapper=mapper)
+    fig.image(
+        image="image",
+        x="x",
+        y="y",
+        dw="dw",
+        dh="dh",
+        source=ColumnDataSource(images, name="model_view_images"),
+        color_mapper=mapper,
+    )
     cells_source = ColumnDataSource(cells, name="model_view_source")
-    outlines = fig.rect(x="x", y="y", width=1.0, height=1.0, source=cells_source, fill_alpha=0.0, line_alpha=0.0,
-                        selection_line_color=SELECTED_COLOR, selection_line_alpha=1.0, selection_line_width=3,
-                        nonselection_fill_alpha=0.0, nonselection_line_alpha=0.0, name="thumbnails")
+    outlines = fig.rect(
+        x="x",
+        y="y",
+        width=1.0,
+        height=1.0,
+        source=cells_source,
+        fill_alpha=0.0,
+        line_alpha=0.0,
+        selection_line_color=SELECTED_COLOR,
+        selection_line_alpha=1.0,
+        selection_line_width=3,
+        nonselection_fill_alpha=0.0,
+        nonselection_line_alpha=0.0,
+        name="thumbnails",
+    )
     # "replace": Bokeh's default "toggle" would unselect a thumbnail the mean of heads already outlines.
     fig.select_one({"type": TapTool}).update(renderers=[outlines], mode="replace")
     # No hover tooltip: it would sit under the pointer and take the click (the axes name layer and head).
     fig.grid.visible = False
     fig.xaxis.ticker = FixedTicker(ticks=[h * (1 + THUMBNAIL_GAP) + 0.5 for h in range(num_cols)])
-    fig.xaxis.major_label_overrides = {h * (1 + THUMBNAIL_GAP) + 0.5: f"head {h}" for h in range(num_cols)}
+    fig.xaxis.major_label_overrides = {
+        h * (1 + THUMBNAIL_GAP) + 0.5: f"head {h}" for h in range(num_cols)
+    }
     fig.yaxis.ticker = FixedTicker(ticks=[r * (1 + THUMBNAIL_GAP) + 0.5 for r in range(num_rows)])
-    fig.yaxis.major_label_overrides = {r * (1 + THUMBNAIL_GAP) + 0.5: shorten(n, 28) for r, n in enumerate(layer_names)}
-    fig.add_layout(ColorBar(formatter=_color_bar_ticks(), color_mapper=mapper, width=8, title="attention weight", title_text_font_size="8pt",
-                            title_text_font_style="normal", name="model_view_color_bar"), "right")
+    fig.yaxis.major_label_overrides = {
+        r * (1 + THUMBNAIL_GAP) + 0.5: shorten(n, 28) for r, n in enumerate(layer_names)
+    }
+    fig.add_layout(
+        ColorBar(
+            formatter=_color_bar_ticks(),
+            color_mapper=mapper,
+            width=8,
+            title="attention weight",
+            title_text_font_size="8pt",
+            title_text_font_style="normal",
+            name="model_view_color_bar",
+        ),
+        "right",
+    )
     return fig
 
 
@@ -737,31 +888,88 @@ def head_view(detail_figure, *, width=300, height=420):
     rows = max(data["row"], default=-1) + 1
     cols = max(data["col"], default=-1) + 1
     layout = head_view_layout(rows, cols, height)
-    view = figure(title="Head view: hover or click a token", width=width, height=layout["height"],
-                  x_range=Range1d(-2.1, 3.1), y_range=Range1d(*layout["y_range"]), tools="tap",
-                  toolbar_location=None, name="head_view_figure")
+    view = figure(
+        title="Head view: hover or click a token",
+        width=width,
+        height=layout["height"],
+        x_range=Range1d(-2.1, 3.1),
+        y_range=Range1d(*layout["y_range"]),
+        tools="tap",
+        toolbar_location=None,
+        name="head_view_figure",
+    )
     view.axis.visible = False
     view.grid.visible = False
     view.title.text_font_size = "9pt"
     # Lines straight from the heatmap's cells: query `row` on the left, key `col` on the right.
-    opacity = CustomJSTransform(v_func="const m = Math.max(1e-12, ...xs); return xs.map((x) => 0.9 * x / m);")
-    lines = view.segment(x0=0.0, y0="row", x1=1.0, y1="col", source=detail, line_color="#3b6ea5", line_width=2,
-                         line_alpha={"field": "weight", "transform": opacity}, name="head_view_lines")
-    lines.selection_glyph = Segment(x0=0.0, y0="row", x1=1.0, y1="col", line_color=SELECTED_COLOR, line_width=2.5,
-                                    line_alpha={"field": "weight", "transform": opacity})
-    lines.nonselection_glyph = Segment(x0=0.0, y0="row", x1=1.0, y1="col", line_color="#3b6ea5", line_alpha=0.04)
+    opacity = CustomJSTransform(
+        v_func="const m = Math.max(1e-12, ...xs); return xs.map((x) => 0.9 * x / m);"
+    )
+    lines = view.segment(
+        x0=0.0,
+        y0="row",
+        x1=1.0,
+        y1="col",
+        source=detail,
+        line_color="#3b6ea5",
+        line_width=2,
+        line_alpha={"field": "weight", "transform": opacity},
+        name="head_view_lines",
+    )
+    lines.selection_glyph = Segment(
+        x0=0.0,
+        y0="row",
+        x1=1.0,
+        y1="col",
+        line_color=SELECTED_COLOR,
+        line_width=2.5,
+        line_alpha={"field": "weight", "transform": opacity},
+    )
+    lines.nonselection_glyph = Segment(
+        x0=0.0, y0="row", x1=1.0, y1="col", line_color="#3b6ea5", line_alpha=0.04
+    )
     token_source = ColumnDataSource(head_view_tokens([], []), name="head_view_tokens")
-    boxes = view.rect(x="x", y="position", width=1.1, height=0.9, source=token_source, fill_color="#ffb060",
-                      fill_alpha=0.0, line_alpha=0.0, selection_fill_alpha=0.7, selection_line_alpha=0.0,
-                      nonselection_fill_alpha=0.0, nonselection_line_alpha=0.0, hover_fill_alpha=0.35,
-                      hover_fill_color="#ffb060", hover_line_alpha=0.0, name="head_view_boxes")
-    view.text(x="text_x", y="position", text="token", text_align="align", text_baseline="middle", source=token_source,
-              text_font_size="9pt", nonselection_text_alpha=1.0)
+    boxes = view.rect(
+        x="x",
+        y="position",
+        width=1.1,
+        height=0.9,
+        source=token_source,
+        fill_color="#ffb060",
+        fill_alpha=0.0,
+        line_alpha=0.0,
+        selection_fill_alpha=0.7,
+        selection_line_alpha=0.0,
+        nonselection_fill_alpha=0.0,
+        nonselection_line_alpha=0.0,
+        hover_fill_alpha=0.35,
+        hover_fill_color="#ffb060",
+        hover_line_alpha=0.0,
+        name="head_view_boxes",
+    )
+    view.text(
+        x="text_x",
+        y="position",
+        text="token",
+        text_align="align",
+        text_baseline="middle",
+        source=token_source,
+        text_font_size="9pt",
+        nonselection_text_alpha=1.0,
+    )
     view.select_one({"type": TapTool}).update(renderers=[boxes], mode="replace")
     bars = ColumnDataSource({"position": [], "weight": [], "token": []}, name="head_view_bars")
-    bars_figure = figure(title="hover or click a token", width=width, height=200, x_range=Range1d(-0.5, 0.5),
-                         y_range=Range1d(0, 1), tools="", toolbar_location=None, y_axis_label="weight",
-                         name="head_view_bars_figure")
+    bars_figure = figure(
+        title="hover or click a token",
+        width=width,
+        height=200,
+        x_range=Range1d(-0.5, 0.5),
+        y_range=Range1d(0, 1),
+        tools="",
+        toolbar_location=None,
+        y_axis_label="weight",
+        name="head_view_bars_figure",
+    )
     bars_figure.title.text_font_size = "9pt"
     bars_figure.vbar(x="position", top="weight", width=0.8, source=bars, color=SELECTED_COLOR)
     bars_figure.add_tools(HoverTool(tooltips=[("token", "@token"), ("weight", "@weight{0.000}")]))
@@ -771,10 +979,17 @@ def head_view(detail_figure, *, width=300, height=420):
     # Non-selected heatmap cells are dimmed, so a focused token's row/column stands out.
     cells = detail_figure.select_one({"name": "cells"})
     cells.nonselection_glyph = cells.glyph.clone(fill_alpha=0.25)
-    arguments = dict(detail=detail, tokens=token_source, bars=bars, bars_figure=bars_figure,
-                     bars_axis=bars_figure.xaxis[0])
+    arguments = dict(
+        detail=detail,
+        tokens=token_source,
+        bars=bars,
+        bars_figure=bars_figure,
+        bars_axis=bars_figure.xaxis[0],
+    )
     on_change = CustomJS(args=arguments, code="const hovered = [];\n" + HEAD_VIEW_JS)
-    on_hover = CustomJS(args=arguments, code="const hovered = cb_data.index.indices;\n" + HEAD_VIEW_JS)
+    on_hover = CustomJS(
+        args=arguments, code="const hovered = cb_data.index.indices;\n" + HEAD_VIEW_JS
+    )
     view.add_tools(HoverTool(renderers=[boxes], tooltips=None, callback=on_hover))
     token_source.selected.js_on_change("indices", on_change)
     # A new matrix arrives as new data, or (live widgets send only what changed) as a patch.
@@ -798,7 +1013,10 @@ def head_view_layout(num_queries, num_keys, min_height=420):
     one label per side and lines running off the panel.
     """
     span = max(int(num_queries), int(num_keys), 1)
-    return {"y_range": (span - 0.5, -0.5), "height": max(int(min_height), span * HEAD_VIEW_ROW_PX + 60)}
+    return {
+        "y_range": (span - 0.5, -0.5),
+        "height": max(int(min_height), span * HEAD_VIEW_ROW_PX + 60),
+    }
 
 
 def head_view_tokens(query_tokens, key_tokens):

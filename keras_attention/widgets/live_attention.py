@@ -10,7 +10,6 @@ import ipywidgets
 import keras
 import numpy as np
 from bokeh.layouts import gridplot
-from keras_attention.widgets._component import FreshBokehModel as BokehModel
 
 from keras_attention import validation
 from keras_attention.layers.capture import attention_layers
@@ -18,6 +17,7 @@ from keras_attention.widgets import _captured
 from keras_attention.widgets import _frames
 from keras_attention.widgets import figures
 from keras_attention.widgets._component import Component
+from keras_attention.widgets._component import FreshBokehModel as BokehModel
 from keras_attention.widgets._component import escape
 from keras_attention.widgets._component import in_notebook
 from keras_attention.widgets.export import export_html
@@ -180,10 +180,13 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self._epoch = 0
         self._next_allowed = 0.0
         self.time_spent = 0.0
-        self._latest = {name: (matrix, self.figures[name].title.text) for name, matrix in matrices.items()}
+        self._latest = {
+            name: (matrix, self.figures[name].title.text) for name, matrix in matrices.items()
+        }
         self.frames = collections.deque(maxlen=int(max_frames))
-        self.replay = ipywidgets.IntSlider(value=0, min=0, max=0, description="frame",
-                                           continuous_update=True)
+        self.replay = ipywidgets.IntSlider(
+            value=0, min=0, max=0, description="frame", continuous_update=True
+        )
         self._following = False
         self.replay.observe(self._on_replay, names="value")
         self._record("before training", matrices)
@@ -219,27 +222,47 @@ class LiveAttention(keras.callbacks.Callback, Component):
         for name, fig in self.figures.items():
             rows, cols = self._latest[name][0].shape
             panels[name] = figures.heatmap(
-                np.zeros((rows, cols)), _tokens(self.key_tokens, cols), _tokens(self.query_tokens, rows),
-                title=name, width=fig.width, height=fig.height,
+                np.zeros((rows, cols)),
+                _tokens(self.key_tokens, cols),
+                _tokens(self.query_tokens, rows),
+                title=name,
+                width=fig.width,
+                height=fig.height,
             )
             figures.heatmap_source(panels[name]).name = f"frame_source_{name}"
-        frames = {_frames.frame_key(index): _frame(title, matrices)
-                  for index, (title, matrices) in enumerate(self.frames)}
-        slider = Slider(start=0, end=max(len(frames) - 1, 1), value=len(frames) - 1, step=1,
-                        title="frame", name="frame_slider", width=400, disabled=len(frames) == 1,
-                        tooltips=False)  # the title shows the value; a bubble covered the title
+        frames = {
+            _frames.frame_key(index): _frame(title, matrices)
+            for index, (title, matrices) in enumerate(self.frames)
+        }
+        slider = Slider(
+            start=0,
+            end=max(len(frames) - 1, 1),
+            value=len(frames) - 1,
+            step=1,
+            title="frame",
+            name="frame_slider",
+            width=400,
+            disabled=len(frames) == 1,
+            tooltips=False,
+        )  # the title shows the value; a bubble covered the title
         sources = {name: figures.heatmap_source(fig) for name, fig in panels.items()}
-        callback = _frames.swap_frame_callback(self._frame_models(sources, panels), frames, [slider])
+        callback = _frames.swap_frame_callback(
+            self._frame_models(sources, panels), frames, [slider]
+        )
         slider.js_on_change("value", callback)
         document = Document()
-        document.add_root(column(slider, gridplot(list(panels.values()), ncols=2, toolbar_location=None)))
+        document.add_root(
+            column(slider, gridplot(list(panels.values()), ncols=2, toolbar_location=None))
+        )
         document.js_on_event("document_ready", callback)
         return document
 
     @staticmethod
     def _frame_models(sources, figures_by_name):
-        return {**{f"source:{name}": source for name, source in sources.items()},
-                **{f"title:{name}": fig.title for name, fig in figures_by_name.items()}}
+        return {
+            **{f"source:{name}": source for name, source in sources.items()},
+            **{f"title:{name}": fig.title for name, fig in figures_by_name.items()},
+        }
 
     def compute(self):
         """`{layer_name: (Tq, Tv)}` attention of the probe example, now."""
@@ -264,10 +287,15 @@ class LiveAttention(keras.callbacks.Callback, Component):
             self.figures[name].title.text = title
             self._latest[name] = (matrix, title)
         self.updates += 1
-        self._record(title_suffix or f"update {self.updates}", {name: m for name, (m, _) in self._latest.items()})
+        self._record(
+            title_suffix or f"update {self.updates}",
+            {name: m for name, (m, _) in self._latest.items()},
+        )
 
     def _record(self, title, matrices):
-        self.frames.append((title, {name: np.array(m, dtype="float32") for name, m in matrices.items()}))
+        self.frames.append(
+            (title, {name: np.array(m, dtype="float32") for name, m in matrices.items()})
+        )
         # The slider follows the newest frame (updates during fit arrive here).
         self._following = True
         try:
@@ -319,21 +347,28 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self._guarded_update(f"epoch {epoch + 1} end{_loss(logs)}")
         # The epoch-end update always runs; it counts against the budget too,
         # so short epochs do not add its cost on top of the batch updates'.
-        self._next_allowed = max(self._next_allowed,
-                                 start + (time.perf_counter() - start) / self._update_budget)
+        self._next_allowed = max(
+            self._next_allowed, start + (time.perf_counter() - start) / self._update_budget
+        )
         if self._fit_start is None:  # epoch hooks called without fit
             self.on_train_begin()
         directory = self._snapshot_directory
         if directory is not None and self.error is None:
-            snapshot = (os.path.join(directory, f"epoch_{epoch + 1:03d}.html"),
-                        dict(self._latest), epoch + 1)
+            snapshot = (
+                os.path.join(directory, f"epoch_{epoch + 1:03d}.html"),
+                dict(self._latest),
+                epoch + 1,
+            )
             # A snapshot may cost what the last one did; written only while
             # the writer stays inside its share of the budget.
             share = self.overhead_budget - self._update_budget
             elapsed = time.perf_counter() - self._fit_start
             in_flight = self._pending and not self._pending[-1][1].done()
-            if self._snapshots_submitted == 0 or not in_flight and (
-                    self.snapshot_time + self._last_snapshot_cost <= share * elapsed):
+            if (
+                self._snapshots_submitted == 0
+                or not in_flight
+                and (self.snapshot_time + self._last_snapshot_cost <= share * elapsed)
+            ):
                 self._submit_snapshot(*snapshot)
                 self._skipped_snapshot = None
             else:
@@ -385,13 +420,22 @@ class LiveAttention(keras.callbacks.Callback, Component):
         panels = []
         for name, (matrix, title) in latest.items():
             rows, cols = matrix.shape
-            panels.append(figures.heatmap(
-                matrix, _tokens(self.key_tokens, cols), _tokens(self.query_tokens, rows), title=title,
-                width=self.figures[name].width, height=self.figures[name].height,
-            ))
+            panels.append(
+                figures.heatmap(
+                    matrix,
+                    _tokens(self.key_tokens, cols),
+                    _tokens(self.query_tokens, rows),
+                    title=title,
+                    width=self.figures[name].width,
+                    height=self.figures[name].height,
+                )
+            )
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        export_html(gridplot(panels, ncols=2, toolbar_location=None), path,
-                    title=f"Attention after epoch {epoch}")
+        export_html(
+            gridplot(panels, ncols=2, toolbar_location=None),
+            path,
+            title=f"Attention after epoch {epoch}",
+        )
 
     # -------------------------------------------------------------- helpers
 
@@ -442,7 +486,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
 
     def _check_probe_shape(self):
         """Compare probe shapes with a built model's declared inputs, before any call."""
-        inputs = getattr(self.target, "inputs", None) if isinstance(self.target, keras.Model) else None
+        inputs = (
+            getattr(self.target, "inputs", None) if isinstance(self.target, keras.Model) else None
+        )
         if not inputs:
             return
         probes = keras.tree.flatten(self.probe_inputs)
@@ -463,7 +509,10 @@ def _frame(title, matrices):
     """A recorded frame's heatmaps and titles (`_frames`): what the replay slider
     shows live and in the export."""
     return {
-        "data": {f"source:{name}": {"weight": np.asarray(m, "float64").ravel().tolist()} for name, m in matrices.items()},
+        "data": {
+            f"source:{name}": {"weight": np.asarray(m, "float64").ravel().tolist()}
+            for name, m in matrices.items()
+        },
         "props": {f"title:{name}": {"text": f"{name} · {title}"} for name in matrices},
     }
 

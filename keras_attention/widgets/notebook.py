@@ -20,7 +20,9 @@ def output_notebook():
 
     def once(data, *args, **kwargs):
         if bokeh_notebook.JS_MIME_TYPE in data:
-            data = {key: value for key, value in data.items() if key != bokeh_notebook.LOAD_MIME_TYPE}
+            data = {
+                key: value for key, value in data.items() if key != bokeh_notebook.LOAD_MIME_TYPE
+            }
         return publish(data, *args, **kwargs)
 
     bokeh_notebook.publish_display_data = once  # the loader calls it by its module name

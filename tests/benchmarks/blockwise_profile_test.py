@@ -17,11 +17,27 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bloc
 @pytest.mark.tf_only
 def test_profile_reports_every_variant_against_the_ceiling():
     done = subprocess.run(
-        [sys.executable, SCRIPT, "--lengths", "256", "--block-sizes", "64,128", "--repeats", "1",
-         "--matmuls-only", "--exp-floor"],
-        check=True, capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, KERAS_BACKEND="tensorflow"))
+        [
+            sys.executable,
+            SCRIPT,
+            "--lengths",
+            "256",
+            "--block-sizes",
+            "64,128",
+            "--repeats",
+            "1",
+            "--matmuls-only",
+            "--exp-floor",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+    )
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("   256")]
     what = sorted(" ".join(row[2:-2]) for row in rows)
-    assert what == sorted(["forward", "forward+backward"] * 2 + ["matmuls only", "matmuls + exp"]), rows
+    assert what == sorted(
+        ["forward", "forward+backward"] * 2 + ["matmuls only", "matmuls + exp"]
+    ), rows
     assert all(float(row[-1].rstrip("%")) > 0 for row in rows), rows

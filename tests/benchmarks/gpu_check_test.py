@@ -32,7 +32,10 @@ def test_smoke_run_checks_every_layer_and_times_every_implementation(tmp_path):
     env["PYTHONPATH"] = os.path.abspath(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     subprocess.run(
         [sys.executable, SCRIPT, "--smoke", "--out", str(tmp_path)],
-        check=True, capture_output=True, env=env, timeout=600,
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=600,
     )
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["children"] == []
@@ -44,8 +47,7 @@ def test_smoke_run_checks_every_layer_and_times_every_implementation(tmp_path):
     assert [row for row in rows if row["status"] != "passed"] == []
     for layer in checked:
         assert {r["dtype"] for r in rows if r["layer"] == layer} == {"float32", "bfloat16"}
-    kernels = {r["variant"]: r["kernel"] for r in rows
-               if r["layer"] == "MultiHeadAttention"}
+    kernels = {r["variant"]: r["kernel"] for r in rows if r["layer"] == "MultiHeadAttention"}
     # The "dense" variant (flash_attention=False, no weights asked for) runs
     # the materialised composite kernel, as Keras does.
     assert kernels["blockwise"] == "blockwise" and kernels["dense"] == "composite"

@@ -13,9 +13,7 @@ import sys
 
 import pytest
 
-SCRIPT = os.path.join(
-    os.path.dirname(__file__), "..", "..", "benchmarks", "mha_benchmark.py"
-)
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "mha_benchmark.py")
 
 
 @pytest.mark.slow
@@ -29,8 +27,16 @@ SCRIPT = os.path.join(
 def test_benchmark_times_both_layers_and_measures_memory(tmp_path, options, mode):
     report = tmp_path / "report.json"
     command = [
-        sys.executable, SCRIPT, "--lengths", "64", "--repeats", "1",
-        "--memory-lengths", "64", "--json", str(report),
+        sys.executable,
+        SCRIPT,
+        "--lengths",
+        "64",
+        "--repeats",
+        "1",
+        "--memory-lengths",
+        "64",
+        "--json",
+        str(report),
     ] + options
     subprocess.run(command, check=True, capture_output=True, timeout=600)
     records = json.loads(report.read_text())

@@ -8,9 +8,8 @@ SGD, and reports its weights and per-step losses; the tests compare the
 distributed run with the single-device one.
 """
 
-import numpy as np
-
 import keras
+import numpy as np
 
 import keras_attention as ka
 
@@ -30,36 +29,46 @@ LAYERS = {
         "additive": lambda x: ka.AdditiveAttention(name="additive")(x, x),
         "luong": lambda x: ka.LuongAttention(score="general", name="luong")(x, x),
         "low_rank": lambda x: ka.LowRankAttention(rank=4, name="low_rank")(x, x),
-        "attention_pooling": lambda x: ka.AttentionPooling(
-            name="attention_pooling")(x)[:, None, :],
+        "attention_pooling": lambda x: ka.AttentionPooling(name="attention_pooling")(x)[:, None, :],
     },
     "multi_head_layers": {
-        "multi_head": _multi_head(
-            ka.MultiHeadAttention, "multi_head", memory_efficient=False),
+        "multi_head": _multi_head(ka.MultiHeadAttention, "multi_head", memory_efficient=False),
         "multi_head_memory_efficient": _multi_head(
-            ka.MultiHeadAttention, "multi_head_memory_efficient",
-            memory_efficient=True, block_size=4),
+            ka.MultiHeadAttention,
+            "multi_head_memory_efficient",
+            memory_efficient=True,
+            block_size=4,
+        ),
         "sparse": _multi_head(
-            ka.SparseAttention, "sparse", block_size=2, window_blocks=1,
-            global_blocks=1, random_blocks=1, seed=3),
-        "performer": _multi_head(
-            ka.PerformerAttention, "performer", num_features=8, seed=3),
+            ka.SparseAttention,
+            "sparse",
+            block_size=2,
+            window_blocks=1,
+            global_blocks=1,
+            random_blocks=1,
+            seed=3,
+        ),
+        "performer": _multi_head(ka.PerformerAttention, "performer", num_features=8, seed=3),
         "linformer": _multi_head(
-            ka.LinformerAttention, "linformer", projected_length=4,
-            max_length=LENGTH),
+            ka.LinformerAttention, "linformer", projected_length=4, max_length=LENGTH
+        ),
     },
     "blocks": {
-        "encoder_block": lambda x: ka.TransformerEncoderBlock(
-            HEADS, 4, 32, name="encoder_block")(x),
-        "decoder_block": lambda x: ka.TransformerDecoderBlock(
-            HEADS, 4, 32, name="decoder_block")(x, x, use_causal_mask=True),
+        "encoder_block": lambda x: ka.TransformerEncoderBlock(HEADS, 4, 32, name="encoder_block")(
+            x
+        ),
+        "decoder_block": lambda x: ka.TransformerDecoderBlock(HEADS, 4, 32, name="decoder_block")(
+            x, x, use_causal_mask=True
+        ),
     },
     # Dropout on: replicas must draw the masks single-device training draws.
     "dropout": {
         "multi_head_dropout": _multi_head(
-            ka.MultiHeadAttention, "multi_head_dropout", dropout=0.3, seed=5),
+            ka.MultiHeadAttention, "multi_head_dropout", dropout=0.3, seed=5
+        ),
         "encoder_block_dropout": lambda x: ka.TransformerEncoderBlock(
-            HEADS, 4, 32, dropout=0.3, seed=5, name="encoder_block_dropout")(x),
+            HEADS, 4, 32, dropout=0.3, seed=5, name="encoder_block_dropout"
+        )(x),
     },
 }
 
@@ -103,11 +112,11 @@ def _transformer_family():
     target = keras.Input((TARGET_LENGTH,), dtype="int32")
     x = keras.layers.Embedding(VOCAB, FEATURES, name="source_embedding")(source)
     x = ka.PositionEmbedding(SOURCE_LENGTH, name="source_position")(x) + x
-    encoded = ka.TransformerEncoderBlock(
-        HEADS, 4, 32, name="encoder_block")(x)
+    encoded = ka.TransformerEncoderBlock(HEADS, 4, 32, name="encoder_block")(x)
     y = keras.layers.Embedding(VOCAB, FEATURES, name="target_embedding")(target)
     y = ka.TransformerDecoderBlock(HEADS, 4, 32, name="decoder_block")(
-        y, encoded, use_causal_mask=True)
+        y, encoded, use_causal_mask=True
+    )
     logits = keras.layers.Dense(VOCAB, name="logits")(y)
     return keras.Model([source, target], logits)
 
@@ -121,9 +130,16 @@ CASES = {
 # What the layout shards: these layers' models must end up with sharded
 # variables under ModelParallel.
 SHARDED = {
-    "multi_head", "multi_head_memory_efficient", "sparse", "performer",
-    "linformer", "encoder_block", "decoder_block", "multi_head_dropout",
-    "encoder_block_dropout", "transformer_family",
+    "multi_head",
+    "multi_head_memory_efficient",
+    "sparse",
+    "performer",
+    "linformer",
+    "encoder_block",
+    "decoder_block",
+    "multi_head_dropout",
+    "encoder_block_dropout",
+    "transformer_family",
 }
 
 
@@ -142,8 +158,7 @@ def data(kind, seed=0):
 
 def compile_model(model, kind):
     loss = (
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        if kind == "tokens" else "mse"
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True) if kind == "tokens" else "mse"
     )
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
 
@@ -190,15 +205,18 @@ def train(name, weights, scope=None, evaluate=False):
         compile_model(model, kind)
         inputs, targets = data(kind)
         if evaluate:
-            run["initial_loss"] = model.evaluate(
-                inputs, targets, batch_size=BATCH, verbose=0)
+            run["initial_loss"] = model.evaluate(inputs, targets, batch_size=BATCH, verbose=0)
         history = model.fit(
-            inputs, targets, batch_size=BATCH, epochs=STEPS, shuffle=False,
-            verbose=0, callbacks=[ka.RedrawFeatures(every_n_steps=1)],
+            inputs,
+            targets,
+            batch_size=BATCH,
+            epochs=STEPS,
+            shuffle=False,
+            verbose=0,
+            callbacks=[ka.RedrawFeatures(every_n_steps=1)],
         )
         run["random_trained"] = _random_copies(model)
-    run.update(model=model, weights=model.get_weights(),
-               losses=history.history["loss"])
+    run.update(model=model, weights=model.get_weights(), losses=history.history["loss"])
     return run
 
 
@@ -212,11 +230,13 @@ def random_state_report(single, replicas):
             "copies": len(built),
             "copies_differ": max(
                 float(np.max(np.abs(copy - copies[0])))
-                for copies in (built, trained) for copy in copies),
-            "built_vs_single": float(np.max(np.abs(
-                built[0] - single["random_built"][key][0]))),
-            "trained_vs_single": float(np.max(np.abs(
-                trained[0] - single["random_trained"][key][0]))),
+                for copies in (built, trained)
+                for copy in copies
+            ),
+            "built_vs_single": float(np.max(np.abs(built[0] - single["random_built"][key][0]))),
+            "trained_vs_single": float(
+                np.max(np.abs(trained[0] - single["random_trained"][key][0]))
+            ),
             "moved": float(np.max(np.abs(trained[0] - built[0]))),
         }
     return report
@@ -224,13 +244,11 @@ def random_state_report(single, replicas):
 
 def differences(weights_a, weights_b):
     return [
-        float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-        for a, b in zip(weights_a, weights_b)
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(weights_a, weights_b)
     ]
 
 
 def max_difference(weights_a, weights_b):
     return max(
-        float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-        for a, b in zip(weights_a, weights_b)
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(weights_a, weights_b)
     )

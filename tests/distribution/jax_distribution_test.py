@@ -17,16 +17,14 @@ pytestmark = pytest.mark.slow
 
 GROUPS = sorted(cases.CASES)
 LAYERS = {layer: group for group, layers in cases.LAYERS.items() for layer in layers}
-LAYERS.update(recurrent_family="recurrent_family",
-              transformer_family="transformer_family")
+LAYERS.update(recurrent_family="recurrent_family", transformer_family="transformer_family")
 DISTRIBUTIONS = ["data_parallel", "model_parallel"]
 TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
 def results():
-    return run_worker("tests.distribution.jax_worker", GROUPS, backend="jax",
-                      timeout=600)
+    return run_worker("tests.distribution.jax_worker", GROUPS, backend="jax", timeout=600)
 
 
 def variables_of(results, layer, distribution):
@@ -87,8 +85,11 @@ def test_model_parallel_shards_as_the_layout_promised(results, layer):
 
 def test_model_parallel_splits_heads_of_the_query_projection(results):
     # The layout's promise written out for one variable, independently of it.
-    (query,) = [v for v in variables_of(results, "multi_head", "model_parallel")
-                if v["path"] == "multi_head/query/kernel"]
+    (query,) = [
+        v
+        for v in variables_of(results, "multi_head", "model_parallel")
+        if v["path"] == "multi_head/query/kernel"
+    ]
     assert query["shape"] == [cases.FEATURES, cases.HEADS, 4]
     assert query["spec"] == [None, "model", None]
     assert query["shard_shape"] == [cases.FEATURES, cases.HEADS // 2, 4]

@@ -35,15 +35,17 @@ def shardings(model, differences, layout_map=None):
         value = variable.value
         rank = len(variable.shape)
         promised = None if layout_map is None else layout_map[variable.path]
-        rows.append({
-            "path": variable.path,
-            "shape": list(variable.shape),
-            "spec": _padded(value.sharding.spec, rank),
-            "promised": _padded(None if promised is None else promised.axes, rank),
-            "shard_shape": list(value.addressable_shards[0].data.shape),
-            "devices": len(value.sharding.device_set),
-            "difference": difference,
-        })
+        rows.append(
+            {
+                "path": variable.path,
+                "shape": list(variable.shape),
+                "spec": _padded(value.sharding.spec, rank),
+                "promised": _padded(None if promised is None else promised.axes, rank),
+                "shard_shape": list(value.addressable_shards[0].data.shape),
+                "devices": len(value.sharding.device_set),
+                "difference": difference,
+            }
+        )
     return rows
 
 
@@ -53,8 +55,7 @@ def run(names):
     data_parallel = keras.distribution.DataParallel(devices=devices[:2])
     mesh = keras.distribution.DeviceMesh((2, 2), ("batch", "model"), devices)
     layout_map = ka.distribution.get_layout_map(mesh)
-    model_parallel = keras.distribution.ModelParallel(
-        layout_map=layout_map, batch_dim_name="batch")
+    model_parallel = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
     results = {"devices": [str(d) for d in jax.devices()]}
     for name in names:
         weights = cases.initial_weights(name)
@@ -70,12 +71,13 @@ def run(names):
                 "initial_loss": single.get("initial_loss"),
                 "single_losses": single["losses"],
                 "losses": run["losses"],
-                "loss_difference": float(np.max(np.abs(
-                    np.subtract(single["losses"], run["losses"])))),
+                "loss_difference": float(
+                    np.max(np.abs(np.subtract(single["losses"], run["losses"])))
+                ),
                 "weights_changed": cases.max_difference(weights, run["weights"]),
                 "variables": shardings(
-                    run["model"], cases.differences(single["weights"], run["weights"]),
-                    layouts),
+                    run["model"], cases.differences(single["weights"], run["weights"]), layouts
+                ),
                 "random_state": cases.random_state_report(single, run),
             }
     return results

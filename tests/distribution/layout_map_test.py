@@ -75,14 +75,16 @@ def test_layouts(path, axes):
 
 
 def test_custom_model_axis_name():
-    layout_map = ka.distribution.get_layout_map(
-        mesh(names=("data", "heads")), model_axis="heads")
+    layout_map = ka.distribution.get_layout_map(mesh(names=("data", "heads")), model_axis="heads")
     assert layout_map["a/query/kernel"].axes == (None, "heads", None)
 
 
 def test_unknown_axis_names_the_argument_and_the_mesh():
-    with pytest.raises(ValueError, match=r"`model_axis`.*DeviceMesh\(shape=\(1, 2\)"
-                       r".*\('batch', 'model'\).*Received: model_axis='tensor'"):
+    with pytest.raises(
+        ValueError,
+        match=r"`model_axis`.*DeviceMesh\(shape=\(1, 2\)"
+        r".*\('batch', 'model'\).*Received: model_axis='tensor'",
+    ):
         ka.distribution.get_layout_map(mesh(), model_axis="tensor")
 
 
@@ -93,20 +95,22 @@ def test_not_a_mesh():
 
 def _model_parallel(layout_map=None):
     layout_map = layout_map or ka.distribution.get_layout_map(mesh())
-    return keras.distribution.ModelParallel(layout_map=layout_map,
-                                            batch_dim_name="batch")
+    return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
 
 
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda: ka.MultiHeadAttention(3, 4),
-         r"MultiHeadAttention .*`num_heads`=3 .*'model' of size 2.*"
-         r"query/kernel' \(shape \(8, 3, 4\)\).*DeviceMesh\(shape=\(1, 2\)"),
-        (lambda: ka.SparseAttention(3, 4, block_size=2),
-         r"SparseAttention .*`num_heads`=3"),
-        (lambda: ka.MultiHeadAttention(4, 4, num_key_value_heads=1),
-         r"`num_key_value_heads`=1 .*key/kernel' \(shape \(8, 1, 4\)\)"),
+        (
+            lambda: ka.MultiHeadAttention(3, 4),
+            r"MultiHeadAttention .*`num_heads`=3 .*'model' of size 2.*"
+            r"query/kernel' \(shape \(8, 3, 4\)\).*DeviceMesh\(shape=\(1, 2\)",
+        ),
+        (lambda: ka.SparseAttention(3, 4, block_size=2), r"SparseAttention .*`num_heads`=3"),
+        (
+            lambda: ka.MultiHeadAttention(4, 4, num_key_value_heads=1),
+            r"`num_key_value_heads`=1 .*key/kernel' \(shape \(8, 1, 4\)\)",
+        ),
     ],
 )
 def test_heads_that_do_not_divide_raise_before_any_variable(make, message):
@@ -120,8 +124,11 @@ def test_heads_that_do_not_divide_raise_before_any_variable(make, message):
 def test_intermediate_dim_that_does_not_divide():
     with _model_parallel().scope():
         block = ka.TransformerEncoderBlock(2, 4, 31)
-        with pytest.raises(ValueError, match=r"TransformerEncoderBlock .*"
-                           r"`intermediate_dim`=31 .*shape \(8, 31\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"TransformerEncoderBlock .*"
+            r"`intermediate_dim`=31 .*shape \(8, 31\)",
+        ):
             block(np.zeros((1, 4, 8)))
 
 

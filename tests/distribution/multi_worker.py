@@ -11,10 +11,12 @@ import sys
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 _task, _ports, _case = int(sys.argv[1]), sys.argv[2:4], sys.argv[4]
-os.environ["TF_CONFIG"] = json.dumps({
-    "cluster": {"worker": [f"127.0.0.1:{port}" for port in _ports]},
-    "task": {"type": "worker", "index": _task},
-})
+os.environ["TF_CONFIG"] = json.dumps(
+    {
+        "cluster": {"worker": [f"127.0.0.1:{port}" for port in _ports]},
+        "task": {"type": "worker", "index": _task},
+    }
+)
 
 import tensorflow as tf  # noqa: E402
 
@@ -34,19 +36,21 @@ def main():
     report = {"task": _task, "replicas": strategy.num_replicas_in_sync}
     try:
         run = cases.train(_case, weights, strategy.scope())
-        report.update(losses=run["losses"],
-                      weights=[w.tolist() for w in run["weights"]])
+        report.update(losses=run["losses"], weights=[w.tolist() for w in run["weights"]])
     except Exception as error:  # reported: the test pins what breaks
         import traceback
 
         report["error"] = f"{type(error).__name__}: {error}"[:300]
         report["traceback"] = [
             f"{frame.filename}:{frame.lineno} {frame.name}"
-            for frame in traceback.extract_tb(error.__traceback__)]
+            for frame in traceback.extract_tb(error.__traceback__)
+        ]
     single = cases.train(_case, weights)
-    report.update(single_losses=single["losses"],
-                  single_weights=[w.tolist() for w in single["weights"]],
-                  initial=[np.asarray(w).tolist() for w in weights])
+    report.update(
+        single_losses=single["losses"],
+        single_weights=[w.tolist() for w in single["weights"]],
+        initial=[np.asarray(w).tolist() for w in weights],
+    )
     print("RESULT " + json.dumps(report), flush=True)
 
 

@@ -16,14 +16,20 @@ import keras_attention as ka
 from tests.distribution.subprocesses import run_worker
 
 TOLERANCE = 1e-5
-CASES = ["plain", "padding", "causal", "causal_contiguous", "causal_padding",
-         "cross_attention", "fully_masked_rows"]
+CASES = [
+    "plain",
+    "padding",
+    "causal",
+    "causal_contiguous",
+    "causal_padding",
+    "cross_attention",
+    "fully_masked_rows",
+]
 
 
 @pytest.fixture(scope="module")
 def results():
-    return run_worker("tests.distribution.ring_worker", [], backend="jax",
-                      timeout=400)
+    return run_worker("tests.distribution.ring_worker", [], backend="jax", timeout=400)
 
 
 @pytest.mark.slow
@@ -69,17 +75,26 @@ def test_multi_head_attention_sequence_parallel_matches_exact(results):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case, message", [
-    ("indivisible", r"axis 'sequence' of size 4 \(DeviceMesh\(shape=\(1, 4\).*"
-                    r"Received: sequence_parallel='sequence', projected query "
-                    r"with shape \(2, 14, 4, 4\)"),
-    ("attention_mask", r"attention_mask of shape \(2, 16, 16\)"),
-    ("scores", r"needs the weights"),
-    ("unknown_axis", r"must name an axis of the device mesh DeviceMesh\(shape="
-                     r"\(1, 4\), axis_names=\('batch', 'sequence'\)\)\. "
-                     r"Received: sequence_parallel='context'"),
-    ("no_distribution", r"needs a keras.distribution"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (
+            "indivisible",
+            r"axis 'sequence' of size 4 \(DeviceMesh\(shape=\(1, 4\).*"
+            r"Received: sequence_parallel='sequence', projected query "
+            r"with shape \(2, 14, 4, 4\)",
+        ),
+        ("attention_mask", r"attention_mask of shape \(2, 16, 16\)"),
+        ("scores", r"needs the weights"),
+        (
+            "unknown_axis",
+            r"must name an axis of the device mesh DeviceMesh\(shape="
+            r"\(1, 4\), axis_names=\('batch', 'sequence'\)\)\. "
+            r"Received: sequence_parallel='context'",
+        ),
+        ("no_distribution", r"needs a keras.distribution"),
+    ],
+)
 def test_bad_input_names_the_argument_the_mesh_and_the_shape(results, case, message):
     import re
 
@@ -88,14 +103,21 @@ def test_bad_input_names_the_argument_the_mesh_and_the_shape(results, case, mess
     assert "MultiHeadAttention (layer '" in error
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(sequence_parallel=3), r"`sequence_parallel` must be None or the name"),
-    (dict(sequence_parallel="sequence", dropout=0.1), r"does not support `dropout`"),
-    (dict(sequence_parallel="sequence", sliding_window=4),
-     r"does not support `sliding_window`.*sliding_window=4"),
-    (dict(sequence_parallel="sequence", flash_attention=False),
-     r"does not support `flash_attention`"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(sequence_parallel=3), r"`sequence_parallel` must be None or the name"),
+        (dict(sequence_parallel="sequence", dropout=0.1), r"does not support `dropout`"),
+        (
+            dict(sequence_parallel="sequence", sliding_window=4),
+            r"does not support `sliding_window`.*sliding_window=4",
+        ),
+        (
+            dict(sequence_parallel="sequence", flash_attention=False),
+            r"does not support `flash_attention`",
+        ),
+    ],
+)
 def test_constructor_rejects_what_the_ring_cannot_do(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ka.MultiHeadAttention(2, 4, **kwargs)

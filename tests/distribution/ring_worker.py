@@ -93,8 +93,15 @@ def op_checks(mesh):
         def forward_backward(q, k, v, d_out):
             def attend(q, k, v):
                 return ring.ring_attention(
-                    q, k, v, mesh=mesh, key_mask=key_mask, query_mask=query_mask,
-                    use_causal_mask=causal, balance=case.get("balance", "auto"))
+                    q,
+                    k,
+                    v,
+                    mesh=mesh,
+                    key_mask=key_mask,
+                    query_mask=query_mask,
+                    use_causal_mask=causal,
+                    balance=case.get("balance", "auto"),
+                )
 
             out, pullback = jax.vjp(attend, q, k, v)
             return out, pullback(d_out)
@@ -103,10 +110,10 @@ def op_checks(mesh):
         want_out, want_grads = reference(q, k, v, key_mask, query_mask, causal, d_out)
         report[name] = {
             "output": float(np.max(np.abs(np.asarray(out) - want_out))),
-            "gradients": [float(np.max(np.abs(np.asarray(g) - w)))
-                          for g, w in zip(grads, want_grads)],
-            "finite": bool(all(np.isfinite(np.asarray(x)).all()
-                               for x in (out,) + tuple(grads))),
+            "gradients": [
+                float(np.max(np.abs(np.asarray(g) - w))) for g, w in zip(grads, want_grads)
+            ],
+            "finite": bool(all(np.isfinite(np.asarray(x)).all() for x in (out,) + tuple(grads))),
             "scale": float(np.max(np.abs(want_out))),
         }
     return report
@@ -116,12 +123,10 @@ def jaxpr_checks(mesh):
     q, k, v, key_mask, _, d_out = inputs(CASES["causal_padding"])
 
     def loss(q, k, v):
-        out = ring.ring_attention(q, k, v, mesh=mesh, key_mask=key_mask,
-                                  use_causal_mask=True)
+        out = ring.ring_attention(q, k, v, mesh=mesh, key_mask=key_mask, use_causal_mask=True)
         return jnp.sum(out * d_out)
 
-    forward = str(jax.make_jaxpr(
-        lambda q, k, v: ring.ring_attention(q, k, v, mesh=mesh))(q, k, v))
+    forward = str(jax.make_jaxpr(lambda q, k, v: ring.ring_attention(q, k, v, mesh=mesh))(q, k, v))
     backward = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
     return {
         "forward_has_shard_map": "shard_map" in forward,
@@ -142,18 +147,25 @@ def blocks_computed(mesh):
     devices = mesh.shape["sequence"]
 
     def counted(state, q, k, v, key_mask, rows, cols, mask):
-        jax.debug.callback(lambda first, size: calls.append((int(first), int(size))),
-                           rows[0], rows.shape[0])
+        jax.debug.callback(
+            lambda first, size: calls.append((int(first), int(size))), rows[0], rows.shape[0]
+        )
         return original(state, q, k, v, key_mask, rows, cols, mask)
 
     ring._block_update = counted
     try:
-        for name, causal, balance in (("full", False, "auto"), ("causal", True, "auto"),
-                                      ("causal_contiguous", True, "contiguous")):
+        for name, causal, balance in (
+            ("full", False, "auto"),
+            ("causal", True, "auto"),
+            ("causal_contiguous", True, "contiguous"),
+        ):
             calls = []
             q, k, v, *_ = inputs(CASES["plain"])
-            out = jax.jit(lambda q, k, v: ring.ring_attention(
-                q, k, v, mesh=mesh, use_causal_mask=causal, balance=balance))(q, k, v)
+            out = jax.jit(
+                lambda q, k, v: ring.ring_attention(
+                    q, k, v, mesh=mesh, use_causal_mask=causal, balance=balance
+                )
+            )(q, k, v)
             jax.block_until_ready(out)
             jax.effects_barrier()
             per_device = [0] * devices
@@ -180,14 +192,17 @@ def layer_gradients(layer, inputs, cotangent, **call):
             out, _ = layer.stateless_call(weights, non_trainable, *xs, **call)
             return jnp.sum(out * cotangent), out
 
-        (_, out), grads = jax.value_and_grad(
-            loss, argnums=tuple(range(len(xs) + 1)), has_aux=True)(weights, *xs)
+        (_, out), grads = jax.value_and_grad(loss, argnums=tuple(range(len(xs) + 1)), has_aux=True)(
+            weights, *xs
+        )
         return out, grads[1:], grads[0]
 
-    out, input_grads, weight_grads = run(
-        [v.value for v in layer.trainable_variables], *inputs)
-    return (np.asarray(out), [np.asarray(g) for g in input_grads],
-            [np.asarray(g) for g in weight_grads])
+    out, input_grads, weight_grads = run([v.value for v in layer.trainable_variables], *inputs)
+    return (
+        np.asarray(out),
+        [np.asarray(g) for g in input_grads],
+        [np.asarray(g) for g in weight_grads],
+    )
 
 
 def layer_checks():
@@ -195,7 +210,8 @@ def layer_checks():
     devices = keras.distribution.list_devices()
     mesh = keras.distribution.DeviceMesh((1, 4), ("batch", "sequence"), devices)
     distribution = keras.distribution.ModelParallel(
-        layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")
+        layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch"
+    )
     rng = np.random.default_rng(1)
     x = rng.normal(size=(B, 16, 8)).astype("float32")
     mask = np.ones((B, 16), bool)
@@ -207,8 +223,7 @@ def layer_checks():
     want = layer_gradients(exact, [x, x], cotangent, **call)
     report = {}
     with distribution.scope():
-        layer = ka.MultiHeadAttention(4, 4, num_key_value_heads=2,
-                                      sequence_parallel="sequence")
+        layer = ka.MultiHeadAttention(4, 4, num_key_value_heads=2, sequence_parallel="sequence")
         layer.build(x.shape, x.shape)
         layer.set_weights(exact.get_weights())
         ran = []
@@ -226,16 +241,17 @@ def layer_checks():
         report["kernel"] = ran[0] if ran else None
         report["output"] = float(np.max(np.abs(got[0] - want[0])))
         report["input_gradients"] = max(
-            float(np.max(np.abs(g - w))) for g, w in zip(got[1], want[1]))
+            float(np.max(np.abs(g - w))) for g, w in zip(got[1], want[1])
+        )
         report["weight_gradients"] = max(
-            float(np.max(np.abs(g - w))) for g, w in zip(got[2], want[2]))
+            float(np.max(np.abs(g - w))) for g, w in zip(got[2], want[2])
+        )
         report["errors"] = {}
         for label, fn in {
             "indivisible": lambda: layer(x[:, :14], x[:, :14]),
             "attention_mask": lambda: layer(x, x, attention_mask=np.ones((B, 16, 16), bool)),
             "scores": lambda: layer(x, x, return_attention_scores=True),
-            "unknown_axis": lambda: ka.MultiHeadAttention(
-                2, 4, sequence_parallel="context")(x, x),
+            "unknown_axis": lambda: ka.MultiHeadAttention(2, 4, sequence_parallel="context")(x, x),
         }.items():
             try:
                 fn()
@@ -255,10 +271,12 @@ def main():
 
     mesh = Mesh(np.array(jax.devices()), ("sequence",))
     results = {"devices": len(jax.devices()), "seconds": {}}
-    for name, check in (("ops", lambda: op_checks(mesh)),
-                        ("jaxpr", lambda: jaxpr_checks(mesh)),
-                        ("blocks", lambda: blocks_computed(mesh)),
-                        ("layer", layer_checks)):
+    for name, check in (
+        ("ops", lambda: op_checks(mesh)),
+        ("jaxpr", lambda: jaxpr_checks(mesh)),
+        ("blocks", lambda: blocks_computed(mesh)),
+        ("layer", layer_checks),
+    ):
         start = time.perf_counter()
         results[name] = check()
         results["seconds"][name] = time.perf_counter() - start

@@ -13,12 +13,17 @@ def run_worker(module, args, backend, timeout, extra_env=None):
     env = dict(os.environ)
     env["KERAS_BACKEND"] = backend
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.update(extra_env or {})
     completed = subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-        capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     lines = [l for l in completed.stdout.splitlines() if l.startswith("RESULT ")]
     if completed.returncode or not lines:
@@ -26,4 +31,4 @@ def run_worker(module, args, backend, timeout, extra_env=None):
             f"{module} failed (exit {completed.returncode}):\n"
             f"{completed.stdout[-4000:]}\n{completed.stderr[-6000:]}"
         )
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])

@@ -29,9 +29,12 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def results():
-    return run_worker("tests.distribution.tf_worker",
-                      GROUPS + TRANSLATORS + ["dropout_masks"],
-                      backend="tensorflow", timeout=600)
+    return run_worker(
+        "tests.distribution.tf_worker",
+        GROUPS + TRANSLATORS + ["dropout_masks"],
+        backend="tensorflow",
+        timeout=600,
+    )
 
 
 def test_two_replicas(results):
@@ -76,10 +79,20 @@ def test_multi_worker_mirrored_strategy_is_broken_in_keras_fit():
     env = dict(os.environ, KERAS_BACKEND="tensorflow", PYTHONPATH=str(ROOT))
     workers = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.distribution.multi_worker", str(task),
-             *ports, "score_layers"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+            [
+                sys.executable,
+                "-m",
+                "tests.distribution.multi_worker",
+                str(task),
+                *ports,
+                "score_layers",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for task in range(2)
     ]
     reports = []
@@ -88,7 +101,7 @@ def test_multi_worker_mirrored_strategy_is_broken_in_keras_fit():
             out, err = worker.communicate(timeout=240)
             lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
             assert worker.returncode == 0 and lines, err[-4000:]
-            reports.append(json.loads(lines[-1][len("RESULT "):]))
+            reports.append(json.loads(lines[-1][len("RESULT ") :]))
     finally:
         for worker in workers:
             if worker.poll() is None:
@@ -100,7 +113,8 @@ def test_multi_worker_mirrored_strategy_is_broken_in_keras_fit():
         # distributed batch (keras-team/keras#20585). If this assertion
         # fails, Keras fixed it: update the strategy list in docs/guides/distribution.md.
         assert "error" in report, "MultiWorkerMirroredStrategy works now"
-        assert report["error"].startswith(
-            "ValueError: Attempt to convert a value (PerReplica"), report["error"]
+        assert report["error"].startswith("ValueError: Attempt to convert a value (PerReplica"), (
+            report["error"]
+        )
         assert any("_maybe_symbolic_build" in frame for frame in report["traceback"])
         assert report["single_losses"][-1] < report["single_losses"][0]

@@ -15,8 +15,7 @@ os.environ["KERAS_BACKEND"] = "tensorflow"
 import tensorflow as tf  # noqa: E402
 
 (_cpu,) = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -25,10 +24,10 @@ from tests.distribution import cases  # noqa: E402
 from tests.translator_fixtures import WORDS  # noqa: E402
 
 TRANSLATORS = {
-    "seq2seq_translator": dict(
-        embedding_dim=8, units=16, attention="additive", seed=1),
+    "seq2seq_translator": dict(embedding_dim=8, units=16, attention="additive", seed=1),
     "transformer_translator": dict(
-        num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, seed=1),
+        num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, seed=1
+    ),
 }
 
 
@@ -45,8 +44,14 @@ def _make_translator(name):
     sources = [" ".join(WORDS[d] for d in row) for row in digits]
     targets = [" ".join(str(d) for d in row) for row in digits]
     translator = cls.from_texts(
-        sources, targets, source_split="whitespace", target_split="whitespace",
-        max_source_length=6, max_target_length=7, **TRANSLATORS[name])
+        sources,
+        targets,
+        source_split="whitespace",
+        target_split="whitespace",
+        max_source_length=6,
+        max_target_length=7,
+        **TRANSLATORS[name],
+    )
     return translator, sources, targets
 
 
@@ -56,29 +61,29 @@ def train_translator(name, weights=None, scope=None):
     with scope or contextlib.nullcontext():
         keras.utils.set_random_seed(0)
         translator, sources, targets = _make_translator(name)
-        dataset = translator.make_dataset(sources, targets, batch_size=16,
-                                          shuffle=False)
+        dataset = translator.make_dataset(sources, targets, batch_size=16, shuffle=False)
         translator(next(iter(dataset))[0])  # build
         if weights is not None:
             translator.set_weights(weights)
         translator.compile(optimizer=keras.optimizers.SGD(0.5))
         initial = translator.get_weights()
         history = translator.fit(dataset, epochs=2, verbose=0)
-    return {"model": translator, "initial": initial,
-            "weights": translator.get_weights(), "losses": history.history["loss"]}
+    return {
+        "model": translator,
+        "initial": initial,
+        "weights": translator.get_weights(),
+        "losses": history.history["loss"],
+    }
 
 
 def compare(single, run, initial):
     report = {
-        "loss_difference": float(np.max(np.abs(
-            np.subtract(single["losses"], run["losses"])))),
+        "loss_difference": float(np.max(np.abs(np.subtract(single["losses"], run["losses"])))),
         "losses": run["losses"],
         "single_losses": single["losses"],
         "weight_difference": cases.max_difference(single["weights"], run["weights"]),
         "weights_changed": cases.max_difference(initial, run["weights"]),
-        "replicas": [
-            len(getattr(v.value, "values", [v.value])) for v in run["model"].weights
-        ],
+        "replicas": [len(getattr(v.value, "values", [v.value])) for v in run["model"].weights],
     }
     if "random_built" in run:
         report["random_state"] = cases.random_state_report(single, run)

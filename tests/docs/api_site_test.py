@@ -43,11 +43,16 @@ class Site(dict):
 def site(tmp_path_factory):
     site_dir = tmp_path_factory.mktemp("site")
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path, KERAS_BACKEND="tensorflow",
-               **{_quiet.ENV_VARIABLE: "1"})
+    env = dict(
+        os.environ, PYTHONPATH=path, KERAS_BACKEND="tensorflow", **{_quiet.ENV_VARIABLE: "1"}
+    )
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "WARNING" not in result.stderr, result.stderr[-5000:]
@@ -73,8 +78,9 @@ def test_every_public_symbol_has_an_entry(site):
 
 
 def test_guides_are_pages_and_the_readme_is_home(site):
-    guides = sorted(name for name in os.listdir(os.path.join(ROOT, "docs", "guides"))
-                    if name.endswith(".md"))
+    guides = sorted(
+        name for name in os.listdir(os.path.join(ROOT, "docs", "guides")) if name.endswith(".md")
+    )
     assert len(guides) >= 5
     for name in guides:
         assert os.path.join("guides", name[:-3] + ".html") in site, name
@@ -90,14 +96,20 @@ def test_each_symbol_is_listed_once_with_a_signature(site):
         page = site[os.path.join("api", module + ".html")]
         assert page.count(f'id="{path}"') == 1, path
     page = site[os.path.join("api", "keras_attention.html")]
-    heading = page[page.index('id="keras_attention.layers.multi_head_attention.MultiHeadAttention"'):]
-    signature = heading[:heading.index("</pre>") if "</pre>" in heading else 5000]
+    heading = page[
+        page.index('id="keras_attention.layers.multi_head_attention.MultiHeadAttention"') :
+    ]
+    signature = heading[: heading.index("</pre>") if "</pre>" in heading else 5000]
     assert "num_heads" in re.sub(r"<[^>]+>", "", signature), signature[:2000]
     # Types in the parameter lists: from literal defaults where the code has no annotation.
-    mha = page[page.index('id="keras_attention.layers.multi_head_attention.MultiHeadAttention"'):]
-    mha = mha[:mha.index('class="doc doc-object doc-class"') if 'class="doc doc-object doc-class"' in mha else None]
+    mha = page[page.index('id="keras_attention.layers.multi_head_attention.MultiHeadAttention"') :]
+    mha = mha[
+        : mha.index('class="doc doc-object doc-class"')
+        if 'class="doc doc-object doc-class"' in mha
+        else None
+    ]
     for name, type_name in (("use_bias", "bool"), ("dropout", "float"), ("num_heads", None)):
-        item = mha[mha.index(f"<b><code>{name}</code></b>"):][:300]
+        item = mha[mha.index(f"<b><code>{name}</code></b>") :][:300]
         if type_name:
             assert f'title="{type_name}">{type_name}</span>' in item, item
         else:  # required, no annotation: no guessed type
@@ -125,23 +137,25 @@ def test_pages_fit_a_1280_px_window_and_show_signatures(site, tmp_path_factory):
     site_dir = site.directory
     shots = tmp_path_factory.mktemp("screenshots")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, headless=True,
-                                             args=list(widgets_export.CHROMIUM_ARGS))
+        browser = playwright.chromium.launch(
+            executable_path=chromium, headless=True, args=list(widgets_export.CHROMIUM_ARGS)
+        )
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             for name in CHROMIUM_PAGES:
                 page.goto("file://" + os.path.join(site_dir, name))
-                page.screenshot(path=str(shots / (name.replace("/", "_") + ".png")),
-                                full_page=True)
+                page.screenshot(path=str(shots / (name.replace("/", "_") + ".png")), full_page=True)
                 widths = page.evaluate(
                     "[document.documentElement.scrollWidth, document.body.scrollWidth,"
-                    " window.innerWidth]")
+                    " window.innerWidth]"
+                )
                 assert max(widths[:2]) <= widths[2], (name, widths)
                 if name.startswith("api/"):
                     signature = page.locator(
                         '[id="keras_attention.layers.multi_head_attention.MultiHeadAttention"]'
                         ' ~ .doc-signature, [id="keras_attention.layers.multi_head_attention.'
-                        'MultiHeadAttention"] + .doc-signature').first
+                        'MultiHeadAttention"] + .doc-signature'
+                    ).first
                     if signature.count() == 0:
                         signature = page.locator(".doc-signature").first
                     assert signature.is_visible()
@@ -152,7 +166,8 @@ def test_pages_fit_a_1280_px_window_and_show_signatures(site, tmp_path_factory):
                     overflowing = page.evaluate(
                         "[...document.querySelectorAll('table, pre')].filter("
                         "e => e.getBoundingClientRect().right > window.innerWidth + 1"
-                        " || e.scrollWidth > e.clientWidth + 1).length")
+                        " || e.scrollWidth > e.clientWidth + 1).length"
+                    )
                     assert overflowing == 0, overflowing
         finally:
             browser.close()

@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-GUIDES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "docs",
-                                       "guides", "*.md")))
+GUIDES = sorted(
+    glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guides", "*.md"))
+)
 
 
 def _python_blocks():

@@ -6,7 +6,8 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCUMENTS = ["README.md"] + sorted(
-    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "guides", "*.md")))
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "guides", "*.md"))
+)
 
 
 def images(document):
@@ -29,5 +30,9 @@ def test_images_are_small_pngs_where_their_document_points():
                 data = f.read()
             assert data.startswith(b"\x89PNG\r\n\x1a\n"), (document, image)
             assert len(data) < 150_000, (document, image, len(data))
-    assert {"docs/figures/decoding_stepper.png", "docs/figures/attention_explorer.png",
-            "docs/figures/live_attention.png", "benchmarks/long_sequence.png"} <= found
+    assert {
+        "docs/figures/decoding_stepper.png",
+        "docs/figures/attention_explorer.png",
+        "docs/figures/live_attention.png",
+        "benchmarks/long_sequence.png",
+    } <= found

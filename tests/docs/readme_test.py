@@ -17,7 +17,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
 DOCUMENTS = ["README.md"] + sorted(
-    os.path.relpath(path, ROOT) for path in glob.glob(os.path.join(ROOT, "docs", "guides", "*.md")))
+    os.path.relpath(path, ROOT) for path in glob.glob(os.path.join(ROOT, "docs", "guides", "*.md"))
+)
 NOT_RUN = {"bash", "json"}
 _FENCE = re.compile(r"^```(\S*)\n(.*?)^```\s*$", flags=re.S | re.M)
 # `print(x)  # (2, 5, 7): why` states the printed line: the comment up to ": ".
@@ -31,22 +32,33 @@ def blocks(document):
 
 
 def stated_outputs(block):
-    return [match.group(1).strip() for line in block.splitlines()
-            if (match := _STATED.match(line))]
+    return [match.group(1).strip() for line in block.splitlines() if (match := _STATED.match(line))]
 
 
-CASES = [(document, index) for document in DOCUMENTS
-         for index, (language, _) in enumerate(blocks(document)) if language == "python"]
+CASES = [
+    (document, index)
+    for document in DOCUMENTS
+    for index, (language, _) in enumerate(blocks(document))
+    if language == "python"
+]
 
 
 def test_readme_is_for_users():
     with open(README, encoding="utf-8") as f:
         text = f.read()
     words = len(re.sub(r"```.*?```", " ", text, flags=re.S).split()) + sum(
-        len(body.split()) for _, body in blocks("README.md"))
+        len(body.split()) for _, body in blocks("README.md")
+    )
     assert words < 1500, words
-    for needed in ("pip install .", "make dist", "not yet published", "make demo",
-                   "examples/quickstart.py", "LICENSE", "docs/guides/migration.md"):
+    for needed in (
+        "pip install .",
+        "make dist",
+        "not yet published",
+        "make demo",
+        "examples/quickstart.py",
+        "LICENSE",
+        "docs/guides/migration.md",
+    ):
         assert needed in text, needed
     # What a new user runs first comes before any install mechanics.
     assert text.index("```python") < text.index("## Install")
@@ -68,7 +80,8 @@ def test_json_blocks_parse(document):
 
 def test_output_comments_are_read():
     assert stated_outputs("print(x.shape)  # (2, 5, 7): one row per step\nprint(1)\n") == [
-        "(2, 5, 7)"]
+        "(2, 5, 7)"
+    ]
     assert stated_outputs("print(best.text)  # 2019-03-05\n") == ["2019-03-05"]
 
 
@@ -88,7 +101,8 @@ def test_block_runs_and_prints_what_it_states(document, index, tmp_path, monkeyp
     remaining = iter(printed)
     for expected in stated_outputs(block):
         assert any(line == expected for line in remaining), (
-            f"{document} block {index} states {expected!r}; printed {printed}")
+            f"{document} block {index} states {expected!r}; printed {printed}"
+        )
 
 
 def test_the_kernel_table_is_the_selectors():

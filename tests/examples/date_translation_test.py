@@ -8,14 +8,16 @@ import pytest
 
 from keras_attention import _quiet
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples",
-                       "date_translation.py")
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "date_translation.py")
 
 
 def _env_as_a_user_has_it():
     """Our test session's environment, less what it sets to quiet TensorFlow."""
-    return {k: v for k, v in os.environ.items()
-            if k not in ("TF_CPP_MIN_LOG_LEVEL", _quiet.ENV_VARIABLE)}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TF_CPP_MIN_LOG_LEVEL", _quiet.ENV_VARIABLE)
+    }
 
 
 def _load_example():
@@ -49,20 +51,47 @@ def test_held_out_dates_are_never_trained_on():
 def test_demo_runs_end_to_end_on_reduced_sizes(tmp_path):
     output = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, EXAMPLE, "--train-size", "600", "--test-size", "20",
-         "--epochs", "1", "--units", "8", "--embedding-dim", "4",
-         "--min-accuracy", "0", "--examples", "2", "--attention", "low_rank",
-         "--output-dir", str(output)],
-        capture_output=True, text=True, timeout=600, env=_env_as_a_user_has_it(),
+        [
+            sys.executable,
+            EXAMPLE,
+            "--train-size",
+            "600",
+            "--test-size",
+            "20",
+            "--epochs",
+            "1",
+            "--units",
+            "8",
+            "--embedding-dim",
+            "4",
+            "--min-accuracy",
+            "0",
+            "--examples",
+            "2",
+            "--attention",
+            "low_rank",
+            "--output-dir",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env_as_a_user_has_it(),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # Quiet by default: not one line of TensorFlow's absl/oneDNN/cuInit block.
-    logged = [line for line in (result.stdout + result.stderr).splitlines()
-              if _quiet.is_startup_noise(line) or _quiet._LOG_LINE.match(line)]
+    logged = [
+        line
+        for line in (result.stdout + result.stderr).splitlines()
+        if _quiet.is_startup_noise(line) or _quiet._LOG_LINE.match(line)
+    ]
     assert logged == [], logged
     # Piped to a file: plain lines, no escape codes (progress bars included).
-    escapes = [line for line in (result.stdout + result.stderr).splitlines(True)
-               if any(code in line for code in ("\x1b", "\r", "\b"))]
+    escapes = [
+        line
+        for line in (result.stdout + result.stderr).splitlines(True)
+        if any(code in line for code in ("\x1b", "\r", "\b"))
+    ]
     assert escapes == [], escapes
     out = result.stdout
     assert "held-out exact match:" in out
@@ -74,5 +103,4 @@ def test_demo_runs_end_to_end_on_reduced_sizes(tmp_path):
     assert html.startswith("<!DOCTYPE html>") and "<table>" in html
     assert "http" not in html  # self-contained
     assert (output / "saved_model" / "saved_model.pb").exists()
-    assert (output / "saved_model" / "assets.extra" /
-            "tf_serving_warmup_requests").exists()
+    assert (output / "saved_model" / "assets.extra" / "tf_serving_warmup_requests").exists()

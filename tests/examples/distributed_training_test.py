@@ -17,8 +17,8 @@ def run(*args):
     env = dict(os.environ, PYTHONPATH=os.path.abspath(ROOT))
     env.pop("KERAS_BACKEND", None)  # the example picks it
     completed = subprocess.run(
-        [sys.executable, EXAMPLE, *args], capture_output=True, text=True,
-        env=env, timeout=400)
+        [sys.executable, EXAMPLE, *args], capture_output=True, text=True, env=env, timeout=400
+    )
     assert completed.returncode == 0, completed.stderr[-4000:]
     return completed.stdout
 
@@ -32,8 +32,11 @@ def losses(out, label):
 def test_jax_data_model_and_sequence_parallel():
     out = run("--engine", "jax", "--cpu-devices", "4", "--steps", "8")
     assert "devices: 4 x cpu" in out
-    for label in ("DataParallel over 4", "ModelParallel on a \\(2, 2\\)",
-                  "Sequence parallel over 4"):
+    for label in (
+        "DataParallel over 4",
+        "ModelParallel on a \\(2, 2\\)",
+        "Sequence parallel over 4",
+    ):
         first, last = losses(out, label)
         assert last < first, (label, out)
     assert "query kernel (32, 4, 8), per device (32, 2, 8)" in out

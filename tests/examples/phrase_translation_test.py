@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples",
-                       "phrase_translation.py")
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "phrase_translation.py")
 
 
 def _load_example():
@@ -28,8 +27,7 @@ def test_grammar_reorders_adjectives_and_expands_entarte():
         # French: noun then adjective; English: adjective then noun.
         noun = words[words.index("noir") - 1]
         english_words = english.split()
-        assert english_words[english_words.index("black") + 1] == \
-            example.NOUNS[noun][0]
+        assert english_words[english_words.index("black") + 1] == example.NOUNS[noun][0]
     pies = [(f, e) for f, e in pairs if f.endswith("a m' entarté")]
     assert pies and all(e.endswith("hit me with a pie") for _, e in pies)
 
@@ -44,11 +42,29 @@ def test_held_out_phrases_are_not_trained_on():
 @pytest.mark.slow
 def test_phrase_example_runs_on_reduced_sizes(tmp_path):
     result = subprocess.run(
-        [sys.executable, EXAMPLE, "--train-size", "200", "--test-size", "10",
-         "--epochs", "1", "--num-layers", "1", "--num-heads", "2",
-         "--hidden-dim", "8", "--split", "wordpiece",
-         "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            EXAMPLE,
+            "--train-size",
+            "200",
+            "--test-size",
+            "10",
+            "--epochs",
+            "1",
+            "--num-layers",
+            "1",
+            "--num-heads",
+            "2",
+            "--hidden-dim",
+            "8",
+            "--split",
+            "wordpiece",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "held-out exact match:" in result.stdout

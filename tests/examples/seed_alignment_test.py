@@ -25,10 +25,13 @@ def training_cell(notebook):
     with open(os.path.join(NOTEBOOKS, notebook), encoding="utf-8") as handle:
         cells = json.load(handle)["cells"]
     found = [
-        "".join(cell["source"]) for cell in cells
+        "".join(cell["source"])
+        for cell in cells
         if cell["cell_type"] == "code" and "Seq2SeqTranslator.from_texts" in "".join(cell["source"])
     ]
-    assert len(found) == 1, f"{notebook}: expected one Seq2SeqTranslator training cell, found {len(found)}"
+    assert len(found) == 1, (
+        f"{notebook}: expected one Seq2SeqTranslator training cell, found {len(found)}"
+    )
     return found[0]
 
 
@@ -54,7 +57,9 @@ def assert_seed_alignment(translator):
 
 
 @pytest.mark.tf_only
-def test_the_notebooks_translator_aligns_the_seed_example_as_the_lecture_does(tmp_path, monkeypatch):
+def test_the_notebooks_translator_aligns_the_seed_example_as_the_lecture_does(
+    tmp_path, monkeypatch
+):
     translator = run_training_cell(tmp_path, monkeypatch)  # no saved file here: trains
     assert_seed_alignment(translator)
     assert (tmp_path / "pretrained" / "seed_seq2seq.keras").exists()

@@ -8,11 +8,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import keras_attention as ka
-
 from translator_fixtures import trained_transformer  # noqa: F401  (fixture)
 from translator_fixtures import trained_translator  # noqa: F401  (fixture)
+
+import keras_attention as ka
 
 pytestmark = pytest.mark.tf_only
 
@@ -41,7 +40,9 @@ def exported_transformer(trained_transformer, tmp_path_factory):
 def _cli(*args):
     return subprocess.run(
         [sys.executable, "-m", "keras_attention.export", *args],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -56,8 +57,7 @@ def _assert_servable(report, layout_rank):
         assert signature["outputs"]["alignment"].count(",") == layout_rank - 1
     assert report.signatures["beam_search"]["inputs"]["beam_width"] == "int32 ()"
     assert {entry["signature"] for entry in report.warmup} == SIGNATURES
-    text_ops = {op for op, source in report.op_sources.items()
-                if source == "tensorflow-text"}
+    text_ops = {op for op, source in report.op_sources.items() if source == "tensorflow-text"}
     assert "CaseFoldUTF8" in text_ops and text_ops <= tf_serving.TENSORFLOW_TEXT_OPS
     assert not any(op.startswith("Xla") for op in report.op_counts)
     assert any(tf_serving.TENSORFLOW_TEXT_VERSION in note for note in report.notes)
@@ -120,37 +120,39 @@ def _assert_same(outputs, expected, layout):
         assert outputs["source_length"][row] == columns
         np.testing.assert_allclose(
             outputs["alignment"][row, :rows, ..., :columns],
-            layout(translation.alignment), atol=1e-5,
+            layout(translation.alignment),
+            atol=1e-5,
         )
         assert not outputs["alignment"][row, rows:].any()
-        assert [t.decode() for t in outputs["source_tokens"][row, :columns]] == \
-            translation.source_tokens
-        assert [t.decode() for t in outputs["target_tokens"][row, :rows]] == \
-            translation.tokens
+        assert [
+            t.decode() for t in outputs["source_tokens"][row, :columns]
+        ] == translation.source_tokens
+        assert [t.decode() for t in outputs["target_tokens"][row, :rows]] == translation.tokens
         assert outputs["score"][row] == pytest.approx(translation.score, abs=1e-4)
 
 
-def test_fresh_process_without_keras_attention_gives_the_same_outputs(
-    trained_translator, exported
-):
+def test_fresh_process_without_keras_attention_gives_the_same_outputs(trained_translator, exported):
     same = lambda alignment: alignment  # noqa: E731
     _assert_same(_served(exported, TEXTS), trained_translator.translate(TEXTS), same)
     _assert_same(
         _served(exported, TEXTS, "beam_search", beam_width=np.int32(3)),
-        trained_translator.translate(TEXTS, beam_width=3), same,
+        trained_translator.translate(TEXTS, beam_width=3),
+        same,
     )
 
 
-def test_served_transformer_matches_translate_per_mode(
-    trained_transformer, exported_transformer
-):
+def test_served_transformer_matches_translate_per_mode(trained_transformer, exported_transformer):
     # Translation.alignment (layers, heads, T_out, T_in); served rows
     # (T_out, layers, heads, T_in).
     layout = lambda alignment: np.transpose(alignment, (2, 0, 1, 3))  # noqa: E731
-    _assert_same(_served(exported_transformer, TEXTS),
-                 trained_transformer.translate(TEXTS, beam_width=4), layout)
-    _assert_same(_served(exported_transformer, TEXTS, "greedy"),
-                 trained_transformer.translate(TEXTS), layout)
+    _assert_same(
+        _served(exported_transformer, TEXTS),
+        trained_transformer.translate(TEXTS, beam_width=4),
+        layout,
+    )
+    _assert_same(
+        _served(exported_transformer, TEXTS, "greedy"), trained_transformer.translate(TEXTS), layout
+    )
 
 
 def test_signatures_refuse_bad_requests(exported):
@@ -161,27 +163,36 @@ def test_signatures_refuse_bad_requests(exported):
     loaded = tf.saved_model.load(exported)
     with pytest.raises(tf.errors.InvalidArgumentError, match="string"):
         loaded.signatures["greedy"](text=tf.constant([1, 2]))
-    for name, extra in [("serving_default", {}), ("greedy", {}),
-                        ("beam_search", {"beam_width": tf.constant(2)})]:
+    for name, extra in [
+        ("serving_default", {}),
+        ("greedy", {}),
+        ("beam_search", {"beam_width": tf.constant(2)}),
+    ]:
         outputs = loaded.signatures[name](text=tf.constant([], tf.string), **extra)
         assert {k: (v.shape[0], v.dtype) for k, v in outputs.items()} == {
-            "translation": (0, tf.string), "alignment": (0, tf.float32),
-            "source_tokens": (0, tf.string), "target_tokens": (0, tf.string),
-            "score": (0, tf.float32), "source_length": (0, tf.int32),
+            "translation": (0, tf.string),
+            "alignment": (0, tf.float32),
+            "source_tokens": (0, tf.string),
+            "target_tokens": (0, tf.string),
+            "score": (0, tf.float32),
+            "source_length": (0, tf.int32),
             "output_length": (0, tf.int32),
         }
     for width in (0, 5):
         with pytest.raises(tf.errors.InvalidArgumentError, match="at most 4|least 1"):
-            loaded.signatures["beam_search"](text=tf.constant(["one"]),
-                                             beam_width=tf.constant(width))
+            loaded.signatures["beam_search"](
+                text=tf.constant(["one"]), beam_width=tf.constant(width)
+            )
     # TF Serving's path: the v1 session loader in a process without us.
     result, outputs = run_in_serving_process(
-        exported, signature="beam_search",
+        exported,
+        signature="beam_search",
         feed={"text": np.array(["one"], dtype=object), "beam_width": np.int32(9)},
     )
     assert outputs is None and "must be at most 4" in result["load_error"]
     result, outputs = run_in_serving_process(
-        exported, feed={"text": np.array([1, 2], dtype=np.int32)})
+        exported, feed={"text": np.array([1, 2], dtype=np.int32)}
+    )
     assert outputs is None
     assert "'text' expects string but int32 is provided" in result["load_error"]
 
@@ -205,21 +216,24 @@ def _rest_feed(body):
     return {"text": np.array(value, dtype=object)}
 
 
-TEXT_RANK = r"`text` must be a 1-D batch of strings, shape \(B,\)\. Received: " \
-            r"text with shape\] \[\({shape}\)\]"
+TEXT_RANK = (
+    r"`text` must be a 1-D batch of strings, shape \(B,\)\. Received: "
+    r"text with shape\] \[\({shape}\)\]"
+)
 
 
-def test_served_signatures_refuse_a_text_batch_that_is_not_1d(trained_translator,
-                                                              exported):
+def test_served_signatures_refuse_a_text_batch_that_is_not_1d(trained_translator, exported):
     import tensorflow_text  # noqa: F401  (a Python consumer must import it)
 
     from keras_attention.export.check import run_feeds_in_serving_process
 
     # A 2-D batch was once answered from its first string ("noir" dropped).
     # TF Serving's REST API turns these bodies into rank-2 and rank-0 tensors.
-    cases = [('{"instances": [["three one", "four"]]}', "1,2"),
-             ('{"inputs": {"text": [["three"], ["one"]]}}', "2,1"),
-             ('{"inputs": "three one"}', "")]
+    cases = [
+        ('{"instances": [["three one", "four"]]}', "1,2"),
+        ('{"inputs": {"text": [["three"], ["one"]]}}', "2,1"),
+        ('{"inputs": "three one"}', ""),
+    ]
     # A 1-D batch in row format is served as translate() answers it.
     texts = ["three one", "four", ""]
     good = _rest_feed('{"instances": ["three one", "four", ""]}')
@@ -227,48 +241,46 @@ def test_served_signatures_refuse_a_text_batch_that_is_not_1d(trained_translator
     # own check is all that stands between the request and the model (the
     # feed bypasses session.run's Python shape check). One process per
     # signature answers every request.
-    for name, extra in [("serving_default", {}),
-                        ("beam_search", {"beam_width": np.int32(2)})]:
+    for name, extra in [("serving_default", {}), ("beam_search", {"beam_width": np.int32(2)})]:
         feeds = [{**_rest_feed(body), **extra} for body, _ in cases]
         result, answers = run_feeds_in_serving_process(
-            exported, feeds + [{**good, **extra}], signature=name)
+            exported, feeds + [{**good, **extra}], signature=name
+        )
         assert result["keras_attention_importable"] is False and result["loaded"]
         for (body, shape), answer in zip(cases, answers):
             assert isinstance(answer, str), (name, body)
             assert re.search(TEXT_RANK.format(shape=shape), answer), answer
-        expected = trained_translator.translate(texts, beam_width=1 if not extra
-                                                else 2)
-        assert [t.decode() for t in answers[-1]["translation"]] == \
-            [t.text for t in expected]
+        expected = trained_translator.translate(texts, beam_width=1 if not extra else 2)
+        assert [t.decode() for t in answers[-1]["translation"]] == [t.text for t in expected]
     # A SavedModel loaded in Python (TF 2): the same check.
     loaded = tf.saved_model.load(exported)
     for body, shape in cases:
-        with pytest.raises(tf.errors.InvalidArgumentError,
-                           match=TEXT_RANK.format(shape=shape)):
-            loaded.signatures["greedy"](
-                text=tf.constant(_rest_feed(body)["text"].tolist()))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=TEXT_RANK.format(shape=shape)):
+            loaded.signatures["greedy"](text=tf.constant(_rest_feed(body)["text"].tolist()))
 
 
-def test_export_arguments_are_checked_before_tracing(trained_translator, tmp_path,
-                                                     monkeypatch):
+def test_export_arguments_are_checked_before_tracing(trained_translator, tmp_path, monkeypatch):
     from keras_attention.export import export_translator
 
     traced = []
-    monkeypatch.setattr(trained_translator, "serving_outputs",
-                        lambda *args: traced.append(args))
+    monkeypatch.setattr(trained_translator, "serving_outputs", lambda *args: traced.append(args))
     (tmp_path / "a_file").write_text("not a directory")
     cases = [
         (dict(path=None), TypeError, r"`path` must be a string or os.PathLike.*None"),
-        (dict(path=str(tmp_path / "a_file")), ValueError,
-         r"`path` is an existing file.*a_file"),
-        (dict(max_beam_width=0), ValueError,
-         r"`max_beam_width` must be a positive integer.*max_beam_width=0"),
+        (dict(path=str(tmp_path / "a_file")), ValueError, r"`path` is an existing file.*a_file"),
+        (
+            dict(max_beam_width=0),
+            ValueError,
+            r"`max_beam_width` must be a positive integer.*max_beam_width=0",
+        ),
         (dict(beam_width=2**40), ValueError, r"`beam_width` must be at most"),
-        (dict(beam_width=5, max_beam_width=4), ValueError,
-         r"`beam_width` must be at most `max_beam_width`"),
+        (
+            dict(beam_width=5, max_beam_width=4),
+            ValueError,
+            r"`beam_width` must be at most `max_beam_width`",
+        ),
         (dict(length_penalty="0"), ValueError, r"`length_penalty`"),
-        (dict(warmup_texts=["\ud800"]), ValueError,
-         r"`warmup_texts` must be valid Unicode"),
+        (dict(warmup_texts=["\ud800"]), ValueError, r"`warmup_texts` must be valid Unicode"),
         (dict(warmup_texts=[3]), TypeError, r"`warmup_texts` must be strings"),
         (dict(model_name=7), TypeError, r"`model_name` must be a string"),
     ]
@@ -314,8 +326,10 @@ def _prediction_log_class():
     add(tensor_pb2.DESCRIPTOR)
     F = descriptor_pb2.FieldDescriptorProto
     file_proto = descriptor_pb2.FileDescriptorProto(
-        name="test_prediction_log.proto", package="tensorflow.serving",
-        syntax="proto3", dependency=[tensor_pb2.DESCRIPTOR.name],
+        name="test_prediction_log.proto",
+        package="tensorflow.serving",
+        syntax="proto3",
+        dependency=[tensor_pb2.DESCRIPTOR.name],
     )
 
     def message(name, fields, nested=()):
@@ -324,7 +338,10 @@ def _prediction_log_class():
             result.nested_type.add().CopyFrom(nested_message)
         for field_name, number, kind, type_name, repeated in fields:
             result.field.add(
-                name=field_name, number=number, type=kind, type_name=type_name,
+                name=field_name,
+                number=number,
+                type=kind,
+                type_name=type_name,
                 label=F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL,
             )
         return result
@@ -332,19 +349,35 @@ def _prediction_log_class():
     entry = descriptor_pb2.DescriptorProto(name="InputsEntry")
     entry.options.map_entry = True
     entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE,
-                    type_name=".tensorflow.TensorProto", label=F.LABEL_OPTIONAL)
-    message("ModelSpec", [("name", 1, F.TYPE_STRING, None, False),
-                          ("signature_name", 3, F.TYPE_STRING, None, False)])
-    message("PredictRequest", [
-        ("model_spec", 1, F.TYPE_MESSAGE, ".tensorflow.serving.ModelSpec", False),
-        ("inputs", 2, F.TYPE_MESSAGE,
-         ".tensorflow.serving.PredictRequest.InputsEntry", True),
-    ], nested=[entry])
-    message("PredictLog", [
-        ("request", 1, F.TYPE_MESSAGE, ".tensorflow.serving.PredictRequest", False)])
-    message("PredictionLog", [
-        ("predict_log", 6, F.TYPE_MESSAGE, ".tensorflow.serving.PredictLog", False)])
+    entry.field.add(
+        name="value",
+        number=2,
+        type=F.TYPE_MESSAGE,
+        type_name=".tensorflow.TensorProto",
+        label=F.LABEL_OPTIONAL,
+    )
+    message(
+        "ModelSpec",
+        [
+            ("name", 1, F.TYPE_STRING, None, False),
+            ("signature_name", 3, F.TYPE_STRING, None, False),
+        ],
+    )
+    message(
+        "PredictRequest",
+        [
+            ("model_spec", 1, F.TYPE_MESSAGE, ".tensorflow.serving.ModelSpec", False),
+            ("inputs", 2, F.TYPE_MESSAGE, ".tensorflow.serving.PredictRequest.InputsEntry", True),
+        ],
+        nested=[entry],
+    )
+    message(
+        "PredictLog", [("request", 1, F.TYPE_MESSAGE, ".tensorflow.serving.PredictRequest", False)]
+    )
+    message(
+        "PredictionLog",
+        [("predict_log", 6, F.TYPE_MESSAGE, ".tensorflow.serving.PredictLog", False)],
+    )
     pool.Add(file_proto)
     return message_factory.GetMessageClass(
         pool.FindMessageTypeByName("tensorflow.serving.PredictionLog")
@@ -389,8 +422,7 @@ def test_py_function_and_xla_are_flagged(tmp_path):
     def with_py_function(x):
         return {"y": tf.py_function(lambda v: v * 2.0, [x], tf.float32)}
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")],
-                 jit_compile=True)
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")], jit_compile=True)
     def with_xla(x):
         return {"y": x * 2.0}
 
@@ -427,8 +459,7 @@ def test_not_a_saved_model_errors_clearly(tmp_path):
         check_servable(str(tmp_path / "broken"))
     (tmp_path / "broken_text").mkdir()
     (tmp_path / "broken_text" / "saved_model.pbtxt").write_text("garbage {{")
-    with pytest.raises(NotASavedModelError,
-                       match="saved_model.pbtxt that does not parse"):
+    with pytest.raises(NotASavedModelError, match="saved_model.pbtxt that does not parse"):
         check_servable(str(tmp_path / "broken_text"))
     result = _cli("check", str(tmp_path / "missing"))
     assert result.returncode == 2
@@ -451,10 +482,26 @@ def _attention_layers():
         ("low_rank", lambda: ka.LowRankAttention(rank=2), "cross"),
         ("pooling", lambda: ka.AttentionPooling(score="general"), "self"),
         ("multi_head", lambda: ka.MultiHeadAttention(**heads), "cross"),
-        ("multi_head_gqa", lambda: ka.MultiHeadAttention(num_heads=4, key_dim=3, num_key_value_heads=2, use_gate=True), "self"),
-        ("sparse", lambda: ka.SparseAttention(**heads, block_size=2, window_blocks=3, global_blocks=1, random_blocks=1, seed=1), "self"),
+        (
+            "multi_head_gqa",
+            lambda: ka.MultiHeadAttention(
+                num_heads=4, key_dim=3, num_key_value_heads=2, use_gate=True
+            ),
+            "self",
+        ),
+        (
+            "sparse",
+            lambda: ka.SparseAttention(
+                **heads, block_size=2, window_blocks=3, global_blocks=1, random_blocks=1, seed=1
+            ),
+            "self",
+        ),
         ("performer", lambda: ka.PerformerAttention(**heads, num_features=8, seed=1), "cross"),
-        ("linformer", lambda: ka.LinformerAttention(**heads, projected_length=4, max_length=7), "self"),
+        (
+            "linformer",
+            lambda: ka.LinformerAttention(**heads, projected_length=4, max_length=7),
+            "self",
+        ),
         ("encoder_block", lambda: ka.TransformerEncoderBlock(2, 3, 8), "self"),
         ("decoder_block", lambda: ka.TransformerDecoderBlock(2, 3, 8), "cross"),
         ("sinusoidal", lambda: ka.SinusoidalPositionEncoding(), "plain"),
@@ -526,5 +573,4 @@ def test_models_with_our_layers_export_and_reload_without_keras_attention(tmp_pa
     assert result["loaded"], result.get("load_error")
     assert set(served) == set(expected)
     for name in expected:
-        np.testing.assert_allclose(served[name], expected[name], atol=1e-5,
-                                   err_msg=name)
+        np.testing.assert_allclose(served[name], expected[name], atol=1e-5, err_msg=name)

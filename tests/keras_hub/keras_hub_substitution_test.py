@@ -27,11 +27,25 @@ pytest.importorskip("keras_hub")
 
 
 def _worker(mode, out, *extra):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    done = subprocess.run([sys.executable, os.path.join(HERE, "keras_hub_worker.py"), mode,
-                           str(out), *map(str, extra)], env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(HERE, "keras_hub_worker.py"),
+            mode,
+            str(out),
+            *map(str, extra),
+        ],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     assert done.returncode == 0, f"{mode} worker failed:\n{done.stdout[-4000:]}"
 
 
@@ -43,9 +57,20 @@ def outputs(tmp_path_factory):
     return dict(np.load(folder / "keras.npz")), dict(np.load(folder / "ours.npz"))
 
 
-CASES = ["cached/call", "cached/causal", "cached/scores", "cached/steps", "cached/cache",
-         "cached/cross", "encoder", "decoder", "decoder/steps", "whisper/encoder_sequence_output",
-         "whisper/decoder_sequence_output", "xlnet"]
+CASES = [
+    "cached/call",
+    "cached/causal",
+    "cached/scores",
+    "cached/steps",
+    "cached/cache",
+    "cached/cross",
+    "encoder",
+    "decoder",
+    "decoder/steps",
+    "whisper/encoder_sequence_output",
+    "whisper/decoder_sequence_output",
+    "xlnet",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -58,8 +83,15 @@ def test_keras_hub_class_on_ours_matches_it_on_keras(outputs, case):
 def test_keras_hub_own_suite_when_a_checkout_is_given():
     source = os.environ.get("KERAS_HUB_SOURCE")
     if not source:
-        pytest.skip("KerasHub's test files ship in neither its wheel nor its sdist: "
-                    "set KERAS_HUB_SOURCE to a keras-hub checkout to run them")
-    command = [sys.executable, os.path.join(HERE, "run_keras_hub_suite.py"),
-               "--source", source, "--models"]
+        pytest.skip(
+            "KerasHub's test files ship in neither its wheel nor its sdist: "
+            "set KERAS_HUB_SOURCE to a keras-hub checkout to run them"
+        )
+    command = [
+        sys.executable,
+        os.path.join(HERE, "run_keras_hub_suite.py"),
+        "--source",
+        source,
+        "--models",
+    ]
     assert subprocess.run(command, check=False).returncode == 0

@@ -49,8 +49,9 @@ def randomise(name, layer):
         count = int(saved[f"{name}/count"])
         layer.set_weights([saved[f"{name}/{i}"] for i in range(count)])
         return
-    values = [weight_rng.normal(scale=0.4, size=w.shape).astype(w.dtype)
-              for w in layer.get_weights()]
+    values = [
+        weight_rng.normal(scale=0.4, size=w.shape).astype(w.dtype) for w in layer.get_weights()
+    ]
     layer.set_weights(values)
     weights[f"{name}/count"] = np.array(len(values))
     for i, value in enumerate(values):
@@ -72,8 +73,13 @@ out("cached/scores", scores)
 cache = ops.zeros((2, 2, 5, 2, 4))
 steps = []
 for t in range(5):
-    step, cache = cached(x[:, t:t + 1], x[:, t:t + 1], cache=cache, cache_update_index=t,
-                         attention_mask=causal[t:t + 1])
+    step, cache = cached(
+        x[:, t : t + 1],
+        x[:, t : t + 1],
+        cache=cache,
+        cache_update_index=t,
+        attention_mask=causal[t : t + 1],
+    )
     steps.append(step)
 out("cached/steps", ops.concatenate(steps, axis=1))
 out("cached/cache", cache)
@@ -92,14 +98,23 @@ decoder(x, memory, decoder_padding_mask=padding)
 randomise("decoder", decoder)
 out("decoder", decoder(x, memory, decoder_padding_mask=padding))
 self_cache = ops.zeros((2, 2, 5, 2, 4))
-cross = ops.stack([decoder._cross_attention_layer._key_dense(memory),
-                   decoder._cross_attention_layer._value_dense(memory)], axis=1)
+cross = ops.stack(
+    [
+        decoder._cross_attention_layer._key_dense(memory),
+        decoder._cross_attention_layer._value_dense(memory),
+    ],
+    axis=1,
+)
 decoded = []
 for t in range(5):
     step, self_cache, _ = decoder(
-        x[:, t:t + 1], memory, self_attention_cache=self_cache,
-        self_attention_cache_update_index=t, cross_attention_cache=cross,
-        cross_attention_cache_update_index=None)
+        x[:, t : t + 1],
+        memory,
+        self_attention_cache=self_cache,
+        self_attention_cache_update_index=t,
+        cross_attention_cache=cross,
+        cross_attention_cache_update_index=None,
+    )
     decoded.append(step)
 out("decoder/steps", ops.concatenate(decoded, axis=1))
 
@@ -107,20 +122,31 @@ out("decoder/steps", ops.concatenate(decoded, axis=1))
 # `_build_attention`, `_get_common_kwargs_for_sublayer`) and XLNet (its own
 # `call` and the protected shapes and equations).
 whisper = keras_hub.models.WhisperBackbone(
-    vocabulary_size=10, num_layers=1, num_heads=2, hidden_dim=8,
-    intermediate_dim=16, max_encoder_sequence_length=6, max_decoder_sequence_length=6)
-whisper_inputs = {"encoder_features": features,
-                  "decoder_token_ids": np.array([[1, 2, 3, 4, 5, 6]] * 2),
-                  "decoder_padding_mask": np.ones((2, 6), bool)}
+    vocabulary_size=10,
+    num_layers=1,
+    num_heads=2,
+    hidden_dim=8,
+    intermediate_dim=16,
+    max_encoder_sequence_length=6,
+    max_decoder_sequence_length=6,
+)
+whisper_inputs = {
+    "encoder_features": features,
+    "decoder_token_ids": np.array([[1, 2, 3, 4, 5, 6]] * 2),
+    "decoder_padding_mask": np.ones((2, 6), bool),
+}
 whisper(whisper_inputs)
 randomise("whisper", whisper)
 for name, value in whisper(whisper_inputs).items():
     out(f"whisper/{name}", value)
 xlnet = keras_hub.models.XLNetBackbone(
-    vocabulary_size=10, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16)
-xlnet_inputs = {"token_ids": np.array([[1, 2, 3, 4, 5]] * 2),
-                "padding_mask": np.ones((2, 5), bool),
-                "segment_ids": np.zeros((2, 5), "int32")}
+    vocabulary_size=10, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
+)
+xlnet_inputs = {
+    "token_ids": np.array([[1, 2, 3, 4, 5]] * 2),
+    "padding_mask": np.ones((2, 5), bool),
+    "segment_ids": np.zeros((2, 5), "int32"),
+}
 xlnet(xlnet_inputs)
 randomise("xlnet", xlnet)
 out("xlnet", xlnet(xlnet_inputs))

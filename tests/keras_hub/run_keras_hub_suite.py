@@ -54,10 +54,14 @@ assert keras_hub.layers.CachedMultiHeadAttention.__mro__[1] is keras_attention.M
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", default=os.environ.get("KERAS_HUB_SOURCE"),
-                        help="a KerasHub source checkout (default: $KERAS_HUB_SOURCE)")
-    parser.add_argument("--models", action="store_true",
-                        help="also the model tests whose layers subclass it")
+    parser.add_argument(
+        "--source",
+        default=os.environ.get("KERAS_HUB_SOURCE"),
+        help="a KerasHub source checkout (default: $KERAS_HUB_SOURCE)",
+    )
+    parser.add_argument(
+        "--models", action="store_true", help="also the model tests whose layers subclass it"
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed on to pytest")
     args = parser.parse_args(argv)
     if not args.source:
@@ -74,10 +78,22 @@ def main(argv=None):
             conftest.write(CONFTEST)
         # As KerasHub's own conftest by default: the preset tests (`large`,
         # `extra_large`) download weights, which this machine cannot.
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                   "--rootdir", work, "-m", "not large and not extra_large",
-                   "-W", "ignore::pytest.PytestUnknownMarkWarning", work,
-                   *args.pytest_args]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            work,
+            "-m",
+            "not large and not extra_large",
+            "-W",
+            "ignore::pytest.PytestUnknownMarkWarning",
+            work,
+            *args.pytest_args,
+        ]
         return subprocess.call(command, cwd=work)
 
 

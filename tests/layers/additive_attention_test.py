@@ -15,12 +15,8 @@ def test_matches_bahdanau_formula_in_numpy(use_bias):
     value = random_inputs((2, 6, 4), seed=2)
     key = random_inputs((2, 6, 7), seed=3)
     value_mask = reference.random_mask(rng, 2, 6)
-    layer = AdditiveAttention(
-        units=9, use_bias=use_bias, bias_initializer="random_normal"
-    )
-    out, weights = layer(
-        query, value, key, value_mask=value_mask, return_attention_scores=True
-    )
+    layer = AdditiveAttention(units=9, use_bias=use_bias, bias_initializer="random_normal")
+    out, weights = layer(query, value, key, value_mask=value_mask, return_attention_scores=True)
     w_q, w_k = ops.convert_to_numpy(layer.query_kernel), ops.convert_to_numpy(layer.key_kernel)
     v = ops.convert_to_numpy(layer.scale)
     bias = ops.convert_to_numpy(layer.bias) if use_bias else 0.0

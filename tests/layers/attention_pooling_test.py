@@ -57,8 +57,12 @@ def test_sequential_classifier_learns_to_attend_to_the_keyword(tmp_path):
         if label:
             tokens[i, rng.integers(0, length)] = 7
     model = _classifier()
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"], jit_compile=True)
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        jit_compile=True,
+    )
     model.fit(tokens, labels, epochs=12, batch_size=64, verbose=0)
     accuracy = model.evaluate(tokens, labels, verbose=0)[1]
     assert accuracy > 0.9
@@ -87,9 +91,7 @@ def test_config_round_trip_with_a_layer_as_score(tmp_path):
     model.save(path)
     loaded = keras.saving.load_model(path, safe_mode=True)
     x = random_inputs((2, 5, 4))
-    np.testing.assert_allclose(
-        ops.convert_to_numpy(loaded(x)), ops.convert_to_numpy(model(x))
-    )
+    np.testing.assert_allclose(ops.convert_to_numpy(loaded(x)), ops.convert_to_numpy(model(x)))
 
 
 def test_symbolic_shapes():
@@ -104,5 +106,7 @@ def test_bad_score_and_rank():
         AttentionPooling(score="max")
     with pytest.raises(ValueError, match=r"`units` only applies.*units=3 with score='dot'"):
         AttentionPooling(score="dot", units=3)
-    with pytest.raises(ValueError, match=r"AttentionPooling \(layer 'p'\): `inputs` must have rank 3.*\(2, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"AttentionPooling \(layer 'p'\): `inputs` must have rank 3.*\(2, 5\)"
+    ):
         AttentionPooling(name="p")(np.ones((2, 5), "float32"))

@@ -65,9 +65,7 @@ def test_values_at_masked_positions_do_not_matter(name, problem):
     layer = LAYERS[name]
     before = layer(query, value, value_mask=value_mask)
     after = layer(query, changed, value_mask=value_mask)
-    np.testing.assert_allclose(
-        ops.convert_to_numpy(before), ops.convert_to_numpy(after), atol=1e-5
-    )
+    np.testing.assert_allclose(ops.convert_to_numpy(before), ops.convert_to_numpy(after), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))

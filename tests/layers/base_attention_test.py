@@ -67,9 +67,7 @@ def test_masked_output_feeds_a_masked_rnn_in_sequential():
     # With the mask honoured end to end, padding content cannot change the result
     # of masked timesteps; compare against an input truncated to its real length.
     short = keras.Sequential(model.layers)
-    np.testing.assert_allclose(
-        _numpy(model(tokens)), _numpy(short(tokens[:, :3])), atol=1e-5
-    )
+    np.testing.assert_allclose(_numpy(model(tokens)), _numpy(short(tokens[:, :3])), atol=1e-5)
     assert not np.allclose(_numpy(model(tokens)), _numpy(model(trailing_garbage)))
 
 
@@ -165,14 +163,21 @@ def test_key_defaults_to_value_and_value_to_query():
 # ---------------------------------------------------------------- bad input
 def test_wrong_rank_names_layer_argument_and_shape():
     layer = AdditiveAttention(name="att")
-    with pytest.raises(ValueError, match=r"AdditiveAttention \(layer 'att'\): `value` must have rank >= 3.*\(2, 5\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"AdditiveAttention \(layer 'att'\): `value` must have rank >= 3.*\(2, 5\)",
+    ):
         layer(np.ones((2, 3, 4), "float32"), np.ones((2, 5), "float32"))
 
 
 def test_key_value_length_mismatch():
-    with pytest.raises(ValueError, match=r"`key` and `value` must have the same length.*\(1, 4, 2\).*\(1, 5, 2\)"):
+    with pytest.raises(
+        ValueError, match=r"`key` and `value` must have the same length.*\(1, 4, 2\).*\(1, 5, 2\)"
+    ):
         LuongAttention()(
-            np.ones((1, 3, 2), "float32"), np.ones((1, 5, 2), "float32"), np.ones((1, 4, 2), "float32")
+            np.ones((1, 3, 2), "float32"),
+            np.ones((1, 5, 2), "float32"),
+            np.ones((1, 4, 2), "float32"),
         )
 
 
@@ -192,8 +197,16 @@ def test_feature_size_change_after_build():
     "argument, mask, error",
     [
         ("value_mask", np.ones((1, 4), bool), r"`value_mask` must have shape \(1, 5\).*\(1, 4\)"),
-        ("query_mask", np.ones((1, 3, 1), bool), r"`query_mask` must have shape \(1, 3\).*\(1, 3, 1\)"),
-        ("attention_mask", np.ones((1, 3, 4), bool), r"`attention_mask` must have shape \(1, 3, 5\)"),
+        (
+            "query_mask",
+            np.ones((1, 3, 1), bool),
+            r"`query_mask` must have shape \(1, 3\).*\(1, 3, 1\)",
+        ),
+        (
+            "attention_mask",
+            np.ones((1, 3, 4), bool),
+            r"`attention_mask` must have shape \(1, 3, 5\)",
+        ),
         ("value_mask", np.ones((1, 5), "complex64"), r"`value_mask` must be boolean.*complex64"),
         ("value_mask", [[True] * 5], r"`value_mask` must be a boolean tensor.*\[\[True"),
     ],
@@ -202,7 +215,9 @@ def test_bad_masks_are_rejected_before_the_backend(argument, mask, error):
     layer = LuongAttention(name="luong")
     query = np.ones((1, 3, 2), "float32")
     value = np.ones((1, 5, 2), "float32")
-    with pytest.raises((ValueError, TypeError), match=rf"LuongAttention \(layer 'luong'\): {error}"):
+    with pytest.raises(
+        (ValueError, TypeError), match=rf"LuongAttention \(layer 'luong'\): {error}"
+    ):
         layer(query, value, **{argument: mask})
 
 
@@ -251,7 +266,10 @@ def test_layers_without_a_cache_refuse_one_by_name(name, argument):
     layer = NO_CACHE[name]()
     query = random_inputs((1, 4, 8))
     given = {"cache": np.zeros((1, 2, 8, 2, 4), "float32"), "cache_update_index": 0}
-    with pytest.raises(TypeError, match=rf"^{name} \(layer 'x'\): this layer takes no "
-                                        rf"decoding `cache`.*Received: {argument}="):
+    with pytest.raises(
+        TypeError,
+        match=rf"^{name} \(layer 'x'\): this layer takes no "
+        rf"decoding `cache`.*Received: {argument}=",
+    ):
         layer(query, **{argument: given[argument]})
     assert not layer.built  # refused before Keras builds anything

@@ -25,7 +25,9 @@ def test_stacked_blocks_keep_every_layers_scores():
     # Each entry is that block's own weights, as the block itself reports them.
     _, expected = model.get_layer("b1")(x, return_attention_scores=True)
     np.testing.assert_allclose(
-        captured.scores["sequential/b1/self_attention"][0], ops.convert_to_numpy(expected), atol=1e-6
+        captured.scores["sequential/b1/self_attention"][0],
+        ops.convert_to_numpy(expected),
+        atol=1e-6,
     )
     with pytest.raises(KeyError, match="2 attention layers are named 'self_attention'"):
         captured["self_attention"]

@@ -45,7 +45,12 @@ def test_matches_numpy_computation_from_the_layer_weights(kernel_size):
     outputs, (channel, spatial) = layer(inputs, return_attention_scores=True)
     weights = [ops.convert_to_numpy(w) for w in layer.weights]
     assert [w.shape for w in weights] == [
-        (8, 4), (4,), (4, 8), (8,), (kernel_size, kernel_size, 2, 1), (1,)
+        (8, 4),
+        (4,),
+        (4, 8),
+        (8,),
+        (kernel_size, kernel_size, 2, 1),
+        (1,),
     ]
     expected_outputs, expected_channel, expected_spatial = numpy_cbam(inputs, *weights)
     np.testing.assert_allclose(ops.convert_to_numpy(channel), expected_channel, atol=1e-5)
@@ -70,9 +75,7 @@ def test_layer_contract(tmp_path):
 
 def test_functional_scores_have_the_symbolic_shape():
     images = keras.Input((None, None, 8))
-    outputs, (channel, spatial) = CBAM(ratio=2, kernel_size=3)(
-        images, return_attention_scores=True
-    )
+    outputs, (channel, spatial) = CBAM(ratio=2, kernel_size=3)(images, return_attention_scores=True)
     assert tuple(channel.shape) == (None, 8)
     assert tuple(spatial.shape) == (None, None, None)
     model = keras.Model(images, [outputs, channel, spatial])

@@ -35,17 +35,35 @@ TOLERANCE = {"float32": 2e-4, "float16": 2e-2, "bfloat16": 8e-2}
 # About 40 s on TensorFlow and 60 s on JAX (eager JAX dispatches slowly) on
 # CI's 2 cores.
 settings.register_profile(
-    "ci", max_examples={"tensorflow": 150, "jax": 60}[BACKEND], derandomize=True, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    "ci",
+    max_examples={"tensorflow": 150, "jax": 60}[BACKEND],
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.register_profile(
-    "long", max_examples=400, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    "long",
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 PROFILE = os.environ.get("KERAS_ATTENTION_HYPOTHESIS", "ci")
 
-MASKS = ("none", "key_left_padding", "key_right_padding", "query_padding",
-         "pair_bool", "pair_float", "pair_2d", "key_as_attention_mask",
-         "query_as_attention_mask", "per_head", "all_false_query_row",
-         "all_false_value_mask", "causal_left_padding")
+MASKS = (
+    "none",
+    "key_left_padding",
+    "key_right_padding",
+    "query_padding",
+    "pair_bool",
+    "pair_float",
+    "pair_2d",
+    "key_as_attention_mask",
+    "query_as_attention_mask",
+    "per_head",
+    "all_false_query_row",
+    "all_false_value_mask",
+    "causal_left_padding",
+)
 
 
 # ------------------------------------------------------------------ reference
@@ -76,7 +94,8 @@ def reference(weights, query, key_value, allowed, num_heads, num_kv_heads, gate)
     context = np.einsum("bhqk,bkhd->bqhd", probs, v)
     if gate:
         context = context * _sigmoid(
-            np.einsum("btf,fhd->bthd", query, w["gate/kernel"]) + w["gate/bias"])
+            np.einsum("btf,fhd->bthd", query, w["gate/kernel"]) + w["gate/bias"]
+        )
     output = np.einsum("bqhd,hdo->bqo", context, w["attention_output/kernel"])
     return output + w["attention_output/bias"], probs
 
@@ -114,8 +133,9 @@ def cases(draw):
     layout = draw(st.sampled_from(("sequence", "sequence", "sequence", "image", "batch_axis")))
     case["layout"] = layout
     case["cache"] = layout == "sequence" and draw(st.booleans())
-    case["weights"] = draw(st.sampled_from(
-        ("none", "all", "selected") if layout == "sequence" else ("none", "all")))
+    case["weights"] = draw(
+        st.sampled_from(("none", "all", "selected") if layout == "sequence" else ("none", "all"))
+    )
     positional_rules = layout == "sequence"
     case["causal"] = positional_rules and draw(st.booleans())
     case["window"] = draw(st.sampled_from((None, 1, 2, 3))) if positional_rules else None
@@ -124,13 +144,21 @@ def cases(draw):
         self_attention = case["cache"] or draw(st.booleans())
         case["key_length"] = case["query_length"] if self_attention else draw(st.integers(1, 7))
         case["self_attention"] = self_attention
-        masks = ("none", "key_left_padding", "key_right_padding", "causal_left_padding",
-                 "all_false_value_mask") if case["cache"] else MASKS
+        masks = (
+            (
+                "none",
+                "key_left_padding",
+                "key_right_padding",
+                "causal_left_padding",
+                "all_false_value_mask",
+            )
+            if case["cache"]
+            else MASKS
+        )
     else:
         case["query_length"] = case["key_length"] = None
         case["self_attention"] = draw(st.booleans())
-        masks = ("none", "key_right_padding", "query_padding", "pair_bool",
-                 "all_false_query_row")
+        masks = ("none", "key_right_padding", "query_padding", "pair_bool", "all_false_query_row")
     case["mask"] = draw(st.sampled_from(masks))
     if case["cache"]:
         length = case["query_length"]
@@ -269,17 +297,28 @@ def _spied(fused):
             else:
                 ran.append(kernel)
             return original(*args, **kwargs)
+
         return wrapped
 
     patches = [
-        mock.patch.object(dense_attention, "dense_attention",
-                          spy(Kernel.DENSE, dense_attention.dense_attention)),
-        mock.patch.object(dense_attention, "shifted_attention",
-                          spy(Kernel.SHIFTED, dense_attention.shifted_attention)),
-        mock.patch.object(dense_attention, "composite_attention",
-                          spy(Kernel.FUSED, dense_attention.composite_attention)),
-        mock.patch.object(mha_module, "memory_efficient_attention",
-                          spy(Kernel.BLOCKWISE, mha_module.memory_efficient_attention)),
+        mock.patch.object(
+            dense_attention, "dense_attention", spy(Kernel.DENSE, dense_attention.dense_attention)
+        ),
+        mock.patch.object(
+            dense_attention,
+            "shifted_attention",
+            spy(Kernel.SHIFTED, dense_attention.shifted_attention),
+        ),
+        mock.patch.object(
+            dense_attention,
+            "composite_attention",
+            spy(Kernel.FUSED, dense_attention.composite_attention),
+        ),
+        mock.patch.object(
+            mha_module,
+            "memory_efficient_attention",
+            spy(Kernel.BLOCKWISE, mha_module.memory_efficient_attention),
+        ),
     ]
     if fused:
         patches.append(mock.patch.object(mha_module, "fused_kernel_available", lambda: True))
@@ -303,9 +342,15 @@ def _expected_kernels(case):
 
 def _options(case):
     heads, kv_heads = case["heads"]
-    options = dict(num_heads=heads, key_dim=case["key_dim"], use_gate=case["gate"],
-                   num_key_value_heads=kv_heads, sliding_window=case["window"],
-                   dtype=case["dtype"], block_size=case["block_size"])
+    options = dict(
+        num_heads=heads,
+        key_dim=case["key_dim"],
+        use_gate=case["gate"],
+        num_key_value_heads=kv_heads,
+        sliding_window=case["window"],
+        dtype=case["dtype"],
+        block_size=case["block_size"],
+    )
     if case["layout"] != "sequence":
         options["attention_axes"] = _shapes(case, np.random.default_rng(0))[2]
     if case["kernel"] == "blockwise":
@@ -318,8 +363,10 @@ def _options(case):
 def _randomise(layer, rng):
     """Every weight and bias drawn at random (zero biases hide bugs)."""
     layer.set_weights([rng.normal(scale=0.5, size=w.shape) for w in layer.get_weights()])
-    return {w.path.split("/", 1)[1]: keras.ops.convert_to_numpy(w.value).astype("float64")
-            for w in layer.weights}
+    return {
+        w.path.split("/", 1)[1]: keras.ops.convert_to_numpy(w.value).astype("float64")
+        for w in layer.weights
+    }
 
 
 def check(case):
@@ -342,7 +389,9 @@ def check(case):
         if not case["cache"]:  # rows too (a cache's steps have one row each)
             start = int(rng.integers(0, case["query_length"]))
             select["attention_scores_query_range"] = (
-                start, int(rng.integers(start + 1, case["query_length"] + 1)))
+                start,
+                int(rng.integers(start + 1, case["query_length"] + 1)),
+            )
     returns_weights = case["weights"] != "none"
     for patch in patches:
         patch.start()
@@ -358,12 +407,19 @@ def check(case):
                 # with the same mask, as Keras' mask of a self-attention input
                 # (MultiHeadAttention's documented `value_mask` default).
                 allowed &= mask_kwargs["query_mask"][:, None, None, :]
-            positions = positional(np.arange(q_len), np.arange(k_len),
-                                   case["causal"], case["window"])
+            positions = positional(
+                np.arange(q_len), np.arange(k_len), case["causal"], case["window"]
+            )
             allowed = allowed & positions[None, None]
             expected, expected_scores = reference(
-                weights, _cast_like(flat_q, dtype), _cast_like(flat_kv, dtype), allowed,
-                heads, kv_heads, case["gate"])
+                weights,
+                _cast_like(flat_q, dtype),
+                _cast_like(flat_kv, dtype),
+                allowed,
+                heads,
+                kv_heads,
+                case["gate"],
+            )
             call_masks = _layout_masks(case, mask_kwargs, query.shape, key_value.shape)
             names = sorted(call_masks)
             value = None if case["self_attention"] else cast(key_value)
@@ -371,12 +427,18 @@ def check(case):
             def fn(q, *masks):
                 kw = dict(zip(names, masks))
                 args = (q,) if value is None else (q, value)
-                return layer(*args, use_causal_mask=case["causal"],
-                             return_attention_scores=returns_weights, **select, **kw)
+                return layer(
+                    *args,
+                    use_causal_mask=case["causal"],
+                    return_attention_scores=returns_weights,
+                    **select,
+                    **kw,
+                )
 
-            result = run(fn, cast(query), *[keras.ops.convert_to_tensor(call_masks[n])
-                                            for n in names])
-            outputs, scores = (result if returns_weights else (result, None))
+            result = run(
+                fn, cast(query), *[keras.ops.convert_to_tensor(call_masks[n]) for n in names]
+            )
+            outputs, scores = result if returns_weights else (result, None)
             outputs = _flat(keras.ops.convert_to_numpy(outputs).astype("float64"), case["layout"])
             if scores is not None:
                 scores = keras.ops.convert_to_numpy(scores).astype("float64")
@@ -430,33 +492,49 @@ def _run_cache(case, layer, weights, x, rng, run, cast, select):
 
     def fn(q, cache, index, *mask):
         kw = {} if key_mask is None else {"value_mask": mask[0]}
-        return layer(q, cache=cache, cache_update_index=index,
-                     use_causal_mask=case["causal"],
-                     return_attention_scores=returns_weights, **select, **kw)
+        return layer(
+            q,
+            cache=cache,
+            cache_update_index=index,
+            use_causal_mask=case["causal"],
+            return_attention_scores=returns_weights,
+            **select,
+            **kw,
+        )
 
     for start, stop in chunks:
         extra = () if key_mask is None else (keras.ops.convert_to_tensor(key_mask),)
-        result = run(fn, cast(x[:, start:stop]), cache,
-                     keras.ops.convert_to_tensor(np.int32(start)), *extra)
+        result = run(
+            fn, cast(x[:, start:stop]), cache, keras.ops.convert_to_tensor(np.int32(start)), *extra
+        )
         out, cache = result[0], result[-1]
         # Query rows at absolute positions start..stop-1 see written keys only.
-        seen = positional(np.arange(start, stop), np.arange(max_length), case["causal"],
-                          case["window"], key_length=None if case["causal"] else stop)
+        seen = positional(
+            np.arange(start, stop),
+            np.arange(max_length),
+            case["causal"],
+            case["window"],
+            key_length=None if case["causal"] else stop,
+        )
         seen = seen[None, None] & np.ones((batch, heads, 1, 1), bool)
         if key_mask is not None:
             seen = seen & (key_mask[:, None, None, :] > 0)
         padded = np.zeros((batch, max_length, x.shape[-1]))
         padded[:, :length] = xq
-        want, want_scores = reference(weights, xq[:, start:stop], padded, seen,
-                                      heads, kv_heads, case["gate"])
+        want, want_scores = reference(
+            weights, xq[:, start:stop], padded, seen, heads, kv_heads, case["gate"]
+        )
         outputs.append(keras.ops.convert_to_numpy(out).astype("float64"))
         expected.append(want)
         if returns_weights:
             if select:
                 want_scores = want_scores[:, select["attention_scores_heads"]]
             np.testing.assert_allclose(
-                keras.ops.convert_to_numpy(result[1]).astype("float64"), want_scores,
-                atol=TOLERANCE[case["dtype"]], rtol=TOLERANCE[case["dtype"]])
+                keras.ops.convert_to_numpy(result[1]).astype("float64"),
+                want_scores,
+                atol=TOLERANCE[case["dtype"]],
+                rtol=TOLERANCE[case["dtype"]],
+            )
     return np.concatenate(outputs, 1), np.concatenate(expected, 1)
 
 
@@ -464,18 +542,25 @@ def _run_cache(case, layer, weights, x, rng, run, cast, select):
 @given(cases())
 def test_options_drawn_together_match_numpy(case):
     check(case)
+
+
 @pytest.mark.parametrize("memory_efficient", [False, True])
 def test_issue_reproducers(memory_efficient):
     """The two reproducers of the one-core issue, with random biases."""
     rng = np.random.default_rng(0)
     x = rng.random((1, 6, 8)).astype("float32")
-    layer = MultiHeadAttention(2, 4, sliding_window=2, memory_efficient=memory_efficient,
-                               block_size=2, bias_initializer="random_normal")
+    layer = MultiHeadAttention(
+        2,
+        4,
+        sliding_window=2,
+        memory_efficient=memory_efficient,
+        block_size=2,
+        bias_initializer="random_normal",
+    )
     full = np.asarray(layer(x, use_causal_mask=True))
     cache, steps = np.zeros((1, 2, 6, 2, 4), "float32"), []
     for t in range(6):
-        out, cache = layer(x[:, t:t + 1], cache=cache, cache_update_index=t,
-                           use_causal_mask=True)
+        out, cache = layer(x[:, t : t + 1], cache=cache, cache_update_index=t, use_causal_mask=True)
         steps.append(np.asarray(out))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-6)
     rows = np.ones((1, 6, 1), bool)
@@ -483,5 +568,6 @@ def test_issue_reproducers(memory_efficient):
     folded = np.asarray(layer(x, x, attention_mask=rows))
     spelled = np.asarray(layer(x, x, attention_mask=np.broadcast_to(rows, (1, 6, 6))))
     np.testing.assert_allclose(folded, spelled, atol=1e-6)
-    np.testing.assert_allclose(folded[0, 2], keras.ops.convert_to_numpy(
-        layer.output_dense.bias), atol=1e-6)
+    np.testing.assert_allclose(
+        folded[0, 2], keras.ops.convert_to_numpy(layer.output_dense.bias), atol=1e-6
+    )

@@ -41,9 +41,7 @@ EXAMPLES_RUN = []  # one entry per example, read by the closing check
 # Compiled calls: tf.function (graph) and XLA on TensorFlow, jax.jit on JAX.
 # Each example traces (and compiles) a fresh layer: 160 take 25-38 s on
 # TensorFlow, 150 take ~46 s on JAX (2 cores, load average 4-8).
-COMPILED_MODES = (
-    ["tf_function", "xla"] if keras.backend.backend() == "tensorflow" else ["jit"]
-)
+COMPILED_MODES = ["tf_function", "xla"] if keras.backend.backend() == "tensorflow" else ["jit"]
 COMPILED_EXAMPLES = 160 if keras.backend.backend() == "tensorflow" else 150
 COMPILED_RUN = []
 
@@ -51,11 +49,12 @@ COMPILED_RUN = []
 LAYERS = {
     "AdditiveAttention": (lambda d: ka.AdditiveAttention(dtype=d), "attention"),
     "LuongAttention": (lambda d: ka.LuongAttention(score_mode="general", dtype=d), "attention"),
-    "LuongAttention-dot": (lambda d: ka.LuongAttention(score_mode="dot", scale=True, dtype=d),
-                           "attention"),
+    "LuongAttention-dot": (
+        lambda d: ka.LuongAttention(score_mode="dot", scale=True, dtype=d),
+        "attention",
+    ),
     "LowRankAttention": (lambda d: ka.LowRankAttention(rank=2, dtype=d), "attention"),
-    "MultiHeadAttention": (lambda d: ka.MultiHeadAttention(2, 4, dtype=d),
-                           "attention"),
+    "MultiHeadAttention": (lambda d: ka.MultiHeadAttention(2, 4, dtype=d), "attention"),
     "MultiHeadAttention-blockwise": (
         lambda d: ka.MultiHeadAttention(
             2, 4, num_key_value_heads=1, memory_efficient=True, block_size=2, dtype=d
@@ -64,8 +63,14 @@ LAYERS = {
     ),
     "SparseAttention": (
         lambda d: ka.SparseAttention(
-            2, 4, block_size=2, window_blocks=1, global_blocks=0, random_blocks=1,
-            seed=0, dtype=d,
+            2,
+            4,
+            block_size=2,
+            window_blocks=1,
+            global_blocks=0,
+            random_blocks=1,
+            seed=0,
+            dtype=d,
         ),
         "attention",
     ),
@@ -74,29 +79,26 @@ LAYERS = {
         "attention",
     ),
     "LinformerAttention": (
-        lambda d: ka.LinformerAttention(2, 4, projected_length=2, max_length=4,
-                                        dtype=d),
+        lambda d: ka.LinformerAttention(2, 4, projected_length=2, max_length=4, dtype=d),
         "attention",
     ),
     "AttentionPooling": (lambda d: ka.AttentionPooling(dtype=d), "pooling"),
-    "SqueezeExcitation": (lambda d: ka.SqueezeExcitation(ratio=2, dtype=d),
-                          "feature_map"),
+    "SqueezeExcitation": (lambda d: ka.SqueezeExcitation(ratio=2, dtype=d), "feature_map"),
     "CBAM": (lambda d: ka.CBAM(ratio=2, kernel_size=3, dtype=d), "feature_map"),
     "TransformerEncoderBlock": (
-        lambda d: ka.TransformerEncoderBlock(2, 4, 8, seed=0, dtype=d), "encoder"
+        lambda d: ka.TransformerEncoderBlock(2, 4, 8, seed=0, dtype=d),
+        "encoder",
     ),
     "TransformerDecoderBlock": (
-        lambda d: ka.TransformerDecoderBlock(2, 4, 8, seed=0, dtype=d), "decoder"
+        lambda d: ka.TransformerDecoderBlock(2, 4, 8, seed=0, dtype=d),
+        "decoder",
     ),
     "PositionEmbedding": (lambda d: ka.PositionEmbedding(4, dtype=d), "sequence"),
-    "SinusoidalPositionEncoding": (
-        lambda d: ka.SinusoidalPositionEncoding(dtype=d), "sequence"
-    ),
+    "SinusoidalPositionEncoding": (lambda d: ka.SinusoidalPositionEncoding(dtype=d), "sequence"),
 }
 WEIGHTLESS = {"PerformerAttention"}  # returns approximate, unmasked-normalised
 FEATURES = 8
-POLICIES = ["float32", "float16", "bfloat16", "mixed_float16", "mixed_bfloat16",
-            "int32-inputs"]
+POLICIES = ["float32", "float16", "bfloat16", "mixed_float16", "mixed_bfloat16", "int32-inputs"]
 
 
 def _mask(draw, kind, batch, length, rng):
@@ -106,7 +108,7 @@ def _mask(draw, kind, batch, length, rng):
         mask = rng.random((batch, length)) < 0.6
     elif kind == "all_false_rows":
         mask = np.ones((batch, length), bool)
-        mask[:: 2] = False
+        mask[::2] = False
     else:  # all_false_batch
         mask = np.zeros((batch, length), bool)
     return mask
@@ -121,10 +123,8 @@ def cases(draw):
         batch=draw(st.sampled_from([2, 1, 0])),
         query_length=draw(st.sampled_from([3, 1, 0])),
         key_length=draw(st.sampled_from([3, 1, 0])),
-        query_mask=draw(st.sampled_from(["none", "random", "all_false_rows",
-                                         "all_false_batch"])),
-        value_mask=draw(st.sampled_from(["none", "random", "all_false_rows",
-                                         "all_false_batch"])),
+        query_mask=draw(st.sampled_from(["none", "random", "all_false_rows", "all_false_batch"])),
+        value_mask=draw(st.sampled_from(["none", "random", "all_false_rows", "all_false_batch"])),
         policy=draw(st.sampled_from(POLICIES)),
         nan=draw(st.sampled_from(["unmasked", "masked", "none"])),
         # Per-query masks on the attention layers: a NaN key hidden by them
@@ -253,21 +253,19 @@ def _compiled_call(layer, args, kwargs, mode):
     """
     arrays = {k: v for k, v in kwargs.items() if isinstance(v, np.ndarray)}
     static = {k: v for k, v in kwargs.items() if k not in arrays}
-    layer(*[_symbolic(a) for a in args],
-          **{k: _symbolic(v) for k, v in arrays.items()}, **static)
+    layer(*[_symbolic(a) for a in args], **{k: _symbolic(v) for k, v in arrays.items()}, **static)
     if mode == "jit":
         import jax
 
         def pure(trainable, non_trainable, args, arrays):
-            outputs, _ = layer.stateless_call(
-                trainable, non_trainable, *args, **arrays, **static
-            )
+            outputs, _ = layer.stateless_call(trainable, non_trainable, *args, **arrays, **static)
             return outputs
 
         return jax.jit(pure)(
             [v.value for v in layer.trainable_variables],
             [v.value for v in layer.non_trainable_variables],
-            list(args), arrays,
+            list(args),
+            arrays,
         )
     import tensorflow as tf
 
@@ -302,8 +300,7 @@ def _check_case(case, mode):
         args[0] = args[0][..., 0]
         argument = "query" if kind == "attention" else "inputs"
     elif case["corrupt"] == "mask_length" and kind in ("attention", "pooling", "encoder"):
-        argument = {"attention": "query_mask", "pooling": "mask",
-                    "encoder": "padding_mask"}[kind]
+        argument = {"attention": "query_mask", "pooling": "mask", "encoder": "padding_mask"}[kind]
         kwargs[argument] = np.ones((args[0].shape[0], args[0].shape[1] + 1), bool)
     want_scores = case["scores"] and kind == "attention"
     if want_scores:
@@ -387,8 +384,10 @@ def test_the_fuzzer_ran_its_examples():
     if not EXAMPLES_RUN:
         pytest.skip("run together with the fuzz test")
     outcomes = collections.Counter(case.get("outcome", "failed") for case in EXAMPLES_RUN)
-    print(f"fuzz: {len(EXAMPLES_RUN)} examples on {keras.backend.backend()}:",
-          dict(outcomes.most_common()))
+    print(
+        f"fuzz: {len(EXAMPLES_RUN)} examples on {keras.backend.backend()}:",
+        dict(outcomes.most_common()),
+    )
     assert len(EXAMPLES_RUN) >= MAX_EXAMPLES
     layers = {case["layer"] for case in EXAMPLES_RUN}
     assert len(layers) == len(LAYERS), sorted(set(LAYERS) - layers)

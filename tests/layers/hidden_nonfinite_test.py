@@ -13,9 +13,9 @@ float16 and bfloat16, on whichever backend runs the suite.
 import numpy as np
 import pytest
 from keras import ops
+from sparse_reference import reference_pattern
 
 import keras_attention as ka
-from sparse_reference import reference_pattern
 
 BATCH, LENGTH, FEATURES = 2, 6, 8
 SPARSE_BLOCK, SPARSE_WINDOW = 2, 1
@@ -35,9 +35,7 @@ LAYERS = {
         {"return_attention_scores": True},
     ),
     "mha_blockwise": (
-        lambda d: ka.MultiHeadAttention(
-            2, 4, memory_efficient=True, block_size=2, dtype=d
-        ),
+        lambda d: ka.MultiHeadAttention(2, 4, memory_efficient=True, block_size=2, dtype=d),
         {},
     ),
     "mha_grouped_blockwise": (
@@ -46,21 +44,22 @@ LAYERS = {
         ),
         {},
     ),
-    "mha_sliding_window": (
-        lambda d: ka.MultiHeadAttention(2, 4, sliding_window=2, dtype=d), {}
-    ),
+    "mha_sliding_window": (lambda d: ka.MultiHeadAttention(2, 4, sliding_window=2, dtype=d), {}),
     "sparse": (
         lambda d: ka.SparseAttention(
-            2, 4, block_size=SPARSE_BLOCK, window_blocks=SPARSE_WINDOW,
-            global_blocks=0, random_blocks=0, dtype=d,
+            2,
+            4,
+            block_size=SPARSE_BLOCK,
+            window_blocks=SPARSE_WINDOW,
+            global_blocks=0,
+            random_blocks=0,
+            dtype=d,
         ),
         {},
     ),
-    "performer": (lambda d: ka.PerformerAttention(2, 4, num_features=8, seed=0,
-                                                  dtype=d), {}),
+    "performer": (lambda d: ka.PerformerAttention(2, 4, num_features=8, seed=0, dtype=d), {}),
     "performer_relu": (
-        lambda d: ka.PerformerAttention(2, 4, num_features=8, kernel="relu",
-                                        seed=0, dtype=d),
+        lambda d: ka.PerformerAttention(2, 4, num_features=8, kernel="relu", seed=0, dtype=d),
         {},
     ),
 }
@@ -75,9 +74,7 @@ def _structural_pattern(name, causal):
     """`(Tq, Tv)`: which keys a layer's own structure lets each query see."""
     allowed = np.ones((LENGTH, LENGTH), bool)
     if name == "sparse":
-        allowed = reference_pattern(
-            LENGTH, LENGTH, SPARSE_BLOCK, SPARSE_WINDOW, causal=causal
-        )
+        allowed = reference_pattern(LENGTH, LENGTH, SPARSE_BLOCK, SPARSE_WINDOW, causal=causal)
     if name == "mha_sliding_window":
         rows, cols = np.indices((LENGTH, LENGTH))
         allowed = np.abs(rows - cols) < 2
@@ -155,8 +152,7 @@ def test_nan_value_and_inf_key_behind_an_attention_mask(name, dtype):
         value, key = inputs
         return layer(query, value, key, attention_mask=attention_mask, **options)
 
-    _check(name, dtype, (poisoned_value, poisoned_key),
-           (replaced_value, replaced_key), call, sees)
+    _check(name, dtype, (poisoned_value, poisoned_key), (replaced_value, replaced_key), call, sees)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -188,8 +184,7 @@ def test_nan_in_a_decoding_cache_reaches_only_later_steps():
         step = inputs[:, t : t + 1].copy()
         if t == 1:
             step[0, 0, 3] = np.nan
-        output, cache = layer(step, cache=cache, cache_update_index=t,
-                              use_causal_mask=True)
+        output, cache = layer(step, cache=cache, cache_update_index=t, use_causal_mask=True)
         outputs.append(_numpy(output))
     assert np.all(np.isfinite(outputs[0]))
     assert all(np.all(np.isnan(o)) for o in outputs[1:])

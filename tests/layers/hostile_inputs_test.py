@@ -21,21 +21,20 @@ ATTENTION_LAYERS = {
     "luong_general": lambda: ka.LuongAttention(score="general"),
     "low_rank": lambda: ka.LowRankAttention(rank=2),
     "mha_dense": lambda: ka.MultiHeadAttention(2, 4, memory_efficient=False),
-    "mha_blockwise": lambda: ka.MultiHeadAttention(
-        2, 4, memory_efficient=True, block_size=2
-    ),
+    "mha_blockwise": lambda: ka.MultiHeadAttention(2, 4, memory_efficient=True, block_size=2),
     "mha_grouped": lambda: ka.MultiHeadAttention(2, 4, num_key_value_heads=1),
     "sparse": lambda: ka.SparseAttention(
-        2, 4, block_size=2, window_blocks=1, global_blocks=1, random_blocks=1,
+        2,
+        4,
+        block_size=2,
+        window_blocks=1,
+        global_blocks=1,
+        random_blocks=1,
         seed=0,
     ),
     "performer": lambda: ka.PerformerAttention(2, 4, num_features=8, seed=0),
-    "performer_relu": lambda: ka.PerformerAttention(
-        2, 4, num_features=8, kernel="relu", seed=0
-    ),
-    "linformer": lambda: ka.LinformerAttention(
-        2, 4, projected_length=3, max_length=8
-    ),
+    "performer_relu": lambda: ka.PerformerAttention(2, 4, num_features=8, kernel="relu", seed=0),
+    "linformer": lambda: ka.LinformerAttention(2, 4, projected_length=3, max_length=8),
 }
 WEIGHTED = [n for n in ATTENTION_LAYERS if not n.startswith("performer")]
 
@@ -115,9 +114,7 @@ def test_composite_layers_cast_integer_inputs(make, shape):
     layer = make()
     output = layer(inputs)
     assert keras.backend.standardize_dtype(output.dtype) == "float32"
-    np.testing.assert_allclose(
-        _numpy(output), _numpy(layer(inputs.astype("float32"))), atol=1e-5
-    )
+    np.testing.assert_allclose(_numpy(output), _numpy(layer(inputs.astype("float32"))), atol=1e-5)
 
 
 def test_string_inputs_raise_a_type_error_naming_the_layer():
@@ -141,9 +138,7 @@ def test_nan_in_masked_positions_contributes_nothing(name):
     poisoned_query[:, 3] = np.nan
     poisoned_value[:, 1] = np.inf
     poisoned_value[0, 1, 0] = np.nan
-    output = clean(
-        poisoned_query, poisoned_value, query_mask=query_mask, value_mask=value_mask
-    )
+    output = clean(poisoned_query, poisoned_value, query_mask=query_mask, value_mask=value_mask)
     assert np.all(np.isfinite(_numpy(output)))
     np.testing.assert_allclose(_numpy(output), _numpy(expected), atol=1e-5)
 
@@ -180,7 +175,9 @@ def test_blockwise_kernel_propagates_nan_like_the_exact_one():
     query[1, 2] = np.nan
     out = _numpy(
         memory_efficient_attention(
-            query, _array(2, 5, 2, 4, seed=1), _array(2, 5, 2, 4, seed=2),
+            query,
+            _array(2, 5, 2, 4, seed=1),
+            _array(2, 5, 2, 4, seed=2),
             block_size=2,
         )
     )
@@ -192,8 +189,11 @@ def test_blockwise_kernel_propagates_nan_like_the_exact_one():
 def test_returned_weights_are_zero_on_masked_rows_and_keys(name):
     mask = np.array([[True, True, False, False], [False, False, False, False]])
     _, weights = ATTENTION_LAYERS[name]()(
-        _array(2, 4, 6), _array(2, 4, 6, seed=1), query_mask=mask,
-        value_mask=mask, return_attention_scores=True,
+        _array(2, 4, 6),
+        _array(2, 4, 6, seed=1),
+        query_mask=mask,
+        value_mask=mask,
+        return_attention_scores=True,
     )
     weights = _numpy(weights)
     np.testing.assert_array_equal(weights[..., 2:], 0.0)  # padded keys
@@ -207,8 +207,10 @@ def test_returned_weights_are_zero_on_masked_rows_and_keys(name):
     [
         (lambda: ka.SparseAttention(0, 4), r"^SparseAttention: .*num_heads=0"),
         (lambda: ka.PerformerAttention(2, 0), r"^PerformerAttention: .*key_dim=0"),
-        (lambda: ka.LinformerAttention(2, 4, 2, 8, value_dim=-1),
-         r"^LinformerAttention: .*value_dim=-1"),
+        (
+            lambda: ka.LinformerAttention(2, 4, 2, 8, value_dim=-1),
+            r"^LinformerAttention: .*value_dim=-1",
+        ),
         (lambda: ka.AttentionPooling(score="nope"), r"^AttentionPooling: .*'nope'"),
     ],
 )

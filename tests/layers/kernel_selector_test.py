@@ -12,8 +12,7 @@ from keras_attention.layers.kernel_selector import decide
 
 GIB = 2**30
 # A CPU call of 8 heads at L = 1024, batch 2: dense working set 256 MiB.
-BASE = dict(batch_size=2, num_heads=8, query_length=1024, key_length=1024,
-            memory_budget=4 * GIB)
+BASE = dict(batch_size=2, num_heads=8, query_length=1024, key_length=1024, memory_budget=4 * GIB)
 
 
 # A JAX symbolic dimension (`jax.export`), as Keras' JAX backend passes an
@@ -36,11 +35,17 @@ TABLE = [
     (dict(sequence_parallel=True, weights_needed=True), "ring", Kernel.RING),
     (dict(weights_needed=True, fused_available=True), "weights", Kernel.DENSE),
     (dict(flash_attention=False, fused_available=True), "forced-materialised", Kernel.COMPOSITE),
-    (dict(memory_efficient=False, query_length=65536, key_length=65536),
-     "forced-materialised", Kernel.COMPOSITE),
+    (
+        dict(memory_efficient=False, query_length=65536, key_length=65536),
+        "forced-materialised",
+        Kernel.COMPOSITE,
+    ),
     (dict(flash_attention=True, fused_available=True), "forced-flash-fused", Kernel.FUSED),
-    (dict(flash_attention=True, fused_available=True, equal_head_dims=False),
-     "forced-flash-blockwise", Kernel.BLOCKWISE),
+    (
+        dict(flash_attention=True, fused_available=True, equal_head_dims=False),
+        "forced-flash-blockwise",
+        Kernel.BLOCKWISE,
+    ),
     (dict(flash_attention=True), "forced-flash-blockwise", Kernel.BLOCKWISE),
     (dict(flash_attention=True, key_length=None), "forced-flash-dynamic", Kernel.COMPOSITE),
     (dict(fused_available=True), "fused", Kernel.FUSED),
@@ -62,16 +67,24 @@ TABLE = [
     (dict(query_length=8192, key_length=8192, memory_budget=None), "fits", Kernel.COMPOSITE),
     # Unknown batch: one example counted, and long keys go blockwise.
     (dict(batch_size=None, query_length=4096, key_length=4096), "fits", Kernel.COMPOSITE),
-    (dict(batch_size=None, query_length=4096, key_length=8192, memory_budget=64 * GIB),
-     "unknown-batch", Kernel.BLOCKWISE),
-    (dict(batch_size=None, query_length=8192, key_length=4096, memory_budget=GIB),
-     "over-budget", Kernel.BLOCKWISE),
+    (
+        dict(batch_size=None, query_length=4096, key_length=8192, memory_budget=64 * GIB),
+        "unknown-batch",
+        Kernel.BLOCKWISE,
+    ),
+    (
+        dict(batch_size=None, query_length=8192, key_length=4096, memory_budget=GIB),
+        "over-budget",
+        Kernel.BLOCKWISE,
+    ),
     # JAX symbolic dimensions (a wrapper layer's traced `call`, #41) are unknown
     # sizes: never compared in Python, the same rows as None.
-    (dict(batch_size=SYMBOLIC_BATCH, query_length=8192, key_length=8192),
-     "unknown-batch", Kernel.BLOCKWISE),
-    (dict(batch_size=SYMBOLIC_BATCH, query_length=4096, key_length=4096), "fits",
-     Kernel.COMPOSITE),
+    (
+        dict(batch_size=SYMBOLIC_BATCH, query_length=8192, key_length=8192),
+        "unknown-batch",
+        Kernel.BLOCKWISE,
+    ),
+    (dict(batch_size=SYMBOLIC_BATCH, query_length=4096, key_length=4096), "fits", Kernel.COMPOSITE),
     (dict(batch_size=SYMBOLIC_BATCH, memory_budget=1), "over-budget", Kernel.BLOCKWISE),
     (dict(key_length=SYMBOLIC_BATCH * 4), "dynamic", Kernel.COMPOSITE),
 ]
@@ -99,8 +112,11 @@ def test_every_rule_of_the_docstring_is_reached_by_the_table():
 
 
 def test_docstring_rules_are_in_the_order_the_code_tries_them():
-    documented = [r for r in re.findall(r"^\| ([a-z-]+) \|", kernel_selector.__doc__, re.M)
-                  if r not in ("rule", "---")]
+    documented = [
+        r
+        for r in re.findall(r"^\| ([a-z-]+) \|", kernel_selector.__doc__, re.M)
+        if r not in ("rule", "---")
+    ]
     import inspect
 
     source = inspect.getsource(kernel_selector.decide)
@@ -108,7 +124,9 @@ def test_docstring_rules_are_in_the_order_the_code_tries_them():
     assert positions == sorted(positions)
 
 
-def test_a_default_layer_runs_blockwise_from_the_crossover_on_jax_cpu_and_matches_keras(monkeypatch):
+def test_a_default_layer_runs_blockwise_from_the_crossover_on_jax_cpu_and_matches_keras(
+    monkeypatch,
+):
     """At L = 1024 the default layer runs blockwise on JAX's CPU backend (faster
     there, benchmarks/RESULTS.md) and materialises elsewhere, with Keras' output."""
     import keras
@@ -137,7 +155,8 @@ def test_working_set_counts_logits_shaped_float32_tensors():
     assert r.dense_working_set() == kernel_selector.DENSE_WORKING_SET_TENSORS * 4 * 3 * 2 * 5 * 7
     xla = request(batch_size=3, num_heads=2, query_length=5, key_length=7, xla=True)
     assert xla.dense_working_set() == (
-        kernel_selector.DENSE_WORKING_SET_TENSORS_XLA * 4 * 3 * 2 * 5 * 7)
+        kernel_selector.DENSE_WORKING_SET_TENSORS_XLA * 4 * 3 * 2 * 5 * 7
+    )
     assert kernel_selector.DENSE_WORKING_SET_TENSORS_XLA > kernel_selector.DENSE_WORKING_SET_TENSORS
 
 
@@ -151,9 +170,16 @@ def test_keras_size_call_at_8192_stays_dense_in_a_16_gib_process(monkeypatch):
     monkeypatch.setattr(memory_budget, "_budget", None)
     monkeypatch.setattr(memory_budget, "_reader", lambda: 15 * GIB)
     budget = memory_budget.attention_memory_budget()
-    at = lambda length, **kw: kernel_selector.select_kernel(request(  # noqa: E731
-        batch_size=1, num_heads=8, query_length=length, key_length=length,
-        memory_budget=budget, **kw))
+    at = lambda length, **kw: kernel_selector.select_kernel(
+        request(  # noqa: E731
+            batch_size=1,
+            num_heads=8,
+            query_length=length,
+            key_length=length,
+            memory_budget=budget,
+            **kw,
+        )
+    )
     assert at(8192) is Kernel.COMPOSITE
     assert at(16384) is Kernel.BLOCKWISE
     assert at(8192, xla=True) is Kernel.BLOCKWISE

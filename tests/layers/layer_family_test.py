@@ -8,11 +8,11 @@ from keras import ops
 import keras_attention
 from keras_attention import layers as ka
 from keras_attention.layers import multi_head_attention as mha_module
+from keras_attention.layers.kernel_selector import Kernel
+from tests.kernel_spy import spy_kernels
 from tests.reference import combined_mask
 from tests.reference import softmax_with_mask
 from tests.testing import random_inputs
-from keras_attention.layers.kernel_selector import Kernel
-from tests.kernel_spy import spy_kernels
 
 
 def _np(x):
@@ -24,22 +24,38 @@ def _np(x):
 # design (zero biases, unit LayerNorm scales) are skipped: only random ones count.
 BUILDS = {
     "AdditiveAttention": (lambda: ka.AdditiveAttention(units=6), [(2, 3, 6), (2, 5, 6)]),
-    "LuongAttention": (lambda: ka.LuongAttention(score_mode="concat", units=6), [(2, 3, 6), (2, 5, 6)]),
+    "LuongAttention": (
+        lambda: ka.LuongAttention(score_mode="concat", units=6),
+        [(2, 3, 6), (2, 5, 6)],
+    ),
     "LowRankAttention": (lambda: ka.LowRankAttention(rank=6), [(2, 3, 6), (2, 5, 6)]),
     "AttentionPooling": (lambda: ka.AttentionPooling("additive", units=6), [(2, 5, 6)]),
     "MultiHeadAttention": (lambda: ka.MultiHeadAttention(2, 3, use_gate=True), [(2, 5, 6)]),
     "SparseAttention": (lambda: ka.SparseAttention(2, 3, block_size=2, seed=0), [(2, 8, 6)]),
-    "PerformerAttention": (lambda: ka.PerformerAttention(2, 3, num_features=6, seed=0), [(2, 5, 6)]),
+    "PerformerAttention": (
+        lambda: ka.PerformerAttention(2, 3, num_features=6, seed=0),
+        [(2, 5, 6)],
+    ),
     "LinformerAttention": (lambda: ka.LinformerAttention(2, 3, 4, 8), [(2, 8, 6)]),
     "SqueezeExcitation": (lambda: ka.SqueezeExcitation(ratio=1), [(2, 4, 4, 6)]),
     "CBAM": (lambda: ka.CBAM(ratio=1), [(2, 4, 4, 6)]),
     "PositionEmbedding": (lambda: ka.PositionEmbedding(8), [(2, 5, 6)]),
     "TransformerEncoderBlock": (lambda: ka.TransformerEncoderBlock(2, 3, 6), [(2, 5, 6)]),
-    "TransformerDecoderBlock": (lambda: ka.TransformerDecoderBlock(2, 3, 6), [(2, 5, 6), (2, 4, 6)]),
+    "TransformerDecoderBlock": (
+        lambda: ka.TransformerDecoderBlock(2, 3, 6),
+        [(2, 5, 6), (2, 4, 6)],
+    ),
 }
-NOT_LAYERS = {"capture_attention", "RedrawFeatures", "BaseAttention", "ScoreAttention",
-              "BaseMultiHeadAttention", "SinusoidalPositionEncoding",  # no weights
-              "attention_memory_budget", "set_attention_memory_budget"}  # functions
+NOT_LAYERS = {
+    "capture_attention",
+    "RedrawFeatures",
+    "BaseAttention",
+    "ScoreAttention",
+    "BaseMultiHeadAttention",
+    "SinusoidalPositionEncoding",  # no weights
+    "attention_memory_budget",
+    "set_attention_memory_budget",
+}  # functions
 
 
 def test_every_public_layer_is_covered():
@@ -80,8 +96,12 @@ def test_freshly_built_weights_are_independent(name):
 # ------------------------------------------------------------------ one base each
 def test_families_are_siblings_not_subclasses():
     score_layers = (ka.AdditiveAttention(), ka.LuongAttention(), ka.LowRankAttention(rank=2))
-    multi_head = (ka.MultiHeadAttention(2, 4), ka.SparseAttention(2, 4),
-                  ka.PerformerAttention(2, 4), ka.LinformerAttention(2, 4, 2, 8))
+    multi_head = (
+        ka.MultiHeadAttention(2, 4),
+        ka.SparseAttention(2, 4),
+        ka.PerformerAttention(2, 4),
+        ka.LinformerAttention(2, 4, 2, 8),
+    )
     for layer in score_layers:
         assert isinstance(layer, ka.ScoreAttention)
         assert not isinstance(layer, ka.BaseMultiHeadAttention)
@@ -114,12 +134,16 @@ def test_no_helper_module_leaks_to_the_top_level():
 
 
 # ------------------------------------------------ keras.layers.Attention's list call
-@pytest.mark.parametrize("make", [ka.AdditiveAttention, ka.LuongAttention,
-                                  lambda: ka.LowRankAttention(rank=2)])
+@pytest.mark.parametrize(
+    "make", [ka.AdditiveAttention, ka.LuongAttention, lambda: ka.LowRankAttention(rank=2)]
+)
 def test_single_head_layers_take_the_list_call(make):
     layer = make()
-    query, value, key = (random_inputs((2, 3, 4), 0), random_inputs((2, 5, 4), 1),
-                         random_inputs((2, 5, 4), 2))
+    query, value, key = (
+        random_inputs((2, 3, 4), 0),
+        random_inputs((2, 5, 4), 1),
+        random_inputs((2, 5, 4), 2),
+    )
     np.testing.assert_allclose(_np(layer([query, value])), _np(layer(query, value)), atol=1e-6)
     np.testing.assert_allclose(
         _np(layer([query, value, key])), _np(layer(query, value, key)), atol=1e-6
@@ -142,8 +166,9 @@ def _numpy_mha(layer, query, value_mask=None, causal=False):
     k = np.einsum("btf,fhd->bthd", query, wk) + bk
     v = np.einsum("btf,fhd->bthd", query, wv) + bv
     scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
-    mask = combined_mask(q.shape[0], q.shape[1], k.shape[1], value_mask=value_mask,
-                         causal=causal)[:, None]
+    mask = combined_mask(q.shape[0], q.shape[1], k.shape[1], value_mask=value_mask, causal=causal)[
+        :, None
+    ]
     heads = np.einsum("bhqk,bkhd->bqhd", softmax_with_mask(scores, mask), v)
     return np.einsum("bthd,hdo->bto", heads, wo) + bo
 
@@ -153,15 +178,18 @@ def test_fused_branch_runs_when_a_fused_kernel_exists(monkeypatch, flash_attenti
     monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: True)
     flags = []
     ran = spy_kernels(monkeypatch, flash_flags=flags)
-    layer = ka.MultiHeadAttention(2, 4, flash_attention=flash_attention,
-                                  bias_initializer="random_normal")
+    layer = ka.MultiHeadAttention(
+        2, 4, flash_attention=flash_attention, bias_initializer="random_normal"
+    )
     query = random_inputs((2, 7, 8), seed=3)
     valid = np.arange(7)[None, :] < np.array([[7], [3]])
     for kwargs in (dict(), dict(value_mask=valid, use_causal_mask=True)):
         out = layer(query, **kwargs)
         np.testing.assert_allclose(
             _np(out),
-            _numpy_mha(layer, query, kwargs.get("value_mask"), kwargs.get("use_causal_mask", False)),
+            _numpy_mha(
+                layer, query, kwargs.get("value_mask"), kwargs.get("use_causal_mask", False)
+            ),
             atol=1e-5,
         )
     assert ran == [Kernel.FUSED] * 2
@@ -171,8 +199,9 @@ def test_fused_branch_runs_when_a_fused_kernel_exists(monkeypatch, flash_attenti
 def test_flash_attention_true_without_a_fused_kernel_runs_the_blockwise_kernel(monkeypatch):
     monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: False)
     ran = spy_kernels(monkeypatch)
-    layer = ka.MultiHeadAttention(2, 4, flash_attention=True, block_size=3,
-                                  bias_initializer="random_normal")
+    layer = ka.MultiHeadAttention(
+        2, 4, flash_attention=True, block_size=3, bias_initializer="random_normal"
+    )
     query = random_inputs((2, 7, 8), seed=4)
     np.testing.assert_allclose(_np(layer(query)), _numpy_mha(layer, query), atol=1e-5)
     assert ran == [Kernel.BLOCKWISE]
@@ -182,8 +211,9 @@ def test_flash_attention_false_materialises_the_weights(monkeypatch):
     monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: True)
     flags = []
     ran = spy_kernels(monkeypatch, flash_flags=flags)
-    layer = ka.MultiHeadAttention(2, 4, flash_attention=False, memory_efficient_threshold=1,
-                                  bias_initializer="random_normal")
+    layer = ka.MultiHeadAttention(
+        2, 4, flash_attention=False, memory_efficient_threshold=1, bias_initializer="random_normal"
+    )
     query = random_inputs((2, 7, 8), seed=5)
     np.testing.assert_allclose(_np(layer(query)), _numpy_mha(layer, query), atol=1e-5)
     # As Keras: the backend's composite kernel, never the flash one.
@@ -210,16 +240,24 @@ def test_selected_scores_match_the_dense_weights_while_the_blockwise_kernel_runs
     dense.set_weights(layer.get_weights())
     for kwargs in (dict(), dict(value_mask=valid, use_causal_mask=True)):
         full_out, full = dense(query, return_attention_scores=True, **kwargs)
-        out, part = layer(query, return_attention_scores=True,
-                          attention_scores_heads=[3, 1],
-                          attention_scores_query_range=(2, 9), **kwargs)
+        out, part = layer(
+            query,
+            return_attention_scores=True,
+            attention_scores_heads=[3, 1],
+            attention_scores_query_range=(2, 9),
+            **kwargs,
+        )
         np.testing.assert_allclose(_np(out), _np(full_out), atol=1e-5)
         np.testing.assert_allclose(_np(part), _np(full)[:, [3, 1], 2:9], atol=1e-5)
     # The output never came from a materialised kernel: the selection is
     # computed after the blockwise one.
     assert ran.count(Kernel.BLOCKWISE) == 2 and ran.count(Kernel.DENSE) == 2
-    symbolic = layer(keras.Input((11, 8)), return_attention_scores=True,
-                     attention_scores_heads=0, attention_scores_query_range=(0, 4))
+    symbolic = layer(
+        keras.Input((11, 8)),
+        return_attention_scores=True,
+        attention_scores_heads=0,
+        attention_scores_query_range=(0, 4),
+    )
     assert tuple(symbolic[1].shape) == (None, 1, 4, 11)
 
 
@@ -258,7 +296,8 @@ def test_keras_mask_shapes_give_the_same_outputs():
     )
     causal = np.tril(np.ones((5, 5), bool))
     np.testing.assert_allclose(
-        _np(layer(query, attention_mask=causal)), _np(layer(query, use_causal_mask=True)),
+        _np(layer(query, attention_mask=causal)),
+        _np(layer(query, use_causal_mask=True)),
         atol=1e-6,
     )
 

@@ -21,7 +21,9 @@ def test_identity_projections_give_exact_attention():
     exact(query, value)
     # Keras lists a layer's own weights (E, F) before its sublayers'.
     assert [w.path.split("/", 1)[1] for w in layer.trainable_weights[:2]] == [
-        "key_projection", "value_projection"]
+        "key_projection",
+        "value_projection",
+    ]
     for mine, theirs in zip(layer.trainable_weights[2:], exact.trainable_weights):
         mine.assign(theirs)
     layer.key_projection.assign(np.eye(9, dtype="float32"))
@@ -41,7 +43,9 @@ def test_masked_keys_do_not_change_the_output():
     layer = LinformerAttention(2, 4, projected_length=3, max_length=16)
     np.testing.assert_allclose(
         _np(layer(query, value, value_mask=mask)),
-        _np(layer(query, changed, value_mask=mask)), atol=1e-5)
+        _np(layer(query, changed, value_mask=mask)),
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize(
@@ -49,8 +53,10 @@ def test_masked_keys_do_not_change_the_output():
     [
         (dict(projected_length=0, max_length=8), "projected_length=0"),
         (dict(projected_length=2, max_length=None), "max_length=None"),
-        (dict(projected_length=2, max_length=8, memory_efficient=False),
-         "'memory_efficient': False"),
+        (
+            dict(projected_length=2, max_length=8, memory_efficient=False),
+            "'memory_efficient': False",
+        ),
         (dict(projected_length=2, max_length=8, block_size=4), "'block_size': 4"),
     ],
 )
@@ -73,8 +79,9 @@ def test_unsupported_call_options_and_long_inputs_are_rejected():
 
 def test_layer_contract(tmp_path):
     run_layer_contract_test(
-        lambda **kwargs: LinformerAttention(2, 4, projected_length=3, max_length=8,
-                                            dropout=0.1, seed=0, **kwargs),
+        lambda **kwargs: LinformerAttention(
+            2, 4, projected_length=3, max_length=8, dropout=0.1, seed=0, **kwargs
+        ),
         tmp_path,
         expected_cross_output_shape=(2, 5, 8),
     )
@@ -84,13 +91,14 @@ def test_layer_contract(tmp_path):
 def test_lengths_below_the_projection_size_match_numpy(length):
     # 1 and 5 keys, 8 projected positions: the first `length` rows of E, F.
     query = random_inputs((2, length, 8), seed=1)
-    layer = LinformerAttention(2, 4, projected_length=8, max_length=16,
-                               bias_initializer="random_normal")
+    layer = LinformerAttention(
+        2, 4, projected_length=8, max_length=16, bias_initializer="random_normal"
+    )
     output = _np(layer(query))
     e, f, wq, bq, wk, bk, wv, bv, wo, bo = [
-        keras.ops.convert_to_numpy(w).astype(np.float64) for w in layer.trainable_weights]
-    q, k, v = (np.einsum("btf,fhd->bthd", query, w) + b
-               for w, b in ((wq, bq), (wk, bk), (wv, bv)))
+        keras.ops.convert_to_numpy(w).astype(np.float64) for w in layer.trainable_weights
+    ]
+    q, k, v = (np.einsum("btf,fhd->bthd", query, w) + b for w, b in ((wq, bq), (wk, bk), (wv, bv)))
     k = np.einsum("bthd,tk->bkhd", k, e[:length])
     v = np.einsum("bthd,tk->bkhd", v, f[:length])
     scores = np.einsum("bqhd,bkhd->bhqk", q, k) / 2.0  # sqrt(key_dim = 4)

@@ -59,10 +59,12 @@ def train_and_score(make_attention):
 )
 def test_sparse_and_performer_learn_long_range_retrieval_like_exact_attention():
     exact = train_and_score(lambda i: MultiHeadAttention(2, 16, memory_efficient=False))
-    sparse = train_and_score(lambda i: SparseAttention(
-        2, 16, block_size=8, window_blocks=3, global_blocks=1, random_blocks=1, seed=i))
-    performer = train_and_score(
-        lambda i: PerformerAttention(2, 16, num_features=32, seed=i))
+    sparse = train_and_score(
+        lambda i: SparseAttention(
+            2, 16, block_size=8, window_blocks=3, global_blocks=1, random_blocks=1, seed=i
+        )
+    )
+    performer = train_and_score(lambda i: PerformerAttention(2, 16, num_features=32, seed=i))
     print(f"accuracy: exact {exact:.3f}, sparse {sparse:.3f}, performer {performer:.3f}")
     assert exact > 0.95  # learnable; chance is 1/8
     assert sparse >= exact - 0.03

@@ -37,9 +37,7 @@ def test_dot_matches_keras_attention():
     np.testing.assert_allclose(_numpy(ours), _numpy(theirs), atol=1e-5)
     # Keras leaves weights of padded query rows as they are; ours are zero.
     rows = query_mask
-    np.testing.assert_allclose(
-        _numpy(our_weights)[rows], _numpy(their_weights)[rows], atol=1e-5
-    )
+    np.testing.assert_allclose(_numpy(our_weights)[rows], _numpy(their_weights)[rows], atol=1e-5)
     np.testing.assert_array_equal(_numpy(our_weights)[~rows], 0.0)
 
 
@@ -99,14 +97,17 @@ def test_layer_contract(score, tmp_path):
 
 def test_dot_with_different_dims_names_the_problem():
     layer = LuongAttention(score="dot", name="luong")
-    with pytest.raises(ValueError, match=r"LuongAttention \(layer 'luong'\).*query features 4, key features 6"):
+    with pytest.raises(
+        ValueError, match=r"LuongAttention \(layer 'luong'\).*query features 4, key features 6"
+    ):
         layer(np.ones((1, 2, 4), "float32"), np.ones((1, 3, 6), "float32"))
 
 
 def test_concat_with_units_contract(tmp_path):
     run_layer_contract_test(
-        lambda **kwargs: LuongAttention(score_mode="concat", units=5, dropout=0.1,
-                                        seed=3, **kwargs),
+        lambda **kwargs: LuongAttention(
+            score_mode="concat", units=5, dropout=0.1, seed=3, **kwargs
+        ),
         tmp_path,
     )
 

@@ -6,11 +6,11 @@ from keras import ops
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import capture_attention
 from keras_attention.layers import multi_head_attention as mha_module
+from keras_attention.layers.kernel_selector import Kernel
 from tests.gradients import layer_gradients
+from tests.kernel_spy import spy_kernels
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test
-from keras_attention.layers.kernel_selector import Kernel
-from tests.kernel_spy import spy_kernels
 
 
 def _np(x):
@@ -53,9 +53,7 @@ def test_outputs_and_scores_match_keras_with_same_weights(cross, masks):
     np.testing.assert_allclose(_np(scores), _np(ref_scores), atol=1e-5, rtol=1e-5)
     if masks in ("padding", "causal"):
         # The memory-efficient kernel gives the same outputs.
-        fast = MultiHeadAttention.from_keras(
-            reference, memory_efficient=True, block_size=4
-        )
+        fast = MultiHeadAttention.from_keras(reference, memory_efficient=True, block_size=4)
         np.testing.assert_allclose(
             _np(fast(*our_args, **kwargs)), _np(ref_out), atol=1e-5, rtol=1e-5
         )
@@ -73,6 +71,7 @@ def test_outputs_and_scores_match_keras_with_same_weights(cross, masks):
 def test_from_keras_copies_configuration_and_weights(options):
     reference, ours = _keras_and_ours(**options)
     assert ours.num_heads == 2 and ours.key_dim == 4
+
     # Keras' sublayer names and order (query, key, gate, value, output).
     def sublayer_paths(layer):
         return [(w.path.split("/", 1)[1], tuple(w.shape)) for w in layer.weights]
@@ -82,9 +81,7 @@ def test_from_keras_copies_configuration_and_weights(options):
     value = random_inputs((2, 7, 6), seed=5)
     # Scores requested: Keras' fused path rejects value_dim != key_dim on JAX.
     expected, _ = reference(query, value, return_attention_scores=True)
-    np.testing.assert_allclose(
-        _np(ours(query, value)), _np(expected), atol=1e-5, rtol=1e-5
-    )
+    np.testing.assert_allclose(_np(ours(query, value)), _np(expected), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("use_gate", [False, True], ids=["plain", "gated"])
@@ -129,9 +126,27 @@ def test_keras_positional_order_and_extras_keyword_only():
     assert layer._output_shape == (6,) and layer.attention_axes == (2,)
     assert layer.sliding_window == 3 and layer.flash_attention is False
     with pytest.raises(TypeError):
-        MultiHeadAttention(2, 4, None, 0.0, True, None, None, None, None,
-                           "glorot_uniform", "zeros", None, None, None, None, None,
-                           False, None, 2)  # num_key_value_heads is keyword-only
+        MultiHeadAttention(
+            2,
+            4,
+            None,
+            0.0,
+            True,
+            None,
+            None,
+            None,
+            None,
+            "glorot_uniform",
+            "zeros",
+            None,
+            None,
+            None,
+            None,
+            None,
+            False,
+            None,
+            2,
+        )  # num_key_value_heads is keyword-only
 
 
 def test_from_keras_rejects_other_layers_and_unbuilt_layers():
@@ -161,7 +176,10 @@ def test_grouped_query_matches_keras_group_query_attention():
     np.testing.assert_allclose(_np(out), _np(ref_out), atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(_np(scores), _np(ref_scores), atol=1e-5, rtol=1e-5)
     fast = MultiHeadAttention(
-        num_heads=4, key_dim=4, num_key_value_heads=2, memory_efficient=True,
+        num_heads=4,
+        key_dim=4,
+        num_key_value_heads=2,
+        memory_efficient=True,
         block_size=3,
     )
     fast.build(query.shape, value.shape)
@@ -179,9 +197,7 @@ def test_scores_have_cross_attention_symbolic_shape():
     assert tuple(out.shape) == (None, 5, 8)
     assert tuple(scores.shape) == (None, 3, 5, 7)
     model = keras.Model([query, value], [out, scores])
-    eager_out, eager_scores = model(
-        [random_inputs((2, 5, 8)), random_inputs((2, 7, 6))]
-    )
+    eager_out, eager_scores = model([random_inputs((2, 5, 8)), random_inputs((2, 7, 6))])
     assert tuple(eager_scores.shape) == (2, 3, 5, 7)
 
 
@@ -199,8 +215,12 @@ def test_masked_query_rows_are_zero_and_other_rows_match_keras():
 @pytest.mark.parametrize("memory_efficient", [False, True])
 def test_fully_masked_rows_give_zeros_not_nan(dtype, memory_efficient):
     layer = MultiHeadAttention(
-        num_heads=2, key_dim=4, dtype=dtype, use_bias=False,
-        memory_efficient=memory_efficient, block_size=2,
+        num_heads=2,
+        key_dim=4,
+        dtype=dtype,
+        use_bias=False,
+        memory_efficient=memory_efficient,
+        block_size=2,
     )
     query = random_inputs((2, 5, 8), seed=9)
     value_mask = _padding_mask(2, 5, [5, 0])  # second sequence: no key at all
@@ -342,7 +362,9 @@ def test_memory_efficient_path_trains_in_fit_with_jit_compile():
             [
                 keras.Input((10, 8)),
                 MultiHeadAttention(
-                    num_heads=2, key_dim=4, memory_efficient=memory_efficient,
+                    num_heads=2,
+                    key_dim=4,
+                    memory_efficient=memory_efficient,
                     block_size=3,
                 ),
             ]
@@ -369,9 +391,7 @@ def _decode_with_cache(layer, sequence, compiled):
     def step(index, state):
         cache, outputs = state
         token = ops.slice(sequence, (0, index, 0), (batch, 1, sequence.shape[-1]))
-        out, cache = layer(
-            token, cache=cache, cache_update_index=index, use_causal_mask=True
-        )
+        out, cache = layer(token, cache=cache, cache_update_index=index, use_causal_mask=True)
         outputs = ops.slice_update(outputs, (0, index, 0), out)
         return cache, outputs
 
@@ -396,7 +416,11 @@ def _decode_with_cache(layer, sequence, compiled):
                     sequence, (0, index, 0), (batch, 1, sequence.shape[-1])
                 )
                 (out, cache), _ = layer.stateless_call(
-                    weights, [], token, cache=cache, cache_update_index=index,
+                    weights,
+                    [],
+                    token,
+                    cache=cache,
+                    cache_update_index=index,
                     use_causal_mask=True,
                 )
                 return cache, jax.lax.dynamic_update_slice(outputs, out, (0, index, 0))
@@ -413,9 +437,7 @@ def _decode_with_cache(layer, sequence, compiled):
 @pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])
 def test_self_attention_cache_decoding_matches_full_causal_call(compiled, grouped):
     sequence = ops.convert_to_tensor(random_inputs((2, 6, 8), seed=15))
-    layer = MultiHeadAttention(
-        num_heads=4, key_dim=4, num_key_value_heads=2 if grouped else None
-    )
+    layer = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2 if grouped else None)
     full = _np(layer(sequence, use_causal_mask=True))
     decoded = _np(_decode_with_cache(layer, sequence, compiled))
     np.testing.assert_allclose(decoded, full, atol=1e-5)
@@ -443,20 +465,18 @@ def test_cross_attention_cache_matches_full_call_step_by_step():
     value = random_inputs((2, 7, 6), seed=18)
     value_mask = _padding_mask(2, 7, [7, 4])
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
-    full, full_scores = layer(
-        query, value, value_mask=value_mask, return_attention_scores=True
-    )
+    full, full_scores = layer(query, value, value_mask=value_mask, return_attention_scores=True)
     cache = layer.precompute_key_value(value)
     assert tuple(cache.shape) == (2, 2, 7, 2, 4)
     for t in range(5):
         out, scores, same_cache = layer(
-            query[:, t : t + 1], cache=cache, value_mask=value_mask,
+            query[:, t : t + 1],
+            cache=cache,
+            value_mask=value_mask,
             return_attention_scores=True,
         )
         np.testing.assert_allclose(_np(out)[:, 0], _np(full)[:, t], atol=1e-5)
-        np.testing.assert_allclose(
-            _np(scores)[:, :, 0], _np(full_scores)[:, :, t], atol=1e-5
-        )
+        np.testing.assert_allclose(_np(scores)[:, :, 0], _np(full_scores)[:, :, t], atol=1e-5)
     assert same_cache is cache
 
 
@@ -483,8 +503,10 @@ def test_cache_symbolic_shapes():
         (dict(num_heads=4, key_dim=4, num_key_value_heads=3), "num_key_value_heads=3"),
         (dict(num_heads=2, key_dim=4, memory_efficient="yes"), "memory_efficient='yes'"),
         (dict(num_heads=2, key_dim=4, block_size=0), "block_size=0"),
-        (dict(num_heads=2, key_dim=4, memory_efficient_threshold=-1),
-         "memory_efficient_threshold=-1"),
+        (
+            dict(num_heads=2, key_dim=4, memory_efficient_threshold=-1),
+            "memory_efficient_threshold=-1",
+        ),
         (dict(num_heads=2, key_dim=4, output_shape=(3, 0)), r"output_shape=\(3, 0\)"),
     ],
 )
@@ -495,7 +517,9 @@ def test_invalid_constructor_arguments_are_named(kwargs, message):
 
 def test_key_and_value_length_mismatch_is_rejected():
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
-    with pytest.raises(ValueError, match="All dimensions of `value` and `key`, except the last one, must be equal"):
+    with pytest.raises(
+        ValueError, match="All dimensions of `value` and `key`, except the last one, must be equal"
+    ):
         layer(random_inputs((1, 3, 8)), random_inputs((1, 5, 8)), random_inputs((1, 4, 8)))
 
 
@@ -555,14 +579,17 @@ def test_boolean_arguments_take_bools_only(argument, value):
 def test_from_keras_takes_layers_built_on_images():
     images = random_inputs((2, 3, 4, 6), seed=21)
     keras_layer = keras.layers.MultiHeadAttention(
-        2, 4, attention_axes=(1, 2), bias_initializer="random_normal")
+        2, 4, attention_axes=(1, 2), bias_initializer="random_normal"
+    )
     expected, scores = keras_layer(images, images, return_attention_scores=True)
     ours = MultiHeadAttention.from_keras(keras_layer)
     got, got_scores = ours(images, images, return_attention_scores=True)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(got),
-                               keras.ops.convert_to_numpy(expected), atol=1e-5)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(got_scores),
-                               keras.ops.convert_to_numpy(scores), atol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(expected), atol=1e-5
+    )
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(got_scores), keras.ops.convert_to_numpy(scores), atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("axes", [(1, 1), [2, 2, 1]])
@@ -583,10 +610,15 @@ def test_numpy_scalars_select_heads_and_rows():
     layer = MultiHeadAttention(4, 2, bias_initializer="random_normal")
     x = random_inputs((1, 6, 8), seed=22)
     _, full = layer(x, return_attention_scores=True)
-    _, part = layer(x, return_attention_scores=True, attention_scores_heads=np.int64(2),
-                    attention_scores_query_range=(np.int64(1), np.int64(4)))
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(part),
-                               keras.ops.convert_to_numpy(full)[:, 2:3, 1:4], atol=1e-6)
+    _, part = layer(
+        x,
+        return_attention_scores=True,
+        attention_scores_heads=np.int64(2),
+        attention_scores_query_range=(np.int64(1), np.int64(4)),
+    )
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(part), keras.ops.convert_to_numpy(full)[:, 2:3, 1:4], atol=1e-6
+    )
 
 
 def test_attention_mask_given_as_a_list_is_named():

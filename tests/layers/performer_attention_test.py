@@ -4,10 +4,10 @@ import keras
 import numpy as np
 import pytest
 
+from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import PerformerAttention
 from keras_attention.layers import RedrawFeatures
 from keras_attention.layers import capture_attention
-from keras_attention.layers import MultiHeadAttention
 from keras_attention.ops import favor
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test
@@ -56,8 +56,7 @@ def numpy_performer(layer, query, key_mask=None, causal=False):
 def test_matches_numpy_forward_pass_with_padding(causal):
     query = random_inputs((2, 19, 8), seed=1) * 0.5
     key_mask = np.arange(19)[None, :] < np.array([[19], [12]])
-    layer = PerformerAttention(2, 4, num_features=16, causal=causal, seed=0,
-                               chunk_size=5)
+    layer = PerformerAttention(2, 4, num_features=16, causal=causal, seed=0, chunk_size=5)
     output = layer(query, query_mask=key_mask)
     expected = numpy_performer(layer, query, key_mask, causal)
     np.testing.assert_allclose(_np(output), expected, rtol=2e-3, atol=2e-4)
@@ -125,15 +124,18 @@ def test_projection_is_drawn_from_the_seed_and_redrawn_deterministically():
 
 
 def test_redraw_callback_redraws_during_fit_and_the_projection_is_saved(tmp_path):
-    model = keras.Sequential([
-        keras.Input((6, 8)),
-        PerformerAttention(2, 4, num_features=8, seed=3, name="performer"),
-        keras.layers.Dense(1),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((6, 8)),
+            PerformerAttention(2, 4, num_features=8, seed=3, name="performer"),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer="sgd", loss="mse", jit_compile=True)
     x, y = random_inputs((8, 6, 8)), random_inputs((8, 6, 1), seed=1)
-    model.fit(x, y, batch_size=2, epochs=1, verbose=0,
-              callbacks=[RedrawFeatures(every_n_steps=2)])  # 4 steps, 2 redraws
+    model.fit(
+        x, y, batch_size=2, epochs=1, verbose=0, callbacks=[RedrawFeatures(every_n_steps=2)]
+    )  # 4 steps, 2 redraws
     layer = model.get_layer("performer")
     expected = favor.random_projection(8, 4, seed=(3, 2))
     np.testing.assert_allclose(_np(layer.projection), expected)
@@ -162,8 +164,7 @@ def test_redraw_count_is_saved_so_a_loaded_layer_redraws_onwards(tmp_path):
     for _ in range(3):
         unsaved.redraw_features()
     np.testing.assert_array_equal(_np(loaded.projection), _np(unsaved.projection))
-    np.testing.assert_allclose(
-        _np(loaded.projection), favor.random_projection(8, 4, seed=(11, 3)))
+    np.testing.assert_allclose(_np(loaded.projection), favor.random_projection(8, 4, seed=(11, 3)))
     assert int(_np(loaded.redraws)) == 3
     assert not any(w is layer.redraws for w in layer.trainable_weights)
 
@@ -184,11 +185,13 @@ def test_scores_are_the_implied_weights_and_are_captured():
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_half_precision_training_stays_finite(policy):
-    model = keras.Sequential([
-        keras.Input((24, 8)),
-        PerformerAttention(2, 4, num_features=8, causal=True, seed=0, dtype=policy),
-        keras.layers.Dense(1, dtype=policy),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((24, 8)),
+            PerformerAttention(2, 4, num_features=8, causal=True, seed=0, dtype=policy),
+            keras.layers.Dense(1, dtype=policy),
+        ]
+    )
     model.compile(optimizer="adam", loss="mse", jit_compile=True)
     x = random_inputs((4, 24, 8)) * 20.0  # large logits: stabilisation matters
     history = model.fit(x, random_inputs((4, 24, 1)), epochs=3, verbose=0)
@@ -223,14 +226,14 @@ def test_causal_cross_attention_is_rejected_eagerly_and_symbolically():
         layer(keras.Input((5, 8)), keras.Input((7, 8)))
     with pytest.raises(ValueError, match="use_causal_mask=True"):
         PerformerAttention(2, 4, num_features=8)(
-            random_inputs((1, 5, 8)), random_inputs((1, 5, 8)), use_causal_mask=True)
+            random_inputs((1, 5, 8)), random_inputs((1, 5, 8)), use_causal_mask=True
+        )
 
 
 @pytest.mark.parametrize("options", [dict(), dict(kernel="relu", orthogonal=False)])
 def test_layer_contract(tmp_path, options):
     run_layer_contract_test(
-        lambda **kwargs: PerformerAttention(2, 4, num_features=8, seed=0, **options,
-                                            **kwargs),
+        lambda **kwargs: PerformerAttention(2, 4, num_features=8, seed=0, **options, **kwargs),
         tmp_path,
         expected_cross_output_shape=(2, 5, 8),
     )
@@ -238,8 +241,9 @@ def test_layer_contract(tmp_path, options):
 
 def test_layer_contract_causal(tmp_path):
     run_layer_contract_test(
-        lambda **kwargs: PerformerAttention(2, 4, num_features=8, causal=True,
-                                            chunk_size=2, seed=0, **kwargs),
+        lambda **kwargs: PerformerAttention(
+            2, 4, num_features=8, causal=True, chunk_size=2, seed=0, **kwargs
+        ),
         tmp_path,
         cross_attention=False,
     )

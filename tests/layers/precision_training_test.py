@@ -26,12 +26,14 @@ LAYERS = {
         "attention",
     ),
     "SparseAttention": (
-        lambda: ka.SparseAttention(2, 4, block_size=2, window_blocks=1,
-                                   global_blocks=1, random_blocks=1, seed=0),
+        lambda: ka.SparseAttention(
+            2, 4, block_size=2, window_blocks=1, global_blocks=1, random_blocks=1, seed=0
+        ),
         "attention",
     ),
     "PerformerAttention": (
-        lambda: ka.PerformerAttention(2, 4, num_features=16, seed=0), "attention"
+        lambda: ka.PerformerAttention(2, 4, num_features=16, seed=0),
+        "attention",
     ),
     "LinformerAttention": (
         lambda: ka.LinformerAttention(2, 4, projected_length=2, max_length=LENGTH),
@@ -40,12 +42,8 @@ LAYERS = {
     "AttentionPooling": (lambda: ka.AttentionPooling(), "pooling"),
     "SqueezeExcitation": (lambda: ka.SqueezeExcitation(ratio=2), "feature_map"),
     "CBAM": (lambda: ka.CBAM(ratio=2, kernel_size=3), "feature_map"),
-    "TransformerEncoderBlock": (
-        lambda: ka.TransformerEncoderBlock(2, 4, 16, seed=0), "encoder"
-    ),
-    "TransformerDecoderBlock": (
-        lambda: ka.TransformerDecoderBlock(2, 4, 16, seed=0), "decoder"
-    ),
+    "TransformerEncoderBlock": (lambda: ka.TransformerEncoderBlock(2, 4, 16, seed=0), "encoder"),
+    "TransformerDecoderBlock": (lambda: ka.TransformerDecoderBlock(2, 4, 16, seed=0), "decoder"),
 }
 
 
@@ -96,7 +94,10 @@ def test_trains_under_mixed_precision_with_large_logits(name, policy):
     steps = 200
     history = model.fit(
         [np.tile(x, (steps,) + (1,) * (x.ndim - 1)), np.tile(mask, (steps, 1))],
-        np.tile(target, (steps, 1)), batch_size=BATCH, epochs=1, shuffle=False,
+        np.tile(target, (steps, 1)),
+        batch_size=BATCH,
+        epochs=1,
+        shuffle=False,
         verbose=0,
     )
     after = model.evaluate([x, mask], target, batch_size=BATCH, verbose=0)
@@ -126,9 +127,11 @@ def test_input_gradients_match_central_differences_in_float64(name):
     x, mask, _ = _data(kind, scale=1.0)
     x = x.astype("float64")
     mask[0, 0] = True  # keep the all-padded example, but not everywhere
-    cotangent = np.random.default_rng(1).standard_normal(
-        tuple(ops.shape(_apply(layer, kind, x, mask)))
-    ).astype("float32")
+    cotangent = (
+        np.random.default_rng(1)
+        .standard_normal(tuple(ops.shape(_apply(layer, kind, x, mask))))
+        .astype("float32")
+    )
 
     def forward(array):
         return _apply(layer, kind, array, mask)
@@ -143,6 +146,4 @@ def test_input_gradients_match_central_differences_in_float64(name):
     # Softmaxes and the blockwise/FAVOR+ kernels run in float32 whatever the
     # dtype (by design): a step and tolerance that float32 rounding passes.
     numeric = _central_differences(loss, x, indices, epsilon=1e-3)
-    np.testing.assert_allclose(
-        [analytic[i] for i in indices], numeric, rtol=2e-2, atol=2e-3
-    )
+    np.testing.assert_allclose([analytic[i] for i in indices], numeric, rtol=2e-2, atol=2e-3)

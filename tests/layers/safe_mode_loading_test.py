@@ -98,14 +98,22 @@ def test_a_lambda_is_refused_under_safe_mode(tmp_path):
 @pytest.mark.parametrize(
     "layer_name, argument, value, error, pattern",
     [
-        ("attention", "num_heads", -1, ValueError,
-         r"MultiHeadAttention: `num_heads`.*num_heads=-1"),
-        ("attention", "dropout", 3.0, ValueError,
-         r"MultiHeadAttention: `dropout`.*dropout=3.0"),
-        ("attention", "memory_efficient", "__import__('os')", ValueError,
-         r"MultiHeadAttention: `memory_efficient`.*__import__"),
-        ("pooling", "score", "exec", ValueError,
-         r"AttentionPooling: `score`.*'exec'"),
+        (
+            "attention",
+            "num_heads",
+            -1,
+            ValueError,
+            r"MultiHeadAttention: `num_heads`.*num_heads=-1",
+        ),
+        ("attention", "dropout", 3.0, ValueError, r"MultiHeadAttention: `dropout`.*dropout=3.0"),
+        (
+            "attention",
+            "memory_efficient",
+            "__import__('os')",
+            ValueError,
+            r"MultiHeadAttention: `memory_efficient`.*__import__",
+        ),
+        ("pooling", "score", "exec", ValueError, r"AttentionPooling: `score`.*'exec'"),
     ],
 )
 def test_a_tampered_argument_fails_naming_the_class_and_value(

@@ -2,9 +2,9 @@ import keras
 import numpy as np
 import pytest
 
+from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import SparseAttention
 from keras_attention.layers import capture_attention
-from keras_attention.layers import MultiHeadAttention
 from tests.sparse_reference import reference_attention
 from tests.sparse_reference import reference_pattern
 from tests.testing import random_inputs
@@ -18,24 +18,39 @@ def _np(x):
 def _exact_twin(layer, query, value=None, **kwargs):
     """An exact MultiHeadAttention with `layer`'s trainable weights."""
     config = {
-        k: v for k, v in layer.get_config().items()
-        if k in ("num_heads", "key_dim", "value_dim", "num_key_value_heads",
-                 "use_bias", "output_shape", "use_gate")
+        k: v
+        for k, v in layer.get_config().items()
+        if k
+        in (
+            "num_heads",
+            "key_dim",
+            "value_dim",
+            "num_key_value_heads",
+            "use_bias",
+            "output_shape",
+            "use_gate",
+        )
     }
     exact = MultiHeadAttention(memory_efficient=False, **config, **kwargs)
     exact(query, value)
-    exact.set_weights([w.numpy() if hasattr(w, "numpy") else keras.ops.convert_to_numpy(w)
-                       for w in layer.trainable_weights])
+    exact.set_weights(
+        [
+            w.numpy() if hasattr(w, "numpy") else keras.ops.convert_to_numpy(w)
+            for w in layer.trainable_weights
+        ]
+    )
     return exact
 
 
 CASES = {
     "bigbird": dict(block_size=4, window_blocks=3, global_blocks=1, random_blocks=2),
-    "longformer": dict(block_size=4, window_blocks=3, global_blocks=0,
-                       random_blocks=0, global_tokens=[0, 18]),
+    "longformer": dict(
+        block_size=4, window_blocks=3, global_blocks=0, random_blocks=0, global_tokens=[0, 18]
+    ),
     "local": dict(block_size=3, window_blocks=2, global_blocks=0, random_blocks=0),
-    "grouped": dict(block_size=4, window_blocks=1, global_blocks=1, random_blocks=3,
-                    num_key_value_heads=1),
+    "grouped": dict(
+        block_size=4, window_blocks=1, global_blocks=1, random_blocks=3, num_key_value_heads=1
+    ),
 }
 
 
@@ -47,17 +62,26 @@ def test_equals_exact_attention_under_the_equivalent_mask(case, causal):
     query = random_inputs((batch, length, 8), seed=1)
     layer = SparseAttention(num_heads=2, key_dim=4, seed=3, **options)
     padding = np.arange(length)[None, :] < np.array([[length], [20]])  # (B, T)
-    output, scores = layer(query, query_mask=padding, use_causal_mask=causal,
-                           return_attention_scores=True)
+    output, scores = layer(
+        query, query_mask=padding, use_causal_mask=causal, return_attention_scores=True
+    )
     exact = _exact_twin(layer, query)
     allowed = reference_pattern(
-        length, length, options["block_size"], options["window_blocks"],
-        options["global_blocks"], keras.ops.convert_to_numpy(layer.random_plan),
-        tuple(options.get("global_tokens") or ()), causal,
+        length,
+        length,
+        options["block_size"],
+        options["window_blocks"],
+        options["global_blocks"],
+        keras.ops.convert_to_numpy(layer.random_plan),
+        tuple(options.get("global_tokens") or ()),
+        causal,
     )
     expected, expected_scores = exact(
-        query, query_mask=padding, attention_mask=np.broadcast_to(allowed, (batch,) + allowed.shape),
-        use_causal_mask=causal, return_attention_scores=True,
+        query,
+        query_mask=padding,
+        attention_mask=np.broadcast_to(allowed, (batch,) + allowed.shape),
+        use_causal_mask=causal,
+        return_attention_scores=True,
     )
     np.testing.assert_allclose(_np(output), _np(expected), atol=1e-5)
     # Scores of padded query rows are not specified (those rows output zero).
@@ -75,9 +99,7 @@ def test_trainable_weights_are_those_of_multi_head_attention():
     assert [strip(w) for w in sparse.trainable_weights] == [
         strip(w) for w in exact.trainable_weights
     ]
-    assert [w.shape for w in sparse.trainable_weights] == [
-        w.shape for w in exact.trainable_weights
-    ]
+    assert [w.shape for w in sparse.trainable_weights] == [w.shape for w in exact.trainable_weights]
     assert [strip(w) for w in sparse.non_trainable_weights] == ["random_plan"]
 
 
@@ -90,8 +112,9 @@ def test_random_plan_comes_from_the_seed_and_survives_saving(tmp_path):
         plans.append(keras.ops.convert_to_numpy(layer.random_plan))
     np.testing.assert_array_equal(plans[0], plans[1])
     assert not np.array_equal(plans[0], plans[2])
-    model = keras.Sequential([keras.Input((40, 8)),
-                              SparseAttention(2, 4, block_size=4, global_blocks=1)])
+    model = keras.Sequential(
+        [keras.Input((40, 8)), SparseAttention(2, 4, block_size=4, global_blocks=1)]
+    )
     path = str(tmp_path / "sparse.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
@@ -146,8 +169,10 @@ def _spy_paths(monkeypatch):
     from keras_attention.ops import dense_attention
 
     ran = []
-    for owner, name, label in ((dense_attention, "dense_attention", "dense"),
-                               (block_sparse, "block_sparse_attention", "sparse")):
+    for owner, name, label in (
+        (dense_attention, "dense_attention", "dense"),
+        (block_sparse, "block_sparse_attention", "sparse"),
+    ):
         original = getattr(owner, name)
 
         def spy(*args, _original=original, _label=label, **kwargs):
@@ -161,18 +186,25 @@ def _spy_paths(monkeypatch):
 def _numpy_sparse(layer, query, allowed):
     """NumPy: our projections' weights, dense attention under `allowed`."""
     wq, bq, wk, bk, wv, bv, wo, bo = [_np(w) for w in layer.trainable_weights]
-    heads = [np.einsum("btf,fhd->bthd", query, w) + b
-             for w, b in ((wq, bq), (wk, bk), (wv, bv))]
+    heads = [np.einsum("btf,fhd->bthd", query, w) + b for w, b in ((wq, bq), (wk, bk), (wv, bv))]
     attended, weights = reference_attention(*heads, allowed)
     return np.einsum("bthd,hdo->bto", attended, wo) + bo, weights
 
 
-@pytest.mark.parametrize("causal, length, path", [
-    (False, 1, "dense"), (False, 12, "dense"), (False, 13, "sparse"),
-    (True, 1, "dense"), (True, 16, "dense"), (True, 17, "sparse"),
-])
+@pytest.mark.parametrize(
+    "causal, length, path",
+    [
+        (False, 1, "dense"),
+        (False, 12, "dense"),
+        (False, 13, "sparse"),
+        (True, 1, "dense"),
+        (True, 16, "dense"),
+        (True, 17, "sparse"),
+    ],
+)
 def test_both_sides_of_the_dense_switch_match_the_pattern_reference(
-        monkeypatch, causal, length, path):
+    monkeypatch, causal, length, path
+):
     # block 4, window 3, 1 global block: the pattern covers every key up to
     # 3 blocks (12 tokens); causal, up to 4 blocks (the window looks back 2
     # blocks and block 0 is global). One token more runs the sparse kernel.
@@ -182,11 +214,13 @@ def test_both_sides_of_the_dense_switch_match_the_pattern_reference(
     padding = np.arange(length)[None, :] < np.array([[length], [max(length - 3, 1)]])
     layer.build(query.shape)
     ran = _spy_paths(monkeypatch)
-    output, scores = layer(query, query_mask=padding, use_causal_mask=causal,
-                           return_attention_scores=True)
+    output, scores = layer(
+        query, query_mask=padding, use_causal_mask=causal, return_attention_scores=True
+    )
     assert ran == [path]
-    allowed = reference_pattern(length, length, 4, 3, 1,
-                                keras.ops.convert_to_numpy(layer.random_plan), (), causal)
+    allowed = reference_pattern(
+        length, length, 4, 3, 1, keras.ops.convert_to_numpy(layer.random_plan), (), causal
+    )
     allowed = allowed[None] & padding[:, None, :] & padding[:, :, None]
     expected, expected_scores = _numpy_sparse(layer, query, allowed)
     # A padded query row is a zero attention result: the output bias.
@@ -226,17 +260,30 @@ def test_more_global_blocks_than_the_sequence_has_is_exact_attention(monkeypatch
 def test_global_token_outside_the_sequence_and_cache_are_rejected():
     with pytest.raises(ValueError, match="global_tokens.*length 7"):
         SparseAttention(2, 4, block_size=4, global_blocks=0, global_tokens=[9])(
-            random_inputs((1, 7, 8)))
+            random_inputs((1, 7, 8))
+        )
     layer = SparseAttention(2, 4, block_size=4, global_blocks=1)
     layer(random_inputs((1, 8, 8)))
     with pytest.raises((TypeError, ValueError), match="cache"):
-        layer(random_inputs((1, 1, 8)), cache=np.zeros((1, 2, 8, 2, 4), "float32"),
-              cache_update_index=0)
+        layer(
+            random_inputs((1, 1, 8)),
+            cache=np.zeros((1, 2, 8, 2, 4), "float32"),
+            cache_update_index=0,
+        )
 
 
 def test_layer_contract(tmp_path):
     def make_layer(**kwargs):
-        return SparseAttention(2, 4, block_size=2, global_blocks=1, random_blocks=1,
-                               global_tokens=[3], dropout=0.1, seed=0, **kwargs)
+        return SparseAttention(
+            2,
+            4,
+            block_size=2,
+            global_blocks=1,
+            random_blocks=1,
+            global_tokens=[3],
+            dropout=0.1,
+            seed=0,
+            **kwargs,
+        )
 
     run_layer_contract_test(make_layer, tmp_path, expected_cross_output_shape=(2, 5, 8))

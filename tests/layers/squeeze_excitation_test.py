@@ -59,7 +59,9 @@ def test_functional_scores_have_the_symbolic_shape():
 
 @pytest.mark.parametrize("shape", [(2, 4, 8), (2, 3, 4, 4, 8)])
 def test_rejects_inputs_that_are_not_rank_4(shape):
-    with pytest.raises(ValueError, match=r"rank 4.*" + str(shape).replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ValueError, match=r"rank 4.*" + str(shape).replace("(", r"\(").replace(")", r"\)")
+    ):
         SqueezeExcitation(ratio=2)(np.zeros(shape, "float32"))
 
 

@@ -14,9 +14,7 @@ from tests.testing import run_layer_contract_test
 
 
 def make_block(**kwargs):
-    defaults = dict(
-        num_heads=2, key_dim=4, intermediate_dim=12, bias_initializer="random_normal"
-    )
+    defaults = dict(num_heads=2, key_dim=4, intermediate_dim=12, bias_initializer="random_normal")
     return TransformerDecoderBlock(**{**defaults, **kwargs})
 
 
@@ -52,16 +50,25 @@ def test_matches_numpy_forward_pass_with_the_block_weights(norm_first):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cross_attention_logits_are_the_scores_before_softmax(norm_first):
-    block = make_block(norm_first=norm_first, attention=MultiHeadAttention(
-        num_heads=2, key_dim=4, num_key_value_heads=1))
+    block = make_block(
+        norm_first=norm_first,
+        attention=MultiHeadAttention(num_heads=2, key_dim=4, num_key_value_heads=1),
+    )
     target, source = random_inputs((2, 4, 8), seed=1), random_inputs((2, 6, 10), seed=2)
     source_padding = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], bool)
-    outputs, _, cross_scores, cross_logits = to_numpy(block(
-        target, source, encoder_padding_mask=source_padding,
-        return_attention_scores=True, return_cross_attention_logits=True))
+    outputs, _, cross_scores, cross_logits = to_numpy(
+        block(
+            target,
+            source,
+            encoder_padding_mask=source_padding,
+            return_attention_scores=True,
+            return_cross_attention_logits=True,
+        )
+    )
     expected_logits = []
     expected, _, expected_cross = reference.decoder_block(
-        block, target, source, None, source_padding, cross_logits_out=expected_logits)
+        block, target, source, None, source_padding, cross_logits_out=expected_logits
+    )
     assert cross_logits.shape == (2, 2, 4, 6)
     np.testing.assert_allclose(cross_logits, expected_logits[0], atol=1e-5)
     np.testing.assert_allclose(outputs, expected, atol=1e-5)
@@ -72,16 +79,24 @@ def test_cross_attention_logits_are_the_scores_before_softmax(norm_first):
     # A cached decoding step returns the same row, before its cache.
     cache = block.initial_self_attention_cache(batch_size=2, max_length=4)
     _, _, _, step_logits, _ = block(
-        target[:, :1], self_attention_cache=cache, cache_update_index=0,
+        target[:, :1],
+        self_attention_cache=cache,
+        cache_update_index=0,
         cross_attention_cache=block.precompute_cross_attention_cache(source),
-        encoder_padding_mask=source_padding, return_attention_scores=True,
-        return_cross_attention_logits=True)
-    np.testing.assert_allclose(ops.convert_to_numpy(step_logits)[:, :, 0], cross_logits[:, :, 0], atol=1e-5)
+        encoder_padding_mask=source_padding,
+        return_attention_scores=True,
+        return_cross_attention_logits=True,
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(step_logits)[:, :, 0], cross_logits[:, :, 0], atol=1e-5
+    )
 
 
 def test_cross_attention_logits_need_a_dot_product_cross_attention():
     block = make_block()
-    with pytest.raises(ValueError, match="return_cross_attention_logits=True.*cross_attention=None"):
+    with pytest.raises(
+        ValueError, match="return_cross_attention_logits=True.*cross_attention=None"
+    ):
         block(random_inputs((1, 3, 8)), return_cross_attention_logits=True)
 
 
@@ -100,14 +115,15 @@ def test_decoder_only_block_without_encoder():
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cached_step_by_step_decoding_equals_the_full_causal_call(norm_first):
-    block = make_block(norm_first=norm_first, attention=MultiHeadAttention(
-        num_heads=2, key_dim=4, num_key_value_heads=1))
+    block = make_block(
+        norm_first=norm_first,
+        attention=MultiHeadAttention(num_heads=2, key_dim=4, num_key_value_heads=1),
+    )
     length = 5
     target, source = random_inputs((2, length, 8), seed=1), random_inputs((2, 6, 8), seed=2)
     source_padding = np.array([[1] * 6, [1, 1, 1, 0, 0, 0]], bool)
     full, full_self, full_cross = to_numpy(
-        block(target, source, encoder_padding_mask=source_padding,
-              return_attention_scores=True)
+        block(target, source, encoder_padding_mask=source_padding, return_attention_scores=True)
     )
     cache = block.initial_self_attention_cache(batch_size=2, max_length=length)
     assert tuple(cache.shape) == (2, 2, length, 1, 4)
@@ -191,7 +207,9 @@ def test_keras_masks_from_both_embeddings_are_used(tmp_path):
     model.save(path)
     loaded = keras.saving.load_model(path, safe_mode=True)
     assert loaded.get_layer("decoder").has_cross_attention
-    for a, b in zip(to_numpy(loaded([source_value, target_value])), [out, self_w, cross_w, pooled_value]):
+    for a, b in zip(
+        to_numpy(loaded([source_value, target_value])), [out, self_w, cross_w, pooled_value]
+    ):
         np.testing.assert_array_equal(a, b)
 
 
@@ -258,11 +276,20 @@ def test_rejects_inconsistent_decoding_arguments():
     with pytest.raises(ValueError, match=r"`decoder_padding_mask` must have shape.*\(1, 2\)"):
         block(target, source, decoder_padding_mask=np.ones((1, 2), bool))
     with pytest.raises(ValueError, match=r"`decoder_attention_mask` must have shape.*\(1, 1, 1\)"):
-        block(target[:, :1], self_attention_cache=cache, cache_update_index=0,
-              cross_attention_cache=cross_cache, decoder_attention_mask=np.ones((1, 1, 1), bool))
+        block(
+            target[:, :1],
+            self_attention_cache=cache,
+            cache_update_index=0,
+            cross_attention_cache=cross_cache,
+            decoder_attention_mask=np.ones((1, 1, 1), bool),
+        )
     with pytest.raises(ValueError, match="cache_update_index"):
-        block(target[:, :1], self_attention_cache=cache, cache_update_index=3,
-              cross_attention_cache=cross_cache)
+        block(
+            target[:, :1],
+            self_attention_cache=cache,
+            cache_update_index=3,
+            cross_attention_cache=cross_cache,
+        )
     decoder_only = make_block()
     decoder_only(target)
     with pytest.raises(ValueError, match="without cross-attention"):

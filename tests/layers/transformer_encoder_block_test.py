@@ -20,9 +20,7 @@ class GroupedAttentionForTests(MultiHeadAttention):
 
 
 def make_block(**kwargs):
-    defaults = dict(
-        num_heads=2, key_dim=4, intermediate_dim=12, bias_initializer="random_normal"
-    )
+    defaults = dict(num_heads=2, key_dim=4, intermediate_dim=12, bias_initializer="random_normal")
     return TransformerEncoderBlock(**{**defaults, **kwargs})
 
 
@@ -52,9 +50,7 @@ def test_keras_mask_from_embedding_is_used_and_propagated():
     model = keras.Model(tokens, [x, first_scores, second_scores, pooled])
 
     ids = np.array([[4, 7, 2, 0, 0]])
-    outputs, first, second, pooled_value = [
-        ops.convert_to_numpy(t) for t in model(ids)
-    ]
+    outputs, first, second, pooled_value = [ops.convert_to_numpy(t) for t in model(ids)]
     # Padded keys get no weight in either block: the mask reached both.
     np.testing.assert_array_equal(first[..., 3:], 0.0)
     np.testing.assert_array_equal(second[..., 3:], 0.0)
@@ -77,7 +73,9 @@ def test_attention_mask_combines_with_padding():
         inputs, padding_mask=padding, attention_mask=allowed, return_attention_scores=True
     )
     scores = ops.convert_to_numpy(scores)
-    np.testing.assert_array_equal(scores[..., ~(allowed[0] & padding[0][None] & padding[0][:, None])], 0.0)
+    np.testing.assert_array_equal(
+        scores[..., ~(allowed[0] & padding[0][None] & padding[0][:, None])], 0.0
+    )
     np.testing.assert_allclose(scores[0, :, :3].sum(-1), 1.0, atol=1e-6)
 
 
@@ -170,7 +168,9 @@ def test_rejects_bad_constructor_arguments():
         make_block(layer_norm_epsilon=0)
     with pytest.raises(TypeError, match="`attention` must be"):
         make_block(attention=keras.layers.MultiHeadAttention(num_heads=2, key_dim=4))
-    with pytest.raises(ValueError, match=r"prototype has num_heads=4 but the block has num_heads=2"):
+    with pytest.raises(
+        ValueError, match=r"prototype has num_heads=4 but the block has num_heads=2"
+    ):
         make_block(attention=MultiHeadAttention(num_heads=4, key_dim=4))
     with pytest.raises(ValueError, match=r"prototype has key_dim=8"):
         make_block(attention=MultiHeadAttention(num_heads=2, key_dim=8))

@@ -56,49 +56,77 @@ def _mha(**kwargs):
 CASES = {
     "additive": (lambda: ka.AdditiveAttention(units=6), _pair, [(3, 6), (5, 6)], True),
     "luong_dot": (lambda: ka.LuongAttention(), _pair, [(3, 6), (5, 6)], True),
-    "luong_general": (lambda: ka.LuongAttention(score_mode="general"), _pair,
-                      [(3, 6), (5, 6)], True),
-    "luong_concat": (lambda: ka.LuongAttention(score_mode="concat", units=6), _pair,
-                     [(3, 6), (5, 6)], True),
+    "luong_general": (
+        lambda: ka.LuongAttention(score_mode="general"),
+        _pair,
+        [(3, 6), (5, 6)],
+        True,
+    ),
+    "luong_concat": (
+        lambda: ka.LuongAttention(score_mode="concat", units=6),
+        _pair,
+        [(3, 6), (5, 6)],
+        True,
+    ),
     "low_rank": (lambda: ka.LowRankAttention(rank=4), _pair, [(3, 6), (5, 6)], True),
     "pooling": (lambda: ka.AttentionPooling("additive", units=6), _one, [(5, 6)], True),
     "mha": (_mha(), _self, [(6, 8)], True),
     "mha_budget": (_mha(memory_budget=1, block_size=4), _self, [(6, 8)], True),
-    "mha_memory_efficient": (_mha(memory_efficient=True, block_size=4), _self,
-                             [(6, 8)], True),
-    "mha_threshold": (_mha(memory_efficient_threshold=4, block_size=4), _self,
-                      [(6, 8)], True),
+    "mha_memory_efficient": (_mha(memory_efficient=True, block_size=4), _self, [(6, 8)], True),
+    "mha_threshold": (_mha(memory_efficient_threshold=4, block_size=4), _self, [(6, 8)], True),
     "mha_sliding_window": (_mha(sliding_window=2), _self, [(6, 8)], True),
-    "mha_gqa": (lambda: ka.MultiHeadAttention(4, 4, num_key_value_heads=2), _self,
-                [(6, 8)], True),
+    "mha_gqa": (lambda: ka.MultiHeadAttention(4, 4, num_key_value_heads=2), _self, [(6, 8)], True),
     "mha_gate_axes": (_mha(use_gate=True, attention_axes=(1, 2)), _self, [(2, 3, 8)], False),
-    "mha_scores": (_mha(), lambda layer, x: layer(x, x, return_attention_scores=True),
-                   [(6, 8)], True),
+    "mha_scores": (
+        _mha(),
+        lambda layer, x: layer(x, x, return_attention_scores=True),
+        [(6, 8)],
+        True,
+    ),
     "mha_scores_on_demand": (
         _mha(memory_efficient=True, block_size=4),
-        lambda layer, x: layer(x, x, return_attention_scores=True,
-                               attention_scores_heads=[1], attention_scores_query_range=(1, 3)),
-        [(6, 8)], False),
+        lambda layer, x: layer(
+            x,
+            x,
+            return_attention_scores=True,
+            attention_scores_heads=[1],
+            attention_scores_query_range=(1, 3),
+        ),
+        [(6, 8)],
+        False,
+    ),
     "mha_cache": (
         _mha(),
         lambda layer, x, cache: layer(x, cache=cache, cache_update_index=2),
-        [(1, 8), (2, 6, 2, 4)], False),
+        [(1, 8), (2, 6, 2, 4)],
+        False,
+    ),
     "sparse": (lambda: ka.SparseAttention(2, 4, block_size=2, seed=0), _self, [(8, 8)], False),
-    "sparse_exact": (lambda: ka.SparseAttention(2, 4, block_size=4, seed=0), _self,
-                     [(8, 8)], True),
-    "performer": (lambda: ka.PerformerAttention(2, 4, num_features=6, seed=0), _self,
-                  [(6, 8)], True),
+    "sparse_exact": (lambda: ka.SparseAttention(2, 4, block_size=4, seed=0), _self, [(8, 8)], True),
+    "performer": (
+        lambda: ka.PerformerAttention(2, 4, num_features=6, seed=0),
+        _self,
+        [(6, 8)],
+        True,
+    ),
     "performer_causal": (
         lambda: ka.PerformerAttention(2, 4, num_features=6, seed=0),
-        lambda layer, x: layer(x, use_causal_mask=True), [(6, 8)], True),
+        lambda layer, x: layer(x, use_causal_mask=True),
+        [(6, 8)],
+        True,
+    ),
     "linformer": (lambda: ka.LinformerAttention(2, 4, 4, 8), _self, [(8, 8)], False),
     "squeeze_excitation": (lambda: ka.SqueezeExcitation(ratio=1), _one, [(4, 4, 6)], False),
     "cbam": (lambda: ka.CBAM(ratio=1), _one, [(4, 4, 6)], False),
     "position_embedding": (lambda: ka.PositionEmbedding(8), _one, [(5, 6)], False),
     "sinusoidal": (lambda: ka.SinusoidalPositionEncoding(), _one, [(5, 6)], True),
     "encoder_block": (lambda: ka.TransformerEncoderBlock(2, 4, 8), _one, [(6, 8)], True),
-    "decoder_block": (lambda: ka.TransformerDecoderBlock(2, 4, 8),
-                      lambda layer, x, encoded: layer(x, encoded), [(5, 8), (6, 8)], True),
+    "decoder_block": (
+        lambda: ka.TransformerDecoderBlock(2, 4, 8),
+        lambda layer, x, encoded: layer(x, encoded),
+        [(5, 8), (6, 8)],
+        True,
+    ),
 }
 
 
@@ -108,8 +136,7 @@ def _numpy(x):
 
 def _build_and_compare(factory, call_fn, shapes, unknown_length):
     layer = factory()
-    shapes = [
-        (None,) + s[1:] if unknown_length and len(s) == 2 else s for s in shapes]
+    shapes = [(None,) + s[1:] if unknown_length and len(s) == 2 else s for s in shapes]
     inputs = [keras.Input(shape) for shape in shapes]
     outputs = Wrapper(layer, call_fn)(inputs)
     model = keras.Model(inputs, outputs)
@@ -126,9 +153,15 @@ def _build_and_compare(factory, call_fn, shapes, unknown_length):
 
 def test_every_public_layer_is_wrapped():
     covered = {type(f()).__name__ for f, *_ in CASES.values()}
-    not_layers = {"capture_attention", "RedrawFeatures", "BaseAttention", "ScoreAttention",
-                  "BaseMultiHeadAttention", "attention_memory_budget",
-                  "set_attention_memory_budget"}
+    not_layers = {
+        "capture_attention",
+        "RedrawFeatures",
+        "BaseAttention",
+        "ScoreAttention",
+        "BaseMultiHeadAttention",
+        "attention_memory_budget",
+        "set_attention_memory_budget",
+    }
     assert covered | not_layers == set(ka.layers.__all__)
 
 
@@ -159,7 +192,8 @@ def test_keras_text_classification_transformer_trains_one_epoch():
             super().__init__()
             self.att = ka.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
             self.ffn = keras.Sequential(
-                [keras.layers.Dense(ff_dim, activation="relu"), keras.layers.Dense(embed_dim)])
+                [keras.layers.Dense(ff_dim, activation="relu"), keras.layers.Dense(embed_dim)]
+            )
             self.layernorm1 = keras.layers.LayerNormalization(epsilon=1e-6)
             self.layernorm2 = keras.layers.LayerNormalization(epsilon=1e-6)
             self.dropout1 = keras.layers.Dropout(rate)

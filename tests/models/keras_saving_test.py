@@ -4,7 +4,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from translator_fixtures import train_transformer
 from translator_fixtures import train_translator
 
@@ -20,6 +19,7 @@ def trained_translator():
 @pytest.fixture(scope="module")
 def trained_transformer():
     return train_transformer()
+
 
 TEXTS = ["three one four", "nine bonjour", ""]
 
@@ -49,13 +49,17 @@ print(json.dumps(results))
 def test_translators_round_trip_through_keras_files(
     trained_translator, trained_transformer, tmp_path
 ):
-    translators = {str(tmp_path / "seq2seq.keras"): trained_translator,
-                   str(tmp_path / "transformer.keras"): trained_transformer}
+    translators = {
+        str(tmp_path / "seq2seq.keras"): trained_translator,
+        str(tmp_path / "transformer.keras"): trained_transformer,
+    }
     for path, translator in translators.items():
         translator.save(path)
     result = subprocess.run(
         [sys.executable, "-c", _LOAD, json.dumps(TEXTS), *translators],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
@@ -63,14 +67,13 @@ def test_translators_round_trip_through_keras_files(
         restored = loaded[path]
         assert restored["class"] == type(translator).__name__
         assert restored["optimizer"] == "Adam"
-        assert restored["learning_rate"] == pytest.approx(
-            float(translator.optimizer.learning_rate))
+        assert restored["learning_rate"] == pytest.approx(float(translator.optimizer.learning_rate))
         assert restored["loss"]["ignore_class"] == 0
         expected = translator.translate(TEXTS, beam_width=2)
-        assert [t["text"] for t in restored["translations"]] == [
-            e.text for e in expected]
+        assert [t["text"] for t in restored["translations"]] == [e.text for e in expected]
         assert any(e.text for e in expected)
         for got, want in zip(restored["translations"], expected):
-            np.testing.assert_allclose(np.array(got["alignment"]).reshape(
-                want.alignment.shape), want.alignment, atol=1e-6)
+            np.testing.assert_allclose(
+                np.array(got["alignment"]).reshape(want.alignment.shape), want.alignment, atol=1e-6
+            )
             assert got["score"] == pytest.approx(want.score, abs=1e-5)

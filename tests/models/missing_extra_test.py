@@ -7,7 +7,6 @@ that raises ModuleNotFoundError in the checker's fresh process.
 """
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -83,20 +82,21 @@ def test_a_module_tensorflow_text_needs_keeps_its_own_error(monkeypatch):
 
 
 SHADOW = (
-    "raise ModuleNotFoundError(\"No module named 'tensorflow_text'\", "
-    "name='tensorflow_text')\n"
+    "raise ModuleNotFoundError(\"No module named 'tensorflow_text'\", name='tensorflow_text')\n"
 )
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     import keras
+
     from keras_attention.export import export_translator
     from keras_attention.models import Seq2SeqTranslator
 
     keras.utils.set_random_seed(0)
-    translator = Seq2SeqTranslator(WORDS, WORDS, source_split="whitespace",
-                                   target_split="whitespace", units=4, embedding_dim=4)
+    translator = Seq2SeqTranslator(
+        WORDS, WORDS, source_split="whitespace", target_split="whitespace", units=4, embedding_dim=4
+    )
     path = str(tmp_path_factory.mktemp("export") / "translator")
     export_translator(translator, path, warmup_texts=["one two"])
     return path
@@ -120,7 +120,8 @@ def fresh_process_without_tensorflow_text(monkeypatch, tmp_path):
 
 
 def test_checker_says_tensorflow_text_is_missing_here(
-        exported, fresh_process_without_tensorflow_text):
+    exported, fresh_process_without_tensorflow_text
+):
     from keras_attention.export import check_servable
 
     report = check_servable(exported, verbose=0)
@@ -133,7 +134,8 @@ def test_checker_says_tensorflow_text_is_missing_here(
 
 
 def test_checker_still_flags_ops_tf_serving_would_not_have(
-        exported, fresh_process_without_tensorflow_text, monkeypatch):
+    exported, fresh_process_without_tensorflow_text, monkeypatch
+):
     from keras_attention.export import check
     from keras_attention.export import check_servable
 

@@ -38,8 +38,7 @@ def _tamper(path, edit):
 @pytest.mark.parametrize("safe_mode", [True, False])
 @pytest.mark.parametrize("score", [DENSE, NOT_A_CLASS, {"no": "class"}])
 def test_attention_pooling_refuses_a_score_of_another_class(score, safe_mode):
-    serialized = keras.saving.serialize_keras_object(
-        ka.AttentionPooling(score="general"))
+    serialized = keras.saving.serialize_keras_object(ka.AttentionPooling(score="general"))
     serialized["config"]["score"] = score
     with pytest.raises(TypeError, match=r"^AttentionPooling: `score` must be"):
         ka.AttentionPooling.from_config(serialized["config"])
@@ -50,8 +49,12 @@ def test_attention_pooling_refuses_a_score_of_another_class(score, safe_mode):
 
 @pytest.mark.parametrize("safe_mode", [True, False])
 def test_tampered_keras_file_with_a_dense_score_is_refused(tmp_path, safe_mode):
-    model = keras.Sequential([keras.Input((5, 4)), ka.AttentionPooling(
-        score=ka.LuongAttention(score="general"), name="pool")])
+    model = keras.Sequential(
+        [
+            keras.Input((5, 4)),
+            ka.AttentionPooling(score=ka.LuongAttention(score="general"), name="pool"),
+        ]
+    )
     path = str(tmp_path / "pooling.keras")
     model.save(path)
     # The untampered file loads and a nested score layer round-trips.
@@ -60,8 +63,7 @@ def test_tampered_keras_file_with_a_dense_score_is_refused(tmp_path, safe_mode):
     np.testing.assert_allclose(reloaded(x), model(x), atol=1e-6)
 
     def edit(config):
-        layer = next(l for l in config["config"]["layers"]
-                     if l["class_name"] == "AttentionPooling")
+        layer = next(l for l in config["config"]["layers"] if l["class_name"] == "AttentionPooling")
         layer["config"]["score"] = DENSE
 
     _tamper(path, edit)
@@ -75,11 +77,22 @@ def _translators():
 
     vocabulary = ["<pad>", "<unk>", "<start>", "<end>", "one", "two"]
     return [
-        Seq2SeqTranslator(vocabulary, vocabulary, units=8, embedding_dim=4,
-                          attention=ka.LuongAttention(score="general")),
-        TransformerTranslator(vocabulary, vocabulary, num_layers=1, num_heads=2,
-                              hidden_dim=8, intermediate_dim=8,
-                              attention=ka.MultiHeadAttention(2, 4)),
+        Seq2SeqTranslator(
+            vocabulary,
+            vocabulary,
+            units=8,
+            embedding_dim=4,
+            attention=ka.LuongAttention(score="general"),
+        ),
+        TransformerTranslator(
+            vocabulary,
+            vocabulary,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=8,
+            intermediate_dim=8,
+            attention=ka.MultiHeadAttention(2, 4),
+        ),
     ]
 
 
@@ -92,29 +105,29 @@ def test_translators_refuse_a_nested_attention_of_another_class(safe_mode):
         name = type(translator).__name__
         serialized = keras.saving.serialize_keras_object(translator)
         assert isinstance(serialized["config"]["attention"], dict)
-        rebuilt = keras.saving.deserialize_keras_object(serialized,
-                                                        safe_mode=safe_mode)
-        assert type(rebuilt.attention if name == "Seq2SeqTranslator" else
-                    rebuilt.decoder_blocks[0].self_attention) is type(
-            translator.attention if name == "Seq2SeqTranslator" else
-            translator.decoder_blocks[0].self_attention)
+        rebuilt = keras.saving.deserialize_keras_object(serialized, safe_mode=safe_mode)
+        assert type(
+            rebuilt.attention
+            if name == "Seq2SeqTranslator"
+            else rebuilt.decoder_blocks[0].self_attention
+        ) is type(
+            translator.attention
+            if name == "Seq2SeqTranslator"
+            else translator.decoder_blocks[0].self_attention
+        )
         # A Dense, a multi-head layer where a single-head one belongs (and the
         # reverse), a class that does not exist.
-        other = (ka.MultiHeadAttention(2, 4) if name == "Seq2SeqTranslator"
-                 else ka.LuongAttention())
-        for wrong, kind in [(DENSE, "Dense"),
-                            (keras.saving.serialize_keras_object(other),
-                             type(other).__name__),
-                            (NOT_A_CLASS, "NoSuchLayer")]:
-            tampered = {**serialized, "config": {**serialized["config"],
-                                                 "attention": wrong}}
-            with pytest.raises(TypeError,
-                               match=rf"^{name}: `attention` must be.*{kind}"):
+        other = ka.MultiHeadAttention(2, 4) if name == "Seq2SeqTranslator" else ka.LuongAttention()
+        for wrong, kind in [
+            (DENSE, "Dense"),
+            (keras.saving.serialize_keras_object(other), type(other).__name__),
+            (NOT_A_CLASS, "NoSuchLayer"),
+        ]:
+            tampered = {**serialized, "config": {**serialized["config"], "attention": wrong}}
+            with pytest.raises(TypeError, match=rf"^{name}: `attention` must be.*{kind}"):
                 type(translator).from_config(tampered["config"])
-            with pytest.raises(TypeError,
-                               match=rf"{name}: `attention` must be.*{kind}"):
-                keras.saving.deserialize_keras_object(tampered,
-                                                      safe_mode=safe_mode)
+            with pytest.raises(TypeError, match=rf"{name}: `attention` must be.*{kind}"):
+                keras.saving.deserialize_keras_object(tampered, safe_mode=safe_mode)
 
 
 def test_attention_pooling_constructor_checks_a_config_dict_too():

@@ -4,7 +4,6 @@ import sys
 import keras
 import numpy as np
 import pytest
-
 from translator_fixtures import number_pairs
 from translator_fixtures import trained_translator  # noqa: F401  (fixture)
 
@@ -21,8 +20,11 @@ def _sequence_log_prob(translator, text, tokens):
     decoder_inputs = np.array([[2] + ids[:-1]], "int32")  # 2 = <start>
     logits = keras.ops.convert_to_numpy(translator((source_ids, decoder_inputs)))[0]
     logits[:, [0, 2]] = -np.inf  # <pad> and <start> are never emitted
-    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(
-        -1, keepdims=True)) - logits.max(-1, keepdims=True)
+    log_probs = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - logits.max(-1, keepdims=True)
+    )
     return float(sum(log_probs[i, token] for i, token in enumerate(ids)))
 
 
@@ -39,8 +41,7 @@ def test_import_keras_attention_registers_translators_lazily():
         "Seq2SeqTranslator.from_texts(['a'], ['b'], units=2, embedding_dim=2)\n"
         "assert 'tensorflow_text' in sys.modules\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                            text=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
 
 
@@ -64,7 +65,9 @@ def test_step_decoder_matches_teacher_forced_call(trained_translator):
     encoder_outputs, source_mask, states = translator.encode(source_ids)
     for step in range(decoder_inputs.shape[1]):
         logits, states, weights, _ = translator.decode_step(
-            tf.constant(decoder_inputs[:, step]), states, encoder_outputs,
+            tf.constant(decoder_inputs[:, step]),
+            states,
+            encoder_outputs,
             source_mask,
         )
         np.testing.assert_allclose(logits, full_logits[:, step], atol=1e-5)
@@ -84,9 +87,7 @@ def test_greedy_equals_beam_search_with_width_one(trained_translator):
 def test_scores_are_the_log_probability_of_the_output(trained_translator):
     texts = ["three one four", "one five nine two six"]
     for beam_width in (1, 3):
-        for text, result in zip(
-            texts, trained_translator.translate(texts, beam_width=beam_width)
-        ):
+        for text, result in zip(texts, trained_translator.translate(texts, beam_width=beam_width)):
             expected = _sequence_log_prob(trained_translator, text, result.tokens)
             assert result.score == pytest.approx(expected, abs=1e-4)
 
@@ -96,8 +97,7 @@ def test_beam_never_scores_worse_than_greedy(trained_translator):
     # A half-trained model has real choices to make.
     greedy = trained_translator.translate(texts, max_length=4)
     for beam_width in (2, 4):
-        beam = trained_translator.translate(texts, beam_width=beam_width,
-                                            max_length=4)
+        beam = trained_translator.translate(texts, beam_width=beam_width, max_length=4)
         for g, b in zip(greedy, beam):
             assert b.score >= g.score - 1e-5
 
@@ -105,14 +105,12 @@ def test_beam_never_scores_worse_than_greedy(trained_translator):
 def test_length_penalty_ranks_by_normalized_score(trained_translator):
     text = "one two three"
     plain = trained_translator.translate([text], beam_width=3)[0]
-    penalized = trained_translator.translate([text], beam_width=3,
-                                             length_penalty=1.0)[0]
+    penalized = trained_translator.translate([text], beam_width=3, length_penalty=1.0)[0]
     log_prob = _sequence_log_prob(trained_translator, text, penalized.tokens)
-    assert penalized.score == pytest.approx(
-        log_prob / (len(penalized.tokens) + 1), abs=1e-4
-    )
+    assert penalized.score == pytest.approx(log_prob / (len(penalized.tokens) + 1), abs=1e-4)
     assert plain.score == pytest.approx(
-        _sequence_log_prob(trained_translator, text, plain.tokens), abs=1e-4)
+        _sequence_log_prob(trained_translator, text, plain.tokens), abs=1e-4
+    )
 
 
 def test_alignment_rows_are_attention_distributions(trained_translator):
@@ -135,8 +133,7 @@ def test_session_reproduces_translate(trained_translator):
         assert history[-1].token == "<end>"
         for i, token in enumerate(expected.tokens):
             assert history[i].index == i and history[i].token == token
-            np.testing.assert_allclose(history[i].attention,
-                                       expected.alignment[i], atol=1e-5)
+            np.testing.assert_allclose(history[i].attention, expected.alignment[i], atol=1e-5)
 
 
 def test_session_text_glues_wordpiece_as_translate_does():
@@ -145,8 +142,15 @@ def test_session_text_glues_wordpiece_as_translate_does():
     texts = ["le chat noir", "les chats noirs", "la souris grise", "les souris grises"]
     keras.utils.set_random_seed(0)
     translator = Seq2SeqTranslator.from_texts(
-        texts, texts, source_split="wordpiece", target_split="wordpiece",
-        units=8, embedding_dim=4, max_source_length=8, max_target_length=6)
+        texts,
+        texts,
+        source_split="wordpiece",
+        target_split="wordpiece",
+        units=8,
+        embedding_dim=4,
+        max_source_length=8,
+        max_target_length=6,
+    )
     session = translator.decoding_session("les chats")
     session.step(force_token="chat")
     session.step(force_token="##s")
@@ -180,8 +184,9 @@ def test_forcing_a_token_changes_what_follows(trained_translator):
     session.reset()
     assert session.history == [] and not session.done
     forced = session.step(force_token="9")
-    assert forced.token == "9" and forced.token_id == \
-        trained_translator.target_vocabulary.index("9")
+    assert forced.token == "9" and forced.token_id == trained_translator.target_vocabulary.index(
+        "9"
+    )
     assert forced.candidates[0][0] == natural[0]  # candidates ignore forcing
     following = session.step()
     session.reset()
@@ -242,14 +247,13 @@ def test_bad_input_is_handled(trained_translator):
 
 
 def test_max_length_limits_output(trained_translator):
-    result = trained_translator.translate(["one two three four five"],
-                                          max_length=2)[0]
+    result = trained_translator.translate(["one two three four five"], max_length=2)[0]
     assert len(result.tokens) == 2
     assert result.alignment.shape == (2, 5)
 
 
 def test_overlong_input_keeps_its_first_tokens(trained_translator):
-    words = "one two three four five six seven eight".split()
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
     result = trained_translator.translate(" ".join(words))[0]
     assert result.source_tokens == words[: trained_translator.max_source_length]
 
@@ -257,9 +261,7 @@ def test_overlong_input_keeps_its_first_tokens(trained_translator):
 def test_unknown_tokens_map_to_unk(trained_translator):
     import tensorflow as tf
 
-    ids, tokens = trained_translator.source_text.encode(
-        tf.constant(["one bonjour"])
-    )
+    ids, tokens = trained_translator.source_text.encode(tf.constant(["one bonjour"]))
     vocabulary = trained_translator.source_vocabulary
     assert list(ids.numpy()[0][:2]) == [vocabulary.index("one"), 1]
 
@@ -271,13 +273,22 @@ def test_every_attention_mechanism_decodes():
     from keras_attention.models.seq2seq_translator import ATTENTION_NAMES
 
     instance = LowRankAttention(rank=3)
-    expected_types = {"additive": "AdditiveAttention", "luong": "LuongAttention",
-                      "general": "LuongAttention", "concat": "LuongAttention",
-                      "low_rank": "LowRankAttention"}
+    expected_types = {
+        "additive": "AdditiveAttention",
+        "luong": "LuongAttention",
+        "general": "LuongAttention",
+        "concat": "LuongAttention",
+        "low_rank": "LowRankAttention",
+    }
     for attention in (*ATTENTION_NAMES, instance):
         translator = Seq2SeqTranslator.from_texts(
-            ["ab", "ba"], ["x", "y"], units=8, embedding_dim=4,
-            max_source_length=5, max_target_length=3, attention=attention,
+            ["ab", "ba"],
+            ["x", "y"],
+            units=8,
+            embedding_dim=4,
+            max_source_length=5,
+            max_target_length=3,
+            attention=attention,
         )
         if attention is instance:
             assert translator.attention is instance
@@ -286,8 +297,10 @@ def test_every_attention_mechanism_decodes():
         result = translator.translate(["ab"], beam_width=2)[0]
         assert result.alignment.shape == (len(result.tokens), 2)
         np.testing.assert_allclose(result.alignment.sum(axis=1), 1.0, atol=1e-5)
-    assert isinstance(Seq2SeqTranslator.from_texts(
-        ["ab"], ["x"], units=8, attention="general").attention, LuongAttention)
+    assert isinstance(
+        Seq2SeqTranslator.from_texts(["ab"], ["x"], units=8, attention="general").attention,
+        LuongAttention,
+    )
 
 
 def test_lstm_translator_with_concat_attention_trains():
@@ -295,19 +308,24 @@ def test_lstm_translator_with_concat_attention_trains():
 
     sources, targets = ["ab", "ba", "aab"], ["x", "y", "xxy"]
     translator = Seq2SeqTranslator.from_texts(
-        sources, targets, units=8, embedding_dim=4, max_source_length=5,
-        max_target_length=4, attention="concat", rnn="lstm",
+        sources,
+        targets,
+        units=8,
+        embedding_dim=4,
+        max_source_length=5,
+        max_target_length=4,
+        attention="concat",
+        rnn="lstm",
     )
     translator.compile(optimizer=keras.optimizers.Adam(0.05))
-    history = translator.fit(translator.make_dataset(sources, targets, 3),
-                             epochs=3, verbose=0)
+    history = translator.fit(translator.make_dataset(sources, targets, 3), epochs=3, verbose=0)
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
     tokens = [s.token for s in translator.decoding_session("ab").run()]
     expected = translator.translate("ab")[0].tokens
     # The session ends with <end>, or without it at max_target_length.
     assert tokens[: len(expected)] == expected
-    assert tokens[len(expected):] in ([], ["<end>"])
+    assert tokens[len(expected) :] in ([], ["<end>"])
 
 
 def test_config_round_trip_gives_the_same_translations(trained_translator):
@@ -341,10 +359,13 @@ def test_constructor_errors():
         Seq2SeqTranslator.from_texts(["a", "b"], ["c"])
 
 
-@pytest.mark.parametrize("module_name", [
-    "keras_attention.models.seq2seq_translator",
-    "keras_attention.models.alignment_chart",
-])
+@pytest.mark.parametrize(
+    "module_name",
+    [
+        "keras_attention.models.seq2seq_translator",
+        "keras_attention.models.alignment_chart",
+    ],
+)
 def test_docstring_examples(module_name):
     import doctest
     import importlib
@@ -352,4 +373,5 @@ def test_docstring_examples(module_name):
     module = importlib.import_module(module_name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted >= (
-        1 if module_name.endswith("translator") else 0)
+        1 if module_name.endswith("translator") else 0
+    )

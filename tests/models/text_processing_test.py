@@ -25,7 +25,6 @@ def test_whitespace_split():
     assert _strings(tokens) == [["le", "chat", "noir"], []]
 
 
-
 @pytest.mark.parametrize("split", ["whitespace", "wordpiece"])
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_every_unicode_space_separates_words_and_tokens_stay_utf8(split, lowercase):
@@ -37,15 +36,19 @@ def test_every_unicode_space_separates_words_and_tokens_stay_utf8(split, lowerca
 
     from keras_attention.models import text_processing
 
-    spaces = [chr(c) for c in range(sys.maxunicode + 1)
-              if unicodedata.category(chr(c)) in ("Zs", "Zl", "Zp")] + ["\x85"]
+    spaces = [
+        chr(c)
+        for c in range(sys.maxunicode + 1)
+        if unicodedata.category(chr(c)) in ("Zs", "Zl", "Zp")
+    ] + ["\x85"]
     texts = [f"ab{c}cd" for c in spaces]
     encoder = text_processing.TextEncoder(
-        list(text_processing.RESERVED_TOKENS) + ["ab", "cd", "##d", "c"],
-        split, lowercase)
+        list(text_processing.RESERVED_TOKENS) + ["ab", "cd", "##d", "c"], split, lowercase
+    )
     for text, tokens in zip(texts, encoder.tokenize(texts).to_list()):
         words = [t.decode("utf-8") for t in tokens]  # valid UTF-8
         assert words in (["ab", "cd"], ["ab", "c", "##d"]), (text, words)
+
 
 def test_vocabulary_counts_tokens_most_frequent_first():
     from keras_attention.models.text_processing import RESERVED_TOKENS
@@ -65,8 +68,9 @@ def test_vocabulary_counts_tokens_most_frequent_first():
 def test_encode_pads_truncates_and_maps_unknown_tokens():
     from keras_attention.models.text_processing import TextEncoder
 
-    encoder = TextEncoder(["<pad>", "<unk>", "<start>", "<end>", "a", "b"],
-                          split="character", max_length=4)
+    encoder = TextEncoder(
+        ["<pad>", "<unk>", "<start>", "<end>", "a", "b"], split="character", max_length=4
+    )
     ids, tokens = encoder.encode(["ab", "abzba!", ""])
     assert ids.numpy().tolist() == [[4, 5, 0, 0], [4, 5, 1, 5], [0, 0, 0, 0]]
     assert _strings(tokens)[1] == ["a", "b", "z", "b"]
@@ -101,8 +105,9 @@ def test_wordpiece_vocabulary_and_encoding_in_the_graph():
     encoder = TextEncoder(vocabulary, "wordpiece", max_length=8)
     ids, tokens = encoder.encode(["Les souris grises", "chat ü"])
     assert [[t.decode() for t in row] for row in tokens.to_list()] == [
-        ["les", "souris", "grise", "##s"], ["chat", "<unk>"]]
+        ["les", "souris", "grise", "##s"],
+        ["chat", "<unk>"],
+    ]
     assert ids.shape == (2, 8) and ids.numpy()[1, 1] == 1  # <unk>
-    assert encoder.join(tokens).numpy().tolist() == [
-        b"les souris grises", b"chat <unk>"]
+    assert encoder.join(tokens).numpy().tolist() == [b"les souris grises", b"chat <unk>"]
     assert len(build_vocabulary(texts, "wordpiece", max_tokens=10)) == 10

@@ -1,7 +1,5 @@
-import keras
 import numpy as np
 import pytest
-
 from translator_fixtures import number_pairs
 from translator_fixtures import trained_transformer  # noqa: F401  (fixture)
 
@@ -18,8 +16,7 @@ def test_cached_steps_match_the_teacher_forced_call(transformer):
 
     source_ids, _ = transformer.source_text.encode(tf.constant(["two four six"]))
     decoder_inputs = np.array([[2, 6, 9, 5, 3]], "int32")
-    logits, cross = transformer((source_ids, decoder_inputs),
-                                return_attention_scores=True)
+    logits, cross = transformer((source_ids, decoder_inputs), return_attention_scores=True)
     context, states = transformer._start_decoding(source_ids, 5)
     for step in range(5):
         step_logits, states, weights, _ = transformer._decode_step(
@@ -52,13 +49,14 @@ def test_session_reproduces_translate(transformer):
     assert session.output_tokens == expected.tokens
     for i in range(len(expected.tokens)):
         assert history[i].attention.shape == (2, 2, 3)
-        np.testing.assert_allclose(history[i].attention,
-                                   expected.alignment[:, :, i], atol=1e-5)
+        np.testing.assert_allclose(history[i].attention, expected.alignment[:, :, i], atol=1e-5)
     # The cross-attention scores before softmax: what each step's weights are the softmax of.
     scores = history[0].scores
     assert scores.shape == (2, 2, 3)
     softmax = np.exp(scores - scores.max(-1, keepdims=True))
-    np.testing.assert_allclose(softmax / softmax.sum(-1, keepdims=True), history[0].attention, atol=1e-5)
+    np.testing.assert_allclose(
+        softmax / softmax.sum(-1, keepdims=True), history[0].attention, atol=1e-5
+    )
     assert session.values.shape[:3] == (2, 2, 3)  # (layers, heads, T_in, head_dim)
     session.reset()
     assert session.step(force_token="7").token == "7"
@@ -68,8 +66,8 @@ def test_config_and_errors():
     from keras_attention.models import TransformerTranslator
 
     translator = TransformerTranslator.from_texts(
-        ["a b"], ["c"], num_layers=1, num_heads=2, hidden_dim=4,
-        intermediate_dim=8)
+        ["a b"], ["c"], num_layers=1, num_heads=2, hidden_dim=4, intermediate_dim=8
+    )
     assert translator.source_text.split == "whitespace"
     clone = TransformerTranslator.from_config(translator.get_config())
     clone.set_weights(translator.get_weights())

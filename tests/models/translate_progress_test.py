@@ -3,7 +3,6 @@
 import keras
 import numpy as np
 import pytest
-
 from translator_fixtures import number_pairs
 
 pytestmark = pytest.mark.tf_only
@@ -16,8 +15,15 @@ def translator():
     keras.utils.set_random_seed(3)
     sources, targets = zip(*number_pairs(50))
     return Seq2SeqTranslator.from_texts(
-        sources, targets, source_split="whitespace", target_split="whitespace",
-        max_source_length=6, max_target_length=7, embedding_dim=8, units=8, seed=3,
+        sources,
+        targets,
+        source_split="whitespace",
+        target_split="whitespace",
+        max_source_length=6,
+        max_target_length=7,
+        embedding_dim=8,
+        units=8,
+        seed=3,
     )
 
 
@@ -54,8 +60,9 @@ def test_verbose_two_prints_one_line_at_the_end(translator, capsys):
     assert len(lines) == 1 and "/batch" in lines[0], lines
 
 
-@pytest.mark.parametrize("argument, value", [("batch_size", 0), ("batch_size", 2.5),
-                                             ("verbose", 3), ("verbose", True)])
+@pytest.mark.parametrize(
+    "argument, value", [("batch_size", 0), ("batch_size", 2.5), ("verbose", 3), ("verbose", True)]
+)
 def test_bad_arguments_are_refused_before_decoding(translator, argument, value):
     with pytest.raises(ValueError, match=f"Seq2SeqTranslator.translate.*{argument}={value!r}"):
         translator.translate(TEXTS, **{argument: value})

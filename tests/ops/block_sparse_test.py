@@ -48,13 +48,24 @@ def test_matches_dense_attention_under_equivalent_mask(pattern, causal):
     plan = np.random.default_rng(5).integers(0, 2**20, (3, pattern["random_blocks"]))
     key_mask = np.ones((batch, tv), bool)
     key_mask[1, 29:] = False  # padding of the second example
-    allowed = reference_pattern(
-        tq, tv, bs, pattern["window_blocks"], pattern["global_blocks"], plan,
-        pattern["tokens"], causal,
-    )[None] & key_mask[:, None, :]
+    allowed = (
+        reference_pattern(
+            tq,
+            tv,
+            bs,
+            pattern["window_blocks"],
+            pattern["global_blocks"],
+            plan,
+            pattern["tokens"],
+            causal,
+        )[None]
+        & key_mask[:, None, :]
+    )
     expected, expected_weights = reference_attention(query, key, value, allowed)
     output, weights = _run(
-        query, key, value,
+        query,
+        key,
+        value,
         block_size=bs,
         window_blocks=pattern["window_blocks"],
         global_blocks=pattern["global_blocks"],
@@ -82,9 +93,15 @@ def test_cross_attention_with_different_lengths_and_attention_mask():
     allowed = reference_pattern(tq, tv, bs, 3, 1, plan, (5,)) & attention_mask
     expected, _ = reference_attention(query, key, value, allowed)
     output = _run(
-        query, key, value, block_size=bs, window_blocks=3, global_blocks=1,
+        query,
+        key,
+        value,
+        block_size=bs,
+        window_blocks=3,
+        global_blocks=1,
         random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
-        global_tokens=(5,), attention_mask=attention_mask,
+        global_tokens=(5,),
+        attention_mask=attention_mask,
     )
     np.testing.assert_allclose(output, expected, atol=1e-5)
 
@@ -93,8 +110,14 @@ def test_fully_masked_rows_are_zero_not_nan():
     query, key, value = _inputs(1, 9, 9)
     key_mask = np.zeros((1, 9), bool)
     output, weights = _run(
-        query, key, value, block_size=4, window_blocks=3, global_blocks=1,
-        key_mask=key_mask, return_weights=True,
+        query,
+        key,
+        value,
+        block_size=4,
+        window_blocks=3,
+        global_blocks=1,
+        key_mask=key_mask,
+        return_weights=True,
     )
     assert np.all(output == 0) and np.all(weights == 0)
 
@@ -109,9 +132,7 @@ def test_global_blocks_longer_than_sequence_are_ignored():
 
 def test_block_plan_counts_a_repeated_block_once():
     plan = keras.ops.convert_to_tensor(np.array([[0, 1, 1]], "int32"))
-    index, valid = block_sparse.block_plan(
-        2, 2, window_blocks=1, global_blocks=1, random_plan=plan
-    )
+    index, valid = block_sparse.block_plan(2, 2, window_blocks=1, global_blocks=1, random_plan=plan)
     index = keras.ops.convert_to_numpy(index)
     valid = keras.ops.convert_to_numpy(valid)
     for row, ok in zip(index, valid):
@@ -122,9 +143,7 @@ def test_causal_random_blocks_lie_in_the_past():
     plan = keras.ops.convert_to_tensor(
         np.random.default_rng(0).integers(0, 1000, (8, 4)).astype("int32")
     )
-    index, valid = block_sparse.block_plan(
-        8, 8, window_blocks=2, random_plan=plan, causal=True
-    )
+    index, valid = block_sparse.block_plan(8, 8, window_blocks=2, random_plan=plan, causal=True)
     index = keras.ops.convert_to_numpy(index)
     valid = keras.ops.convert_to_numpy(valid)
     for i, (row, ok) in enumerate(zip(index, valid)):
@@ -134,8 +153,14 @@ def test_causal_random_blocks_lie_in_the_past():
 def test_compiles_and_differentiates():
     query, key, value = _inputs(1, 21, 21)
     plan = keras.ops.convert_to_tensor(np.array([[3, 4]], "int32"))
-    kwargs = dict(block_size=4, window_blocks=3, global_blocks=1,
-                  random_plan=plan, global_tokens=(9,), causal=True)
+    kwargs = dict(
+        block_size=4,
+        window_blocks=3,
+        global_blocks=1,
+        random_plan=plan,
+        global_tokens=(9,),
+        causal=True,
+    )
     if keras.backend.backend() == "jax":
         import jax
 
@@ -151,7 +176,8 @@ def test_compiles_and_differentiates():
             with tf.GradientTape() as tape:
                 tape.watch(q)
                 loss = tf.reduce_sum(
-                    block_sparse.block_sparse_attention(q, key, value, **kwargs) ** 2)
+                    block_sparse.block_sparse_attention(q, key, value, **kwargs) ** 2
+                )
             return tape.gradient(loss, q)
 
         grad = grad_fn(tf.constant(query))
@@ -174,25 +200,36 @@ RECOMPUTE_CASES = [
 
 
 @pytest.mark.parametrize("pattern, causal, chunk_blocks", RECOMPUTE_CASES)
-def test_recomputing_path_matches_dense_outputs_and_gradients(
-    pattern, causal, chunk_blocks
-):
+def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, chunk_blocks):
     batch, length, bs = 2, 37, 4
     query, key, value = _inputs(batch, length, length)
     plan = np.random.default_rng(5).integers(0, 2**20, (3, pattern["random_blocks"]))
     key_mask = np.ones((batch, length), bool)
     key_mask[1, 29:] = False
-    allowed = reference_pattern(
-        length, length, bs, pattern["window_blocks"], pattern["global_blocks"],
-        plan, pattern["tokens"], causal,
-    )[None] & key_mask[:, None, :]
-    cotangent = np.random.default_rng(9).standard_normal(
-        (batch, length, 2, value.shape[-1])
-    ).astype("float32")
+    allowed = (
+        reference_pattern(
+            length,
+            length,
+            bs,
+            pattern["window_blocks"],
+            pattern["global_blocks"],
+            plan,
+            pattern["tokens"],
+            causal,
+        )[None]
+        & key_mask[:, None, :]
+    )
+    cotangent = (
+        np.random.default_rng(9)
+        .standard_normal((batch, length, 2, value.shape[-1]))
+        .astype("float32")
+    )
 
     def attend(q, k, v):
         return block_sparse.block_sparse_attention(
-            q, k, v,
+            q,
+            k,
+            v,
             block_size=bs,
             window_blocks=pattern["window_blocks"],
             global_blocks=pattern["global_blocks"],
@@ -220,8 +257,14 @@ def test_recomputing_path_gives_zero_rows_and_gradients_without_keys():
 
     def attend(q, k, v):
         return block_sparse.block_sparse_attention(
-            q, k, v, block_size=4, window_blocks=3, global_blocks=1,
-            global_tokens=(9,), key_mask=keras.ops.convert_to_tensor(key_mask),
+            q,
+            k,
+            v,
+            block_size=4,
+            window_blocks=3,
+            global_blocks=1,
+            global_tokens=(9,),
+            key_mask=keras.ops.convert_to_tensor(key_mask),
             chunk_blocks=2,
         )
 
@@ -247,8 +290,14 @@ def test_recomputing_path_runs_its_chunks_one_at_a_time_in_tf_graphs():
 
     def attend(q, k, v):
         return block_sparse.block_sparse_attention(
-            q, k, v, block_size=4, window_blocks=3, global_blocks=1,
-            global_tokens=(9,), chunk_blocks=3,
+            q,
+            k,
+            v,
+            block_size=4,
+            window_blocks=3,
+            global_blocks=1,
+            global_tokens=(9,),
+            chunk_blocks=3,
         )
 
     found = while_loop_parallelism(attend, [query, key, value])

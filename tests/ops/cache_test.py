@@ -8,7 +8,7 @@ from keras_attention.ops.cache import update_cache
 def _expected(cache, update, index):
     index = min(max(index, 0), cache.shape[2] - update.shape[2])
     out = cache.copy()
-    out[:, :, index:index + update.shape[2]] = update
+    out[:, :, index : index + update.shape[2]] = update
     return out
 
 
@@ -29,7 +29,8 @@ def _graph_ops(jit_compile):
         return update_cache(cache, update, index)
 
     graph = write.get_concrete_function(
-        tf.TensorSpec([None, 2, 6, 3, 4]), tf.TensorSpec([None, 2, 1, 3, 4]),
+        tf.TensorSpec([None, 2, 6, 3, 4]),
+        tf.TensorSpec([None, 2, 1, 3, 4]),
         tf.TensorSpec([], tf.int32),
     ).graph
     return {op.type for op in graph.get_operations()}, write

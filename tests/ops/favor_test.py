@@ -35,9 +35,7 @@ def numpy_kernel_attention(qf, kf, value, allowed):
     a = qf @ kf.transpose(0, 1, 3, 2) * allowed[:, None]
     total = a.sum(-1, keepdims=True)
     weights = np.divide(a, total, out=np.zeros_like(a), where=total > 0)
-    return (weights @ value.astype(np.float64).transpose(0, 2, 1, 3)).transpose(
-        0, 2, 1, 3
-    ), weights
+    return (weights @ value.astype(np.float64).transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3), weights
 
 
 def numpy_softmax_attention(query, key, value):
@@ -66,13 +64,17 @@ def test_linear_time_paths_match_numpy_kernel_attention(kernel, causal):
         allowed,
     )
     output = favor.favor_attention(
-        query, key, value, projection, kernel=kernel, causal=causal,
-        key_mask=key_mask, chunk_size=5,  # 23 is not a multiple of 5
+        query,
+        key,
+        value,
+        projection,
+        kernel=kernel,
+        causal=causal,
+        key_mask=key_mask,
+        chunk_size=5,  # 23 is not a multiple of 5
     )
     # The softmax stabiliser's epsilon is the only departure from the reference.
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(output), expected, rtol=2e-3, atol=2e-3
-    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, rtol=2e-3, atol=2e-3)
 
 
 def test_masked_keys_contribute_nothing():
@@ -84,10 +86,18 @@ def test_masked_keys_contribute_nothing():
     changed_key[:, 10:] = 50.0  # would dominate the max if it were not masked
     changed_value[:, 10:] = -7.0
     for causal in (False, True):
-        a = favor.favor_attention(query, key, value, projection, causal=causal,
-                                  key_mask=key_mask, chunk_size=4)
-        b = favor.favor_attention(query, changed_key, changed_value, projection,
-                                  causal=causal, key_mask=key_mask, chunk_size=4)
+        a = favor.favor_attention(
+            query, key, value, projection, causal=causal, key_mask=key_mask, chunk_size=4
+        )
+        b = favor.favor_attention(
+            query,
+            changed_key,
+            changed_value,
+            projection,
+            causal=causal,
+            key_mask=key_mask,
+            chunk_size=4,
+        )
         np.testing.assert_allclose(
             keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), atol=1e-6
         )
@@ -104,21 +114,21 @@ def test_explicit_mask_and_weights_use_the_same_features():
         attention_mask,
     )
     output, weights = favor.favor_attention(
-        query, key, value, projection, attention_mask=attention_mask,
+        query,
+        key,
+        value,
+        projection,
+        attention_mask=attention_mask,
         return_weights=True,
     )
     np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=2e-3)
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(weights), expected_weights, atol=2e-3
-    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=2e-3)
 
 
 def test_many_features_approximate_exact_softmax():
     query, key, value = _inputs(batch=1, tq=6, tv=6, dim=8)
     projection = favor.random_projection(8192, 8, orthogonal=True, seed=0)
-    _, weights = favor.favor_attention(
-        query, key, value, projection, return_weights=True
-    )
+    _, weights = favor.favor_attention(query, key, value, projection, return_weights=True)
     exact = numpy_softmax_attention(query, key, value)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), exact, atol=0.02)
     # ... and few features approximate it worse (the test above can fail).
@@ -144,13 +154,17 @@ def test_features_are_float32_and_finite_for_large_half_precision_inputs():
     projection = favor.random_projection(16, 4, seed=0)
     for causal in (False, True):
         output = favor.favor_attention(
-            query.astype("float16"), key.astype("float16"), value.astype("float16"),
-            projection, causal=causal,
+            query.astype("float16"),
+            key.astype("float16"),
+            value.astype("float16"),
+            projection,
+            causal=causal,
         )
         assert keras.backend.standardize_dtype(output.dtype) == "float16"
         assert np.all(np.isfinite(keras.ops.convert_to_numpy(output)))
     features = favor.softmax_features(
-        keras.ops.cast(query.transpose(0, 2, 1, 3), "float16"), projection,
+        keras.ops.cast(query.transpose(0, 2, 1, 3), "float16"),
+        projection,
         is_query=True,
     )
     assert keras.backend.standardize_dtype(features.dtype) == "float32"
@@ -169,8 +183,7 @@ def test_trigonometric_features_estimate_the_softmax_kernel():
 def test_unknown_kernel_is_rejected():
     query, key, value = _inputs()
     with pytest.raises(ValueError, match="kernel='cosine'"):
-        favor.favor_attention(query, key, value, np.ones((4, 4), "float32"),
-                              kernel="cosine")
+        favor.favor_attention(query, key, value, np.ones((4, 4), "float32"), kernel="cosine")
 
 
 def test_causal_path_compiles_and_differentiates():
@@ -192,7 +205,8 @@ def test_causal_path_compiles_and_differentiates():
             with tf.GradientTape() as tape:
                 tape.watch(q)
                 loss = tf.reduce_sum(
-                    favor.favor_attention(q, key, value, projection, **kwargs) ** 2)
+                    favor.favor_attention(q, key, value, projection, **kwargs) ** 2
+                )
             return tape.gradient(loss, q)
 
         grad = grad_fn(tf.constant(query))
@@ -221,9 +235,7 @@ def _plain_softmax_favor(query, key, value, projection, key_mask, epsilon=1e-6):
     kp, k_half = projected(key)
     valid = ops.convert_to_tensor(key_mask)[:, None, :, None]
     q_shift = ops.stop_gradient(ops.max(qp, axis=-1, keepdims=True))
-    k_shift = ops.stop_gradient(
-        ops.max(ops.where(valid, kp, -1e30), axis=(2, 3), keepdims=True)
-    )
+    k_shift = ops.stop_gradient(ops.max(ops.where(valid, kp, -1e30), axis=(2, 3), keepdims=True))
     qf = (ops.exp(qp - q_half - q_shift) + epsilon) / math.sqrt(m)
     kf = (ops.exp(kp - k_half - k_shift) + epsilon) / math.sqrt(m)
     kf = kf * ops.cast(valid, kf.dtype)
@@ -241,10 +253,10 @@ def test_chunked_softmax_path_matches_plain_outputs_and_gradients(tq, tv, chunk)
     query, key, value = _inputs(tq=tq, tv=tv, scale=1.0)
     projection = favor.random_projection(16, 4, orthogonal=True, seed=3)
     key_mask = np.ones((2, tv), bool)
-    key_mask[1, tv - 6:] = False
-    cotangent = np.random.default_rng(4).standard_normal(
-        (2, tq, 2, value.shape[-1])
-    ).astype("float32")
+    key_mask[1, tv - 6 :] = False
+    cotangent = (
+        np.random.default_rng(4).standard_normal((2, tq, 2, value.shape[-1])).astype("float32")
+    )
 
     def chunked(q, k, v):
         return favor.favor_attention(
@@ -279,9 +291,7 @@ def test_chunked_softmax_path_runs_its_chunks_one_at_a_time_in_tf_graphs():
     query, key, value = _inputs(tq=23, tv=31)
     projection = favor.random_projection(16, 4, seed=3)
     found = while_loop_parallelism(
-        lambda q, k, v: favor.favor_attention(
-            q, k, v, projection, feature_chunk_size=8
-        ),
+        lambda q, k, v: favor.favor_attention(q, k, v, projection, feature_chunk_size=8),
         [query, key, value],
     )
     # Forward: key stabiliser, key sums, queries; backward: queries, keys.

@@ -8,11 +8,11 @@ finite number there, queries from `j` on are NaN.
 import numpy as np
 import pytest
 from keras import ops
+from sparse_reference import reference_attention
 
 from keras_attention.ops import block_sparse
 from keras_attention.ops import favor
 from keras_attention.ops.memory_efficient import memory_efficient_attention
-from sparse_reference import reference_attention
 
 LENGTH, HIDDEN = 6, 3
 
@@ -33,7 +33,11 @@ KERNELS = {
         q, k, v, block_size=LENGTH, window_blocks=1, causal=True
     ),
     "favor": lambda q, k, v: favor.favor_attention(
-        q, k, v, favor.random_projection(8, 4, seed=0), causal=True,
+        q,
+        k,
+        v,
+        favor.random_projection(8, 4, seed=0),
+        causal=True,
         chunk_size=LENGTH,
     ),
 }

@@ -34,12 +34,14 @@ def test_matches_numpy_reference_with_padding():
         query, key, value, e, f, key_mask=key_mask, return_weights=True
     )
     np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-5
-    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-5)
     # The implied weights reproduce the output from the original values.
     np.testing.assert_allclose(
-        np.einsum("bhqt,bthd->bqhd", keras.ops.convert_to_numpy(weights),
-                  value * key_mask[:, :, None, None]),
-        expected, atol=1e-5,
+        np.einsum(
+            "bhqt,bthd->bqhd",
+            keras.ops.convert_to_numpy(weights),
+            value * key_mask[:, :, None, None],
+        ),
+        expected,
+        atol=1e-5,
     )

@@ -18,9 +18,7 @@ def test_sequential_fori_loop_matches_fori_loop():
         np.testing.assert_allclose(
             keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want)
         )
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(result[1]), [0, 1, 5, 14, 30]
-    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(result[1]), [0, 1, 5, 14, 30])
 
 
 @pytest.mark.tf_only

@@ -21,12 +21,8 @@ def test_masked_softmax_matches_numpy():
 def test_fully_masked_rows_are_zero_not_nan(dtype):
     scores = ops.cast(np.full((1, 2, 5), 60000.0, "float32"), dtype)
     mask = np.array([[[False] * 5, [True, False, True, False, False]]])
-    weights = ops.convert_to_numpy(
-        ops.cast(masking.masked_softmax(scores, mask), "float32")
-    )
-    assert keras.backend.standardize_dtype(
-        masking.masked_softmax(scores, mask).dtype
-    ) == dtype
+    weights = ops.convert_to_numpy(ops.cast(masking.masked_softmax(scores, mask), "float32"))
+    assert keras.backend.standardize_dtype(masking.masked_softmax(scores, mask).dtype) == dtype
     assert np.all(np.isfinite(weights))
     np.testing.assert_array_equal(weights[0, 0], np.zeros(5))
     np.testing.assert_allclose(weights[0, 1], [0.5, 0, 0.5, 0, 0], atol=1e-2)

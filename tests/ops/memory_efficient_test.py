@@ -66,8 +66,11 @@ _CASES = [
 @pytest.mark.parametrize(
     "case, block_size, logits",
     [case + ("bounded",) for case in _CASES]
-    + [(case, 4, logits) for case in ("plain", "attention_mask", "causal_padding_grouped")
-       for logits in ("large", "mixed")],
+    + [
+        (case, 4, logits)
+        for case in ("plain", "attention_mask", "causal_padding_grouped")
+        for logits in ("large", "mixed")
+    ],
 )
 def test_matches_numpy_reference_values_and_gradients(case, block_size, logits):
     q_len, k_len = (7, 13) if case == "causal_cross_lengths" else (11, 11)
@@ -132,8 +135,10 @@ def test_half_precision_inputs_are_computed_in_float32(dtype):
     q = q * 30
     mask = np.tril(np.ones((9, 9), bool))[None]
     expected, _ = _reference(
-        *(np.asarray(ops.convert_to_numpy(ops.cast(ops.cast(a, dtype), "float32")))
-          for a in (q, k, v)),
+        *(
+            np.asarray(ops.convert_to_numpy(ops.cast(ops.cast(a, dtype), "float32")))
+            for a in (q, k, v)
+        ),
         mask,
         np.zeros((1, 9, 2, 6), "float32"),
     )

@@ -54,19 +54,26 @@ def _compiled(fn):
     return fn
 
 
-CASES = ["plain", "key_padding", "query_mask", "attention_mask", "causal_cross_lengths",
-         "causal_padding_grouped"]
+CASES = [
+    "plain",
+    "key_padding",
+    "query_mask",
+    "attention_mask",
+    "causal_cross_lengths",
+    "causal_padding_grouped",
+]
 
 
-@pytest.mark.parametrize("logits, compiled", [("moderate", False), ("moderate", True),
-                                               ("large", True)])
+@pytest.mark.parametrize(
+    "logits, compiled", [("moderate", False), ("moderate", True), ("large", True)]
+)
 @pytest.mark.parametrize("case", CASES)
 def test_matches_numpy_values_and_gradients(case, compiled, logits):
     (q, k, v, d_out), mask, dense_mask = _case(case, logits)
     expected, expected_grads = _reference(q, k, v, dense_mask, d_out)
 
     def attend(q, k, v):
-        return dense_attention.shifted_attention(q, k, v, mask, scale=8 ** -0.5)
+        return dense_attention.shifted_attention(q, k, v, mask, scale=8**-0.5)
 
     fn = _compiled(attend) if compiled else attend
     out = ops.convert_to_numpy(fn(q, k, v))
@@ -84,7 +91,7 @@ def test_rows_without_keys_give_zero_output_and_finite_zero_gradients():
     mask = attention_masks.AttentionMask(key_mask=key_mask)
 
     def attend(q, k, v):
-        return dense_attention.shifted_attention(q, k, v, mask, scale=8 ** -0.5)
+        return dense_attention.shifted_attention(q, k, v, mask, scale=8**-0.5)
 
     fn = _compiled(attend)
     out = ops.convert_to_numpy(fn(q, k, v))
@@ -104,11 +111,13 @@ def test_half_precision_runs_in_float32_and_keeps_the_dtype(dtype):
     key_mask = np.ones((1, 9), bool)
     key_mask[0, 0] = False  # row 0 then sees nothing: zeros, not NaN
     mask = attention_masks.AttentionMask(causal=True, key_mask=key_mask)
-    rounded = [np.asarray(ops.convert_to_numpy(ops.cast(ops.cast(a, dtype), "float32")))
-               for a in (q, k, v)]
+    rounded = [
+        np.asarray(ops.convert_to_numpy(ops.cast(ops.cast(a, dtype), "float32"))) for a in (q, k, v)
+    ]
     expected, _ = _reference(*rounded, causal & key_mask[:, None], np.zeros((1, 9, 2, 6)))
-    out = _compiled(lambda q, k, v: dense_attention.shifted_attention(
-        q, k, v, mask, scale=8 ** -0.5))(*(ops.cast(a, dtype) for a in (q, k, v)))
+    out = _compiled(
+        lambda q, k, v: dense_attention.shifted_attention(q, k, v, mask, scale=8**-0.5)
+    )(*(ops.cast(a, dtype) for a in (q, k, v)))
     assert keras.backend.standardize_dtype(out.dtype) == dtype
     out = ops.convert_to_numpy(ops.cast(out, "float32"))
     assert np.all(np.isfinite(out))

@@ -39,8 +39,11 @@ def _import_warnings(site):
 def test_the_2019_package_installed_alongside_is_reported(tmp_path):
     _fake_distribution(
         tmp_path,
-        ["keras_attention/__init__.py", "keras_attention/self_attention.py",
-         "keras_attention/settings.py"],
+        [
+            "keras_attention/__init__.py",
+            "keras_attention/self_attention.py",
+            "keras_attention/settings.py",
+        ],
     )
     message = _import_warnings(tmp_path)
     assert "pip uninstall keras-attention" in message, message
@@ -49,5 +52,7 @@ def test_the_2019_package_installed_alongside_is_reported(tmp_path):
 
 def test_a_distribution_of_that_name_without_its_files_is_not_reported(tmp_path):
     # Our own releases before the rename were called keras-attention too.
-    _fake_distribution(tmp_path, ["keras_attention/__init__.py", "keras_attention/layers/__init__.py"])
+    _fake_distribution(
+        tmp_path, ["keras_attention/__init__.py", "keras_attention/layers/__init__.py"]
+    )
     assert _import_warnings(tmp_path).strip() == ""

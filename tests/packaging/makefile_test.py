@@ -15,10 +15,15 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 
 def dry_run(target):
-    result = subprocess.run(["make", "--no-print-directory", "-n", "-B", target], cwd=ROOT, capture_output=True,
-                            text=True, timeout=60, check=True,
-                            env={k: v for k, v in os.environ.items()
-                                 if k != "TF_CPP_MIN_LOG_LEVEL"})
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-B", target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"},
+    )
     return result.stdout
 
 
@@ -26,11 +31,24 @@ def recipe_environment(tmp_path):
     """The environment the Makefile gives its recipes (one added target prints it)."""
     probe = tmp_path / "probe.mk"
     probe.write_text("print-environment:\n\t@env\n")
-    result = subprocess.run(["make", "--no-print-directory", "-s", "-f", "Makefile", "-f", str(probe),
-                             "print-environment"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=60, check=True,
-                            env={k: v for k, v in os.environ.items()
-                                 if k != "TF_CPP_MIN_LOG_LEVEL"})
+    result = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "-s",
+            "-f",
+            "Makefile",
+            "-f",
+            str(probe),
+            "print-environment",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"},
+    )
     return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
 
 

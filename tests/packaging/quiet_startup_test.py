@@ -30,8 +30,11 @@ KEPT = [
 
 
 def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TF_CPP_MIN_LOG_LEVEL", _quiet.ENV_VARIABLE)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TF_CPP_MIN_LOG_LEVEL", _quiet.ENV_VARIABLE)
+    }
     env["PYTHONPATH"] = ROOT
     env.setdefault("KERAS_BACKEND", "tensorflow")
     env.update(extra)
@@ -39,8 +42,11 @@ def clean_env(**extra):
 
 
 def tensorflow_log_lines(text):
-    return [line for line in text.splitlines() if _quiet.is_startup_noise(line)
-            or _quiet._LOG_LINE.match(line)]
+    return [
+        line
+        for line in text.splitlines()
+        if _quiet.is_startup_noise(line) or _quiet._LOG_LINE.match(line)
+    ]
 
 
 @pytest.mark.parametrize("line", NOISE)
@@ -75,8 +81,14 @@ PROBE = (
 
 
 def run_probe(env, module="keras_attention"):
-    return subprocess.run([sys.executable, "-c", PROBE.format(module=module)], env=env,
-                          capture_output=True, text=True, timeout=300, check=True)
+    return subprocess.run(
+        [sys.executable, "-c", PROBE.format(module=module)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
 
 
 def test_importing_the_library_changes_no_global_logging():
@@ -99,7 +111,10 @@ def test_the_environment_switch_hides_the_block_and_keeps_other_output():
 def test_check_command_starts_quiet(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "keras_attention.export", "check", str(tmp_path / "missing")],
-        env=clean_env(), capture_output=True, text=True, timeout=300,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 2, result.stderr
     assert "is not a SavedModel" in result.stderr
@@ -116,12 +131,24 @@ LATE = (
 
 
 def test_the_switch_after_keras_warns_exactly_once():
-    late = subprocess.run([sys.executable, "-c", LATE], env=clean_env(**{_quiet.ENV_VARIABLE: "1"}),
-                          capture_output=True, text=True, timeout=300, check=True)
+    late = subprocess.run(
+        [sys.executable, "-c", LATE],
+        env=clean_env(**{_quiet.ENV_VARIABLE: "1"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     assert late.stderr.count(_quiet.LATE_WARNING) == 1, late.stderr
     assert "RuntimeWarning" in late.stderr and "imported" in late.stdout
     # Without the switch, or with TensorFlow's own level already at 3: no warning.
     for env in (clean_env(), clean_env(**{_quiet.ENV_VARIABLE: "1", "TF_CPP_MIN_LOG_LEVEL": "3"})):
-        plain = subprocess.run([sys.executable, "-c", LATE], env=env, capture_output=True,
-                               text=True, timeout=300, check=True)
+        plain = subprocess.run(
+            [sys.executable, "-c", LATE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
         assert _quiet.ENV_VARIABLE not in plain.stderr, plain.stderr

@@ -44,7 +44,7 @@ def test_floor_is_the_lowest_tested_release(name):
     floors = [Version(s.version) for s in requirement.specifier if s.operator == ">="]
     assert len(floors) == 1, requirement
     # `>=3.14` for a 3.14.0 pin (any patch of the minor), `>=0.4.38` for 0.4.38.
-    assert floors[0].release == pin.release[:len(floors[0].release)], (requirement, pin)
+    assert floors[0].release == pin.release[: len(floors[0].release)], (requirement, pin)
     assert requirement.specifier.contains(pin), (requirement, pin)
     assert any(s.operator == "<" for s in requirement.specifier), f"{requirement}: no ceiling"
 
@@ -52,7 +52,8 @@ def test_floor_is_the_lowest_tested_release(name):
 def test_tensorflow_text_spans_the_same_minors_as_tensorflow():
     requirements = declared()
     assert str(requirements["tensorflow-text"].specifier) == str(
-        requirements["tensorflow"].specifier)
+        requirements["tensorflow"].specifier
+    )
 
 
 @pytest.mark.parametrize("name", RANGED)

@@ -10,8 +10,8 @@ import re
 import shutil
 import subprocess
 import sys
-import zipfile
 import tarfile
+import zipfile
 
 import pytest
 
@@ -25,9 +25,12 @@ PENDING_GUIDES = {"docs/guides/migration.md"}
 
 
 def _tracked_files():
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                            check=True).stdout.decode()
-    return [path for path in listed.split("\0") if path and os.path.isfile(os.path.join(ROOT, path))]
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    return [
+        path for path in listed.split("\0") if path and os.path.isfile(os.path.join(ROOT, path))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +40,15 @@ def built(tmp_path_factory):
         os.makedirs(os.path.dirname(source / path), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, path), source / path)
     out = tmp_path_factory.mktemp("dist")
-    result = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(source)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    wheel, = [out / name for name in os.listdir(out) if name.endswith(".whl")]
-    sdist, = [out / name for name in os.listdir(out) if name.endswith(".tar.gz")]
+    (wheel,) = [out / name for name in os.listdir(out) if name.endswith(".whl")]
+    (sdist,) = [out / name for name in os.listdir(out) if name.endswith(".tar.gz")]
     assert wheel.name.startswith(DISTRIBUTION + "-") and sdist.name.startswith(DISTRIBUTION + "-")
     return {"source": source, "wheel": wheel, "sdist": sdist}
 
@@ -55,29 +62,37 @@ def test_wheel_holds_every_package_file(built):
     assert not {n for n in names if n.startswith(("tests/", "examples/", "benchmarks/"))}
     entry_points = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     with zipfile.ZipFile(built["wheel"]) as wheel:
-        assert "keras-attention = keras_attention.export.__main__:main" in wheel.read(
-            entry_points[0]).decode()
+        assert (
+            "keras-attention = keras_attention.export.__main__:main"
+            in wheel.read(entry_points[0]).decode()
+        )
 
 
 def _apache_license_text(text):
     # The full Apache-2.0 text, not a stub or the metadata's one word.
-    return ("Apache License" in text and "Version 2.0, January 2004" in text
-            and "END OF TERMS AND CONDITIONS" in text and len(text) > 10000)
+    return (
+        "Apache License" in text
+        and "Version 2.0, January 2004" in text
+        and "END OF TERMS AND CONDITIONS" in text
+        and len(text) > 10000
+    )
 
 
 def test_wheel_and_sdist_hold_the_license(built):
     license_text = open(os.path.join(ROOT, "LICENSE"), encoding="utf-8").read()
     assert _apache_license_text(license_text)
     with zipfile.ZipFile(built["wheel"]) as wheel:
-        shipped = [n for n in wheel.namelist()
-                   if ".dist-info/" in n and n.rsplit("/", 1)[-1] == "LICENSE"]
+        shipped = [
+            n for n in wheel.namelist() if ".dist-info/" in n and n.rsplit("/", 1)[-1] == "LICENSE"
+        ]
         assert shipped, wheel.namelist()
         assert wheel.read(shipped[0]).decode() == license_text
-        metadata, = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+        (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
         assert "License-File: LICENSE" in wheel.read(metadata).decode()
     with tarfile.open(built["sdist"]) as sdist:
-        member, = [m for m in sdist.getmembers() if m.name.count("/") == 1
-                   and m.name.endswith("/LICENSE")]
+        (member,) = [
+            m for m in sdist.getmembers() if m.name.count("/") == 1 and m.name.endswith("/LICENSE")
+        ]
         assert sdist.extractfile(member).read().decode() == license_text
 
 
@@ -87,8 +102,9 @@ def test_sdist_holds_what_the_readme_points_to(built):
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     # Paths the README names: links and `code` spans that are files of the checkout.
     mentioned = set(re.findall(r"\]\(([^)#:]+)\)", readme))
-    mentioned |= {p for p in re.findall(r"`([\w./-]+)`", readme)
-                  if os.path.isfile(os.path.join(ROOT, p))}
+    mentioned |= {
+        p for p in re.findall(r"`([\w./-]+)`", readme) if os.path.isfile(os.path.join(ROOT, p))
+    }
     mentioned |= {p for p in _tracked_files() if p.startswith("examples/")}
     mentioned |= {p for p in _tracked_files() if p.startswith("docs/guides/")}
     assert {"LICENSE", "CONTRIBUTING.md", "docs/guides/long-sequences.md"} <= mentioned
@@ -100,17 +116,22 @@ def test_sdist_holds_what_the_readme_points_to(built):
 
 
 def _venv_env():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", _quiet.ENV_VARIABLE)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", _quiet.ENV_VARIABLE)
+    }
     env["KERAS_BACKEND"] = "tensorflow"
     return env
 
 
 def _run(command, cwd, timeout=600, expect=0):
-    result = subprocess.run(command, cwd=cwd, env=_venv_env(), capture_output=True,
-                            text=True, timeout=timeout)
+    result = subprocess.run(
+        command, cwd=cwd, env=_venv_env(), capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == expect, (
-        f"{command} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        f"{command} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
     return result
 
 
@@ -149,6 +170,7 @@ def _readme_first_example():
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     return re.findall(r"```python\n(.*?)```", readme, flags=re.S)[0]
 
+
 WIDGET_IMPORT = (
     "from keras_attention.widgets import AttentionExplorer, DecodingStepper, "
     "LiveAttention, export_html; print('widgets ok')"
@@ -168,20 +190,52 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(built, tmp_path):
     assert example.stdout.splitlines()[-1] == "(2, 1)", example.stdout
 
     # The console script, beside `python -m keras_attention.export check`.
-    missing = _run([str(venv / "bin" / "keras-attention"), "check", str(tmp_path / "none")],
-                   cwd=tmp_path, expect=2)
+    missing = _run(
+        [str(venv / "bin" / "keras-attention"), "check", str(tmp_path / "none")],
+        cwd=tmp_path,
+        expect=2,
+    )
     assert "is not a SavedModel" in missing.stderr
 
     _run(pip + ["install", "-q", f"{wheel}[text,widgets]"], cwd=tmp_path)
     assert "widgets ok" in _run([python, "-c", WIDGET_IMPORT], cwd=tmp_path).stdout
     demo = tmp_path / "demo"
     example = str(built["source"] / "examples" / "date_translation.py")
-    _run([python, example, "--train-size", "300", "--test-size", "10", "--epochs", "1",
-          "--units", "8", "--embedding-dim", "4", "--min-accuracy", "0", "--examples", "1",
-          "--output-dir", str(demo)], cwd=tmp_path)
-    check = _run([str(venv / "bin" / "keras-attention"), "check", str(demo / "saved_model"),
-                  "--verbose", "0"], cwd=tmp_path)
+    _run(
+        [
+            python,
+            example,
+            "--train-size",
+            "300",
+            "--test-size",
+            "10",
+            "--epochs",
+            "1",
+            "--units",
+            "8",
+            "--embedding-dim",
+            "4",
+            "--min-accuracy",
+            "0",
+            "--examples",
+            "1",
+            "--output-dir",
+            str(demo),
+        ],
+        cwd=tmp_path,
+    )
+    check = _run(
+        [
+            str(venv / "bin" / "keras-attention"),
+            "check",
+            str(demo / "saved_model"),
+            "--verbose",
+            "0",
+        ],
+        cwd=tmp_path,
+    )
     assert "servable by TF Serving" in check.stdout, check.stdout
-    logged = [line for line in (check.stdout + check.stderr).splitlines()
-              if _quiet.is_startup_noise(line)]
+    logged = [
+        line for line in (check.stdout + check.stderr).splitlines() if _quiet.is_startup_noise(line)
+    ]
     assert logged == [], logged

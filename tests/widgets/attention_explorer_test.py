@@ -32,13 +32,19 @@ def test_layer_and_head_choices_switch_the_detail_data(fake_comm):
     np.testing.assert_allclose(explorer.detail_matrix, reference_weights(x, 4)[1, 3], rtol=1e-5)
     explorer.layer_choice.value = "luong"
     _, luong = model.get_layer("luong")(x, return_attention_scores=True)
-    np.testing.assert_allclose(explorer.detail_matrix, keras.ops.convert_to_numpy(luong)[1], rtol=1e-5)
+    np.testing.assert_allclose(
+        explorer.detail_matrix, keras.ops.convert_to_numpy(luong)[1], rtol=1e-5
+    )
     assert explorer.detail_source.data["x_token"][:5] == list("abcde")
 
 
 def thumbnail(explorer, layer, head):
     data = explorer.model_view_source.data
-    return [i for i, (name, h) in enumerate(zip(data["layer"], data["head"])) if (name, h) == (layer, head)][0]
+    return [
+        i
+        for i, (name, h) in enumerate(zip(data["layer"], data["head"]))
+        if (name, h) == (layer, head)
+    ][0]
 
 
 def test_the_model_view_shows_every_layer_and_head_with_one_colour_bar(fake_comm):
@@ -48,7 +54,11 @@ def test_the_model_view_shows_every_layer_and_head_with_one_colour_bar(fake_comm
     explorer = AttentionExplorer(make_model(), x)
     data = explorer.model_view_source.data
     assert list(zip(data["layer"], data["head"])) == [
-        ("two_heads", 0), ("two_heads", 1), *(("four_heads", h) for h in range(4)), ("luong", 0)]
+        ("two_heads", 0),
+        ("two_heads", 1),
+        *(("four_heads", h) for h in range(4)),
+        ("luong", 0),
+    ]
     images = explorer.model_view_figure.select_one({"name": "model_view_images"}).data["image"]
     expected = [*reference_weights(x, 2)[0], *reference_weights(x, 4)[0]]
     for image, head in zip(images, expected):
@@ -87,7 +97,10 @@ def test_the_head_view_lists_the_windows_tokens_and_reads_the_detail(fake_comm):
     explorer.focus_token(3, side="key")
     assert explorer.token_source.selected.indices == [8]
     # Laid out for its tokens from the start (the page's first draw uses this state).
-    assert (explorer.head_view_figure.y_range.start, explorer.head_view_figure.y_range.end) == (4.5, -0.5)
+    assert (explorer.head_view_figure.y_range.start, explorer.head_view_figure.y_range.end) == (
+        4.5,
+        -0.5,
+    )
     with pytest.raises(ValueError, match="no query token at window position 7"):
         explorer.focus_token(7)
 
@@ -128,14 +141,20 @@ def test_a_long_input_window_is_shown_honestly(fake_comm):
     window = reference_weights(x, 2)[0].mean(axis=0)[200:264, 0:64]
     # Axes read the absolute positions of the window.
     y_axis = explorer.detail_figure.yaxis[0]
-    assert y_axis.major_label_overrides[0] == "200" and y_axis.major_label_overrides[y_axis.ticker.ticks[-1]] \
-        == str(200 + y_axis.ticker.ticks[-1])
+    assert y_axis.major_label_overrides[0] == "200" and y_axis.major_label_overrides[
+        y_axis.ticker.ticks[-1]
+    ] == str(200 + y_axis.ticker.ticks[-1])
     # Colours span the window's weights (~1/300 here), not 0-1.
     mapper = explorer.detail_figure.select_one({"type": LinearColorMapper})
     assert mapper.high == pytest.approx(window.max(), rel=1e-5) and mapper.high < 0.1
     # The overview has a colour bar and outlines the window.
     assert explorer.overview_figure.select_one({"type": ColorBar}) is not None
-    assert dict(explorer.window_source.data) == {"left": [-0.5], "right": [63.5], "top": [199.5], "bottom": [263.5]}
+    assert dict(explorer.window_source.data) == {
+        "left": [-0.5],
+        "right": [63.5],
+        "top": [199.5],
+        "bottom": [263.5],
+    }
     # The toolbar sits below the plot, not on the title's line.
     assert explorer.detail_figure.toolbar_location == "below"
 
@@ -161,7 +180,9 @@ def test_model_without_attention_layers_is_rejected(fake_comm):
 
 
 def test_inputs_the_model_cannot_take_are_rejected(fake_comm):
-    with pytest.raises(ValueError, match=r"calling Functional .* failed.*Received: inputs of shape \(1, 5, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"calling Functional .* failed.*Received: inputs of shape \(1, 5, 3\)"
+    ):
         AttentionExplorer(make_model(), np.ones((1, 5, 3), "float32"))
 
 
@@ -170,31 +191,41 @@ def test_example_outside_the_batch_is_rejected(fake_comm):
         AttentionExplorer(make_model(), np.ones((2, 5, 8), "float32"), example=2)
 
 
-
-@pytest.mark.parametrize("argument, value, error", [
-    ("query_tokens", 5, TypeError), ("key_tokens", "abcde", TypeError),
-    ("query_tokens", ["a", 1, "c", "d", "e"], TypeError),
-    ("example", -1, ValueError), ("example", 1.0, ValueError),
-])
-def test_bad_arguments_are_refused_naming_them_before_the_call(fake_comm, monkeypatch,
-                                                               argument, value, error):
+@pytest.mark.parametrize(
+    "argument, value, error",
+    [
+        ("query_tokens", 5, TypeError),
+        ("key_tokens", "abcde", TypeError),
+        ("query_tokens", ["a", 1, "c", "d", "e"], TypeError),
+        ("example", -1, ValueError),
+        ("example", 1.0, ValueError),
+    ],
+)
+def test_bad_arguments_are_refused_naming_them_before_the_call(
+    fake_comm, monkeypatch, argument, value, error
+):
     import re
 
     from keras_attention.widgets import _captured
 
     calls = []
     monkeypatch.setattr(_captured, "call_and_capture", lambda *a: calls.append(a))
-    with pytest.raises(error, match=rf"^AttentionExplorer: `{argument}`.*Received: "
-                                    rf"{re.escape(f'{argument}={value!r}')}"):
+    with pytest.raises(
+        error,
+        match=rf"^AttentionExplorer: `{argument}`.*Received: "
+        rf"{re.escape(f'{argument}={value!r}')}",
+    ):
         AttentionExplorer(make_model(), np.ones((2, 5, 8), "float32"), **{argument: value})
     assert calls == []  # refused before the model was called
 
 
 def test_numpy_example_and_token_arrays_are_accepted(fake_comm):
     tokens = np.array(["a", "b", "c", "d", "e"])
-    explorer = AttentionExplorer(make_model(), np.ones((2, 5, 8), "float32"),
-                                 example=np.int64(1), query_tokens=tokens)
+    explorer = AttentionExplorer(
+        make_model(), np.ones((2, 5, 8), "float32"), example=np.int64(1), query_tokens=tokens
+    )
     assert explorer.example == 1 and explorer.query_tokens == list(tokens)
+
 
 class Block(keras.layers.Layer):
     """Like the Transformer blocks: a sublayer named `self_attention`, made in build."""
@@ -211,8 +242,13 @@ def test_layers_sharing_a_name_are_told_apart_by_path(fake_comm):
     model = keras.Model(inputs, Block(name="block_1")(Block(name="block_0")(inputs)))
     x = np.random.default_rng(4).normal(size=(1, 5, 8)).astype("float32")
     explorer = AttentionExplorer(model, x)
-    assert list(explorer.layer_choice.options) == ["block_0/self_attention", "block_1/self_attention"]
-    np.testing.assert_allclose(explorer.select("block_0/self_attention", 1), reference_weights(x, 2)[0, 1], rtol=1e-5)
+    assert list(explorer.layer_choice.options) == [
+        "block_0/self_attention",
+        "block_1/self_attention",
+    ]
+    np.testing.assert_allclose(
+        explorer.select("block_0/self_attention", 1), reference_weights(x, 2)[0, 1], rtol=1e-5
+    )
 
 
 def numpy_rows(layer, x, q0, q1, head):
@@ -237,42 +273,71 @@ def test_scores_on_demand_windows_are_the_layers_exact_rows(fake_comm, monkeypat
     x = np.random.default_rng(5).normal(size=(1, length, 8)).astype("float32")
     layer = keras_attention.MultiHeadAttention(2, 4, name="long", seed=0)
     layer(x[:, :4])  # built
+
     # The path that forms the full (Tq, Tv) weights never runs.
     def no_full_weights(*args, **kwargs):
         raise AssertionError("the full weights were formed")
+
     monkeypatch.setattr(dense_attention, "dense_attention", no_full_weights)
     explorer = AttentionExplorer(layer, x, scores_on_demand=True, max_tokens=64, rows_per_call=100)
     assert explorer.weights is None and explorer.shapes == {"long": (2, length, length)}
     explorer.query_start.value = 200
     explorer.key_start.value = 120
     explorer.head_choice.value = 1
-    np.testing.assert_allclose(explorer.detail_matrix, numpy_rows(layer, x, 200, 264, 1)[:, 120:184], rtol=2e-4,
-                               atol=1e-7)
-    assert explorer.detail_source.data["y_token"][0] == "200" and explorer.detail_source.data["x_token"][0] == "120"
+    np.testing.assert_allclose(
+        explorer.detail_matrix, numpy_rows(layer, x, 200, 264, 1)[:, 120:184], rtol=2e-4, atol=1e-7
+    )
+    assert (
+        explorer.detail_source.data["y_token"][0] == "200"
+        and explorer.detail_source.data["x_token"][0] == "120"
+    )
     # The overview: block means of the mean of heads, computed 100 rows at a time.
     full = (numpy_rows(layer, x, 0, length, 0) + numpy_rows(layer, x, 0, length, 1)) / 2
     expected, _, _ = figures.downsample(full, 128)
     overview = explorer.overview_figure.select_one({"name": "overview_source"}).data["image"][0]
     np.testing.assert_allclose(overview, expected, rtol=2e-4, atol=1e-7)
-    assert dict(explorer.window_source.data) == {"left": [119.5], "right": [183.5], "top": [199.5], "bottom": [263.5]}
+    assert dict(explorer.window_source.data) == {
+        "left": [119.5],
+        "right": [183.5],
+        "top": [199.5],
+        "bottom": [263.5],
+    }
     # The export embeds that window of each head, still without the full weights.
     callback = explorer.standalone_layout().select_one({"type": CustomJS, "name": "swap_frame"})
     detail = callback.args["frames"]["long|0"]["data"]["detail_source"]
-    assert (max(detail["row"]) + 1, max(detail["col"]) + 1, detail["y_token"][0], detail["x_token"][0]) == (
-        64, 64, "200", "120")
-    np.testing.assert_allclose(np.reshape(detail["weight"], (64, 64)), numpy_rows(layer, x, 200, 264, 0)[:, 120:184],
-                               rtol=2e-4, atol=1e-7)
+    assert (
+        max(detail["row"]) + 1,
+        max(detail["col"]) + 1,
+        detail["y_token"][0],
+        detail["x_token"][0],
+    ) == (64, 64, "200", "120")
+    np.testing.assert_allclose(
+        np.reshape(detail["weight"], (64, 64)),
+        numpy_rows(layer, x, 200, 264, 0)[:, 120:184],
+        rtol=2e-4,
+        atol=1e-7,
+    )
     # ... beside the same overview, with the same window outlined.
     document = callback.document
     exported = document.select_one({"name": "overview_0"})
-    assert exported.visible and callback.args["frames"]["long|0"]["props"]["overview_0"] == {"visible": True}
-    np.testing.assert_allclose(exported.select_one({"name": "overview_source"}).data["image"][0], expected,
-                               rtol=2e-4, atol=1e-7)
-    assert dict(exported.select_one({"name": "window_source"}).data) == dict(explorer.window_source.data)
+    assert exported.visible and callback.args["frames"]["long|0"]["props"]["overview_0"] == {
+        "visible": True
+    }
+    np.testing.assert_allclose(
+        exported.select_one({"name": "overview_source"}).data["image"][0],
+        expected,
+        rtol=2e-4,
+        atol=1e-7,
+    )
+    assert dict(exported.select_one({"name": "window_source"}).data) == dict(
+        explorer.window_source.data
+    )
 
 
 def test_scores_on_demand_needs_a_layer_that_selects_heads(fake_comm):
-    with pytest.raises(ValueError, match="scores_on_demand=True. needs an attention layer.*Functional"):
+    with pytest.raises(
+        ValueError, match="scores_on_demand=True. needs an attention layer.*Functional"
+    ):
         AttentionExplorer(make_model(), np.ones((1, 5, 8), "float32"), scores_on_demand=True)
     with pytest.raises(ValueError, match="Received: scores_on_demand='yes'"):
         AttentionExplorer(make_model(), np.ones((1, 5, 8), "float32"), scores_on_demand="yes")
@@ -319,8 +384,15 @@ def test_a_16384_token_window_is_exact_and_the_full_weights_are_never_formed(tmp
 
     length, out = 16384, str(tmp_path / "long.json")
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    options = os.environ.get("KA_LONG_EXPLORER_OPTIONS", "{}")  # e.g. '{"rows_per_call": 16384}' breaks it
-    subprocess.run([sys.executable, "-c", LONG_CHILD, str(length), out, options], check=True, env=env, timeout=600)
+    options = os.environ.get(
+        "KA_LONG_EXPLORER_OPTIONS", "{}"
+    )  # e.g. '{"rows_per_call": 16384}' breaks it
+    subprocess.run(
+        [sys.executable, "-c", LONG_CHILD, str(length), out, options],
+        check=True,
+        env=env,
+        timeout=600,
+    )
     result = json.load(open(out))
     saved = np.load(out + ".npz")
     x, weights = saved["x"], [saved[f"arr_{i}"] for i in range(8)]
@@ -337,5 +409,10 @@ def test_a_16384_token_window_is_exact_and_the_full_weights_are_never_formed(tmp
     # Absolute positions, colours fitted to the window, the window outlined on a 128 x 128 overview.
     assert result["first_label"] == "9000"
     assert result["high"] == pytest.approx(expected.max(), rel=1e-4) and result["high"] < 0.05
-    assert result["window"] == {"left": [11999.5], "right": [12063.5], "top": [8999.5], "bottom": [9063.5]}
+    assert result["window"] == {
+        "left": [11999.5],
+        "right": [12063.5],
+        "top": [8999.5],
+        "bottom": [9063.5],
+    }
     assert result["overview_shape"] == [128, 128]

@@ -12,7 +12,9 @@ POINT_OF = """([name, x, y]) => {
 }"""
 
 SCROLL_TO = POINT_OF.replace("([name, x, y])", "(name)").replace(
-    "const rect = view.canvas_view.el.getBoundingClientRect();", "view.el.scrollIntoView({block: 'center'}); return null;")
+    "const rect = view.canvas_view.el.getBoundingClientRect();",
+    "view.el.scrollIntoView({block: 'center'}); return null;",
+)
 
 # `name` -> the newest Bokeh model with that name (documents are searched newest first).
 MODEL = """(name) => {
@@ -35,7 +37,9 @@ def column(page, source_name, name):
     """A column of the newest data source called `source_name`, as a list."""
     return page.evaluate(
         f"([source, name]) => {{ const s = ({MODEL})(source); const d = s.data;"
-        " return Array.from(d instanceof Map ? d.get(name) : d[name]); }", [source_name, name])
+        " return Array.from(d instanceof Map ? d.get(name) : d[name]); }",
+        [source_name, name],
+    )
 
 
 def selected(page, source_name):
@@ -44,7 +48,10 @@ def selected(page, source_name):
 
 def thumbnail_point(page, index):
     """Page coordinates of the centre of model-view thumbnail `index` (its source's x, y)."""
-    x, y = column(page, "model_view_source", "x")[index], column(page, "model_view_source", "y")[index]
+    x, y = (
+        column(page, "model_view_source", "x")[index],
+        column(page, "model_view_source", "y")[index],
+    )
     return point_of(page, "model_view_figure", x, y)
 
 

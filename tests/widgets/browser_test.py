@@ -23,7 +23,9 @@ MALICIOUS = "<img/src=x/onerror=alert(1)>"  # the slashes make it a valid <img> 
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (run .ci/install-browser.sh)"),
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="no chromium installed (run .ci/install-browser.sh)"
+    ),
 ]
 
 
@@ -32,8 +34,9 @@ def browser_page(tmp_path):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS),
-                                             headless=True)
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=list(CHROMIUM_ARGS), headless=True
+        )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.alerts = []
@@ -61,7 +64,9 @@ def test_exported_html_draws_offline_and_shows_tokens_as_text(tmp_path):
         requests = []
         page.on("request", lambda request: requests.append(request.url))
         page.goto("file://" + path)
-        page.wait_for_function("window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=30_000)
+        page.wait_for_function(
+            "window.Bokeh && Object.keys(window.Bokeh.index).length > 0", timeout=30_000
+        )
         page.wait_for_timeout(500)
         shot = tmp_path / "heatmap.png"
         page.screenshot(path=str(shot))
@@ -86,8 +91,10 @@ def test_export_png_draws_the_figure(tmp_path):
 
 
 def read_source(name, column):
-    return (f"(() => {{ const doc = window.Bokeh.documents[0]; const s = doc.get_model_by_name({name!r});"
-            f" const d = s.data; return Array.from(d instanceof Map ? d.get({column!r}) : d[{column!r}]); }})()")
+    return (
+        f"(() => {{ const doc = window.Bokeh.documents[0]; const s = doc.get_model_by_name({name!r});"
+        f" const d = s.data; return Array.from(d instanceof Map ? d.get({column!r}) : d[{column!r}]); }})()"
+    )
 
 
 @contextlib.contextmanager
@@ -98,8 +105,11 @@ def offline_export(tmp_path, widget, name):
         requests = []
         page.on("request", lambda request: requests.append(request.url))
         page.goto("file://" + path)
-        page.wait_for_function("window.Bokeh && window.Bokeh.documents && window.Bokeh.documents.length > 0"
-                               " && Object.keys(window.Bokeh.index).length > 0", timeout=30_000)
+        page.wait_for_function(
+            "window.Bokeh && window.Bokeh.documents && window.Bokeh.documents.length > 0"
+            " && Object.keys(window.Bokeh.index).length > 0",
+            timeout=30_000,
+        )
         yield page
         page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
         assert page.alerts == []
@@ -140,21 +150,34 @@ def test_exported_stepper_replays_every_step_without_a_kernel(tmp_path, fake_com
     values = stepper.session.values
     with offline_export(tmp_path, stepper, "stepper") as page:
         page.wait_for_function(f"{read_source('alignment_source', 'row')}.length === 12")
-        np.testing.assert_allclose(page.evaluate(read_source("alignment_source", "weight")),
-                                   np.ravel([s.attention for s in steps]), rtol=1e-6)
-        np.testing.assert_allclose(page.evaluate(read_source("distribution_source", "weight")),
-                                   steps[-1].attention, rtol=1e-6)
+        np.testing.assert_allclose(
+            page.evaluate(read_source("alignment_source", "weight")),
+            np.ravel([s.attention for s in steps]),
+            rtol=1e-6,
+        )
+        np.testing.assert_allclose(
+            page.evaluate(read_source("distribution_source", "weight")),
+            steps[-1].attention,
+            rtol=1e-6,
+        )
         assert_alignment_drawn(page, [s.token for s in steps])
         scores_range = page.evaluate(READ_SCORES_RANGE)
-        assert min(scores_range) <= min(0, steps[-1].scores.min()) and max(scores_range) >= max(0, steps[-1].scores.max())
+        assert min(scores_range) <= min(0, steps[-1].scores.min()) and max(scores_range) >= max(
+            0, steps[-1].scores.max()
+        )
         set_model(page, "step_slider", "value", 1)
         page.wait_for_function(f"{read_source('alignment_source', 'row')}.length === 4")
         assert_alignment_drawn(page, [steps[0].token])
-        np.testing.assert_allclose(page.evaluate(read_source("distribution_source", "weight")),
-                                   steps[0].attention, rtol=1e-6)
+        np.testing.assert_allclose(
+            page.evaluate(read_source("distribution_source", "weight")),
+            steps[0].attention,
+            rtol=1e-6,
+        )
         weighted = np.reshape(page.evaluate(read_source("weighted_sum_source", "weight")), (5, -1))
         np.testing.assert_allclose(weighted[-1], steps[0].attention @ values, rtol=1e-5)
-        assert page.evaluate(read_source("candidate_source", "token")) == [t for t, _ in steps[0].candidates]
+        assert page.evaluate(read_source("candidate_source", "token")) == [
+            t for t, _ in steps[0].candidates
+        ]
         # Bokeh draws the Div in a shadow root; Playwright's locators reach into it.
         assert page.get_by_text(MALICIOUS).count() >= 1
         assert page.locator("img").count() == 0
@@ -169,13 +192,21 @@ def test_exported_transformer_stepper_switches_heads_without_a_kernel(tmp_path, 
     steps = [stepper.next_token() for _ in range(2)]
     with offline_export(tmp_path, stepper, "transformer_stepper") as page:
         page.wait_for_function(f"{read_source('alignment_source', 'row')}.length === 6")
-        np.testing.assert_allclose(page.evaluate(read_source("distribution_source", "weight")),
-                                   steps[-1].attention[-1].mean(axis=0), rtol=1e-6)
+        np.testing.assert_allclose(
+            page.evaluate(read_source("distribution_source", "weight")),
+            steps[-1].attention[-1].mean(axis=0),
+            rtol=1e-6,
+        )
         page.locator("select").nth(1).select_option("2")  # the head select, a real control
-        page.wait_for_function(f"Math.abs({read_source('distribution_source', 'weight')}[0]"
-                               f" - {float(steps[-1].attention[-1, 2, 0])}) < 1e-6")
-        np.testing.assert_allclose(page.evaluate(read_source("alignment_source", "weight")),
-                                   np.ravel([s.attention[-1, 2] for s in steps]), rtol=1e-6)
+        page.wait_for_function(
+            f"Math.abs({read_source('distribution_source', 'weight')}[0]"
+            f" - {float(steps[-1].attention[-1, 2, 0])}) < 1e-6"
+        )
+        np.testing.assert_allclose(
+            page.evaluate(read_source("alignment_source", "weight")),
+            np.ravel([s.attention[-1, 2] for s in steps]),
+            rtol=1e-6,
+        )
 
 
 @pytest.mark.tf_only
@@ -214,30 +245,35 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
         assert bokeh_page.selected(page, "model_view_source") == [2]
         # Head view: hovering query "b" highlights its row and shows its weights as bars ...
         page.mouse.move(*bokeh_page.token_point(page, 1))
-        page.wait_for_function(f"{json.dumps(list(range(5, 10)))}.join() === "
-                               "window.Bokeh.documents[0].get_model_by_name('detail_source').selected.indices.join()")
-        np.testing.assert_allclose(bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][2][1], rtol=1e-6)
+        page.wait_for_function(
+            f"{json.dumps(list(range(5, 10)))}.join() === "
+            "window.Bokeh.documents[0].get_model_by_name('detail_source').selected.indices.join()"
+        )
+        np.testing.assert_allclose(
+            bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][2][1], rtol=1e-6
+        )
         # ... a click on key "d" keeps its column (the weight each query gives it) after the pointer leaves.
         page.mouse.click(*bokeh_page.token_point(page, 3, side="key"))
         page.mouse.move(5, 5)
         page.wait_for_timeout(200)
         assert bokeh_page.selected(page, "detail_source") == [3, 8, 13, 18, 23]
-        np.testing.assert_allclose(bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][2][:, 3],
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][2][:, 3], rtol=1e-6
+        )
         # Another head keeps the focus on that key and redraws its bars.
         selects.nth(1).select_option("0")
         page.wait_for_function(shows(weights["mha"][0]))
         page.wait_for_timeout(200)
-        np.testing.assert_allclose(bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][0][:, 3],
-                                   rtol=1e-6)
-
+        np.testing.assert_allclose(
+            bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][0][:, 3], rtol=1e-6
+        )
 
 
 def test_exported_long_explorer_shows_each_long_layers_overview(tmp_path, fake_comm):
     import keras
+    import text_boxes
 
     import keras_attention
-    import text_boxes
     from keras_attention.widgets import AttentionExplorer
 
     keras.utils.set_random_seed(0)
@@ -247,13 +283,19 @@ def test_exported_long_explorer_shows_each_long_layers_overview(tmp_path, fake_c
     x = np.random.default_rng(0).normal(size=(1, 150, 8)).astype("float32")
     explorer = AttentionExplorer(model, x, max_tokens=64)
     # Visible overview figures, by name, as the page draws them.
-    shown = ("[...Bokeh.index.all_views()].filter((v) => String(v.model.name).startsWith('overview_')"
-             " && v.model.visible && v.el.getBoundingClientRect().width > 0).map((v) => v.model.name)")
+    shown = (
+        "[...Bokeh.index.all_views()].filter((v) => String(v.model.name).startsWith('overview_')"
+        " && v.model.visible && v.el.getBoundingClientRect().width > 0).map((v) => v.model.name)"
+    )
     with offline_export(tmp_path, explorer, "long_explorer") as page:
-        page.wait_for_function(f"(() => {{ const s = {shown}; return s.length === 1 && s[0] === 'overview_0'; }})()")
+        page.wait_for_function(
+            f"(() => {{ const s = {shown}; return s.length === 1 && s[0] === 'overview_0'; }})()"
+        )
         text_boxes.assert_legible(page, minimum_axes=4)
         page.locator("select").nth(0).select_option("other")
-        page.wait_for_function(f"(() => {{ const s = {shown}; return s.length === 1 && s[0] === 'overview_1'; }})()")
+        page.wait_for_function(
+            f"(() => {{ const s = {shown}; return s.length === 1 && s[0] === 'overview_1'; }})()"
+        )
 
 
 @pytest.mark.tf_only
@@ -264,12 +306,19 @@ def test_exported_live_attention_replays_every_frame_without_a_kernel(tmp_path, 
     from keras_attention.widgets import LiveAttention
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((6, 4)), keras_attention.LuongAttention(score="general", name="att"),
-                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [
+            keras.Input((6, 4)),
+            keras_attention.LuongAttention(score="general", name="att"),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
     x = np.random.default_rng(0).normal(size=(16, 6, 4)).astype("float32")
-    live = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0,
-                         snapshot_dir=None)
+    live = LiveAttention(
+        model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0, snapshot_dir=None
+    )
     model.fit(x, x[:, :, :1].sum(axis=1), batch_size=4, epochs=2, verbose=0, callbacks=[live])
     frames = [matrices["att"] for _, matrices in live.frames]
     assert len(frames) == 1 + live.updates and not np.allclose(frames[0], frames[-1], atol=1e-3)
@@ -279,7 +328,8 @@ def test_exported_live_attention_replays_every_frame_without_a_kernel(tmp_path, 
             if index != len(frames) - 1:
                 set_model(page, "frame_slider", "value", index)
             page.wait_for_function(
-                f"{weights}.every((v, i) => Math.abs(v - {json.dumps(frames[index].ravel().tolist())}[i]) < 1e-6)")
+                f"{weights}.every((v, i) => Math.abs(v - {json.dumps(frames[index].ravel().tolist())}[i]) < 1e-6)"
+            )
         # The slider's title ("frame: 3") is not covered by a value bubble over the handle.
         assert page.locator(".bk-slider-title").first.inner_text().startswith("frame")
         assert page.locator(".noUi-tooltip").count() == 0

@@ -22,8 +22,15 @@ from hypothesis import strategies as st
 import keras_attention
 
 NUMBERS = [0, 1, 2, 3, -1, np.int64(1), np.array(1), 1.0, 2.5, True, None, "1"]
-TOKENS = [None, ["a", "b", "c", "d", "e", "f"], ("a",) * 6, 5, "abcdef",
-          ["a", 1, "c", "d", "e", "f"], np.array(list("abcdef"))]
+TOKENS = [
+    None,
+    ["a", "b", "c", "d", "e", "f"],
+    ("a",) * 6,
+    5,
+    "abcdef",
+    ["a", 1, "c", "d", "e", "f"],
+    np.array(list("abcdef")),
+]
 
 
 def _int(value):
@@ -40,7 +47,8 @@ def _real(value):
 def _tokens_ok(tokens):
     return tokens is None or (
         isinstance(tokens, (list, tuple, np.ndarray))
-        and all(isinstance(t, str) for t in list(tokens)))
+        and all(isinstance(t, str) for t in list(tokens))
+    )
 
 
 def _in(value, low, high=None):
@@ -54,7 +62,8 @@ RULES = {
         "example": lambda v: _in(v, 0, 2),
         "max_tokens": lambda v: _in(v, 2),
         "rows_per_call": lambda v: _in(v, 1),
-        "query_tokens": _tokens_ok, "key_tokens": _tokens_ok,
+        "query_tokens": _tokens_ok,
+        "key_tokens": _tokens_ok,
     },
     "LiveAttention": {
         "example": lambda v: _in(v, 0, 2),
@@ -93,15 +102,21 @@ def _build(widget, kwargs):
 @st.composite
 def cases(draw):
     widget = draw(st.sampled_from(sorted(RULES)))
-    names = draw(st.lists(st.sampled_from(sorted(RULES[widget])), unique=True,
-                          max_size=3))
-    kwargs = {name: draw(st.sampled_from(TOKENS if name.endswith("tokens")
-                                         else NUMBERS)) for name in names}
+    names = draw(st.lists(st.sampled_from(sorted(RULES[widget])), unique=True, max_size=3))
+    kwargs = {
+        name: draw(st.sampled_from(TOKENS if name.endswith("tokens") else NUMBERS))
+        for name in names
+    }
     return widget, kwargs
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(case=cases())
 # The cases issue 23 found always run (explicit phase).
 @example(case=("LiveAttention", {"example": 3}))
@@ -110,15 +125,13 @@ def cases(draw):
 @example(case=("DecodingStepper", {"top_k": np.int64(2)}))
 def test_widget_constructors_build_or_name_the_wrong_argument(fake_comm, case):
     widget, kwargs = case
-    wrong = {name for name, value in kwargs.items()
-             if not RULES[widget][name](value)}
+    wrong = {name for name, value in kwargs.items() if not RULES[widget][name](value)}
     try:
         built = _build(widget, kwargs)
     except (ValueError, TypeError) as error:
         message = str(error)
         assert wrong, f"refused valid arguments {kwargs}: {message}"
-        assert any(message.startswith(f"{widget}: `{name}`") for name in wrong), \
-            (kwargs, message)
+        assert any(message.startswith(f"{widget}: `{name}`") for name in wrong), (kwargs, message)
         return
     assert not wrong, f"accepted wrong {sorted(wrong)}: {kwargs}"
     for name in ("example", "head", "every_n_batches", "top_k", "max_tokens"):

@@ -119,7 +119,9 @@ def test_transformer_attention_is_shown_per_layer_and_head(fake_comm):
     stepper.next_token()
     assert stepper.layer_choice.layout.display is None
     assert list(stepper.head_choice.options)[1:] == [0, 1, 2]
-    np.testing.assert_allclose(rows_of(stepper.heatmap_source, 3)[0], step.attention[-1].mean(axis=0))
+    np.testing.assert_allclose(
+        rows_of(stepper.heatmap_source, 3)[0], step.attention[-1].mean(axis=0)
+    )
     stepper.layer_choice.value = 0
     stepper.head_choice.value = 2
     matrix = rows_of(stepper.heatmap_source, 3)
@@ -141,12 +143,19 @@ def test_each_stage_has_a_panel_titled_with_the_step_and_its_token(fake_comm):
     stepper = DecodingStepper(FakeTranslator(), SOURCE)
     stepper.next_token()
     step = stepper.next_token()
-    titles = [stepper.scores_figure.title.text, stepper.distribution_figure.title.text,
-              stepper.weighted_sum_figure.title.text, stepper.candidate_figure.title.text]
+    titles = [
+        stepper.scores_figure.title.text,
+        stepper.distribution_figure.title.text,
+        stepper.weighted_sum_figure.title.text,
+        stepper.candidate_figure.title.text,
+    ]
     assert [title[:2] for title in titles] == ["1.", "2.", "3.", "4."]
     for title in titles:
         assert f"'{step.token}'" in title and "2" in title
-    assert f"attention while producing '{step.token}'" in stepper.distribution_figure.title.text.lower()
+    assert (
+        f"attention while producing '{step.token}'"
+        in stepper.distribution_figure.title.text.lower()
+    )
     np.testing.assert_allclose(stepper.scores_source.data["weight"], step.scores)
     # Stage 3: one row per source vector times its weight, then their sum.
     values = stepper.session.values
@@ -177,9 +186,17 @@ def test_tapping_a_candidate_bar_forces_it_once(fake_comm):
     stepper.force = lambda token: (forced.append(token), original_force(token))[1]
     # What jupyter_bokeh receives when the page's tap tool selects bar 1.
     selected = stepper.candidate_source.selected
-    stepper.bokeh_widget._sync_model(stepper.bokeh_widget, {
-        "event": "jsevent", "kind": "ModelChanged", "model": {"id": selected.id},
-        "attr": "indices", "new": [1]}, [])
+    stepper.bokeh_widget._sync_model(
+        stepper.bokeh_widget,
+        {
+            "event": "jsevent",
+            "kind": "ModelChanged",
+            "model": {"id": selected.id},
+            "attr": "indices",
+            "new": [1],
+        },
+        [],
+    )
     assert forced == [first.candidates[1][0]]
     assert stepper.session.output_tokens == [first.candidates[1][0]]
     assert selected.indices == []  # ready for the next tap
@@ -238,12 +255,15 @@ def test_translator_without_decoding_sessions_is_rejected(translator, fake_comm)
         DecodingStepper(translator, SOURCE)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"text": ""}, "non-empty string"),
-    ({"text": 3}, "non-empty string"),
-    ({"top_k": 0}, "top_k=0"),
-    ({"reserved_rows": 0}, "reserved_rows=0"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"text": ""}, "non-empty string"),
+        ({"text": 3}, "non-empty string"),
+        ({"top_k": 0}, "top_k=0"),
+        ({"reserved_rows": 0}, "reserved_rows=0"),
+    ],
+)
 def test_bad_arguments_are_rejected(kwargs, match, fake_comm):
     arguments = {"text": SOURCE, **kwargs}
     with pytest.raises(ValueError, match=match):
@@ -255,8 +275,12 @@ def test_real_translator_heatmap_equals_the_compiled_translation_alignment(fake_
     from keras_attention.models import Seq2SeqTranslator
 
     translator = Seq2SeqTranslator.from_texts(
-        ["il a m' entarté", "il a"], ["he hit me with a pie", "he hit"],
-        source_split="whitespace", target_split="whitespace", units=8, embedding_dim=4,
+        ["il a m' entarté", "il a"],
+        ["he hit me with a pie", "he hit"],
+        source_split="whitespace",
+        target_split="whitespace",
+        units=8,
+        embedding_dim=4,
         max_target_length=6,
     )
     stepper = DecodingStepper(translator, SOURCE, top_k=3)
@@ -265,7 +289,9 @@ def test_real_translator_heatmap_equals_the_compiled_translation_alignment(fake_
     translation = translator.translate([SOURCE])[0]
     matrix = rows_of(stepper.heatmap_source, len(translation.source_tokens))
     assert stepper.source_tokens == translation.source_tokens
-    np.testing.assert_allclose(matrix[: len(translation.alignment)], translation.alignment, atol=1e-5)
+    np.testing.assert_allclose(
+        matrix[: len(translation.alignment)], translation.alignment, atol=1e-5
+    )
 
 
 def test_a_front_end_connecting_late_gets_the_current_document(fake_comm):
@@ -285,8 +311,12 @@ def test_seq2seq_session_values_are_the_encoder_outputs_attention_sums(fake_comm
     from keras_attention.models import Seq2SeqTranslator
 
     translator = Seq2SeqTranslator.from_texts(
-        ["il a m' entarté", "il a"], ["he hit me with a pie", "he hit"],
-        source_split="whitespace", target_split="whitespace", units=8, embedding_dim=4,
+        ["il a m' entarté", "il a"],
+        ["he hit me with a pie", "he hit"],
+        source_split="whitespace",
+        target_split="whitespace",
+        units=8,
+        embedding_dim=4,
     )
     session = translator.decoding_session(SOURCE)
     source_ids, _ = translator.source_text.encode(tf_constant([SOURCE]))
@@ -295,8 +325,11 @@ def test_seq2seq_session_values_are_the_encoder_outputs_attention_sums(fake_comm
     np.testing.assert_allclose(session.values, np.asarray(encoder_outputs)[0, :4], atol=1e-6)
     stepper = DecodingStepper(translator, SOURCE)
     step = stepper.next_token()
-    np.testing.assert_allclose(rows_of(stepper.weighted_sum_source, session.values.shape[1])[-1],
-                               step.attention @ session.values, atol=1e-5)
+    np.testing.assert_allclose(
+        rows_of(stepper.weighted_sum_source, session.values.shape[1])[-1],
+        step.attention @ session.values,
+        atol=1e-5,
+    )
 
 
 def tf_constant(value):
@@ -310,20 +343,32 @@ def test_transformer_translator_rows_follow_the_layer_and_head_choice(fake_comm)
     from keras_attention.models import TransformerTranslator
 
     translator = TransformerTranslator.from_texts(
-        ["il a m' entarté", "il a"], ["he hit me with a pie", "he hit"],
-        source_split="whitespace", target_split="whitespace", num_layers=2, num_heads=2,
-        hidden_dim=8, intermediate_dim=16, max_target_length=5,
+        ["il a m' entarté", "il a"],
+        ["he hit me with a pie", "he hit"],
+        source_split="whitespace",
+        target_split="whitespace",
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_target_length=5,
     )
     stepper = DecodingStepper(translator, SOURCE, top_k=3)
     while stepper.next_token() is not None:
         pass
     alignment = translator.translate([SOURCE])[0].alignment  # (layers, heads, T_out, T_in)
     rows = len(alignment[0, 0])
-    assert list(stepper.layer_choice.options) == [0, 1] and list(stepper.head_choice.options)[1:] == [0, 1]
-    np.testing.assert_allclose(rows_of(stepper.heatmap_source, 4)[:rows], alignment[-1].mean(axis=0), atol=1e-5)
+    assert list(stepper.layer_choice.options) == [0, 1] and list(stepper.head_choice.options)[
+        1:
+    ] == [0, 1]
+    np.testing.assert_allclose(
+        rows_of(stepper.heatmap_source, 4)[:rows], alignment[-1].mean(axis=0), atol=1e-5
+    )
     stepper.layer_choice.value = 0
     stepper.head_choice.value = 1
-    np.testing.assert_allclose(rows_of(stepper.heatmap_source, 4)[:rows], alignment[0, 1], atol=1e-5)
+    np.testing.assert_allclose(
+        rows_of(stepper.heatmap_source, 4)[:rows], alignment[0, 1], atol=1e-5
+    )
 
 
 def test_export_embeds_the_whole_decoded_line_and_leaves_the_widget_alone(fake_comm, tmp_path):
@@ -356,15 +401,27 @@ def test_each_panels_range_holds_its_data_at_every_step(fake_comm):
     for _ in range(4):
         step = stepper.next_token()
         y_range = stepper.scores_figure.y_range
-        assert y_range.start <= min(0.0, step.scores.min()) and y_range.end >= max(0.0, step.scores.max())
-        assert y_range.end - y_range.start <= 1.2 * (max(0.0, step.scores.max()) - min(0.0, step.scores.min()))
-        assert stepper.distribution_figure.y_range.start == 0.0 and stepper.distribution_figure.y_range.end == 1.0
+        assert y_range.start <= min(0.0, step.scores.min()) and y_range.end >= max(
+            0.0, step.scores.max()
+        )
+        assert y_range.end - y_range.start <= 1.2 * (
+            max(0.0, step.scores.max()) - min(0.0, step.scores.min())
+        )
+        assert (
+            stepper.distribution_figure.y_range.start == 0.0
+            and stepper.distribution_figure.y_range.end == 1.0
+        )
         # The alignment shows exactly the rows decoded, each labelled with its token.
         rows = stepper.position
-        assert (stepper.heatmap_figure.y_range.start, stepper.heatmap_figure.y_range.end) == (rows - 0.5, -0.5)
+        assert (stepper.heatmap_figure.y_range.start, stepper.heatmap_figure.y_range.end) == (
+            rows - 0.5,
+            -0.5,
+        )
         axis = stepper.heatmap_figure.yaxis[0]
         assert axis.ticker.ticks == list(range(rows))
-        assert [axis.major_label_overrides[i] for i in range(rows)] == [s.token for s in stepper.history]
+        assert [axis.major_label_overrides[i] for i in range(rows)] == [
+            s.token for s in stepper.history
+        ]
     assert np.abs(step.scores).max() > 1.0  # the case that was clipped
 
 
@@ -386,15 +443,20 @@ def test_the_export_embeds_the_frames_the_widget_draws(fake_comm):
             # The very frame the live widget applies for that state.
             live = stepper._view.frame(stepper.history, layer, head, show_choice=True)
             assert frame == live
-            np.testing.assert_allclose(stepper.heatmap_source.data["weight"], frame["data"]["alignment_source"]["weight"])
+            np.testing.assert_allclose(
+                stepper.heatmap_source.data["weight"], frame["data"]["alignment_source"]["weight"]
+            )
             assert stepper.heatmap_figure.title.text == frame["props"]["alignment_title"]["text"]
             expected = [decoding_stepper.select(s.attention, layer, head) for s in steps[:position]]
-            np.testing.assert_allclose(np.reshape(frame["data"]["alignment_source"]["weight"], (position, 4)), expected)
+            np.testing.assert_allclose(
+                np.reshape(frame["data"]["alignment_source"]["weight"], (position, 4)), expected
+            )
             scores = decoding_stepper.select(steps[position - 1].scores, layer, head)
             y_range = frame["props"]["scores_y_range"]
             assert y_range["start"] <= scores.min() and y_range["end"] >= scores.max()
             assert frame["props"]["alignment_y_axis"]["major_label_overrides"] == {
-                i: s.token for i, s in enumerate(steps[:position])}
+                i: s.token for i, s in enumerate(steps[:position])
+            }
 
 
 @pytest.mark.tf_only
@@ -402,9 +464,15 @@ def test_transformer_stepper_shows_all_four_stages_in_two_rows(fake_comm):
     from keras_attention.models import TransformerTranslator
 
     translator = TransformerTranslator.from_texts(
-        ["il a m' entarté", "il a"], ["he hit me with a pie", "he hit"],
-        source_split="whitespace", target_split="whitespace", num_layers=2, num_heads=2,
-        hidden_dim=8, intermediate_dim=16, max_target_length=5,
+        ["il a m' entarté", "il a"],
+        ["he hit me with a pie", "he hit"],
+        source_split="whitespace",
+        target_split="whitespace",
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_target_length=5,
     )
     stepper = DecodingStepper(translator, SOURCE, top_k=3)
     stepper.next_token(force_token="he")  # forced: an untrained model may end at once
@@ -418,13 +486,19 @@ def test_transformer_stepper_shows_all_four_stages_in_two_rows(fake_comm):
     for layer, head in ((1, "mean of heads"), (0, 1)):
         stepper.layer_choice.value, stepper.head_choice.value = layer, head
         scores = np.asarray(stepper.scores_source.data["weight"])
-        weights = step.attention[layer].mean(axis=0) if head == "mean of heads" else step.attention[layer, head]
+        weights = (
+            step.attention[layer].mean(axis=0)
+            if head == "mean of heads"
+            else step.attention[layer, head]
+        )
         np.testing.assert_allclose(stepper.distribution_source.data["weight"], weights, atol=1e-6)
         if head == "mean of heads":
             np.testing.assert_allclose(scores, step.scores[layer].mean(axis=0), atol=1e-6)
             assert "mean of heads" in stepper.scores_figure.yaxis[0].axis_label
             # Every head's weighted values side by side; the last row: each head's context.
-            context = np.concatenate([step.attention[layer, h] @ values[layer, h] for h in range(2)])
+            context = np.concatenate(
+                [step.attention[layer, h] @ values[layer, h] for h in range(2)]
+            )
         else:
             # Stage 1 is what stage 2 is the softmax of.
             softmax = np.exp(scores - scores.max())

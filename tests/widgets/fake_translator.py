@@ -72,15 +72,22 @@ class FakeSession:
             token_id = int(order[0])
         elif isinstance(force_token, str):
             if force_token not in VOCAB:
-                raise ValueError(f"FakeSession.step: unknown token. Received: force_token={force_token!r}")
+                raise ValueError(
+                    f"FakeSession.step: unknown token. Received: force_token={force_token!r}"
+                )
             token_id = VOCAB.index(force_token)
         else:
             token_id = int(force_token)
         done = token_id == 0 or len(self.history) + 1 >= self.max_length
         step = FakeStep(
-            index=len(self.history), token=VOCAB[token_id], token_id=token_id,
-            probability=float(probabilities[token_id]), candidates=candidates,
-            attention=attention, scores=scores if self.with_scores else None, done=done,
+            index=len(self.history),
+            token=VOCAB[token_id],
+            token_id=token_id,
+            probability=float(probabilities[token_id]),
+            candidates=candidates,
+            attention=attention,
+            scores=scores if self.with_scores else None,
+            done=done,
         )
         self.history.append(step)
         self.done = done

@@ -121,7 +121,10 @@ def test_head_grid_thumbnails_share_a_colour_bar_and_thin_their_labels():
     assert len(highs) == 1 and highs.pop() == pytest.approx(heads.max())
     assert len(list(grid.select({"type": ColorBar}))) == 1
     ticks = thumbnails[0].xaxis[0].ticker.ticks
-    assert 1 < len(ticks) < 30 and thumbnails[0].xaxis[0].major_label_overrides[ticks[1]] == tokens[ticks[1]]
+    assert (
+        1 < len(ticks) < 30
+        and thumbnails[0].xaxis[0].major_label_overrides[ticks[1]] == tokens[ticks[1]]
+    )
 
 
 def test_downsample_with_given_steps_lines_up_row_blocks_computed_apart():

@@ -7,7 +7,9 @@ from keras_attention.widgets import _frames
 def test_apply_frame_sets_data_and_properties():
     source, y_range = ColumnDataSource({"x": [1, 2], "y": [3, 4]}), Range1d(0, 1)
     models = {"source": source, "range": y_range}
-    _frames.apply_frame(models, {"data": {"source": {"y": [5, 6]}}, "props": {"range": {"start": -6, "end": 6}}})
+    _frames.apply_frame(
+        models, {"data": {"source": {"y": [5, 6]}}, "props": {"range": {"start": -6, "end": 6}}}
+    )
     assert dict(source.data) == {"x": [1, 2], "y": [5, 6]}  # columns not given are kept
     assert (y_range.start, y_range.end) == (-6, 6)
 
@@ -15,8 +17,12 @@ def test_apply_frame_sets_data_and_properties():
 def test_set_data_streams_appended_rows_and_patches_changed_columns(monkeypatch):
     source = ColumnDataSource({"x": [1], "y": [2]})
     sent = []
-    monkeypatch.setattr(ColumnDataSource, "stream", lambda self, data, *a, **k: sent.append(("stream", data)))
-    monkeypatch.setattr(ColumnDataSource, "patch", lambda self, data, *a, **k: sent.append(("patch", data)))
+    monkeypatch.setattr(
+        ColumnDataSource, "stream", lambda self, data, *a, **k: sent.append(("stream", data))
+    )
+    monkeypatch.setattr(
+        ColumnDataSource, "patch", lambda self, data, *a, **k: sent.append(("patch", data))
+    )
     _frames.set_data(source, {"x": [1, 7], "y": [2, 8]})
     source.data = {"x": [1], "y": [2]}
     _frames.set_data(source, {"x": [1], "y": [9]})

@@ -28,9 +28,9 @@ import urllib.request
 
 import bokeh_page
 import nbformat
-import text_boxes
 import numpy as np
 import pytest
+import text_boxes
 
 from keras_attention.widgets.export import CHROMIUM_ARGS
 from keras_attention.widgets.export import find_chromium
@@ -43,7 +43,9 @@ FRONT_ENDS = ("lab", "notebook", "voila")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.tf_only,
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (run .ci/install-browser.sh)"),
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="no chromium installed (run .ci/install-browser.sh)"
+    ),
 ]
 
 SETUP_CELL = """
@@ -206,8 +208,14 @@ print("fit done")
 """,
 ]
 
-NOTEBOOKS = {"stepper": STEPPER_CELLS, "explorer": EXPLORER_CELLS, "live": LIVE_CELLS,
-             "panels": PANELS_CELLS, "head_view": HEAD_VIEW_CELLS, "progressive_live": PROGRESSIVE_LIVE_CELLS}
+NOTEBOOKS = {
+    "stepper": STEPPER_CELLS,
+    "explorer": EXPLORER_CELLS,
+    "live": LIVE_CELLS,
+    "panels": PANELS_CELLS,
+    "head_view": HEAD_VIEW_CELLS,
+    "progressive_live": PROGRESSIVE_LIVE_CELLS,
+}
 
 
 def column(name):
@@ -280,24 +288,48 @@ class JupyterServer:
         self.progressive = "--VoilaConfiguration.progressive_rendering=True" in extra_args
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
-               "JUPYTER_CONFIG_DIR": str(root / ".jupyter"), "JUPYTERLAB_WORKSPACES_DIR": str(root / ".ws")}
+        env = {
+            **os.environ,
+            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "KERAS_BACKEND": "tensorflow",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "JUPYTER_CONFIG_DIR": str(root / ".jupyter"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(root / ".ws"),
+        }
         # No "get Jupyter news?" toast over the widgets in screenshots.
         labconfig = root / ".jupyter" / "labconfig"
         labconfig.mkdir(parents=True, exist_ok=True)
-        (labconfig / "page_config.json").write_text(json.dumps(
-            {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+        (labconfig / "page_config.json").write_text(
+            json.dumps(
+                {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}
+            )
+        )
         self.log_path = root / ("server_progressive.log" if self.progressive else "server.log")
         self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "server", "--no-browser", "--allow-root",
-             f"--ServerApp.port={self.port}", "--ServerApp.ip=127.0.0.1", "--ServerApp.port_retries=0",
-             "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
-             f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
-             "--JupyterNotebookApp.expose_app_in_browser=True",
-             "--VoilaConfiguration.show_tracebacks=True", *extra_args],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "jupyter",
+                "server",
+                "--no-browser",
+                "--allow-root",
+                f"--ServerApp.port={self.port}",
+                "--ServerApp.ip=127.0.0.1",
+                "--ServerApp.port_retries=0",
+                "--IdentityProvider.token=",
+                "--ServerApp.password=",
+                "--ServerApp.disable_check_xsrf=True",
+                f"--ServerApp.root_dir={root}",
+                "--LabApp.expose_app_in_browser=True",
+                "--JupyterNotebookApp.expose_app_in_browser=True",
+                "--VoilaConfiguration.show_tracebacks=True",
+                *extra_args,
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 90
         while True:
@@ -319,7 +351,9 @@ class JupyterServer:
         """Frees the kernels of a finished test (each holds TensorFlow, ~1 GB)."""
         with contextlib.suppress(OSError):
             for kernel in json.load(urllib.request.urlopen(f"{self.url}/api/kernels", timeout=10)):
-                request = urllib.request.Request(f"{self.url}/api/kernels/{kernel['id']}", method="DELETE")
+                request = urllib.request.Request(
+                    f"{self.url}/api/kernels/{kernel['id']}", method="DELETE"
+                )
                 with contextlib.suppress(OSError):
                     urllib.request.urlopen(request, timeout=10)
 
@@ -361,7 +395,9 @@ def server(artifacts):
 def progressive_server(artifacts):
     """A server whose Voila renders progressively, as examples/notebooks/voila.json asks."""
     directory, _ = artifacts
-    with open(os.path.join(ROOT, "examples", "notebooks", "voila.json"), encoding="utf-8") as handle:
+    with open(
+        os.path.join(ROOT, "examples", "notebooks", "voila.json"), encoding="utf-8"
+    ) as handle:
         options = json.load(handle)["VoilaConfiguration"]
     assert options == {"progressive_rendering": True}
     server = JupyterServer(directory, "--VoilaConfiguration.progressive_rendering=True")
@@ -376,7 +412,9 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS), headless=True)
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=list(CHROMIUM_ARGS), headless=True
+        )
         try:
             yield browser
         finally:
@@ -386,19 +424,29 @@ def browser():
 class Run:
     """A notebook opened (and run) in one front end; `page` is its browser page."""
 
-    def __init__(self, server, browser, artifacts, widget, front_end, width=1400, height=1000, label=""):
+    def __init__(
+        self, server, browser, artifacts, widget, front_end, width=1400, height=1000, label=""
+    ):
         self.directory, self.latencies = artifacts
         self.name = f"{widget}_{front_end}{label}"
         self.front_end = front_end
         self.dump = self.directory / f"{self.name}.json"
         cells = [f"DUMP = {str(self.dump)!r}\n" + SETUP_CELL, *NOTEBOOKS[widget]]
-        notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.strip()) for c in cells])
-        notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        notebook = nbformat.v4.new_notebook(
+            cells=[nbformat.v4.new_code_cell(c.strip()) for c in cells]
+        )
+        notebook.metadata["kernelspec"] = {
+            "name": "python3",
+            "display_name": "Python 3",
+            "language": "python",
+        }
         nbformat.write(notebook, str(self.directory / f"{self.name}.ipynb"))
         self.server = server
         self.page = browser.new_page(viewport={"width": width, "height": height})
         self.page.alerts = []
-        self.page.on("dialog", lambda dialog: (self.page.alerts.append(dialog.message), dialog.dismiss()))
+        self.page.on(
+            "dialog", lambda dialog: (self.page.alerts.append(dialog.message), dialog.dismiss())
+        )
 
     def open(self):
         """Opens the notebook; JupyterLab and Notebook 7 then run all its cells in the page."""
@@ -406,19 +454,28 @@ class Run:
         self.started = time.perf_counter()
         if self.front_end == "voila":
             # Progressive rendering streams the page while the cells run.
-            page.goto(f"{self.server.url}/voila/render/{path}", timeout=180_000,
-                      wait_until="commit" if self.server.progressive else "load")
+            page.goto(
+                f"{self.server.url}/voila/render/{path}",
+                timeout=180_000,
+                wait_until="commit" if self.server.progressive else "load",
+            )
             return
-        url = f"{self.server.url}/lab/tree/{path}?reset" if self.front_end == "lab" else \
-            f"{self.server.url}/notebooks/{path}"
+        url = (
+            f"{self.server.url}/lab/tree/{path}?reset"
+            if self.front_end == "lab"
+            else f"{self.server.url}/notebooks/{path}"
+        )
         page.goto(url, timeout=180_000)
         page.wait_for_function(
             "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
             " return !!(w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel); }",
-            timeout=120_000)
-        page.evaluate("async () => { const w = window.jupyterapp.shell.currentWidget;"
-                      " await w.sessionContext.ready;"
-                      " await window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+            timeout=120_000,
+        )
+        page.evaluate(
+            "async () => { const w = window.jupyterapp.shell.currentWidget;"
+            " await w.sessionContext.ready;"
+            " await window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
+        )
 
     def kernel_state(self, ready=lambda state: True, timeout_s=120):
         deadline = time.monotonic() + timeout_s
@@ -427,7 +484,9 @@ class Run:
                 state = json.loads(self.dump.read_text())
                 if ready(state):
                     return state
-            assert time.monotonic() < deadline, f"the kernel never wrote the expected state ({self.name})"
+            assert time.monotonic() < deadline, (
+                f"the kernel never wrote the expected state ({self.name})"
+            )
             time.sleep(0.2)
 
     def wait(self, expression, timeout_s=120):
@@ -437,7 +496,9 @@ class Run:
         return time.perf_counter() - start
 
     def record(self, **seconds):
-        self.latencies.setdefault(self.name, {}).update({k: round(v, 3) for k, v in seconds.items()})
+        self.latencies.setdefault(self.name, {}).update(
+            {k: round(v, 3) for k, v in seconds.items()}
+        )
 
     def screenshot(self, label=""):
         path = self.directory / f"{self.name}{label}.png"
@@ -471,9 +532,11 @@ def run(server, browser, artifacts):
 
 def same_numbers(read, expected, atol=1e-6):
     """JS expression: `read()` returns `{weight: [...]}` equal to `expected` (flat)."""
-    return (f"(() => {{ const d = ({read})(); const k = {json.dumps(np.ravel(expected).tolist())};"
-            f" return d !== null && d.weight.length === k.length"
-            f" && d.weight.every((v, i) => Math.abs(v - k[i]) < {atol}); }})()")
+    return (
+        f"(() => {{ const d = ({read})(); const k = {json.dumps(np.ravel(expected).tolist())};"
+        f" return d !== null && d.weight.length === k.length"
+        f" && d.weight.every((v, i) => Math.abs(v - k[i]) < {atol}); }})()"
+    )
 
 
 def assert_no_script_ran(page):
@@ -509,16 +572,22 @@ def test_stepper_draws_the_steps_of_its_creating_cell_then_each_next(run, front_
     alternative, probability = kernel["candidates"][-1][1]
     assert probability < 0.97
     opened.page.mouse.click(*bokeh_page.point_of(opened.page, "candidate_figure", 0.97, 1))
-    tap_s = opened.wait(f"(() => {{ const d = ({READ_ALIGNMENT})(); return d.row.length === {4 * num_source}"
-                        f" && d.y_token[d.y_token.length - 1] === {json.dumps(alternative)}; }})()")
-    kernel = opened.kernel_state(lambda state: state["tokens"][-1] == alternative and len(state["tokens"]) == 4)
+    tap_s = opened.wait(
+        f"(() => {{ const d = ({READ_ALIGNMENT})(); return d.row.length === {4 * num_source}"
+        f" && d.y_token[d.y_token.length - 1] === {json.dumps(alternative)}; }})()"
+    )
+    kernel = opened.kernel_state(
+        lambda state: state["tokens"][-1] == alternative and len(state["tokens"]) == 4
+    )
     opened.wait(same_numbers(READ_ALIGNMENT, kernel["attention"]))
     drawn = opened.page.evaluate(READ_ALIGNMENT)
     opened.record(tap_s=tap_s)
     # Play (the page's Play widget ticks, the kernel decodes) grows it further.
     opened.page.locator(".widget-play button").first.click()
-    opened.wait(f"({READ_ALIGNMENT})().row.length >= {6 * num_source}"
-                " || document.querySelector('button.mod-primary').disabled")
+    opened.wait(
+        f"({READ_ALIGNMENT})().row.length >= {6 * num_source}"
+        " || document.querySelector('button.mod-primary').disabled"
+    )
     opened.page.locator(".widget-play button").nth(1).click()  # pause
     played = opened.page.evaluate(READ_ALIGNMENT)
     assert played["weight"][: 4 * num_source] == drawn["weight"]
@@ -533,8 +602,10 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
     assert weights["mha"].shape == (4, 5, 5) and weights["luong"].shape == (1, 5, 5)
 
     def shows(title, matrix):
-        return (f"(() => {{ const d = ({READ_DETAIL})(); return d !== null && d.title === {json.dumps(title)}"
-                f" && {same_numbers(READ_DETAIL, matrix)}; }})()")
+        return (
+            f"(() => {{ const d = ({READ_DETAIL})(); return d !== null && d.title === {json.dumps(title)}"
+            f" && {same_numbers(READ_DETAIL, matrix)}; }})()"
+        )
 
     opened.wait(shows("mha, head 2", weights["mha"][2]))
     opened.record(render_s=time.perf_counter() - opened.started)
@@ -554,24 +625,39 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
     page = opened.page
     page.mouse.click(*bokeh_page.thumbnail_point(page, 3))
     click_s = opened.wait(shows("mha, head 3", weights["mha"][3]))
-    opened.wait("(" + bokeh_page.MODEL + ")('model_view_source').selected.indices.join() === '3'")  # outlined
+    opened.wait(
+        "(" + bokeh_page.MODEL + ")('model_view_source').selected.indices.join() === '3'"
+    )  # outlined
     opened.record(thumbnail_click_s=click_s)
     # Head view (in the page's BokehJS): hovering query "b" highlights its row, the bars show its weights.
     start = time.perf_counter()
     page.mouse.move(*bokeh_page.token_point(page, 1))
-    opened.wait("(() => { const s = (" + bokeh_page.MODEL + ")('detail_source'); return s.selected.indices.join() === "
-                + json.dumps(",".join(str(i) for i in range(5, 10))) + "; })()")
+    opened.wait(
+        "(() => { const s = ("
+        + bokeh_page.MODEL
+        + ")('detail_source'); return s.selected.indices.join() === "
+        + json.dumps(",".join(str(i) for i in range(5, 10)))
+        + "; })()"
+    )
     opened.record(token_hover_s=time.perf_counter() - start)
-    np.testing.assert_allclose(bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][3][1], atol=1e-6)
+    np.testing.assert_allclose(
+        bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][3][1], atol=1e-6
+    )
     # A click on key "d" keeps its column, also for the next head the kernel draws.
     page.mouse.click(*bokeh_page.token_point(page, 3, side="key"))
     page.mouse.move(5, 5)
-    opened.wait("(() => { const s = (" + bokeh_page.MODEL + ")('detail_source'); return s.selected.indices.join() === "
-                "'3,8,13,18,23'; })()")
+    opened.wait(
+        "(() => { const s = ("
+        + bokeh_page.MODEL
+        + ")('detail_source'); return s.selected.indices.join() === "
+        "'3,8,13,18,23'; })()"
+    )
     page.mouse.click(*bokeh_page.thumbnail_point(page, 0))
     opened.wait(shows("mha, head 0", weights["mha"][0]))
-    read_bars = ("() => { const d = (" + bokeh_page.MODEL + ")('head_view_bars').data;"
-                 " return {weight: Array.from(d instanceof Map ? d.get('weight') : d.weight)}; }")
+    read_bars = (
+        "() => { const d = (" + bokeh_page.MODEL + ")('head_view_bars').data;"
+        " return {weight: Array.from(d instanceof Map ? d.get('weight') : d.weight)}; }"
+    )
     opened.wait(same_numbers(read_bars, weights["mha"][0][:, 3]))
     opened.screenshot("_head_view")
     assert_no_script_ran(page)
@@ -592,10 +678,14 @@ WATCH = """
 
 
 @pytest.mark.parametrize("front_end", FRONT_ENDS)
-def test_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_training(run, front_end):
+def test_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_training(
+    run, front_end
+):
     opened = run("live", front_end)
     kernel = opened.kernel_state()
-    assert kernel["updates"] == 16  # 2 epochs of 8 batches: before batches 2..8 and at each epoch end
+    assert (
+        kernel["updates"] == 16
+    )  # 2 epochs of 8 batches: before batches 2..8 and at each epoch end
     opened.wait(same_numbers(READ_LIVE, kernel["weight"]))
     opened.record(render_s=time.perf_counter() - opened.started)
     opened.screenshot()
@@ -625,8 +715,9 @@ def test_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_tr
     opened.record(replay_s=replay_s)
 
 
-
-def test_voila_shows_live_attention_while_the_next_cell_trains(progressive_server, browser, artifacts):
+def test_voila_shows_live_attention_while_the_next_cell_trains(
+    progressive_server, browser, artifacts
+):
     opened = Run(progressive_server, browser, artifacts, "progressive_live", "voila")
     try:
         opened.open()
@@ -643,6 +734,7 @@ def test_voila_shows_live_attention_while_the_next_cell_trains(progressive_serve
         opened.record(first_draw_s=time.perf_counter() - opened.started, waited_s=drawn_s)
     finally:
         opened.close()
+
 
 # Every stepper document of the page: each stage panel's range, visibility,
 # title and data, read from Bokeh's models as drawn.
@@ -684,9 +776,12 @@ READ_PANEL_WIDTHS = """
   .map((view) => [view.model.name, view.el.getBoundingClientRect().width, view.model.min_width])
 """
 
+
 def by_translator(steppers):
     """`{"seq2seq": ..., "transformer": ...}`: the Transformer's alignment names its layer."""
-    found = {("transformer" if "layer" in s["alignment"]["title"] else "seq2seq"): s for s in steppers}
+    found = {
+        ("transformer" if "layer" in s["alignment"]["title"] else "seq2seq"): s for s in steppers
+    }
     assert len(found) == 2, [s["alignment"]["title"] for s in steppers]
     return found
 
@@ -717,7 +812,9 @@ def assert_backgrounds(page, dark):
 
 def assert_holds(span, values, what):
     low, high = min(span), max(span)
-    assert low <= min(values) and max(values) <= high, f"{what}: range {span} does not hold {min(values)}..{max(values)}"
+    assert low <= min(values) and max(values) <= high, (
+        f"{what}: range {span} does not hold {min(values)}..{max(values)}"
+    )
 
 
 def assert_stepper_panels_drawn(stepper, rows, transformer):
@@ -733,10 +830,17 @@ def assert_stepper_panels_drawn(stepper, rows, transformer):
     # ... and fits them (a range left at another step's, or at [-1, 1], clips or flattens the bars).
     scores = stepper["scores"]["data"]["weight"]
     extent = max(0.0, max(scores)) - min(0.0, min(scores))
-    assert max(stepper["scores"]["y"]) - min(stepper["scores"]["y"]) <= 1.25 * extent, (stepper["scores"]["y"], extent)
+    assert max(stepper["scores"]["y"]) - min(stepper["scores"]["y"]) <= 1.25 * extent, (
+        stepper["scores"]["y"],
+        extent,
+    )
     assert_holds(stepper["scores"]["x"], stepper["scores"]["data"]["position"], "scores x")
-    assert_holds(stepper["distribution"]["y"], stepper["distribution"]["data"]["weight"], "distribution y")
-    assert_holds(stepper["candidate"]["x"], stepper["candidate"]["data"]["probability"], "candidate x")
+    assert_holds(
+        stepper["distribution"]["y"], stepper["distribution"]["data"]["weight"], "distribution y"
+    )
+    assert_holds(
+        stepper["candidate"]["x"], stepper["candidate"]["data"]["probability"], "candidate x"
+    )
     assert_holds(stepper["candidate"]["y"], stepper["candidate"]["data"]["rank"], "candidate y")
     weighted = stepper["weighted"]["data"]
     assert_holds(stepper["weighted"]["y"], weighted["row"], "weighted-sum rows")
@@ -756,17 +860,25 @@ WIDE = {"width": 1920, "height": 1080}
 
 def open_in_layout(run, notebook, front_end, width, theme):
     label = f"_{width}" + ("_dark" if theme else "")
-    opened = run(notebook, front_end, width=width, height=900 if width == 1280 else 1080, label=label)
+    opened = run(
+        notebook, front_end, width=width, height=900 if width == 1280 else 1080, label=label
+    )
     if theme:
-        opened.page.evaluate(f"() => window.jupyterapp.commands.execute('apputils:change-theme', "
-                             f"{{theme: {theme!r}}})")
-        opened.page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=60_000)
+        opened.page.evaluate(
+            f"() => window.jupyterapp.commands.execute('apputils:change-theme', "
+            f"{{theme: {theme!r}}})"
+        )
+        opened.page.wait_for_function(
+            "document.body.dataset.jpThemeLight === 'false'", timeout=60_000
+        )
     return opened
 
 
 def restore_light_theme(opened):
-    opened.page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme',"
-                         " {theme: 'JupyterLab Light'})")
+    opened.page.evaluate(
+        "() => window.jupyterapp.commands.execute('apputils:change-theme',"
+        " {theme: 'JupyterLab Light'})"
+    )
     opened.page.wait_for_function("document.body.dataset.jpThemeLight === 'true'", timeout=60_000)
 
 
@@ -787,8 +899,10 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
     try:
         kernel = opened.kernel_state()
         assert kernel["tokens"] == [["he", "hit", "me"]] * 2
-        opened.wait(f"({READ_STEPPERS})().length === 2 && ({READ_STEPPERS})().every("
-                    "(s) => new Set(s.alignment.data.row).size === 3)")
+        opened.wait(
+            f"({READ_STEPPERS})().length === 2 && ({READ_STEPPERS})().every("
+            "(s) => new Set(s.alignment.data.row).size === 3)"
+        )
         steppers = by_translator(opened.page.evaluate(READ_STEPPERS))
         for name, stepper in steppers.items():
             assert_stepper_panels_drawn(stepper, 3, name == "transformer")
@@ -798,7 +912,9 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
         opened.page.get_by_role("button", name="Next token").first.click()
         opened.wait(f"({READ_STEPPERS})().some((s) => s.alignment.data.row.includes(3))")
         opened.page.wait_for_timeout(500)
-        assert_stepper_panels_drawn(by_translator(opened.page.evaluate(READ_STEPPERS))["seq2seq"], 4, False)
+        assert_stepper_panels_drawn(
+            by_translator(opened.page.evaluate(READ_STEPPERS))["seq2seq"], 4, False
+        )
         assert_backgrounds(opened.page, dark=bool(theme))
         assert_panels_sized(opened.page, wide=False)
         save_stepper_figures(opened, theme)
@@ -807,8 +923,10 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
         with contextlib.suppress(PlaywrightTimeout):  # the assertion below says what was drawn
-            opened.wait(f"({READ_PANEL_WIDTHS})().every(([name, drawn, designed]) => drawn >= 1.25 * designed)",
-                        timeout_s=30)
+            opened.wait(
+                f"({READ_PANEL_WIDTHS})().every(([name, drawn, designed]) => drawn >= 1.25 * designed)",
+                timeout_s=30,
+            )
         opened.page.wait_for_timeout(500)
         assert_panels_sized(opened.page, wide=True)
         text_boxes.assert_legible(opened.page, minimum_axes=20)
@@ -816,7 +934,10 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
         if theme:
             restore_light_theme(opened)
     if theme:  # and back to light when the theme is switched back
-        opened.wait(f"({READ_BACKGROUNDS})().every(([a, b]) => a === '#ffffff' && b === '#ffffff')", timeout_s=30)
+        opened.wait(
+            f"({READ_BACKGROUNDS})().every(([a, b]) => a === '#ffffff' && b === '#ffffff')",
+            timeout_s=30,
+        )
     assert_no_script_ran(opened.page)
 
 
@@ -827,7 +948,9 @@ def save_stepper_figures(opened, theme):
     for index, name in enumerate(("decoding_stepper", "transformer_stepper")):
         widget = widgets.nth(index)
         # A window tall enough for the whole widget (the notebook panel scrolls inside the page).
-        page.set_viewport_size({"width": viewport["width"], "height": int(widget.bounding_box()["height"]) + 400})
+        page.set_viewport_size(
+            {"width": viewport["width"], "height": int(widget.bounding_box()["height"]) + 400}
+        )
         widget.scroll_into_view_if_needed()
         page.wait_for_timeout(500)
         file_name = f"{name}_1280{'_dark' if theme else ''}.png"
@@ -863,9 +986,11 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, wid
         opened.kernel_state()
         # The token labels arrive with the kernel's first frame, which a loaded
         # machine may deliver after the documents (CI: empty at 500 ms once).
-        opened.wait(f"(() => {{ const v = ({READ_HEAD_VIEWS})(); "
-                    "return v.length === 2 && v.every((x) => x.position.length > 0); })()",
-                    timeout_s=60)
+        opened.wait(
+            f"(() => {{ const v = ({READ_HEAD_VIEWS})(); "
+            "return v.length === 2 && v.every((x) => x.position.length > 0); })()",
+            timeout_s=60,
+        )
         opened.page.wait_for_timeout(500)  # nothing touched: this is the first draw
         views = opened.page.evaluate(READ_HEAD_VIEWS)
         for view, length in zip(views, (10, 64)):
@@ -875,7 +1000,9 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, wid
                 assert positions == list(range(length))
                 # Every token's label is inside the drawn range (one label per token, none cut) ...
                 shown = [p for p in positions if low < p < high]
-                assert shown == positions, f"{side} labels drawn: {len(shown)} of {length} (range {view['y']})"
+                assert shown == positions, (
+                    f"{side} labels drawn: {len(shown)} of {length} (range {view['y']})"
+                )
             # ... with room for it (9pt labels, at least 12 px a row) ...
             assert view["height"] / (high - low) >= 12, (view["height"], view["y"])
             # ... and every line starts and ends inside the panel.

@@ -13,12 +13,14 @@ from keras_attention.widgets import live_attention as live_attention_module
 
 
 def make_model(length=6, features=4):
-    model = keras.Sequential([
-        keras.Input((length, features)),
-        keras_attention.LuongAttention(score="general", name="att"),
-        keras.layers.GlobalAveragePooling1D(),
-        keras.layers.Dense(1),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((length, features)),
+            keras_attention.LuongAttention(score="general", name="att"),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
     return model
 
@@ -46,7 +48,9 @@ class RecordingLiveAttention(LiveAttention):
     def update(self, title_suffix=""):
         super().update(title_suffix)
         cells = np.asarray(self.sources["att"].data["weight"]).reshape(6, 6)
-        self.drawn.append((cells, reference(self.model, self.probe_inputs), self.figures["att"].title.text))
+        self.drawn.append(
+            (cells, reference(self.model, self.probe_inputs), self.figures["att"].title.text)
+        )
 
 
 @pytest.fixture
@@ -58,8 +62,9 @@ def no_snapshots(monkeypatch):
 def test_updates_patch_every_cell_with_the_current_attention(fake_comm, no_snapshots):
     model = make_model()
     x, y = data()
-    callback = RecordingLiveAttention(model, x[:2], every_n_batches=3, min_interval_s=0,
-                                      overhead_budget=1.0, snapshot_dir=None)
+    callback = RecordingLiveAttention(
+        model, x[:2], every_n_batches=3, min_interval_s=0, overhead_budget=1.0, snapshot_dir=None
+    )
     comm = callback.widget.children[2].comm
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
     # 8 batches per epoch, checked before batches 2..8 of each epoch: after 3 and 6
@@ -82,8 +87,9 @@ def test_updates_patch_every_cell_with_the_current_attention(fake_comm, no_snaps
 def test_every_update_is_kept_and_the_slider_replays_it(fake_comm, no_snapshots):
     model = make_model()
     x, y = data()
-    callback = RecordingLiveAttention(model, x[:2], every_n_batches=3, min_interval_s=0,
-                                      overhead_budget=1.0, snapshot_dir=None)
+    callback = RecordingLiveAttention(
+        model, x[:2], every_n_batches=3, min_interval_s=0, overhead_budget=1.0, snapshot_dir=None
+    )
     callback.widget  # noqa: B018 - the slider lives in the widget
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
     assert len(callback.frames) == 1 + callback.updates
@@ -93,16 +99,24 @@ def test_every_update_is_kept_and_the_slider_replays_it(fake_comm, no_snapshots)
     for index, (cells, _, title) in enumerate(callback.drawn, start=1):
         np.testing.assert_allclose(callback.frames[index][1]["att"], cells, rtol=1e-6)
     callback.replay.value = 2
-    np.testing.assert_allclose(np.reshape(callback.sources["att"].data["weight"], (6, 6)),
-                               callback.drawn[1][0], rtol=1e-6)
+    np.testing.assert_allclose(
+        np.reshape(callback.sources["att"].data["weight"], (6, 6)), callback.drawn[1][0], rtol=1e-6
+    )
     assert callback.figures["att"].title.text == callback.drawn[1][2]
 
 
 def test_the_history_is_bounded_by_max_frames(fake_comm, no_snapshots):
     model = make_model()
     x, y = data()
-    callback = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0,
-                             snapshot_dir=None, max_frames=5)
+    callback = LiveAttention(
+        model,
+        x[:2],
+        every_n_batches=1,
+        min_interval_s=0,
+        overhead_budget=1.0,
+        snapshot_dir=None,
+        max_frames=5,
+    )
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
     assert callback.updates == 16 and len(callback.frames) == 5
     assert callback.frames[-1][0].startswith("epoch 2 end")
@@ -112,12 +126,17 @@ def test_defaults_give_a_short_fit_a_watchable_number_of_frames(fake_comm, monke
     # A 2.5 s fit (50 batches of 50 ms) used to get 4 updates. The callback's
     # clock is simulated (updates cost nothing), so only the defaults throttle.
     clock = [0.0]
-    monkeypatch.setattr(live_attention_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
-                                                                            thread_time=time.thread_time))
+    monkeypatch.setattr(
+        live_attention_module,
+        "time",
+        types.SimpleNamespace(perf_counter=lambda: clock[0], thread_time=time.thread_time),
+    )
     model = make_model()
     x, y = data(samples=200)
     callback = LiveAttention(model, x[:2], snapshot_dir=None)
-    tick = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: clock.__setitem__(0, clock[0] + 0.05))
+    tick = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: clock.__setitem__(0, clock[0] + 0.05)
+    )
     model.fit(x, y, batch_size=4, epochs=1, callbacks=[callback, tick], verbose=0)
     assert 8 <= callback.updates <= 12, callback.updates
 
@@ -127,8 +146,9 @@ def test_export_replays_every_frame(fake_comm, tmp_path):
 
     model = make_model()
     x, y = data(samples=8)
-    callback = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0,
-                             snapshot_dir=None)
+    callback = LiveAttention(
+        model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0, snapshot_dir=None
+    )
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
     html = open(export_html(callback, tmp_path / "live.html"), encoding="utf-8").read()
     assert html.count("epoch 2 end") >= 1 and "before training" in html
@@ -139,7 +159,9 @@ def test_export_replays_every_frame(fake_comm, tmp_path):
 def test_min_interval_throttles_batch_updates(fake_comm):
     model = make_model()
     x, y = data()
-    callback = LiveAttention(model, x[:1], every_n_batches=1, min_interval_s=1000, snapshot_dir=None)
+    callback = LiveAttention(
+        model, x[:1], every_n_batches=1, min_interval_s=1000, snapshot_dir=None
+    )
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
     assert callback.updates == 1 + 2  # after the first batch, then only the epoch ends
 
@@ -168,7 +190,9 @@ def test_outside_a_notebook_an_html_snapshot_is_written_per_epoch(fake_comm, tmp
     x, y = data(samples=8)
     callback = LiveAttention(model, x[:2])
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
-    assert callback.snapshots == [os.path.join("attention_snapshots", f"epoch_00{i}.html") for i in (1, 2)]
+    assert callback.snapshots == [
+        os.path.join("attention_snapshots", f"epoch_00{i}.html") for i in (1, 2)
+    ]
     html = (tmp_path / callback.snapshots[1]).read_text(encoding="utf-8")
     assert "epoch 2 end" in html
 
@@ -185,7 +209,10 @@ def test_inside_a_notebook_no_snapshot_is_written(fake_comm, tmp_path, monkeypat
 
 def test_a_single_layer_can_be_watched_with_a_query_value_probe(fake_comm):
     layer = keras_attention.LuongAttention(name="cross")
-    query, value = np.ones((2, 3, 4), "float32"), np.random.default_rng(1).normal(size=(2, 5, 4)).astype("float32")
+    query, value = (
+        np.ones((2, 3, 4), "float32"),
+        np.random.default_rng(1).normal(size=(2, 5, 4)).astype("float32"),
+    )
     callback = LiveAttention(layer, (query, value))
     _, expected = layer(query, value, return_attention_scores=True)
     cells = np.asarray(callback.sources["cross"].data["weight"]).reshape(3, 5)
@@ -214,13 +241,18 @@ def test_negative_min_interval_is_rejected(fake_comm):
 
 def test_probe_of_the_wrong_shape_is_rejected_at_construction(fake_comm):
     x, _ = data(features=5)
-    with pytest.raises(ValueError, match=r"input shape of '.*' \(None, 6, 4\).*Received: probe_inputs of shape \(2, 6, 5\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"input shape of '.*' \(None, 6, 4\).*Received: probe_inputs of shape \(2, 6, 5\)",
+    ):
         LiveAttention(make_model(), x[:2])
 
 
 def test_probe_the_model_cannot_take_is_rejected_at_construction(fake_comm):
     layer = keras_attention.LuongAttention(name="cross")
-    with pytest.raises(ValueError, match=r"calling 'cross' on `probe_inputs` failed.*\[\(2, 3, 4\), \(2, 5, 7\)\]"):
+    with pytest.raises(
+        ValueError, match=r"calling 'cross' on `probe_inputs` failed.*\[\(2, 3, 4\), \(2, 5, 7\)\]"
+    ):
         LiveAttention(layer, (np.ones((2, 3, 4), "float32"), np.ones((2, 5, 7), "float32")))
 
 
@@ -248,10 +280,12 @@ def test_snapshots_stay_inside_their_share_of_the_budget(fake_comm, tmp_path, mo
     x, y = data(samples=8)
     callback = LiveAttention(model, x[:2])
     model.fit(x, y, batch_size=4, epochs=6, callbacks=[callback], verbose=0)
-    assert callback.snapshots == [os.path.join("attention_snapshots", f"epoch_00{i}.html")
-                                  for i in (1, 6)]
+    assert callback.snapshots == [
+        os.path.join("attention_snapshots", f"epoch_00{i}.html") for i in (1, 6)
+    ]
     assert "epoch 6 end" in (tmp_path / callback.snapshots[1]).read_text(encoding="utf-8")
     assert callback.snapshot_time >= 0.4
+
     # A snapshot that costs (almost) nothing is written every epoch.
     def cheap_render(self, path, latest, epoch):
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -280,13 +314,16 @@ def test_snapshots_stay_inside_their_share_of_the_budget(fake_comm, tmp_path, mo
     assert len(callback.snapshots) == 4
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    (dict(example=3), r"`example` must be in \[0, 2\).*Received: example=3"),
-    (dict(head=5), r"`head` must be None or in \[0, 1\): 'att' has 1 head.*head=5"),
-    (dict(example=-1), r"`example` must be a non-negative integer.*example=-1"),
-    (dict(head=1.5), r"`head` must be a non-negative integer or None.*head=1.5"),
-    (dict(query_tokens=5), r"`query_tokens` must be a list of token strings"),
-])
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(example=3), r"`example` must be in \[0, 2\).*Received: example=3"),
+        (dict(head=5), r"`head` must be None or in \[0, 1\): 'att' has 1 head.*head=5"),
+        (dict(example=-1), r"`example` must be a non-negative integer.*example=-1"),
+        (dict(head=1.5), r"`head` must be a non-negative integer or None.*head=1.5"),
+        (dict(query_tokens=5), r"`query_tokens` must be a list of token strings"),
+    ],
+)
 def test_example_and_head_out_of_range_blame_themselves(fake_comm, kwargs, pattern):
     x, _ = data()
     with pytest.raises((ValueError, TypeError), match=rf"^LiveAttention: {pattern}") as info:

@@ -14,8 +14,13 @@ NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "examples", "notebooks", "*.ipyn
 
 def test_there_is_a_notebook_per_component():
     names = {os.path.basename(path) for path in NOTEBOOKS}
-    assert {"decoding_stepper.ipynb", "live_attention.ipynb", "attention_explorer.ipynb",
-            "figures.ipynb", "attention_walkthrough.ipynb"} <= names
+    assert {
+        "decoding_stepper.ipynb",
+        "live_attention.ipynb",
+        "attention_explorer.ipynb",
+        "figures.ipynb",
+        "attention_walkthrough.ipynb",
+    } <= names
 
 
 @pytest.mark.slow
@@ -33,8 +38,12 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     # results, pretrained/); training them again is tests/examples/seed_alignment_test.py's.
     shutil.copytree(os.path.join(os.path.dirname(path), "pretrained"), tmp_path / "pretrained")
     shipped = {f.name: f.stat().st_mtime_ns for f in (tmp_path / "pretrained").iterdir()}
-    client = NotebookClient(notebook, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     start = time.perf_counter()
     client.execute()  # kernel start included
     seconds = time.perf_counter() - start
@@ -47,8 +56,12 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     from bokeh.resources import INLINE
 
     bokehjs = INLINE.js_raw[0][5000:5200]
-    copies = sum("".join(value).count(bokehjs) for output in outputs
-                 for value in output.get("data", {}).values() if isinstance(value, (str, list)))
+    copies = sum(
+        "".join(value).count(bokehjs)
+        for output in outputs
+        for value in output.get("data", {}).values()
+        if isinstance(value, (str, list))
+    )
     assert copies == 1, f"BokehJS is stored {copies} times"
     # No block of TensorFlow start-up log lines (absl "I0000 ..." / "E0000 ...").
     stderr = "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
@@ -61,8 +74,12 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
         assert_figures_legible(notebook, tmp_path)
     # Widgets were displayed (the component notebooks end in a widget).
     if "walkthrough" not in path and "figures" not in path:
-        mimes = {key for cell in notebook.cells for output in cell.get("outputs", [])
-                 for key in output.get("data", {})}
+        mimes = {
+            key
+            for cell in notebook.cells
+            for output in cell.get("outputs", [])
+            for key in output.get("data", {})
+        }
         assert "application/vnd.jupyter.widget-view+json" in mimes
 
 
@@ -82,7 +99,9 @@ def assert_figures_legible(notebook, tmp_path):
     page_path = tmp_path / "notebook.html"
     page_path.write_text(HTMLExporter().from_notebook_node(notebook)[0], encoding="utf-8")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=list(CHROMIUM_ARGS), headless=True)
+        browser = playwright.chromium.launch(
+            executable_path=chromium, args=list(CHROMIUM_ARGS), headless=True
+        )
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(page_path.as_uri())
