@@ -11,9 +11,38 @@ NumPy scalars and 0-d arrays count as the Python numbers they hold
 integer and a bool is never a number.
 """
 
+import contextlib
+import contextvars
 import numbers
 
 import numpy as np
+
+
+# The composite layer under construction, whose name the errors of the layers
+# it builds carry (see `errors_name`).
+_composite_owner = contextvars.ContextVar("keras_attention_composite_owner", default=None)
+
+
+@contextlib.contextmanager
+def errors_name(owner):
+    """Inside, layers under construction name `owner` in their argument errors.
+
+    A composite layer (`AttentionPooling`) builds its sublayer from the
+    arguments the user gave the composite: an error about them must name the
+    layer the user built. The sublayer's constructor asks
+    `constructor_owner(self)`.
+    """
+    token = _composite_owner.set(owner)
+    try:
+        yield
+    finally:
+        _composite_owner.reset(token)
+
+
+def constructor_owner(layer):
+    """The name a constructor's argument errors carry: the composite being
+    built around `layer` (`errors_name`), else `layer`'s class."""
+    return _composite_owner.get() or type(layer).__name__
 
 
 def owner_name(owner):

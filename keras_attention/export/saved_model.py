@@ -20,6 +20,12 @@ SERVING_OUTPUTS = (
 )
 # The signatures every exported translator has (`serving_default` as well).
 SIGNATURES = ("greedy", "beam_search")
+# The widest beam the exported beam-search signature serves when the caller
+# names none: at least `beam_width`, and room for a client to ask for 4.
+DEFAULT_MAX_BEAM_WIDTH = 4
+# The default warmup request's text: this many source-vocabulary tokens, the
+# first after the reserved ones (a text the tokenizer maps to known ids).
+WARMUP_TEXT_TOKENS = 10
 
 
 def export_translator(
@@ -77,7 +83,7 @@ def export_translator(
             `os.PathLike`; not an existing file).
         beam_width: the width `serving_default` decodes with.
         max_beam_width: the largest width `beam_search` accepts; defaults
-            to `max(4, beam_width)`; at most `translator.max_beam_width()`.
+            to `max(DEFAULT_MAX_BEAM_WIDTH, beam_width)` (4); at most `translator.max_beam_width()`.
         max_length, length_penalty: as in `translate`, fixed at export.
         warmup_texts: strings for the warmup requests; defaults to a text made
             of the first source-vocabulary tokens, and an empty text.
@@ -99,12 +105,12 @@ def export_translator(
     path = _check_path(owner, path)
     # The exported graph tokenizes with tensorflow-text's ops.
     _extras.require_tensorflow_text(owner)
-    beam_width, max_length, length_penalty = translator._check_decoding_arguments(
+    beam_width, max_length, length_penalty = translator.check_decoding_arguments(
         beam_width, max_length, length_penalty, owner=owner
     )
     if max_beam_width is None:
-        max_beam_width = max(4, beam_width)
-    max_beam_width, _, _ = translator._check_decoding_arguments(
+        max_beam_width = max(DEFAULT_MAX_BEAM_WIDTH, beam_width)
+    max_beam_width, _, _ = translator.check_decoding_arguments(
         max_beam_width,
         max_length,
         length_penalty,
@@ -126,7 +132,8 @@ def export_translator(
             )
         )
     if warmup_texts is None:
-        tokens = translator.source_vocabulary[4:14]
+        first = len(text_processing.RESERVED_TOKENS)
+        tokens = translator.source_vocabulary[first : first + WARMUP_TEXT_TOKENS]
         warmup_texts = [translator.source_text.separator.join(tokens), ""]
     # Valid UTF-8 strings, as `translate` reads them (a warmup request is a
     # real request: TF Serving answers it on load).

@@ -75,7 +75,7 @@ class AdditiveAttention(ScoreAttention):
         kernel_regularizer=None,
         **kwargs,
     ):
-        owner = kwargs.get("_owner") or type(self).__name__
+        owner = validation.constructor_owner(self)
         super().__init__(dropout=dropout, seed=seed, **kwargs)
         self.use_scale = validation.validate_bool(owner, "use_scale", use_scale)
         self.units = validation.validate_positive_int(owner, "units", units, allow_none=True)

@@ -36,12 +36,13 @@ def _score_layer(score, units, dropout, seed, dtype, name):
             f"'concat'. Received: units={units!r} with score={score!r}"
         )
     # The user built AttentionPooling: the sublayer's errors say so.
-    common = dict(dropout=dropout, seed=seed, dtype=dtype, name=name, _owner="AttentionPooling")
-    if score == "additive":
-        return AdditiveAttention(units=units, **common)
-    if score == "scaled_dot":
-        return LuongAttention(score_mode="dot", scale=True, **common)
-    return LuongAttention(score_mode=score, units=units, **common)
+    common = dict(dropout=dropout, seed=seed, dtype=dtype, name=name)
+    with validation.errors_name("AttentionPooling"):
+        if score == "additive":
+            return AdditiveAttention(units=units, **common)
+        if score == "scaled_dot":
+            return LuongAttention(score_mode="dot", divide_by_sqrt_dim=True, **common)
+        return LuongAttention(score_mode=score, units=units, **common)
 
 
 @keras_attention_export("layers")

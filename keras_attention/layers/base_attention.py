@@ -52,13 +52,14 @@ class BaseAttention(keras.layers.Layer):
         **kwargs: base layer arguments (`name`, `dtype`, ...).
     """
 
-    # Set by `capture_attention`; `None` means weights are not being recorded.
+    # Set by `start_recording` (`capture_attention`); `None` means weights are
+    # not being recorded.
     _attention_recorder = None
 
     def __init__(self, dropout=0.0, seed=None, **kwargs):
-        # A composed layer (AttentionPooling) names itself in the errors of
+        # A composite layer (AttentionPooling) names itself in the errors of
         # the layer it builds: the user built the composite, not this one.
-        owner = kwargs.pop("_owner", None) or type(self).__name__
+        owner = validation.constructor_owner(self)
         super().__init__(**kwargs)
         self.dropout = utils.validate_rate(owner, "dropout", dropout)
         self.seed = utils.validate_seed(owner, seed)
@@ -79,7 +80,7 @@ class BaseAttention(keras.layers.Layer):
 
     # ------------------------------------------------------------- validation
     def __call__(self, *args, **kwargs):
-        if not type(self).call.__module__.startswith("keras_attention."):
+        if not utils.has_contract(type(self).call):
             # A subclass written for Keras' layer with a `call` of its own
             # (KerasHub's XLNet attention takes `content_stream`): its inputs
             # are its own business.
@@ -177,3 +178,25 @@ class BaseAttention(keras.layers.Layer):
         config = super().get_config()
         config.update({"dropout": self.dropout, "seed": self.seed})
         return config
+
+
+class _Recorder:
+    """Plain holder, so that Keras' attribute tracking leaves it alone."""
+
+    def __init__(self):
+        self.weights = []
+
+
+def start_recording(layer):
+    """Makes `layer` (a `BaseAttention`) keep the weights of its next calls.
+
+    Package-internal, for `capture_attention`: the recorder is an attribute
+    of this module's class, so only this module reads or sets it.
+    """
+    layer._attention_recorder = _Recorder()
+
+
+def stop_recording(layer):
+    """Ends `start_recording`; returns the weights recorded, one per call."""
+    recorder, layer._attention_recorder = layer._attention_recorder, None
+    return [] if recorder is None else recorder.weights

@@ -19,6 +19,7 @@ from keras_attention import distribution
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import attention_layout
+from keras_attention.layers import utils
 from keras_attention.layers.base_attention import BaseAttention
 from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import masking
@@ -395,6 +396,7 @@ class BaseMultiHeadAttention(BaseAttention):
             return attention_mask
         return attention_masks.from_keras_mask(attention_mask, use_causal_mask)
 
+    @utils.follows_contract
     def _compute_attention(
         self,
         query,
@@ -676,7 +678,7 @@ class BaseMultiHeadAttention(BaseAttention):
         """`_compute_attention`, given a Keras-style merged mask when a
         subclass written for Keras overrides it."""
         hook = type(self)._compute_attention
-        if hook.__module__.startswith("keras_attention."):
+        if utils.has_contract(hook):
             return self._compute_attention(
                 query, key, value, mask, training, return_attention_scores
             )
@@ -762,6 +764,7 @@ class BaseMultiHeadAttention(BaseAttention):
             return weights
         return ops.where(keep, weights, ops.zeros((), dtype=weights.dtype))
 
+    @utils.follows_contract
     def call(
         self,
         query,
@@ -840,7 +843,7 @@ class BaseMultiHeadAttention(BaseAttention):
         return results
 
     def compute_output_spec(self, *args, **kwargs):
-        if not type(self).call.__module__.startswith("keras_attention."):
+        if not utils.has_contract(type(self).call):
             # A subclass written for Keras' layer (KerasHub's cached
             # attention): trace its own `call`.
             return keras.layers.Layer.compute_output_spec(self, *args, **kwargs)

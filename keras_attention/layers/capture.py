@@ -3,22 +3,17 @@
 import numpy as np
 
 from keras_attention.api_export import keras_attention_export
-
-
-class _Recorder:
-    """Plain holder, so that Keras' attribute tracking leaves it alone."""
-
-    def __init__(self):
-        self.weights = []
+from keras_attention.layers import base_attention
+from keras_attention.layers import utils
 
 
 def attention_layers(model_or_layer):
     """Every layer under `model_or_layer` (itself included) that records attention."""
-    found = []
-    for layer in model_or_layer._flatten_layers(include_self=True, recursive=True):
-        if hasattr(layer, "_record_attention"):
-            found.append(layer)
-    return found
+    return [
+        layer
+        for layer in utils.sublayers(model_or_layer)
+        if isinstance(layer, base_attention.BaseAttention)
+    ]
 
 
 @keras_attention_export("layers", serializable=False)
@@ -59,15 +54,14 @@ class capture_attention:
 
     def __enter__(self):
         for layer in self.layers:
-            layer._attention_recorder = _Recorder()
+            base_attention.start_recording(layer)
         return self
 
     def __exit__(self, *exc_info):
         for layer in self.layers:
-            recorder = layer._attention_recorder
-            layer._attention_recorder = None
+            weights = base_attention.stop_recording(layer)
             self.scores[layer.path or layer.name] = [
-                np.asarray(w, dtype="float32") for w in recorder.weights
+                np.asarray(w, dtype="float32") for w in weights
             ]
         return False
 

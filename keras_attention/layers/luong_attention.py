@@ -1,3 +1,5 @@
+import warnings
+
 import keras
 from keras import ops
 
@@ -39,8 +41,9 @@ class LuongAttention(ScoreAttention):
 
     `use_scale=True` learns a scalar `scale` (initialised to 1) that
     multiplies the scores (inside the `tanh` of Keras' concat, as Keras
-    does). `scale=True` (ours) divides every score by `sqrt(dk)`; with
-    `score_mode="dot"` that is the Transformer's scaled dot product.
+    does). `divide_by_sqrt_dim=True` (ours) divides every score by
+    `sqrt(dk)`, a constant; with `score_mode="dot"` that is the
+    Transformer's scaled dot product.
 
     Args:
         use_scale: learn a scalar `scale` of the scores, as Keras.
@@ -49,7 +52,10 @@ class LuongAttention(ScoreAttention):
         seed: seed for the dropout.
         units: (keyword-only) hidden width of Luong's concat score; only
             with `score_mode="concat"`.
-        scale: (keyword-only) divide scores by `sqrt(dk)`.
+        divide_by_sqrt_dim: (keyword-only) divide scores by `sqrt(dk)`.
+        scale: (keyword-only) deprecated name of `divide_by_sqrt_dim` (it
+            read like Keras' learned `scale` weight); still accepted, with a
+            DeprecationWarning, until the next minor release.
         score: (keyword-only) older name of `score_mode`; give one of them.
         kernel_initializer: (keyword-only) initializer for `W` (and `v`).
         kernel_regularizer: (keyword-only) regularizer for `W` (and `v`).
@@ -76,16 +82,34 @@ class LuongAttention(ScoreAttention):
         seed=None,
         *,
         units=None,
-        scale=False,
+        divide_by_sqrt_dim=False,
+        scale=None,
         score=None,
         kernel_initializer="glorot_uniform",
         kernel_regularizer=None,
         **kwargs,
     ):
-        owner = kwargs.get("_owner") or type(self).__name__
+        owner = validation.constructor_owner(self)
         super().__init__(dropout=dropout, seed=seed, **kwargs)
         self.use_scale = validation.validate_bool(owner, "use_scale", use_scale)
-        self._scale_by_key_dim = validation.validate_bool(owner, "scale", scale)
+        if scale is not None:
+            warnings.warn(
+                f"{owner}: `scale` is deprecated: it is now called "
+                "`divide_by_sqrt_dim` (a constant 1/sqrt(dk), not Keras' learned "
+                f"`scale` weight, which `use_scale` adds). Received: scale={scale!r}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if divide_by_sqrt_dim:
+                raise ValueError(
+                    f"{owner}: `scale` is the deprecated name of "
+                    "`divide_by_sqrt_dim`; give one of them. Received: "
+                    f"scale={scale!r}, divide_by_sqrt_dim={divide_by_sqrt_dim!r}"
+                )
+            divide_by_sqrt_dim, sqrt_argument = scale, "scale"
+        else:
+            sqrt_argument = "divide_by_sqrt_dim"
+        self.divide_by_sqrt_dim = validation.validate_bool(owner, sqrt_argument, divide_by_sqrt_dim)
         if score is not None:
             if score_mode not in ("dot", score):
                 raise ValueError(
@@ -129,7 +153,7 @@ class LuongAttention(ScoreAttention):
 
     def build_score(self, query_shape, key_shape):
         query_dim, key_dim = query_shape[-1], key_shape[-1]
-        self._scale_factor = inverse_sqrt(key_dim) if self._scale_by_key_dim else None
+        self._scale_factor = inverse_sqrt(key_dim) if self.divide_by_sqrt_dim else None
         keras_form = self.score_mode == "dot" or (
             self.score_mode == "concat" and self.units is None
         )
@@ -209,7 +233,8 @@ class LuongAttention(ScoreAttention):
                 "use_scale": self.use_scale,
                 "score_mode": self.score_mode,
                 "units": self.units,
-                "scale": self._scale_by_key_dim,
+                "divide_by_sqrt_dim": self.divide_by_sqrt_dim,
+                "scale": None,  # the deprecated name, resolved into divide_by_sqrt_dim
                 "score": None,  # the older name, resolved into score_mode
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),

@@ -26,7 +26,6 @@ from keras_attention.api_export import keras_attention_export
 DEFAULT_FRACTION = 0.75
 
 _budget = None  # bytes, set by `set_attention_memory_budget` or read once
-_reader = None  # replaced in tests: () -> available bytes or None
 
 
 def _host_available():
@@ -84,8 +83,6 @@ def _device_available():
 
 def available_memory():
     """Bytes free for attention's working set here (None if unknown)."""
-    if _reader is not None:
-        return _reader()
     device = _device_available()
     return device if device is not None else _host_available()
 

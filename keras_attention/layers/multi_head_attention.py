@@ -8,6 +8,7 @@ from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import kernel_selector
 from keras_attention.layers import memory_budget
 from keras_attention.layers import scores_selection
+from keras_attention.layers import utils
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.kernel_selector import Kernel
 from keras_attention.ops import dense_attention
@@ -361,6 +362,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             return True
         return self._dropout_callable(training) is not None
 
+    @utils.follows_contract
     def _compute_attention(
         self,
         query,
@@ -645,6 +647,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         return call, projected_query, gate, key, value, cache
 
     # ------------------------------------------------------------------- call
+    @utils.follows_contract
     def call(
         self,
         query,

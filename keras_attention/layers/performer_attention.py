@@ -3,6 +3,7 @@ from keras import ops
 
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.layers import utils
 from keras_attention.layers.utils import validate_positive_int
 from keras_attention.ops import favor
 
@@ -242,9 +243,7 @@ class RedrawFeatures(keras.callbacks.Callback):
 
     def _performer_layers(self):
         return [
-            layer
-            for layer in self.model._flatten_layers(include_self=True, recursive=True)
-            if isinstance(layer, PerformerAttention)
+            layer for layer in utils.sublayers(self.model) if isinstance(layer, PerformerAttention)
         ]
 
     def on_train_batch_end(self, batch, logs=None):

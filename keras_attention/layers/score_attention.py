@@ -257,6 +257,7 @@ class ScoreAttention(BaseAttention):
         self._built_feature_dims = (query_shape[-1], value_shape[-1], key_shape[-1])
         self.built = True
 
+    @utils.follows_contract
     def call(
         self,
         query,

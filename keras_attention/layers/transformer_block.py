@@ -91,6 +91,18 @@ def check_mask(block, name, mask, expected_shape):
         )
 
 
+# What each random sublayer adds to the block's `seed`, so that no two of them
+# draw the same dropout mask; fixed, since a saved block's `seed` must give
+# the same sublayer seeds when it is loaded.
+SEED_OFFSETS = {
+    "self_attention": 0,
+    "self_attention_dropout": 1,
+    "cross_attention": 2,
+    "cross_attention_dropout": 3,
+    "feedforward_dropout": 100,
+}
+
+
 class TransformerBlockBase(keras.layers.Layer):
     """What the encoder and decoder blocks share: arguments and sublayers."""
 
@@ -146,16 +158,16 @@ class TransformerBlockBase(keras.layers.Layer):
         self.supports_masking = True
 
     # ------------------------------------------------------------- sublayers
-    def _seed(self, offset):
-        return None if self.seed is None else self.seed + offset
+    def _seed(self, name):
+        return None if self.seed is None else self.seed + SEED_OFFSETS[name]
 
-    def _make_attention(self, prototype, name, seed_offset):
+    def _make_attention(self, prototype, name):
         if prototype is None:
             return MultiHeadAttention(
                 num_heads=self.num_heads,
                 key_dim=self.key_dim,
                 dropout=self.dropout,
-                seed=self._seed(seed_offset),
+                seed=self._seed(name),
                 kernel_initializer=clone_initializer(self.kernel_initializer),
                 bias_initializer=clone_initializer(self.bias_initializer),
                 dtype=self.dtype_policy,
@@ -189,10 +201,10 @@ class TransformerBlockBase(keras.layers.Layer):
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
 
-    def _dropout(self, name, seed_offset):
+    def _dropout(self, name):
         return keras.layers.Dropout(
             self.dropout,
-            seed=self._seed(seed_offset),
+            seed=self._seed(name),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -218,7 +230,7 @@ class TransformerBlockBase(keras.layers.Layer):
         self.feedforward_intermediate_dense.build(inputs_shape)
         self.feedforward_output_dense = self._dense(hidden, "feedforward_output_dense")
         self.feedforward_output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
-        self.feedforward_dropout = self._dropout("feedforward_dropout", 100)
+        self.feedforward_dropout = self._dropout("feedforward_dropout")
 
     def _residual(self, sublayer, layer_norm, dropout, inputs, training):
         """`LN(x + f(x))` (post-norm) or `x + f(LN(x))` (pre-norm)."""

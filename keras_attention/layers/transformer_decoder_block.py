@@ -145,12 +145,12 @@ class TransformerDecoderBlock(TransformerBlockBase):
     def build(self, inputs_shape, encoder_outputs_shape=None):
         check_sequence_shape(self, "inputs", inputs_shape)
         inputs_shape = tuple(inputs_shape)
-        self.self_attention = self._make_attention(self._attention_prototype, "self_attention", 0)
+        self.self_attention = self._make_attention(self._attention_prototype, "self_attention")
         self._check_attention_output(self.self_attention, inputs_shape, inputs_shape)
         self.self_attention.build(inputs_shape, inputs_shape)
         self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm")
         self.self_attention_layer_norm.build(inputs_shape)
-        self.self_attention_dropout = self._dropout("self_attention_dropout", 1)
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
 
         self.has_cross_attention = encoder_outputs_shape is not None
         if self.has_cross_attention:
@@ -159,13 +159,12 @@ class TransformerDecoderBlock(TransformerBlockBase):
             self.cross_attention = self._make_attention(
                 self._cross_attention_prototype or self._attention_prototype,
                 "cross_attention",
-                2,
             )
             self._check_attention_output(self.cross_attention, inputs_shape, encoder_outputs_shape)
             self.cross_attention.build(inputs_shape, encoder_outputs_shape)
             self.cross_attention_layer_norm = self._layer_norm("cross_attention_layer_norm")
             self.cross_attention_layer_norm.build(inputs_shape)
-            self.cross_attention_dropout = self._dropout("cross_attention_dropout", 3)
+            self.cross_attention_dropout = self._dropout("cross_attention_dropout")
         self._build_feedforward(inputs_shape)
         self.built = True
 

@@ -75,12 +75,12 @@ class TransformerEncoderBlock(TransformerBlockBase):
     def build(self, inputs_shape):
         check_sequence_shape(self, "inputs", inputs_shape)
         inputs_shape = tuple(inputs_shape)
-        self.self_attention = self._make_attention(self._attention_prototype, "self_attention", 0)
+        self.self_attention = self._make_attention(self._attention_prototype, "self_attention")
         self._check_attention_output(self.self_attention, inputs_shape, inputs_shape)
         self.self_attention.build(inputs_shape, inputs_shape)
         self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm")
         self.self_attention_layer_norm.build(inputs_shape)
-        self.self_attention_dropout = self._dropout("self_attention_dropout", 1)
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
         self._build_feedforward(inputs_shape)
         self.built = True
 

@@ -87,3 +87,37 @@ def clone_initializer(initializer):
 
 def inverse_sqrt(dim):
     return 1.0 / math.sqrt(dim)
+
+
+# ------------------------------------------------- our contract, by capability
+CONTRACT_MARK = "follows_keras_attention_contract"
+
+
+def follows_contract(method):
+    """Marks a method of ours that follows keras_attention's call contract.
+
+    Our `call` validates its inputs in `BaseAttention.__call__` and accepts
+    every mask spelling; our `_compute_attention` takes one `AttentionMask`.
+    A subclass written for Keras' layer (KerasHub's cached or XLNet
+    attention) that overrides either brings its own contract: the base asks
+    `has_contract(type(self).call)` instead of where the method was defined.
+    """
+    setattr(method, CONTRACT_MARK, True)
+    return method
+
+
+def has_contract(method):
+    """Whether `method` (from the class, e.g. `type(layer).call`) is marked
+    by `follows_contract`."""
+    return getattr(method, CONTRACT_MARK, False)
+
+
+def sublayers(layer):
+    """`layer` and every layer under it, depth first.
+
+    Keras 3 has no public recursive walk (`Model.layers` stops at the first
+    level and plain layers have none), so this is the one place that calls
+    Keras' `_flatten_layers`; `capture_attention`, `RedrawFeatures` and the
+    widgets go through it.
+    """
+    return list(layer._flatten_layers(include_self=True, recursive=True))

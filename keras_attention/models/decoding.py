@@ -6,12 +6,12 @@ can use the types without pulling in tensorflow-text.
 A translator that supports sessions provides:
 
 - `supports_decoding_session` (True),
-- `_session_start(text) -> (source_tokens, state)`,
-- `_session_step(state, previous_token_id) -> (log_probs (V,), attention,
+- `session_start(text) -> (source_tokens, state)`,
+- `session_step(state, previous_token_id) -> (log_probs (V,), attention,
   scores or None, next_state)`,
 - `target_vocabulary` (list of tokens; ids 0-3 are `<pad> <unk> <start> <end>`)
   and `max_target_length`;
-- optionally `_session_values(state) -> (T_in, dim)` (or `(layers, heads,
+- optionally `session_values(state) -> (T_in, dim)` (or `(layers, heads,
   T_in, head_dim)`, like attention): the vectors the attention weights sum
   (the widgets draw the weighted sum from them).
 """
@@ -98,8 +98,8 @@ class DecodingSession:
         self.translator = translator
         self.text = text
         self.top_k = min(top_k, len(translator.target_vocabulary))
-        self.source_tokens, self._initial_state = translator._session_start(text)
-        values = getattr(translator, "_session_values", None)
+        self.source_tokens, self._initial_state = translator.session_start(text)
+        values = getattr(translator, "session_values", None)
         values = None if values is None else values(self._initial_state)
         # The source vectors each step's attention weights sum into its
         # context vector: `(T_in, dim)`, or `(layers, heads, T_in, head_dim)`
@@ -174,7 +174,7 @@ class DecodingSession:
                 "<end> or reached max length). Call reset() to start again."
             )
         forced = None if force_token is None else self._token_id(force_token)
-        log_probs, attention, scores, next_state = self.translator._session_step(
+        log_probs, attention, scores, next_state = self.translator.session_step(
             self._state, self._previous
         )
         probabilities = np.exp(log_probs.astype("float64"))

@@ -268,7 +268,7 @@ class Seq2SeqTranslator(Translator):
         encoder_outputs, source_mask, states = self.encode(source_ids, False)
         return (encoder_outputs, source_mask), states
 
-    def _session_values(self, state):
+    def session_values(self, state):
         # The attention's values are the encoder outputs (one per source token).
         encoder_outputs, _ = state["context"]
         return encoder_outputs[0, : state["length"]].numpy()

@@ -255,7 +255,7 @@ class TransformerTranslator(Translator):
             isinstance(block.cross_attention, MultiHeadAttention) for block in self.decoder_blocks
         )
 
-    def _session_values(self, state):
+    def session_values(self, state):
         # What each layer's cross-attention weights sum: the value vectors of
         # every head, projected once into the cross-attention cache.
         if not self._dot_product_cross_attention():

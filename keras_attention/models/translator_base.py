@@ -544,10 +544,12 @@ class Translator(keras.Model):
         """
         return INT32_MAX // self.target_text.size
 
-    def _check_decoding_arguments(
+    def check_decoding_arguments(
         self, beam_width, max_length, length_penalty, owner=None, beam_argument="beam_width"
     ):
-        """`(beam_width, max_length, length_penalty)` as Python numbers.
+        """`(beam_width, max_length, length_penalty)` as Python numbers, or a
+        ValueError/TypeError naming `owner` (`translate` and
+        `export.export_translator` check their arguments with it).
 
         NumPy scalars and 0-d arrays count as the numbers they hold. Limits:
         `1 <= beam_width <= max_beam_width()`, `1 <= max_length <= 2**31 - 1`
@@ -617,7 +619,7 @@ class Translator(keras.Model):
         weights when it emitted each token.
         """
         owner = f"{type(self).__name__}.translate"
-        beam_width, max_length, length_penalty = self._check_decoding_arguments(
+        beam_width, max_length, length_penalty = self.check_decoding_arguments(
             beam_width, max_length, length_penalty, owner=owner
         )
         texts = text_processing.as_string_array(texts, owner=owner)
@@ -670,7 +672,9 @@ class Translator(keras.Model):
         """A `DecodingSession` that decodes `text` one token per `step()`."""
         return DecodingSession(self, text, top_k=top_k)
 
-    def _session_start(self, text):
+    def session_start(self, text):
+        """The decoding-session protocol's first call (`models.decoding`):
+        `(source_tokens, state)` for `text`; `DecodingSession` calls it."""
         texts = text_processing.as_string_array(
             [text], "text", owner=f"{type(self).__name__}.decoding_session"
         )
@@ -680,7 +684,10 @@ class Translator(keras.Model):
         state = {"context": context, "states": states, "step": 0, "length": len(source_tokens)}
         return source_tokens, state
 
-    def _session_step(self, state, previous_token_id):
+    def session_step(self, state, previous_token_id):
+        """One decoding step after `previous_token_id`: `(log_probs (V,),
+        attention, scores or None, next_state)` (the protocol in
+        `models.decoding`)."""
         logits, states, weights, scores = self._decode_step(
             tf.constant([previous_token_id], tf.int32),
             state["states"],

@@ -95,9 +95,7 @@ class FreshBokehModel(BokehModel):
             deserializer = Deserializer(list(self._document.models), setter=self)
             event = deserializer.deserialize(Serialized(content=content, buffers=[]))
             model, name = event["model"], event["attr"]
-            descriptor = model.lookup(name)
-            new = descriptor.property.prepare_value(model, descriptor.name, event["new"])
-            descriptor._set(model, descriptor._get(model), new, setter=self)
+            model.lookup(name).set_from_json(model, event["new"], setter=self)
             return
         super()._sync_model(widget, content, buffers)
 

@@ -56,7 +56,7 @@ def follow_page_theme(document, root):
     Once per document: a document exported twice, or wrapped in a widget and
     exported, keeps one callback (two would observe the page twice).
     """
-    callbacks = document.callbacks._js_event_callbacks.get("document_ready", [])
+    callbacks = document.callbacks.js_event_callbacks.get("document_ready", [])
     if any(getattr(callback, "name", None) == CALLBACK_NAME for callback in callbacks):
         return
     document.js_on_event(

@@ -110,7 +110,7 @@ class AttentionExplorer(Component):
         scores_on_demand="auto",
         rows_per_call=256,
     ):
-        if not hasattr(model, "_flatten_layers") or not attention_layers(model):
+        if not isinstance(model, keras.layers.Layer) or not attention_layers(model):
             raise ValueError(
                 "AttentionExplorer: `model` has no keras_attention attention layers to show. "
                 f"Received: {type(model).__name__} '{getattr(model, 'name', model)}'"

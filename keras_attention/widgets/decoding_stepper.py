@@ -116,10 +116,13 @@ class DecodingStepper(Component):
 
     # ------------------------------------------------------------------ build
 
+    def _stage_arguments(self):
+        """What the stage panels and their frames are drawn from (`_stage_figures`,
+        `_StepperView`, the export's `_standalone`)."""
+        return (self.source_tokens, self.values, self.top_k, self._cell, self._reserved_rows)
+
     def _build_figures(self, num_source):
-        panels = _stage_figures(
-            self.source_tokens, self.values, self.top_k, self._cell, self._reserved_rows
-        )
+        panels = _stage_figures(*self._stage_arguments())
         for name in (
             "heatmap_figure",
             "heatmap_source",
@@ -134,9 +137,7 @@ class DecodingStepper(Component):
             "figures_layout",
         ):
             setattr(self, name, getattr(panels, name))
-        self._view = _StepperView(
-            self.source_tokens, self.values, self.top_k, self._cell, self._reserved_rows
-        )
+        self._view = _StepperView(*self._stage_arguments())
         self._models = _frame_models(panels)
         self.candidate_source.selected.on_change("indices", self._on_candidate_tap)
         self.bokeh_widget = BokehModel(self.figures_layout)
@@ -231,7 +232,7 @@ class DecodingStepper(Component):
             steps = []
             while not session.done:
                 steps.append(session.step())
-        return _standalone(self, steps)
+        return _standalone(steps, self._stage_arguments())
 
     def next_token(self, force_token=None):
         """Decode one more token (or `force_token`); returns the step, or None when done."""
@@ -727,7 +728,7 @@ def _quoted(token):
     return f"'{token}'"
 
 
-def _standalone(stepper, steps):
+def _standalone(steps, stage_arguments):
     """The exported stepper: fresh figures, the frame of every step, layer and head, and
     one callback that swaps them in (`_frames.swap_frame_callback`)."""
     from bokeh.document import Document
@@ -739,14 +740,11 @@ def _standalone(stepper, steps):
         raise ValueError(
             "DecodingStepper.standalone_layout: the decoded line is empty (nothing to export)."
         )
-    panels = _stage_figures(
-        stepper.source_tokens, stepper.values, stepper.top_k, stepper._cell, stepper._reserved_rows
-    )
+    source_tokens = stage_arguments[0]
+    panels = _stage_figures(*stage_arguments)
     attention = np.asarray(steps[0].attention)
     layers, heads = attention.shape[:2] if attention.ndim == 3 else (0, 0)
-    view = _StepperView(
-        stepper.source_tokens, stepper.values, stepper.top_k, stepper._cell, stepper._reserved_rows
-    )
+    view = _StepperView(*stage_arguments)
     layer_options = [str(layer) for layer in range(max(layers, 1))]
     head_options = [MEAN_OF_HEADS, *(str(head) for head in range(heads))]
     frames = {}
@@ -788,7 +786,7 @@ def _standalone(stepper, steps):
         control.js_on_change("value", callback)
     header = Div(
         text="<b>source:</b> "
-        + " ".join(f"<code>{escape(t)}</code>" for t in stepper.source_tokens)
+        + " ".join(f"<code>{escape(t)}</code>" for t in source_tokens)
         + "<br><b>output:</b> "
         + " ".join(f"<code>{escape(s.token)}</code>" for s in steps)
     )

@@ -126,7 +126,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
             raise ValueError(
                 f"LiveAttention: `max_frames` must be an integer >= 1. Received: max_frames={max_frames!r}"
             )
-        if not hasattr(model_or_layer, "_flatten_layers") or not attention_layers(model_or_layer):
+        if not isinstance(model_or_layer, keras.layers.Layer) or not attention_layers(
+            model_or_layer
+        ):
             raise ValueError(
                 "LiveAttention: `model_or_layer` has no keras_attention attention layers to watch. "
                 f"Received: {type(model_or_layer).__name__} '{getattr(model_or_layer, 'name', model_or_layer)}'"

@@ -168,7 +168,7 @@ def test_keras_size_call_at_8192_stays_dense_in_a_16_gib_process(monkeypatch):
     from keras_attention.layers import memory_budget
 
     monkeypatch.setattr(memory_budget, "_budget", None)
-    monkeypatch.setattr(memory_budget, "_reader", lambda: 15 * GIB)
+    monkeypatch.setattr(memory_budget, "available_memory", lambda: 15 * GIB)
     budget = memory_budget.attention_memory_budget()
     at = lambda length, **kw: kernel_selector.select_kernel(
         request(  # noqa: E731
@@ -196,7 +196,7 @@ def test_layer_reads_the_budget_once_and_a_layer_budget_wins(monkeypatch):
 
     reads = []
     monkeypatch.setattr(memory_budget, "_budget", None)
-    monkeypatch.setattr(memory_budget, "_reader", lambda: reads.append(1) or 4 * GIB)
+    monkeypatch.setattr(memory_budget, "available_memory", lambda: reads.append(1) or 4 * GIB)
     assert memory_budget.attention_memory_budget() == 3 * GIB
     assert memory_budget.attention_memory_budget() == 3 * GIB and len(reads) == 1
     ran = spy_kernels(monkeypatch)
