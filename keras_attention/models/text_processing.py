@@ -41,6 +41,11 @@ def _check_split(split, owner="TextEncoder", argument="split"):
         )
 
 
+# Called inside the translators' `tf.function`s: AutoGraph would try to
+# convert `importlib.import_module` and print "could not transform
+# <function _gcd_import>" as the demo's first line (#35). Nothing here is
+# graph code, so it runs as plain Python.
+@tf.autograph.experimental.do_not_convert
 def _tf_text(feature="keras_attention.models.text_processing"):
     # Imported when text is first processed, so registering the translators
     # (`import keras_attention`) does not load tensorflow-text's kernels.

@@ -86,6 +86,10 @@ def test_demo_runs_end_to_end_on_reduced_sizes(tmp_path):
         if _quiet.is_startup_noise(line) or _quiet._LOG_LINE.match(line)
     ]
     assert logged == [], logged
+    # No warning a user would read as a fault: AutoGraph's "could not
+    # transform <function _gcd_import>" was the demo's first line (#35).
+    warned = [line for line in (result.stdout + result.stderr).splitlines() if "WARNING" in line]
+    assert warned == [], warned
     # Piped to a file: plain lines, no escape codes (progress bars included).
     escapes = [
         line
