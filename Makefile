@@ -18,7 +18,7 @@ TEST_ENV := TF_CPP_MIN_LOG_LEVEL=2
 # `make test-compat` runs the kernels and Keras' ported tests at XLA's defaults.
 FAST_XLA := XLA_FLAGS="$(XLA_FLAGS) --xla_backend_optimization_level=0"
 
-.PHONY: install demo test test-tf test-jax test-compat test-compat-full dist docs figures clean
+.PHONY: install demo lint format test test-tf test-jax test-compat test-compat-full dist docs figures clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,9 +46,19 @@ $(DEMO_STAMP): setup.cfg pyproject.toml
 demo: $(DEMO_STAMP)
 	$(BIN)/python examples/date_translation.py
 
-# The whole suite on the TensorFlow backend, then the layers, ops and the ported
-# Keras attention tests on JAX.
-test: test-tf test-jax
+# ruff's lint and format checks (configuration: pyproject.toml's [tool.ruff]);
+# `make format` applies the formatter and the safe fixes.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# Lint first (seconds), then the whole suite on the TensorFlow backend, then the
+# layers, ops and the ported Keras attention tests on JAX.
+test: lint test-tf test-jax
 
 test-tf: install
 	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests
