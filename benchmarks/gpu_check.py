@@ -312,7 +312,7 @@ def _gradient_error(grads, reference):
 
     largest = max((float(np.max(np.abs(r))) for r in reference if r.size), default=0.0)
     errors = []
-    for g, r in zip(grads, reference):
+    for g, r in zip(grads, reference, strict=False):
         if not r.size:
             continue
         scale = max(float(np.max(np.abs(r))), 0.1 * largest, 1e-6)
@@ -353,7 +353,9 @@ def _step_functions(layer, count):
 
     def train(trainable, non_trainable, floats, others):
         (value, y), (weight_grads, input_grads) = grad(trainable, non_trainable, floats, others)
-        updated = [w - 0.1 * g.astype(w.dtype) for w, g in zip(trainable, weight_grads)]
+        updated = [
+            w - 0.1 * g.astype(w.dtype) for w, g in zip(trainable, weight_grads, strict=True)
+        ]
         return y, weight_grads, input_grads, value, updated
 
     return jax.jit(train)
@@ -387,7 +389,7 @@ def _run_case(layer, positional, keyword, device, flash):
     updated = [np.asarray(w, "float32") for w in updated]
     changed = [
         bool(np.any(w != np.asarray(v.value, "float32")))
-        for w, v in zip(updated, layer.trainable_variables)
+        for w, v in zip(updated, layer.trainable_variables, strict=True)
     ]
     return {
         "output": np.asarray(y, "float32"),

@@ -382,10 +382,13 @@ def main():
 
             # Steps alternate ours / Keras: the median of the per-repeat
             # ratios follows the machine's load drifting between repeats
-            # better than the ratio of the medians.
+            # better than the ratio of the medians. A layer that failed or
+            # was not run has no times, and then there are no pairs.
             pairs = [
                 a / b
-                for a, b in zip(result["times"].get("ours", []), result["times"].get("keras", []))
+                for a, b in zip(
+                    result["times"].get("ours", []), result["times"].get("keras", []), strict=False
+                )
             ]
             ratio = f"{_median(pairs):6.2f}" if pairs else f"{'-':>6}"
             note = "; ".join(f"{k}: {v}" for k, v in result.get("failed", {}).items())

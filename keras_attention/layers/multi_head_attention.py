@@ -505,7 +505,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         shape = tuple(cache.shape)
         expected = (query.shape[0], 2, None, self._num_key_value_heads, self._key_dim)
         if len(shape) != 5 or not all(
-            got is None or want is None or got == want for got, want in zip(shape, expected)
+            got is None or want is None or got == want
+            for got, want in zip(shape, expected, strict=True)
         ):
             raise ValueError(
                 self._error(

@@ -321,7 +321,7 @@ class AttentionExplorer(Component):
         data = self.token_source.data
         matches = [
             i
-            for i, (s, p) in enumerate(zip(data["side"], data["position"]))
+            for i, (s, p) in enumerate(zip(data["side"], data["position"], strict=True))
             if s == side and p == index
         ]
         if not matches:
@@ -521,7 +521,7 @@ def _thumbnail_indices(data, layer, head):
     """The model-view thumbnails of what the detail shows (all heads of a layer for the mean)."""
     return [
         i
-        for i, (name, index) in enumerate(zip(data["layer"], data["head"]))
+        for i, (name, index) in enumerate(zip(data["layer"], data["head"], strict=True))
         if name == layer and (head == MEAN_OF_HEADS or index == head)
     ]
 

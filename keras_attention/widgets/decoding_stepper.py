@@ -562,7 +562,11 @@ class _StepperView:
             rows, labels = figures.weighted_sum_rows(attention[head], values[head], tokens)
             return rows, labels, features
         rows = np.concatenate(
-            [figures.weighted_sum_rows(w, v, tokens)[0] for w, v in zip(attention, values)], axis=1
+            [
+                figures.weighted_sum_rows(w, v, tokens)[0]
+                for w, v in zip(attention, values, strict=False)
+            ],
+            axis=1,
         )
         return rows, [*(f"w x {t}" for t in tokens), "= context"], features
 

@@ -563,7 +563,7 @@ def weighted_sum_rows(weights, values, tokens=None):
     labels = _labels(tokens, len(vector), "weighted_sum", "tokens")
     scaled = vector[:, None] * values
     rows = np.concatenate([scaled, scaled.sum(axis=0, keepdims=True)], axis=0)
-    row_labels = [f"{w:.2f} x {t}" for w, t in zip(vector, labels)] + ["= context"]
+    row_labels = [f"{w:.2f} x {t}" for w, t in zip(vector, labels, strict=True)] + ["= context"]
     return rows, row_labels
 
 
@@ -730,7 +730,7 @@ def model_view(
         {"layer": [], "head": [], "x": [], "y": []},
     )
     high = 1e-9
-    for row_index, (heads, name) in enumerate(zip(thumbnails, layer_names)):
+    for row_index, (heads, name) in enumerate(zip(thumbnails, layer_names, strict=True)):
         heads = np.asarray(heads, dtype="float64")
         if heads.ndim != 3:
             raise ValueError(

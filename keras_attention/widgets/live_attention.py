@@ -495,8 +495,8 @@ class LiveAttention(keras.callbacks.Callback, Component):
         expected = [tuple(x.shape) for x in inputs]
         received = [tuple(np.shape(p)) for p in probes]
         if len(expected) != len(received) or any(
-            len(e) != len(r) or any(d is not None and d != s for d, s in zip(e, r))
-            for e, r in zip(expected, received)
+            len(e) != len(r) or any(d is not None and d != s for d, s in zip(e, r, strict=True))
+            for e, r in zip(expected, received, strict=True)
         ):
             raise ValueError(
                 f"LiveAttention: `probe_inputs` must match the input shape of '{self.target.name}' "
