@@ -64,7 +64,10 @@ def jax_child(args):
             trainable = [v.value for v in layer.trainable_variables]
             non_trainable = [v.value for v in layer.non_trainable_variables]
             seconds = best_time(
-                lambda: jax.block_until_ready(grad(trainable, non_trainable, x)), args.repeats
+                lambda grad=grad, trainable=trainable, non_trainable=non_trainable, x=x: (
+                    jax.block_until_ready(grad(trainable, non_trainable, x))
+                ),
+                args.repeats,
             )
             flops = 12 * length**2 * HEADS * KEY_DIM + 24 * length * (HEADS * KEY_DIM) ** 2
             row[name] = {

@@ -377,7 +377,7 @@ def main():
             def fmt(seconds):
                 return f"{seconds:9.3f}" if seconds else f"{'-':>9}"
 
-            def frac(seconds):
+            def frac(seconds, flops=flops, rate=rate):
                 return f"{100 * flops / seconds / rate:7.1f}%" if seconds else f"{'-':>8}"
 
             # Steps alternate ours / Keras: the median of the per-repeat

@@ -66,7 +66,7 @@ def child(devices, lengths, repeats, causal):
         )
         for name, kernel in kernels.items():
 
-            def step(q, k, v, kernel=kernel):
+            def step(q, k, v, kernel=kernel, cotangent=cotangent):
                 out, pullback = jax.vjp(kernel, q, k, v)
                 return pullback(cotangent)
 

@@ -134,8 +134,10 @@ def main(argv=None):
                     if width > 1:
                         feed[signature.inputs["beam_width"].name] = np.int32(width)
                     served, local, ratios = timed_pair(
-                        lambda: session.run(fetch, feed),
-                        lambda: translator.translate(texts[:batch], beam_width=width),
+                        lambda session=session, fetch=fetch, feed=feed: session.run(fetch, feed),
+                        lambda translator=translator, batch=batch, width=width: (
+                            translator.translate(texts[:batch], beam_width=width)
+                        ),
                         args.repeats,
                     )
                     rows.append((name, mode, batch, served, local, ratios))
