@@ -639,9 +639,9 @@ def _speed_row(args, impl, length, device, deadline, stop):
         needed = analysis.temp_size_in_bytes + analysis.output_size_in_bytes
         limit = stats.get("bytes_limit")
         if limit and in_use is not None and needed > limit - in_use:
-            row["status"] = "OOM predicted (compiled step needs %.1f GiB, %.1f free)" % (
-                needed / 2**30,
-                (limit - in_use) / 2**30,
+            row["status"] = (
+                f"OOM predicted (compiled step needs {needed / 2**30:.1f} GiB, "
+                f"{(limit - in_use) / 2**30:.1f} free)"
             )
             stop.append(row["status"])
             return row

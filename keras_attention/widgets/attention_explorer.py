@@ -363,7 +363,7 @@ class AttentionExplorer(Component):
             overview.name = f"overview_{index}"
             overview.visible = layer == first
         frames = {}
-        for layer, (num_heads, num_queries, num_keys) in self.shapes.items():
+        for layer, (_num_heads, num_queries, num_keys) in self.shapes.items():
             q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
             x_labels, y_labels = self._window_labels(layer, q0, q1, k0, k1)
             options = layer_options[layer]
@@ -612,15 +612,15 @@ class _OnDemandWeights:
     def __init__(self, layer, inputs, example, rows_per_call):
         query, value, key = _layer_inputs(inputs)
         _check_example(example, int(query.shape[0]))
-        as_tensor = lambda x: (
-            None if x is None else keras.ops.convert_to_tensor(x)[example : example + 1]
-        )
+
+        def as_tensor(x):
+            return None if x is None else keras.ops.convert_to_tensor(x)[example : example + 1]
+
         self.layer = layer
         self.query, self.value, self.key = as_tensor(query), as_tensor(value), as_tensor(key)
         if self.value is None:
-            self.value = (
-                self.query
-            )  # self-attention: every query row attends over the whole sequence
+            # Self-attention: every query row attends over the whole sequence.
+            self.value = self.query
         self.rows_per_call = rows_per_call
         name = layer.name
         try:
