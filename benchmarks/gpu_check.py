@@ -77,9 +77,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Per dtype: largest allowed max|device - reference| / max|reference| of the
-# output and of every gradient (see _gradient_error for the gradients' scale). float32 leaves room for TF32 matmuls,
-# which XLA uses for float32 on Ampere and later GPUs by default; bfloat16
-# has an 8-bit mantissa, rounded at every projection, softmax and sum.
+# output and of every gradient (see _gradient_error for the gradients' scale).
+# float32 leaves room for TF32 matmuls, which XLA uses for float32 on Ampere
+# and later GPUs by default; bfloat16 has an 8-bit mantissa, rounded at every
+# projection, softmax and sum.
 TOLERANCES = {
     "float32": {"output": 5e-3, "gradient": 1e-2},
     "bfloat16": {"output": 5e-2, "gradient": 1e-1},

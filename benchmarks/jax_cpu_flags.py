@@ -23,7 +23,9 @@ from mha_benchmark import best_time  # noqa: E402  (benchmarks/ is the script's 
 SETTINGS = {
     "default": "",
     "onednn": "--xla_cpu_use_onednn=true",
-    "onednn_custom_call": "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_custom_call=true",
+    "onednn_custom_call": (
+        "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_custom_call=true"
+    ),
     "xnnpack": "--xla_cpu_use_xnnpack=true",
     "no_thunks": "--xla_cpu_use_thunk_runtime=false",
     "fast_math": "--xla_cpu_enable_fast_math=true",
@@ -154,8 +156,8 @@ def main():
                 f"{ours['seconds'] / keras_['seconds']:6.2f}"
             )
         print(
-            f"{name:>20} {gflops:15.1f} {gflops / tf_result.get('matmul_gflops', float('nan')):6.2f} "
-            + " ".join(cells),
+            f"{name:>20} {gflops:15.1f} "
+            f"{gflops / tf_result.get('matmul_gflops', float('nan')):6.2f} " + " ".join(cells),
             flush=True,
         )
 

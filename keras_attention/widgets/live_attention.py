@@ -124,12 +124,14 @@ class LiveAttention(keras.callbacks.Callback, Component):
             )
         if not validation.is_int(max_frames) or max_frames < 1:
             raise ValueError(
-                f"LiveAttention: `max_frames` must be an integer >= 1. Received: max_frames={max_frames!r}"
+                "LiveAttention: `max_frames` must be an integer >= 1. "
+                f"Received: max_frames={max_frames!r}"
             )
         if not hasattr(model_or_layer, "_flatten_layers") or not attention_layers(model_or_layer):
             raise ValueError(
                 "LiveAttention: `model_or_layer` has no keras_attention attention layers to watch. "
-                f"Received: {type(model_or_layer).__name__} '{getattr(model_or_layer, 'name', model_or_layer)}'"
+                f"Received: {type(model_or_layer).__name__} "
+                f"'{getattr(model_or_layer, 'name', model_or_layer)}'"
             )
         example = validation.validate_non_negative_int("LiveAttention", "example", example)
         head = validation.validate_non_negative_int("LiveAttention", "head", head, allow_none=True)
