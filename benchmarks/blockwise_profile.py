@@ -152,13 +152,13 @@ def main():
         if args.matmuls_only:
             block = max(blocks)
             runs[(block, "matmuls only")] = (
-                compile_(lambda q, k, v: matmuls_only(q, k, v, block)),
+                compile_(lambda q, k, v, block=block: matmuls_only(q, k, v, block)),
                 14,
             )
         if args.exp_floor:
             block = max(blocks)
             runs[(block, "matmuls + exp")] = (
-                compile_(lambda q, k, v: matmuls_only(q, k, v, block, exp=True)),
+                compile_(lambda q, k, v, block=block: matmuls_only(q, k, v, block, exp=True)),
                 12,
             )
         times = {name: [] for name in runs}

@@ -120,7 +120,9 @@ def plot(results, feature_counts, path, title):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for index, (axis, name) in enumerate(zip(axes, ("attention matrix MSE", "output MSE"))):
+    for index, (axis, name) in enumerate(
+        zip(axes, ("attention matrix MSE", "output MSE"), strict=True)
+    ):
         for features, orthogonal in VARIANTS:
             means = [results[features, orthogonal, m][index].mean() for m in feature_counts]
             stds = [results[features, orthogonal, m][index].std() for m in feature_counts]

@@ -77,9 +77,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Per dtype: largest allowed max|device - reference| / max|reference| of the
-# output and of every gradient (see _gradient_error for the gradients' scale). float32 leaves room for TF32 matmuls,
-# which XLA uses for float32 on Ampere and later GPUs by default; bfloat16
-# has an 8-bit mantissa, rounded at every projection, softmax and sum.
+# output and of every gradient (see _gradient_error for the gradients' scale).
+# float32 leaves room for TF32 matmuls, which XLA uses for float32 on Ampere
+# and later GPUs by default; bfloat16 has an 8-bit mantissa, rounded at every
+# projection, softmax and sum.
 TOLERANCES = {
     "float32": {"output": 5e-3, "gradient": 1e-2},
     "bfloat16": {"output": 5e-2, "gradient": 1e-1},
@@ -312,7 +313,7 @@ def _gradient_error(grads, reference):
 
     largest = max((float(np.max(np.abs(r))) for r in reference if r.size), default=0.0)
     errors = []
-    for g, r in zip(grads, reference):
+    for g, r in zip(grads, reference, strict=False):
         if not r.size:
             continue
         scale = max(float(np.max(np.abs(r))), 0.1 * largest, 1e-6)
@@ -353,7 +354,9 @@ def _step_functions(layer, count):
 
     def train(trainable, non_trainable, floats, others):
         (value, y), (weight_grads, input_grads) = grad(trainable, non_trainable, floats, others)
-        updated = [w - 0.1 * g.astype(w.dtype) for w, g in zip(trainable, weight_grads)]
+        updated = [
+            w - 0.1 * g.astype(w.dtype) for w, g in zip(trainable, weight_grads, strict=True)
+        ]
         return y, weight_grads, input_grads, value, updated
 
     return jax.jit(train)
@@ -387,7 +390,7 @@ def _run_case(layer, positional, keyword, device, flash):
     updated = [np.asarray(w, "float32") for w in updated]
     changed = [
         bool(np.any(w != np.asarray(v.value, "float32")))
-        for w, v in zip(updated, layer.trainable_variables)
+        for w, v in zip(updated, layer.trainable_variables, strict=True)
     ]
     return {
         "output": np.asarray(y, "float32"),
@@ -637,9 +640,9 @@ def _speed_row(args, impl, length, device, deadline, stop):
         needed = analysis.temp_size_in_bytes + analysis.output_size_in_bytes
         limit = stats.get("bytes_limit")
         if limit and in_use is not None and needed > limit - in_use:
-            row["status"] = "OOM predicted (compiled step needs %.1f GiB, %.1f free)" % (
-                needed / 2**30,
-                (limit - in_use) / 2**30,
+            row["status"] = (
+                f"OOM predicted (compiled step needs {needed / 2**30:.1f} GiB, "
+                f"{(limit - in_use) / 2**30:.1f} free)"
             )
             stop.append(row["status"])
             return row

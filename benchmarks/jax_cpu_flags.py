@@ -23,7 +23,9 @@ from mha_benchmark import best_time  # noqa: E402  (benchmarks/ is the script's 
 SETTINGS = {
     "default": "",
     "onednn": "--xla_cpu_use_onednn=true",
-    "onednn_custom_call": "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_custom_call=true",
+    "onednn_custom_call": (
+        "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_custom_call=true"
+    ),
     "xnnpack": "--xla_cpu_use_xnnpack=true",
     "no_thunks": "--xla_cpu_use_thunk_runtime=false",
     "fast_math": "--xla_cpu_enable_fast_math=true",
@@ -64,7 +66,10 @@ def jax_child(args):
             trainable = [v.value for v in layer.trainable_variables]
             non_trainable = [v.value for v in layer.non_trainable_variables]
             seconds = best_time(
-                lambda: jax.block_until_ready(grad(trainable, non_trainable, x)), args.repeats
+                lambda grad=grad, trainable=trainable, non_trainable=non_trainable, x=x: (
+                    jax.block_until_ready(grad(trainable, non_trainable, x))
+                ),
+                args.repeats,
             )
             flops = 12 * length**2 * HEADS * KEY_DIM + 24 * length * (HEADS * KEY_DIM) ** 2
             row[name] = {
@@ -151,8 +156,8 @@ def main():
                 f"{ours['seconds'] / keras_['seconds']:6.2f}"
             )
         print(
-            f"{name:>20} {gflops:15.1f} {gflops / tf_result.get('matmul_gflops', float('nan')):6.2f} "
-            + " ".join(cells),
+            f"{name:>20} {gflops:15.1f} "
+            f"{gflops / tf_result.get('matmul_gflops', float('nan')):6.2f} " + " ".join(cells),
             flush=True,
         )
 

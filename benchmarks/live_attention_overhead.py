@@ -3,8 +3,9 @@
 Same model, data and run; the variants alternate in a rotating order so that
 drift on a shared machine hits all of them, and the median epoch time of each
 is compared. The time training waited inside the callback's hooks is reported
-too: it is the direct cost, free of the machine's noise. Every variant starts from the same weights, and the first epoch
-(tracing / XLA compilation) is dropped.
+too: it is the direct cost, free of the machine's noise. Every variant starts
+from the same weights, and the first epoch (tracing / XLA compilation) is
+dropped.
 
 Settings:
 - `default`: `LiveAttention(model, probe)` with its defaults
@@ -127,13 +128,16 @@ def main():
     )
     base = statistics.median(epoch_times["baseline"])
     print(
-        "overhead = median epoch time / baseline median - 1 (wall clock, noisy on a shared machine);"
+        "overhead = median epoch time / baseline median - 1 "
+        "(wall clock, noisy on a shared machine);"
     )
     print(
-        "in-callback = seconds training waited inside LiveAttention per epoch / baseline median epoch"
+        "in-callback = seconds training waited inside LiveAttention per epoch "
+        "/ baseline median epoch"
     )
     print(
-        f"{'variant':10s} {'median epoch s':>15s} {'overhead':>9s} {'in-callback':>12s} {'updates/run':>12s}"
+        f"{'variant':10s} {'median epoch s':>15s} {'overhead':>9s} "
+        f"{'in-callback':>12s} {'updates/run':>12s}"
     )
     for variant in variants:
         median = statistics.median(epoch_times[variant])

@@ -202,7 +202,7 @@ def table(results, lengths, kinds):
                     f"{r['peak_rss_mib'] - r['base_rss_mib']:.0f})"
                 )
 
-        def ratio(a, b):
+        def ratio(a, b, length=length):
             ra, rb = by.get((a, length)), by.get((b, length))
             if not ra or not rb or ra["status"] != "ok" or rb["status"] != "ok":
                 return "-"

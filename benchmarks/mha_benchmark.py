@@ -377,15 +377,18 @@ def main():
             def fmt(seconds):
                 return f"{seconds:9.3f}" if seconds else f"{'-':>9}"
 
-            def frac(seconds):
+            def frac(seconds, flops=flops, rate=rate):
                 return f"{100 * flops / seconds / rate:7.1f}%" if seconds else f"{'-':>8}"
 
             # Steps alternate ours / Keras: the median of the per-repeat
             # ratios follows the machine's load drifting between repeats
-            # better than the ratio of the medians.
+            # better than the ratio of the medians. A layer that failed or
+            # was not run has no times, and then there are no pairs.
             pairs = [
                 a / b
-                for a, b in zip(result["times"].get("ours", []), result["times"].get("keras", []))
+                for a, b in zip(
+                    result["times"].get("ours", []), result["times"].get("keras", []), strict=False
+                )
             ]
             ratio = f"{_median(pairs):6.2f}" if pairs else f"{'-':>6}"
             note = "; ".join(f"{k}: {v}" for k, v in result.get("failed", {}).items())

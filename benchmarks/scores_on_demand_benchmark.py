@@ -38,9 +38,7 @@ def _child(args):
 
     length = args.length
     on_demand = args.which == "on_demand"
-    layer = keras_attention.MultiHeadAttention(
-        HEADS, KEY_DIM, memory_efficient=True if on_demand else False
-    )
+    layer = keras_attention.MultiHeadAttention(HEADS, KEY_DIM, memory_efficient=on_demand)
     x = tf.constant(
         np.random.default_rng(0).standard_normal((1, length, HEADS * KEY_DIM)),
         tf.float32,
@@ -103,7 +101,7 @@ def main():
                 capture_output=True,
                 text=True,
             )
-            lines = [l for l in result.stdout.splitlines() if l.startswith("{")]
+            lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
             data = json.loads(lines[-1]) if lines else {"oom": f"exit {result.returncode}"}
             shape = (
                 f"(1, 1, {args.rows}, {length})"

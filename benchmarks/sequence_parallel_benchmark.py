@@ -66,7 +66,7 @@ def child(devices, lengths, repeats, causal):
         )
         for name, kernel in kernels.items():
 
-            def step(q, k, v, kernel=kernel):
+            def step(q, k, v, kernel=kernel, cotangent=cotangent):
                 out, pullback = jax.vjp(kernel, q, k, v)
                 return pullback(cotangent)
 
@@ -121,7 +121,9 @@ def main():
         if args.causal:
             command.append("--causal")
         out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        rows += json.loads([l for l in out.splitlines() if l.startswith("RESULT ")][-1][7:])
+        rows += json.loads(
+            [line for line in out.splitlines() if line.startswith("RESULT ")][-1][7:]
+        )
     baseline = {r["length"]: r for r in rows if r["kernel"] == "ring" and r["devices"] == 1}
     exact = {r["length"]: r for r in rows if r["kernel"] == "exact_jax"}
     print(f"causal={args.causal}, batch 1, {HEADS} heads x {HEAD_DIM}, forward+backward")

@@ -44,7 +44,7 @@ def translators(pair_count=1200, epochs=3):
     from keras_attention.models import Seq2SeqTranslator
     from keras_attention.models import TransformerTranslator
 
-    sources, targets = zip(*pairs(pair_count, 0))
+    sources, targets = zip(*pairs(pair_count, 0), strict=True)
     common = dict(
         source_split="whitespace",
         target_split="whitespace",
@@ -90,7 +90,7 @@ def timed_pair(first, second, repeats):
             start = time.perf_counter()
             function()
             times[index].append(time.perf_counter() - start)
-    ratios = sorted(a / b for a, b in zip(*times))
+    ratios = sorted(a / b for a, b in zip(*times, strict=True))
     return sorted(times[0]), sorted(times[1]), ratios
 
 
@@ -134,8 +134,10 @@ def main(argv=None):
                     if width > 1:
                         feed[signature.inputs["beam_width"].name] = np.int32(width)
                     served, local, ratios = timed_pair(
-                        lambda: session.run(fetch, feed),
-                        lambda: translator.translate(texts[:batch], beam_width=width),
+                        lambda session=session, fetch=fetch, feed=feed: session.run(fetch, feed),
+                        lambda translator=translator, batch=batch, width=width: (
+                            translator.translate(texts[:batch], beam_width=width)
+                        ),
                         args.repeats,
                     )
                     rows.append((name, mode, batch, served, local, ratios))

@@ -141,7 +141,7 @@ def on_files(files, config):
         doc = inspect.getdoc(importlib.import_module(module_name))
         if doc:
             blocks.append(doc.split("\n\n")[0] + "\n")
-        for name, path in symbols:
+        for _name, path in symbols:
             # mkdocstrings writes the heading (the name, then the signature).
             blocks.append(f"::: {path}\n")
         files.append(File.generated(config, f"api/{module_name}.md", content="\n".join(blocks)))

@@ -47,7 +47,7 @@ def decoding_stepper():
     from keras_attention.widgets import DecodingStepper
 
     keras.utils.set_random_seed(1)
-    sources, targets = zip(*number_pairs(1200, np.random.default_rng(1)))
+    sources, targets = zip(*number_pairs(1200, np.random.default_rng(1)), strict=True)
     translator = Seq2SeqTranslator.from_texts(
         sources,
         targets,

@@ -201,7 +201,7 @@ def main(argv=None):
 
     keras.utils.set_random_seed(args.seed)
     train, test = make_dates(args.train_size, args.test_size, args.seed)
-    sources, targets = zip(*train)
+    sources, targets = zip(*train, strict=True)
     print(f"{len(train)} training dates, e.g. {sources[0]!r} -> {targets[0]!r}")
 
     translator = Seq2SeqTranslator.from_texts(
@@ -231,10 +231,10 @@ def main(argv=None):
 
     test_sources = [s for s, _ in test]
     results = translator.translate(test_sources)
-    correct = sum(r.text == t for r, (_, t) in zip(results, test))
+    correct = sum(r.text == t for r, (_, t) in zip(results, test, strict=True))
     accuracy = correct / len(test)
     print(f"held-out exact match: {correct}/{len(test)} = {accuracy:.1%}")
-    wrong = [(s, r.text, t) for r, (s, t) in zip(results, test) if r.text != t]
+    wrong = [(s, r.text, t) for r, (s, t) in zip(results, test, strict=True) if r.text != t]
     for source, got, want in wrong[:5]:
         print(f"  wrong: {source!r} -> {got!r} (expected {want!r})")
 

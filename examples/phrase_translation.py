@@ -145,7 +145,7 @@ def main(argv=None):
 
     keras.utils.set_random_seed(args.seed)
     train, test = make_pairs(args.train_size, args.test_size, args.seed)
-    sources, targets = zip(*train)
+    sources, targets = zip(*train, strict=True)
     print(f"{len(train)} training phrases, e.g. {sources[0]!r} -> {targets[0]!r}")
     translator = TransformerTranslator.from_texts(
         sources,
@@ -172,7 +172,7 @@ def main(argv=None):
         verbose=2,
     )
     results = translator.translate([s for s, _ in test])
-    correct = sum(r.text == t for r, (_, t) in zip(results, test))
+    correct = sum(r.text == t for r, (_, t) in zip(results, test, strict=True))
     print(f"held-out exact match: {correct}/{len(test)} = {correct / len(test):.1%}")
 
     showcase = [
@@ -204,7 +204,7 @@ def main(argv=None):
     print(
         "translated again by the SavedModel in a fresh process (tensorflow + tensorflow_text only):"
     )
-    for source, target, expected in zip(showcase, served["translation"], translations):
+    for source, target, expected in zip(showcase, served["translation"], translations, strict=True):
         print(f"  {source!r:42} -> {target.decode()}")
         if target.decode() != expected.text:
             print(f"  differs from translate(): {expected.text!r}")

@@ -25,7 +25,7 @@ VOCAB = 40
 def make_data(n, max_length, rng):
     tokens = rng.integers(KEYWORD + 1, VOCAB, size=(n, max_length)).astype("int32")
     labels = rng.integers(0, 2, size=n).astype("int32")
-    for row, label in zip(tokens, labels):
+    for row, label in zip(tokens, labels, strict=True):
         length = rng.integers(max_length // 2, max_length + 1)
         row[length:] = 0  # padding, masked by the Embedding
         if label:
@@ -47,7 +47,7 @@ def build_model(score):
 
 def attention_bar(tokens, weights):
     lines = []
-    for token, weight in zip(tokens, weights):
+    for token, weight in zip(tokens, weights, strict=True):
         if token == 0:
             break
         mark = "  <- keyword" if token == KEYWORD else ""

@@ -118,7 +118,7 @@ def check_layout(layer, weights):
     if distribution is None:
         return
     mesh = distribution.device_mesh
-    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    sizes = dict(zip(mesh.axis_names, mesh.shape, strict=True))
     for relative, (shape, names) in weights.items():
         path = f"{layer.path}/{relative}" if layer.path else relative
         layout = distribution.get_tensor_layout(path)

@@ -334,7 +334,7 @@ def check_mask(owner, argument, mask, expected, broadcast=False):
         aligned = expected
     ok = ok and all(
         got is None or want is None or got == want or (got == 1 and (broadcast or i == 0))
-        for i, (got, want) in enumerate(zip(shape, aligned))
+        for i, (got, want) in enumerate(zip(shape, aligned, strict=True))
     )
     if not ok:
         how = " or broadcast to it" if broadcast else ""

@@ -52,9 +52,10 @@ def export_translator(
     signature, and any other rank (a rank-2 batch, as TF Serving's REST API
     builds from `{"instances": [["a", "b"]]}`, or a scalar) fails with
     `InvalidArgument` "`text` must be a 1-D batch of strings, shape (B,).
-    Received: text with shape (1,2)", checked in the graph on every request. Each signature returns, padded to the longest output
-    (`T_out` tokens, `<end>` excluded) and the longest source (`T_in` tokens,
-    after truncation to `max_source_length`) of the batch:
+    Received: text with shape (1,2)", checked in the graph on every request.
+    Each signature returns, padded to the longest output (`T_out` tokens,
+    `<end>` excluded) and the longest source (`T_in` tokens, after truncation
+    to `max_source_length`) of the batch:
 
     - `translation`: `(B,)` string,
     - `alignment`: float32 attention weights, zero-padded; the layout is the

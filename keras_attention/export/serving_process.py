@@ -155,7 +155,7 @@ def _run_signature(session, signature, arrays):
         [],
         None,
     )
-    return dict(zip(names, outputs))
+    return dict(zip(names, outputs, strict=True))
 
 
 def main(argv):
@@ -228,7 +228,7 @@ def main(argv):
             elif feed_paths:
                 # Several requests: each one's error is reported on its own.
                 report["feed_errors"] = []
-                for feed_path, fetch_path in zip(feed_paths, fetch_paths):
+                for feed_path, fetch_path in zip(feed_paths, fetch_paths, strict=False):
                     arrays = dict(np.load(feed_path, allow_pickle=True))
                     try:
                         outputs = _run_signature(session, signatures[signature_name], arrays)

@@ -4,26 +4,39 @@
 """
 
 from keras_attention.api_export import public_names
-from keras_attention.layers.additive_attention import AdditiveAttention
-from keras_attention.layers.attention_pooling import AttentionPooling
-from keras_attention.layers.base_attention import BaseAttention
-from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
-from keras_attention.layers.capture import capture_attention
-from keras_attention.layers.cbam import CBAM
-from keras_attention.layers.linformer_attention import LinformerAttention
-from keras_attention.layers.low_rank_attention import LowRankAttention
-from keras_attention.layers.luong_attention import LuongAttention
-from keras_attention.layers.memory_budget import attention_memory_budget
-from keras_attention.layers.memory_budget import set_attention_memory_budget
-from keras_attention.layers.multi_head_attention import MultiHeadAttention
-from keras_attention.layers.performer_attention import PerformerAttention
-from keras_attention.layers.performer_attention import RedrawFeatures
-from keras_attention.layers.position_embedding import PositionEmbedding
-from keras_attention.layers.score_attention import ScoreAttention
-from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
-from keras_attention.layers.sparse_attention import SparseAttention
-from keras_attention.layers.squeeze_excitation import SqueezeExcitation
-from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
-from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
+
+# `import X as X`: explicit re-exports (PEP 484 / ruff F401). `__all__` below is
+# computed at import time, which a linter cannot read.
+from keras_attention.layers.additive_attention import AdditiveAttention as AdditiveAttention
+from keras_attention.layers.attention_pooling import AttentionPooling as AttentionPooling
+from keras_attention.layers.base_attention import BaseAttention as BaseAttention
+from keras_attention.layers.base_multi_head_attention import (
+    BaseMultiHeadAttention as BaseMultiHeadAttention,
+)
+from keras_attention.layers.capture import capture_attention as capture_attention
+from keras_attention.layers.cbam import CBAM as CBAM
+from keras_attention.layers.linformer_attention import LinformerAttention as LinformerAttention
+from keras_attention.layers.low_rank_attention import LowRankAttention as LowRankAttention
+from keras_attention.layers.luong_attention import LuongAttention as LuongAttention
+from keras_attention.layers.memory_budget import attention_memory_budget as attention_memory_budget
+from keras_attention.layers.memory_budget import (
+    set_attention_memory_budget as set_attention_memory_budget,
+)
+from keras_attention.layers.multi_head_attention import MultiHeadAttention as MultiHeadAttention
+from keras_attention.layers.performer_attention import PerformerAttention as PerformerAttention
+from keras_attention.layers.performer_attention import RedrawFeatures as RedrawFeatures
+from keras_attention.layers.position_embedding import PositionEmbedding as PositionEmbedding
+from keras_attention.layers.score_attention import ScoreAttention as ScoreAttention
+from keras_attention.layers.sinusoidal_position_encoding import (
+    SinusoidalPositionEncoding as SinusoidalPositionEncoding,
+)
+from keras_attention.layers.sparse_attention import SparseAttention as SparseAttention
+from keras_attention.layers.squeeze_excitation import SqueezeExcitation as SqueezeExcitation
+from keras_attention.layers.transformer_decoder_block import (
+    TransformerDecoderBlock as TransformerDecoderBlock,
+)
+from keras_attention.layers.transformer_encoder_block import (
+    TransformerEncoderBlock as TransformerEncoderBlock,
+)
 
 __all__ = public_names("layers")

@@ -248,7 +248,7 @@ class BaseMultiHeadAttention(BaseAttention):
         built = getattr(self, "_built_feature_dims", None)
         if built is not None:
             for name, shape, dim in zip(
-                ("query", "value", "key"), (query_shape, value_shape, key_shape), built
+                ("query", "value", "key"), (query_shape, value_shape, key_shape), built, strict=True
             ):
                 if shape[-1] is not None and shape[-1] != dim:
                     raise ValueError(

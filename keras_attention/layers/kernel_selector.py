@@ -58,7 +58,7 @@ unknown length is the `dynamic` row; with the batch unknown, one example's
 working set is counted against the budget and keys of
 `UNKNOWN_BATCH_KEY_LENGTH` or more go blockwise (`unknown-batch`), since one
 example's working set cannot bound a whole batch's.
-"""
+"""  # noqa: E501  (table rows: tests match them with docs/guides/long-sequences.md)
 
 import dataclasses
 import enum
@@ -88,7 +88,8 @@ class Kernel(enum.Enum):
     BLOCKWISE = "blockwise"  # ops.memory_efficient_attention, linear memory
     COMPOSITE = "composite"  # keras.ops.dot_product_attention, materialised
     DENSE = "dense"  # ops.dense_attention: materialised, returns the weights
-    SHIFTED = "shifted"  # ops.dense_attention.shifted_attention: materialised, normalised last, no weights
+    # ops.dense_attention.shifted_attention: materialised, normalised last, no weights
+    SHIFTED = "shifted"
 
 
 @dataclasses.dataclass(frozen=True)

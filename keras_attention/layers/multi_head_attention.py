@@ -432,11 +432,12 @@ class MultiHeadAttention(BaseMultiHeadAttention):
     def _ring_attention(self, query, key, value, mask):
         axis = self.sequence_parallel
         if mask.pair_mask is not None:
+            given = mask.pair_mask if mask.per_head else mask.pair_mask[:, 0]
             raise ValueError(
                 self._error(
                     f"`sequence_parallel={axis!r}` (ring attention) takes query, "
                     "key and causal masks only. Received: an attention_mask of "
-                    f"shape {tuple((mask.pair_mask if mask.per_head else mask.pair_mask[:, 0]).shape)}"
+                    f"shape {tuple(given.shape)}"
                 )
             )
         mesh = ring_attention.check_sequence_mesh(
@@ -507,7 +508,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         shape = tuple(cache.shape)
         expected = (query.shape[0], 2, None, self._num_key_value_heads, self._key_dim)
         if len(shape) != 5 or not all(
-            got is None or want is None or got == want for got, want in zip(shape, expected)
+            got is None or want is None or got == want
+            for got, want in zip(shape, expected, strict=True)
         ):
             raise ValueError(
                 self._error(

@@ -98,7 +98,7 @@ class ScoreAttention(BaseAttention):
                 continue
             if len(shape) != len(query_shape) or any(
                 q is not None and v is not None and q != v
-                for q, v in zip(query_shape[:-2], shape[:-2])
+                for q, v in zip(query_shape[:-2], shape[:-2], strict=True)
             ):
                 raise ValueError(
                     self._error(
@@ -122,7 +122,7 @@ class ScoreAttention(BaseAttention):
         if built is None:
             return
         for name, shape, dim in zip(
-            ("query", "value", "key"), (query_shape, value_shape, key_shape), built
+            ("query", "value", "key"), (query_shape, value_shape, key_shape), built, strict=True
         ):
             if shape is not None and dim is not None and shape[-1] is not None and shape[-1] != dim:
                 raise ValueError(
@@ -189,7 +189,8 @@ class ScoreAttention(BaseAttention):
             query_mask = None
         query, value, key, mask, list_masks = self._unpack_list_call(query, value, key, mask)
         list_masks = [
-            given if given is not None else filled for given, filled in zip(list_masks, keras_masks)
+            given if given is not None else filled
+            for given, filled in zip(list_masks, keras_masks, strict=False)
         ]
         for name, x in (("query", query), ("value", value), ("key", key)):
             self._check_tensor(name, x)

@@ -58,15 +58,14 @@ class ScoresSelection:
             self.query_range = tuple(bounds)
 
     def check_length(self, layer, query_length):
-        if self.query_range and query_length is not None:
-            if self.query_range[1] > query_length:
-                raise ValueError(
-                    layer._error(
-                        "`attention_scores_query_range` must lie inside the "
-                        f"query of length {query_length}. Received: "
-                        f"attention_scores_query_range={self.query_range}"
-                    )
+        if self.query_range and query_length is not None and self.query_range[1] > query_length:
+            raise ValueError(
+                layer._error(
+                    "`attention_scores_query_range` must lie inside the "
+                    f"query of length {query_length}. Received: "
+                    f"attention_scores_query_range={self.query_range}"
                 )
+            )
 
     def shape(self, full):
         """The selected scores' shape given the full `(B, H, Tq, Tv)`."""

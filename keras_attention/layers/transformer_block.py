@@ -83,7 +83,7 @@ def check_mask(block, name, mask, expected_shape):
     shape = tuple(mask.shape)
     if len(shape) != len(expected_shape) or any(
         got is not None and want is not None and got != want and not (axis == 0 and got == 1)
-        for axis, (got, want) in enumerate(zip(shape, expected_shape))
+        for axis, (got, want) in enumerate(zip(shape, expected_shape, strict=True))
     ):
         raise ValueError(
             f"{prefix}`{name}` must have shape {tuple(expected_shape)} "

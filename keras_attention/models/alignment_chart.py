@@ -100,7 +100,7 @@ def alignment_text(translation, width=None, layer=-1, head=None):
     label = max([1] + [len(_shown(t)) for t in translation.tokens])
     header = " " * (label + 3) + "".join(t[:width].ljust(width) for t in source)
     lines = [header]
-    for token, row in zip(translation.tokens, alignment):
+    for token, row in zip(translation.tokens, alignment, strict=False):
         cells = "".join(_SHADES[min(len(_SHADES) - 1, int(w * len(_SHADES)))] * width for w in row)
         top = source[int(np.argmax(row))] if len(row) else ""
         lines.append(f"{_shown(token).rjust(label)} | {cells}  <- {top}")
@@ -138,7 +138,7 @@ def alignment_html(translations, title="Attention alignments", layer=-1, head=No
         )
         parts.extend(f"<th>{html.escape(_shown(t))}</th>" for t in translation.source_tokens)
         parts.append("</tr>")
-        for token, row in zip(translation.tokens, alignment):
+        for token, row in zip(translation.tokens, alignment, strict=False):
             parts.append(f'<tr><th class="row">{html.escape(_shown(token))}</th>')
             for weight in row:
                 level = int(round(255 * (1.0 - float(weight))))

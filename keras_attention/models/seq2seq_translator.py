@@ -214,9 +214,12 @@ class Seq2SeqTranslator(Translator):
         encoder_outputs, final_states = outputs[0], outputs[1:]
         half = len(final_states) // 2
         forward, backward = final_states[:half], final_states[half:]
+        # A GRU has one state per direction: zip stops before `cell_bridge` (None).
         decoder_states = [
             bridge(tf.concat([f, b], axis=-1))
-            for bridge, f, b in zip((self.hidden_bridge, self.cell_bridge), forward, backward)
+            for bridge, f, b in zip(
+                (self.hidden_bridge, self.cell_bridge), forward, backward, strict=False
+            )
         ]
         return encoder_outputs, source_mask, decoder_states
 

@@ -229,7 +229,9 @@ class TransformerTranslator(Translator):
         source_mask, *cross_caches = context
         outputs = self._embed(self.target_embedding, token_ids[:, None], step)
         new_states, weights, scores = [], [], []
-        for block, cache, cross_cache in zip(self.decoder_blocks, states, cross_caches):
+        for block, cache, cross_cache in zip(
+            self.decoder_blocks, states, cross_caches, strict=True
+        ):
             outputs, _, cross_scores, *logits, cache = block(
                 outputs,
                 self_attention_cache=cache,
@@ -267,7 +269,7 @@ class TransformerTranslator(Translator):
                 block.cross_attention.num_heads // cache.shape[3],
                 axis=1,
             )
-            for block, cache in zip(self.decoder_blocks, cross_caches)
+            for block, cache in zip(self.decoder_blocks, cross_caches, strict=True)
         ]  # each (T_in, H, head_dim)
         return np.stack(values).transpose(0, 2, 1, 3)  # (layers, H, T_in, head_dim)
 

@@ -292,7 +292,7 @@ def check_sequence_mesh(error, argument, axis, query_shape, key_shape):
                 f"Received: {argument}={axis!r}"
             )
         )
-    size = dict(zip(mesh.axis_names, mesh.shape))[axis]
+    size = dict(zip(mesh.axis_names, mesh.shape, strict=True))[axis]
     for name, shape in (("projected query", query_shape), ("projected key", key_shape)):
         length = shape[1]
         if length is None or length % size:
@@ -311,7 +311,7 @@ def check_batch_axis(error, mesh, batch_axis, batch_size):
     split over does not divide a (static) batch size."""
     if batch_axis is None or batch_size is None:
         return
-    size = dict(zip(mesh.axis_names, mesh.shape))[batch_axis]
+    size = dict(zip(mesh.axis_names, mesh.shape, strict=True))[batch_axis]
     if batch_size % size:
         raise ValueError(
             error(

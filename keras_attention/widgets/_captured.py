@@ -23,7 +23,7 @@ def call_and_capture(model_or_layer, inputs):
     # show the plain layer name wherever that is unambiguous.
     short = [path.rsplit("/", 1)[-1] for path in captured.scores]
     collected = {}
-    for (path, calls), name in zip(captured.scores.items(), short):
+    for (path, calls), name in zip(captured.scores.items(), short, strict=True):
         label = name if short.count(name) == 1 else path
         for index, weights in enumerate(calls):
             collected[label if len(calls) == 1 else f"{label}#{index}"] = weights

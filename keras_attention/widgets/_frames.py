@@ -29,8 +29,11 @@ for (const [name, data] of entries(frame.data)) {  // the columns given replace 
 }
 for (const [name, attributes] of entries(frame.props)) {
   for (const [attribute, value] of entries(attributes)) {
-    const plain = value !== null && typeof value === "object" && !Array.isArray(value) && !(value instanceof Map);
-    models[name][attribute] = plain ? new Map(entries(value).map(([k, v]) => [Number(k), v])) : value;
+    const plain = value !== null && typeof value === "object" && !Array.isArray(value)
+      && !(value instanceof Map);
+    models[name][attribute] = plain
+      ? new Map(entries(value).map(([k, v]) => [Number(k), v]))
+      : value;
   }
 }
 """

@@ -24,26 +24,31 @@ const dark = () => body.dataset.jpThemeLight !== undefined ? body.dataset.jpThem
 const css = (name, fallback) => getComputedStyle(body).getPropertyValue(name).trim() || fallback;
 const originals = (window.__kaThemeOriginals ??= new WeakMap());
 const apply = () => {
-  const on = dark(), back = css("--jp-layout-color0", "#111111"), text = css("--jp-ui-font-color1", "#d4d4d4");
+  const on = dark(), back = css("--jp-layout-color0", "#111111"),
+    text = css("--jp-ui-font-color1", "#d4d4d4");
   const colours = {background_fill_color: ["#ffffff", back], border_fill_color: ["#ffffff", back],
     outline_line_color: ["#e5e5e5", "#3a3a3a"], grid_line_color: ["#e5e5e5", "#2e2e2e"],
     axis_line_color: ["black", "#9a9a9a"], major_tick_line_color: ["black", "#9a9a9a"],
     minor_tick_line_color: ["black", "#9a9a9a"], major_label_text_color: ["#444444", text],
-    axis_label_text_color: ["#444444", text], title_text_color: ["#444444", text], text_color: ["#444444", text]};
+    axis_label_text_color: ["#444444", text], title_text_color: ["#444444", text],
+    text_color: ["#444444", text]};
   for (const model of doc.all_models) {
     const saved = originals.get(model) ?? {};
     for (const [name, [light, themed]] of Object.entries(colours)) {
       if (!(name in model.properties)) continue;
       const value = model[name], plain = value?.value !== undefined ? value.value : value;
       const wrap = (v) => (value?.value !== undefined ? {...value, value: v} : v);
-      if (on && String(plain).toLowerCase() === light) { saved[name] = value; model[name] = wrap(themed); }
+      if (on && String(plain).toLowerCase() === light) {
+        saved[name] = value; model[name] = wrap(themed);
+      }
       else if (!on && name in saved) { model[name] = saved[name]; delete saved[name]; }
     }
     originals.set(model, saved);
   }
 };
 apply();
-new MutationObserver(apply).observe(body, {attributes: true, attributeFilter: ["data-jp-theme-light"]});
+new MutationObserver(apply).observe(body,
+  {attributes: true, attributeFilter: ["data-jp-theme-light"]});
 """
 
 
@@ -51,7 +56,8 @@ CALLBACK_NAME = "follow_page_theme"
 
 
 def follow_page_theme(document, root):
-    """Make every figure of `document` follow the page's light/dark theme (`root`: one of its models).
+    """Make every figure of `document` follow the page's light/dark theme
+    (`root`: one of its models).
 
     Once per document: a document exported twice, or wrapped in a widget and
     exported, keeps one callback (two would observe the page twice).

@@ -117,7 +117,8 @@ class AttentionExplorer(Component):
             )
         if not validation.is_int(max_tokens) or max_tokens < 2:
             raise ValueError(
-                f"AttentionExplorer: `max_tokens` must be an integer >= 2. Received: max_tokens={max_tokens!r}"
+                "AttentionExplorer: `max_tokens` must be an integer >= 2. "
+                f"Received: max_tokens={max_tokens!r}"
             )
         if scores_on_demand not in ("auto", True, False):
             raise ValueError(
@@ -126,7 +127,8 @@ class AttentionExplorer(Component):
             )
         if not validation.is_int(rows_per_call) or rows_per_call < 1:
             raise ValueError(
-                f"AttentionExplorer: `rows_per_call` must be a positive integer. Received: rows_per_call={rows_per_call!r}"
+                "AttentionExplorer: `rows_per_call` must be a positive integer. "
+                f"Received: rows_per_call={rows_per_call!r}"
             )
         query_tokens = validation.validate_tokens("AttentionExplorer", "query_tokens", query_tokens)
         key_tokens = validation.validate_tokens("AttentionExplorer", "key_tokens", key_tokens)
@@ -316,18 +318,20 @@ class AttentionExplorer(Component):
         """
         if side not in ("query", "key"):
             raise ValueError(
-                f"AttentionExplorer.focus_token: `side` must be 'query' or 'key'. Received: side={side!r}"
+                "AttentionExplorer.focus_token: `side` must be 'query' or 'key'. "
+                f"Received: side={side!r}"
             )
         data = self.token_source.data
         matches = [
             i
-            for i, (s, p) in enumerate(zip(data["side"], data["position"]))
+            for i, (s, p) in enumerate(zip(data["side"], data["position"], strict=True))
             if s == side and p == index
         ]
         if not matches:
             raise ValueError(
                 f"AttentionExplorer.focus_token: no {side} token at window position {index}. "
-                f"Received: index={index!r} (the window has {data['side'].count(side)} {side} tokens)"
+                f"Received: index={index!r} "
+                f"(the window has {data['side'].count(side)} {side} tokens)"
             )
         self.token_source.selected.indices = matches
 
@@ -363,7 +367,7 @@ class AttentionExplorer(Component):
             overview.name = f"overview_{index}"
             overview.visible = layer == first
         frames = {}
-        for layer, (num_heads, num_queries, num_keys) in self.shapes.items():
+        for layer, (_num_heads, num_queries, num_keys) in self.shapes.items():
             q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
             x_labels, y_labels = self._window_labels(layer, q0, q1, k0, k1)
             options = layer_options[layer]
@@ -463,7 +467,8 @@ def _detail_frame(window, x_labels, y_labels, layer, head, thumbnails):
     (`_frames`): what the live explorer applies and the export embeds per layer and head."""
     window = np.asarray(window, dtype="float64")
     rows, cols = window.shape
-    # No more labels than the 460 x 440 detail holds (a 64-token window: every 4th; hover names each cell).
+    # No more labels than the 460 x 440 detail holds (a 64-token window:
+    # every 4th; hover names each cell).
     x_ticks, x_overrides = figures.tick_labels(
         x_labels, figures.labels_that_fit(DETAIL_SIZE[0] - 150, slanted=True)
     )
@@ -521,7 +526,7 @@ def _thumbnail_indices(data, layer, head):
     """The model-view thumbnails of what the detail shows (all heads of a layer for the mean)."""
     return [
         i
-        for i, (name, index) in enumerate(zip(data["layer"], data["head"]))
+        for i, (name, index) in enumerate(zip(data["layer"], data["head"], strict=True))
         if name == layer and (head == MEAN_OF_HEADS or index == head)
     ]
 
@@ -578,7 +583,8 @@ class _CapturedWeights:
             captured = _captured.call_and_capture(model, inputs)
         except Exception as error:
             raise ValueError(
-                f"AttentionExplorer: calling {type(model).__name__} '{model.name}' on `inputs` failed "
+                f"AttentionExplorer: calling {type(model).__name__} '{model.name}' "
+                "on `inputs` failed "
                 f"({type(error).__name__}: {error}). Received: inputs of shape {_shapes(inputs)}"
             ) from error
         if not captured:
@@ -612,15 +618,15 @@ class _OnDemandWeights:
     def __init__(self, layer, inputs, example, rows_per_call):
         query, value, key = _layer_inputs(inputs)
         _check_example(example, int(query.shape[0]))
-        as_tensor = lambda x: (
-            None if x is None else keras.ops.convert_to_tensor(x)[example : example + 1]
-        )
+
+        def as_tensor(x):
+            return None if x is None else keras.ops.convert_to_tensor(x)[example : example + 1]
+
         self.layer = layer
         self.query, self.value, self.key = as_tensor(query), as_tensor(value), as_tensor(key)
         if self.value is None:
-            self.value = (
-                self.query
-            )  # self-attention: every query row attends over the whole sequence
+            # Self-attention: every query row attends over the whole sequence.
+            self.value = self.query
         self.rows_per_call = rows_per_call
         name = layer.name
         try:

@@ -75,7 +75,8 @@ class DecodingStepper(Component):
             raise TypeError(
                 "DecodingStepper: `translator` must support decoding sessions "
                 "(`supports_decoding_session` True and a `decoding_session(text, top_k)` "
-                f"method, like keras_attention.models translators). Received: {type(translator).__name__}"
+                "method, like keras_attention.models translators). "
+                f"Received: {type(translator).__name__}"
             )
         if not isinstance(text, str) or not text.strip():
             raise ValueError(
@@ -89,7 +90,8 @@ class DecodingStepper(Component):
             not validation.is_int(reserved_rows) or reserved_rows < 1
         ):
             raise ValueError(
-                f"DecodingStepper: `reserved_rows` must be a positive integer. Received: reserved_rows={reserved_rows!r}"
+                "DecodingStepper: `reserved_rows` must be a positive integer. "
+                f"Received: reserved_rows={reserved_rows!r}"
             )
         top_k = int(top_k)
         reserved_rows = None if reserved_rows is None else int(reserved_rows)
@@ -563,7 +565,11 @@ class _StepperView:
             rows, labels = figures.weighted_sum_rows(attention[head], values[head], tokens)
             return rows, labels, features
         rows = np.concatenate(
-            [figures.weighted_sum_rows(w, v, tokens)[0] for w, v in zip(attention, values)], axis=1
+            [
+                figures.weighted_sum_rows(w, v, tokens)[0]
+                for w, v in zip(attention, values, strict=False)
+            ],
+            axis=1,
         )
         return rows, [*(f"w x {t}" for t in tokens), "= context"], features
 

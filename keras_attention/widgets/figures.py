@@ -89,7 +89,8 @@ PIXELS_PER_SLANTED_LABEL = 19
 
 
 def labels_that_fit(pixels, slanted=False):
-    """How many tick labels an axis of `pixels` holds without overlapping (hover shows every token)."""
+    """How many tick labels an axis of `pixels` holds without overlapping
+    (hover shows every token)."""
     return max(2, int(pixels) // (PIXELS_PER_SLANTED_LABEL if slanted else PIXELS_PER_LABEL))
 
 
@@ -282,7 +283,8 @@ def heatmap(
 
 
 def heatmap_source(fig):
-    """The `ColumnDataSource` behind a figure made by `heatmap`/`image_heatmap` (or the bar charts)."""
+    """The `ColumnDataSource` behind a figure made by `heatmap`/`image_heatmap`
+    (or the bar charts)."""
     return fig.renderers[
         0
     ].data_source  # the figure's first glyph (callbacks may reference other sources)
@@ -563,7 +565,7 @@ def weighted_sum_rows(weights, values, tokens=None):
     labels = _labels(tokens, len(vector), "weighted_sum", "tokens")
     scaled = vector[:, None] * values
     rows = np.concatenate([scaled, scaled.sum(axis=0, keepdims=True)], axis=0)
-    row_labels = [f"{w:.2f} x {t}" for w, t in zip(vector, labels)] + ["= context"]
+    row_labels = [f"{w:.2f} x {t}" for w, t in zip(vector, labels, strict=True)] + ["= context"]
     return rows, row_labels
 
 
@@ -576,7 +578,8 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
     heads = np.asarray(weights, dtype="float64")
     if heads.ndim != 3:
         raise ValueError(
-            f"head_grid: `weights` must be a 3-D array (heads, Tq, Tv). Received: shape {heads.shape}"
+            "head_grid: `weights` must be a 3-D array (heads, Tq, Tv). "
+            f"Received: shape {heads.shape}"
         )
     # One colour scale for every head (the colour bar closes the grid), so
     # the thumbnails compare; tick labels thinned to what fits a thumbnail.
@@ -730,7 +733,7 @@ def model_view(
         {"layer": [], "head": [], "x": [], "y": []},
     )
     high = 1e-9
-    for row_index, (heads, name) in enumerate(zip(thumbnails, layer_names)):
+    for row_index, (heads, name) in enumerate(zip(thumbnails, layer_names, strict=True)):
         heads = np.asarray(heads, dtype="float64")
         if heads.ndim != 3:
             raise ValueError(
@@ -794,9 +797,11 @@ def model_view(
         nonselection_line_alpha=0.0,
         name="thumbnails",
     )
-    # "replace": Bokeh's default "toggle" would unselect a thumbnail the mean of heads already outlines.
+    # "replace": Bokeh's default "toggle" would unselect a thumbnail the mean
+    # of heads already outlines.
     fig.select_one({"type": TapTool}).update(renderers=[outlines], mode="replace")
-    # No hover tooltip: it would sit under the pointer and take the click (the axes name layer and head).
+    # No hover tooltip: it would sit under the pointer and take the click (the
+    # axes name layer and head).
     fig.grid.visible = False
     fig.xaxis.ticker = FixedTicker(ticks=[h * (1 + THUMBNAIL_GAP) + 0.5 for h in range(num_cols)])
     fig.xaxis.major_label_overrides = {
@@ -822,7 +827,8 @@ def model_view(
 
 
 def model_view_source(fig):
-    """The `ColumnDataSource` of `model_view`'s thumbnails (`layer`, `head`; `selected` is the tap)."""
+    """The `ColumnDataSource` of `model_view`'s thumbnails (`layer`, `head`;
+    `selected` is the tap)."""
     return fig.select_one({"name": "model_view_source"})
 
 
@@ -833,8 +839,10 @@ def model_view_source(fig):
 HEAD_VIEW_JS = """
 const data = detail.data;
 const get = (name) => Array.from(data instanceof Map ? data.get(name) : data[name]);
-const rows = get("row"), cols = get("col"), weights = get("weight"), x_tokens = get("x_token"), y_tokens = get("y_token");
-const num_rows = rows.length ? Math.max(...rows) + 1 : 0, num_cols = cols.length ? Math.max(...cols) + 1 : 0;
+const rows = get("row"), cols = get("col"), weights = get("weight"),
+  x_tokens = get("x_token"), y_tokens = get("y_token");
+const num_rows = rows.length ? Math.max(...rows) + 1 : 0,
+  num_cols = cols.length ? Math.max(...cols) + 1 : 0;
 const chosen = hovered.length ? hovered : tokens.selected.indices;
 const focus = chosen.length ? chosen[0] : -1;
 const key = focus + "/" + weights.length + "/" + weights[0] + "/" + weights[weights.length - 1];
@@ -851,18 +859,23 @@ if (focus < 0 || focus >= sides.length) {
 }
 const is_query = sides[focus] === "query", at = positions[focus];
 const picked = [];
-for (let i = 0; i < weights.length; i++) { if ((is_query ? rows[i] : cols[i]) === at) picked.push(i); }
+for (let i = 0; i < weights.length; i++) {
+  if ((is_query ? rows[i] : cols[i]) === at) picked.push(i);
+}
 detail.selected.indices = picked;
 const position = picked.map((i) => is_query ? cols[i] : rows[i]);
 const labels = picked.map((i) => is_query ? x_tokens[i] : y_tokens[i]);
 bars.data = {position, weight: picked.map((i) => weights[i]), token: labels};
 bars_figure.x_range.start = -0.5; bars_figure.x_range.end = Math.max(position.length, 1) - 0.5;
-bars_figure.y_range.start = 0; bars_figure.y_range.end = Math.max(1e-9, ...picked.map((i) => weights[i])) * 1.05;
+bars_figure.y_range.start = 0;
+bars_figure.y_range.end = Math.max(1e-9, ...picked.map((i) => weights[i])) * 1.05;
 const step = position.length <= 30 ? 1 : Math.ceil(position.length / 10);
 bars_axis.ticker.ticks = position.filter((_, i) => i % step === 0);
 // Labels cut to 10 characters (hover shows the whole token), so they leave the bars room.
 const cut = (t, n) => { t = String(t); return t.length <= n ? t : t.slice(0, n - 1) + "…"; };
-bars_axis.major_label_overrides = new Map(position.filter((_, i) => i % step === 0).map((p, i) => [p, cut(labels[i * step], 10)]));
+bars_axis.major_label_overrides = new Map(
+  position.filter((_, i) => i % step === 0).map((p, i) => [p, cut(labels[i * step], 10)])
+);
 const label = is_query ? y_tokens[picked[0]] : x_tokens[picked[0]];
 bars_figure.title.text = (is_query ? "query " : "key ") + JSON.stringify(cut(label, 14)) +
   (is_query ? ": weights over keys" : ": weight from each query");

@@ -124,14 +124,16 @@ class LiveAttention(keras.callbacks.Callback, Component):
             )
         if not validation.is_int(max_frames) or max_frames < 1:
             raise ValueError(
-                f"LiveAttention: `max_frames` must be an integer >= 1. Received: max_frames={max_frames!r}"
+                "LiveAttention: `max_frames` must be an integer >= 1. "
+                f"Received: max_frames={max_frames!r}"
             )
         if not isinstance(model_or_layer, keras.layers.Layer) or not attention_layers(
             model_or_layer
         ):
             raise ValueError(
                 "LiveAttention: `model_or_layer` has no keras_attention attention layers to watch. "
-                f"Received: {type(model_or_layer).__name__} '{getattr(model_or_layer, 'name', model_or_layer)}'"
+                f"Received: {type(model_or_layer).__name__} "
+                f"'{getattr(model_or_layer, 'name', model_or_layer)}'"
             )
         example = validation.validate_non_negative_int("LiveAttention", "example", example)
         head = validation.validate_non_negative_int("LiveAttention", "head", head, allow_none=True)
@@ -497,8 +499,8 @@ class LiveAttention(keras.callbacks.Callback, Component):
         expected = [tuple(x.shape) for x in inputs]
         received = [tuple(np.shape(p)) for p in probes]
         if len(expected) != len(received) or any(
-            len(e) != len(r) or any(d is not None and d != s for d, s in zip(e, r))
-            for e, r in zip(expected, received)
+            len(e) != len(r) or any(d is not None and d != s for d, s in zip(e, r, strict=True))
+            for e, r in zip(expected, received, strict=True)
         ):
             raise ValueError(
                 f"LiveAttention: `probe_inputs` must match the input shape of '{self.target.name}' "
