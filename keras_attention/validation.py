@@ -17,7 +17,6 @@ import numbers
 
 import numpy as np
 
-
 # The composite layer under construction, whose name the errors of the layers
 # it builds carry (see `errors_name`).
 _composite_owner = contextvars.ContextVar("keras_attention_composite_owner", default=None)
