@@ -180,13 +180,15 @@ class AttentionMask:
         """`(start, stop)` key blocks of `key_block` keys that those rows may
         see (see `key_range`); tiles outside are all masked."""
         start, stop = self.key_range(first_row, last_row)
-        start = start // key_block
-        stop = (
-            num_key_blocks
-            if stop is None
-            else _minimum((stop + key_block - 1) // key_block, num_key_blocks)
-        )
-        return _minimum(start, stop), stop  # an empty range, never a negative one
+        if stop is None:
+            stop_block = num_key_blocks
+        else:
+            # No key at all (e.g. a window wholly past the written cache): no
+            # block, rather than the one that rounding `stop` up would give.
+            stop_block = _minimum((stop + key_block - 1) // key_block, num_key_blocks)
+            empty = stop <= start
+            stop_block = _select(empty, _minimum(start // key_block, stop_block), stop_block)
+        return _minimum(start // key_block, stop_block), stop_block  # never a negative range
 
     # -------------------------------------------------------------- dense
     def dense(self, query_length, key_length):
@@ -226,6 +228,12 @@ def _minimum(a, b):
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)
     return ops.minimum(a, b)
+
+
+def _select(condition, a, b):
+    if isinstance(condition, bool):
+        return a if condition else b
+    return ops.where(condition, a, b)
 
 
 def _maximum(a, b):
