@@ -79,7 +79,7 @@ def train_translator():
 
     keras.utils.set_random_seed(1)
     pairs = number_pairs(1200)
-    sources, targets = zip(*pairs)
+    sources, targets = zip(*pairs, strict=True)
     translator = Seq2SeqTranslator.from_texts(
         sources,
         targets,
@@ -108,7 +108,7 @@ def train_transformer():
     from keras_attention.models import TransformerTranslator
 
     keras.utils.set_random_seed(2)
-    sources, targets = zip(*number_pairs(800, seed=3))
+    sources, targets = zip(*number_pairs(800, seed=3), strict=True)
     translator = TransformerTranslator.from_texts(
         sources,
         targets,

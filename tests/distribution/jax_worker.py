@@ -31,7 +31,7 @@ def shardings(model, differences, layout_map=None):
     """Each variable: path, shape, sharding spec, layout, shard shape, and
     its largest difference from single-device training."""
     rows = []
-    for variable, difference in zip(model.weights, differences):
+    for variable, difference in zip(model.weights, differences, strict=True):
         value = variable.value
         rank = len(variable.shape)
         promised = None if layout_map is None else layout_map[variable.path]

@@ -111,7 +111,8 @@ def op_checks(mesh):
         report[name] = {
             "output": float(np.max(np.abs(np.asarray(out) - want_out))),
             "gradients": [
-                float(np.max(np.abs(np.asarray(g) - w))) for g, w in zip(grads, want_grads)
+                float(np.max(np.abs(np.asarray(g) - w)))
+                for g, w in zip(grads, want_grads, strict=True)
             ],
             "finite": bool(all(np.isfinite(np.asarray(x)).all() for x in (out,) + tuple(grads))),
             "scale": float(np.max(np.abs(want_out))),
@@ -241,10 +242,10 @@ def layer_checks():
         report["kernel"] = ran[0] if ran else None
         report["output"] = float(np.max(np.abs(got[0] - want[0])))
         report["input_gradients"] = max(
-            float(np.max(np.abs(g - w))) for g, w in zip(got[1], want[1])
+            float(np.max(np.abs(g - w))) for g, w in zip(got[1], want[1], strict=True)
         )
         report["weight_gradients"] = max(
-            float(np.max(np.abs(g - w))) for g, w in zip(got[2], want[2])
+            float(np.max(np.abs(g - w))) for g, w in zip(got[2], want[2], strict=True)
         )
         report["errors"] = {}
         for label, fn in {

@@ -425,7 +425,7 @@ def check(case):
             value = None if case["self_attention"] else cast(key_value)
 
             def fn(q, *masks):
-                kw = dict(zip(names, masks))
+                kw = dict(zip(names, masks, strict=True))
                 args = (q,) if value is None else (q, value)
                 return layer(
                     *args,

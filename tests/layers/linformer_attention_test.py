@@ -24,7 +24,7 @@ def test_identity_projections_give_exact_attention():
         "key_projection",
         "value_projection",
     ]
-    for mine, theirs in zip(layer.trainable_weights[2:], exact.trainable_weights):
+    for mine, theirs in zip(layer.trainable_weights[2:], exact.trainable_weights, strict=True):
         mine.assign(theirs)
     layer.key_projection.assign(np.eye(9, dtype="float32"))
     layer.value_projection.assign(np.eye(9, dtype="float32"))

@@ -289,7 +289,7 @@ def test_memory_efficient_path_matches_exact_values_and_gradients(case):
     out_a, din_a, dw_a = layer_gradients(exact, [query], cotangent, **kwargs)
     out_b, din_b, dw_b = layer_gradients(fast, [query], cotangent, **kwargs)
     np.testing.assert_allclose(out_b, out_a, atol=1e-5)
-    for a, b in zip(din_a + dw_a, din_b + dw_b):
+    for a, b in zip(din_a + dw_a, din_b + dw_b, strict=True):
         np.testing.assert_allclose(b, a, atol=1e-5)
 
 
@@ -377,7 +377,7 @@ def test_memory_efficient_path_trains_in_fit_with_jit_compile():
     exact.fit(query, target, epochs=2, batch_size=2, verbose=0, shuffle=False)
     history = fast.fit(query, target, epochs=2, batch_size=2, verbose=0, shuffle=False)
     assert np.all(np.isfinite(history.history["loss"]))
-    for a, b in zip(exact.get_weights(), fast.get_weights()):
+    for a, b in zip(exact.get_weights(), fast.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, atol=1e-5)
 
 

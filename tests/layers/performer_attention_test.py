@@ -84,7 +84,7 @@ def test_approximates_exact_attention_with_the_same_weights():
     for num_features in (2, 4096):
         layer = PerformerAttention(2, 4, num_features=num_features, seed=0)
         layer(query)
-        for mine, theirs in zip(layer.trainable_weights, exact.trainable_weights):
+        for mine, theirs in zip(layer.trainable_weights, exact.trainable_weights, strict=True):
             mine.assign(theirs)
         errors[num_features] = np.abs(_np(layer(query)) - expected).max()
     assert errors[4096] < 0.02 and errors[2] > 5 * errors[4096]

@@ -208,7 +208,9 @@ def test_keras_masks_from_both_embeddings_are_used(tmp_path):
     loaded = keras.saving.load_model(path, safe_mode=True)
     assert loaded.get_layer("decoder").has_cross_attention
     for a, b in zip(
-        to_numpy(loaded([source_value, target_value])), [out, self_w, cross_w, pooled_value]
+        to_numpy(loaded([source_value, target_value])),
+        [out, self_w, cross_w, pooled_value],
+        strict=True,
     ):
         np.testing.assert_array_equal(a, b)
 

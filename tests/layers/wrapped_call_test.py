@@ -146,7 +146,7 @@ def _build_and_compare(factory, call_fn, shapes, unknown_length):
     got = keras.tree.flatten(model(data))
     expected = keras.tree.flatten(call_fn(layer, *data))
     assert len(got) == len(expected)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         np.testing.assert_allclose(_numpy(g), _numpy(e), rtol=1e-5, atol=1e-6)
     return model
 

@@ -72,7 +72,7 @@ def test_translators_round_trip_through_keras_files(
         expected = translator.translate(TEXTS, beam_width=2)
         assert [t["text"] for t in restored["translations"]] == [e.text for e in expected]
         assert any(e.text for e in expected)
-        for got, want in zip(restored["translations"], expected):
+        for got, want in zip(restored["translations"], expected, strict=True):
             np.testing.assert_allclose(
                 np.array(got["alignment"]).reshape(want.alignment.shape), want.alignment, atol=1e-6
             )

@@ -135,7 +135,7 @@ def test_block_plan_counts_a_repeated_block_once():
     index, valid = block_sparse.block_plan(2, 2, window_blocks=1, global_blocks=1, random_plan=plan)
     index = keras.ops.convert_to_numpy(index)
     valid = keras.ops.convert_to_numpy(valid)
-    for row, ok in zip(index, valid):
+    for row, ok in zip(index, valid, strict=True):
         assert sorted(row[ok]) == [0, 1]
 
 
@@ -146,7 +146,7 @@ def test_causal_random_blocks_lie_in_the_past():
     index, valid = block_sparse.block_plan(8, 8, window_blocks=2, random_plan=plan, causal=True)
     index = keras.ops.convert_to_numpy(index)
     valid = keras.ops.convert_to_numpy(valid)
-    for i, (row, ok) in enumerate(zip(index, valid)):
+    for i, (row, ok) in enumerate(zip(index, valid, strict=True)):
         assert np.all(row[ok] <= i)
 
 
@@ -245,7 +245,7 @@ def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, c
     np.testing.assert_allclose(output, expected, atol=1e-5)
     grads = input_gradients(attend, [query, key, value], cotangent)
     expected_grads = reference_gradients(query, key, value, allowed, cotangent)
-    for name, grad, want in zip("qkv", grads, expected_grads):
+    for name, grad, want in zip("qkv", grads, expected_grads, strict=True):
         np.testing.assert_allclose(grad, want, atol=1e-4, err_msg=f"d{name}")
 
 

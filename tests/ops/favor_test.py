@@ -279,7 +279,7 @@ def test_chunked_softmax_path_matches_plain_outputs_and_gradients(tq, tv, chunk)
     )
     grads = input_gradients(chunked, [query, key, value], cotangent)
     expected_grads = input_gradients(plain, [query, key, value], cotangent)
-    for name, grad, want in zip("qkv", grads, expected_grads):
+    for name, grad, want in zip("qkv", grads, expected_grads, strict=True):
         assert np.any(want != 0)
         np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-5, err_msg=f"d{name}")
 

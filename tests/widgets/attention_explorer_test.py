@@ -42,7 +42,7 @@ def thumbnail(explorer, layer, head):
     data = explorer.model_view_source.data
     return [
         i
-        for i, (name, h) in enumerate(zip(data["layer"], data["head"]))
+        for i, (name, h) in enumerate(zip(data["layer"], data["head"], strict=True))
         if (name, h) == (layer, head)
     ][0]
 
@@ -53,7 +53,7 @@ def test_the_model_view_shows_every_layer_and_head_with_one_colour_bar(fake_comm
     x = np.random.default_rng(1).normal(size=(1, 5, 8)).astype("float32")
     explorer = AttentionExplorer(make_model(), x)
     data = explorer.model_view_source.data
-    assert list(zip(data["layer"], data["head"])) == [
+    assert list(zip(data["layer"], data["head"], strict=True)) == [
         ("two_heads", 0),
         ("two_heads", 1),
         *(("four_heads", h) for h in range(4)),
@@ -61,7 +61,7 @@ def test_the_model_view_shows_every_layer_and_head_with_one_colour_bar(fake_comm
     ]
     images = explorer.model_view_figure.select_one({"name": "model_view_images"}).data["image"]
     expected = [*reference_weights(x, 2)[0], *reference_weights(x, 4)[0]]
-    for image, head in zip(images, expected):
+    for image, head in zip(images, expected, strict=True):
         np.testing.assert_allclose(image, head, rtol=1e-5)
     colour_bar = explorer.model_view_figure.select_one({"type": ColorBar})
     assert colour_bar.color_mapper.high == pytest.approx(max(float(np.max(i)) for i in images))

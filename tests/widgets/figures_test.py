@@ -77,7 +77,7 @@ def test_weighted_sum_last_row_is_weights_times_values():
     weights, values = rng.dirichlet(np.ones(4)), rng.normal(size=(4, 3))
     fig = figures.weighted_sum(weights, values, list("abcd"))
     grid = matrix_from_source(figures.heatmap_source(fig))
-    expected = sum(w * v for w, v in zip(weights, values))
+    expected = sum(w * v for w, v in zip(weights, values, strict=True))
     np.testing.assert_allclose(grid[-1], expected)
     np.testing.assert_allclose(grid[1], weights[1] * values[1])
 

@@ -993,10 +993,12 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, wid
         )
         opened.page.wait_for_timeout(500)  # nothing touched: this is the first draw
         views = opened.page.evaluate(READ_HEAD_VIEWS)
-        for view, length in zip(views, (10, 64)):
+        for view, length in zip(views, (10, 64), strict=True):
             low, high = min(view["y"]), max(view["y"])
             for side in ("query", "key"):
-                positions = [p for s, p in zip(view["side"], view["position"]) if s == side]
+                positions = [
+                    p for s, p in zip(view["side"], view["position"], strict=True) if s == side
+                ]
                 assert positions == list(range(length))
                 # Every token's label is inside the drawn range (one label per token, none cut) ...
                 shown = [p for p in positions if low < p < high]
