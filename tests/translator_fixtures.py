@@ -1,7 +1,7 @@
 """A small trained translator shared by the model and export tests.
 
-Import the fixture in a test module: `from translator_fixtures import
-trained_translator`.
+Tests receive it by name: the fixtures `trained_translator` and
+`trained_transformer` are in tests/conftest.py and call `trained_once` here.
 
 Each translator is trained once per test run: the first module to ask trains
 and saves it (`.keras`) in the run's shared temporary folder, the others load
@@ -48,7 +48,8 @@ def _locked(path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _trained_once(tmp_path_factory, name, train):
+def trained_once(tmp_path_factory, name, train):
+    """`train()`'s model, trained by the first worker to ask and loaded by the others."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip("needs the TensorFlow backend")
     path = str(_run_folder(tmp_path_factory) / f"{name}.keras")
@@ -58,18 +59,6 @@ def _trained_once(tmp_path_factory, name, train):
         translator = train()
         translator.save(path)
         return translator
-
-
-@pytest.fixture(scope="module")
-def trained_translator(tmp_path_factory):
-    """Whitespace-tokenized number words -> digits, trained for a few seconds."""
-    return _trained_once(tmp_path_factory, "trained_translator", train_translator)
-
-
-@pytest.fixture(scope="module")
-def trained_transformer(tmp_path_factory):
-    """The same task for a small `TransformerTranslator`."""
-    return _trained_once(tmp_path_factory, "trained_transformer", train_transformer)
 
 
 def train_translator():

@@ -8,8 +8,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from translator_fixtures import trained_transformer  # noqa: F401  (fixture)
-from translator_fixtures import trained_translator  # noqa: F401  (fixture)
 
 import keras_attention as ka
 

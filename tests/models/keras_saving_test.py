@@ -4,8 +4,9 @@ import sys
 
 import numpy as np
 import pytest
-from translator_fixtures import train_transformer
-from translator_fixtures import train_translator
+
+from tests.translator_fixtures import train_transformer
+from tests.translator_fixtures import train_translator
 
 pytestmark = pytest.mark.tf_only
 

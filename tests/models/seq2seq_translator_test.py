@@ -4,8 +4,8 @@ import sys
 import keras
 import numpy as np
 import pytest
-from translator_fixtures import number_pairs
-from translator_fixtures import trained_translator  # noqa: F401  (fixture)
+
+from tests.translator_fixtures import number_pairs
 
 pytestmark = pytest.mark.tf_only
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-from translator_fixtures import number_pairs
-from translator_fixtures import trained_transformer  # noqa: F401  (fixture)
+
+from tests.translator_fixtures import number_pairs
 
 pytestmark = pytest.mark.tf_only
 

@@ -3,7 +3,8 @@
 import keras
 import numpy as np
 import pytest
-from translator_fixtures import number_pairs
+
+from tests.translator_fixtures import number_pairs
 
 pytestmark = pytest.mark.tf_only
 
