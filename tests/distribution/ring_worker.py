@@ -6,6 +6,7 @@ NumPy float64 reference, per mask case; what the jaxprs contain; how many
 key/value blocks each case computed; the layer against the exact layer.
 """
 
+import functools
 import json
 import os
 
@@ -83,29 +84,37 @@ def inputs(case, seed=0):
     return q, k, v, key_mask, query_mask, d_out
 
 
+def _forward_backward(mesh, key_mask, query_mask, causal, balance):
+    """Ring attention's output and input gradients, compiled for one case."""
+
+    @jax.jit
+    def forward_backward(q, k, v, d_out):
+        def attend(q, k, v):
+            return ring.ring_attention(
+                q,
+                k,
+                v,
+                mesh=mesh,
+                key_mask=key_mask,
+                query_mask=query_mask,
+                use_causal_mask=causal,
+                balance=balance,
+            )
+
+        out, pullback = jax.vjp(attend, q, k, v)
+        return out, pullback(d_out)
+
+    return forward_backward
+
+
 def op_checks(mesh):
     report = {}
     for name, case in CASES.items():
         q, k, v, key_mask, query_mask, d_out = inputs(case)
         causal = case.get("causal", False)
-
-        @jax.jit
-        def forward_backward(q, k, v, d_out):
-            def attend(q, k, v):
-                return ring.ring_attention(
-                    q,
-                    k,
-                    v,
-                    mesh=mesh,
-                    key_mask=key_mask,
-                    query_mask=query_mask,
-                    use_causal_mask=causal,
-                    balance=case.get("balance", "auto"),
-                )
-
-            out, pullback = jax.vjp(attend, q, k, v)
-            return out, pullback(d_out)
-
+        forward_backward = _forward_backward(
+            mesh, key_mask, query_mask, causal, case.get("balance", "auto")
+        )
         out, grads = forward_backward(q, k, v, d_out)
         want_out, want_grads = reference(q, k, v, key_mask, query_mask, causal, d_out)
         report[name] = {
@@ -163,8 +172,8 @@ def blocks_computed(mesh):
             calls = []
             q, k, v, *_ = inputs(CASES["plain"])
             out = jax.jit(
-                lambda q, k, v: ring.ring_attention(
-                    q, k, v, mesh=mesh, use_causal_mask=causal, balance=balance
+                functools.partial(
+                    ring.ring_attention, mesh=mesh, use_causal_mask=causal, balance=balance
                 )
             )(q, k, v)
             jax.block_until_ready(out)

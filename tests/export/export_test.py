@@ -49,7 +49,7 @@ def _assert_servable(report, layout_rank):
 
     assert report.problems == [], report.summary()
     assert set(report.signatures) == SIGNATURES
-    for name, signature in report.signatures.items():
+    for signature in report.signatures.values():
         assert signature["inputs"]["text"] == "string (None,)"
         assert signature["outputs"]["alignment"].startswith("float (")
         assert signature["outputs"]["alignment"].count(",") == layout_rank - 1

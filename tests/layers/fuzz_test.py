@@ -336,10 +336,9 @@ def _check_case(case, mode):
             for b, t in POISONED:
                 finite[b, t] = True
         assert np.all(finite), f"non-finite output for {case}"
-    if kind in ("attention", "decoder", "encoder") and query_mask is not None:
-        # Masked query rows are exactly zero (the blocks add the residual).
-        if kind == "attention":
-            np.testing.assert_array_equal(output[~query_mask], 0.0)
+    if kind == "attention" and query_mask is not None:
+        # Masked query rows are exactly zero (not for the blocks: they add the residual).
+        np.testing.assert_array_equal(output[~query_mask], 0.0)
     if weights is not None and case["layer"] not in WEIGHTLESS:
         weights = _numpy(weights)
         if weights.ndim == 4:  # (B, H, Tq, Tv) -> (B, Tq, H, Tv)

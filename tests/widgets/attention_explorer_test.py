@@ -393,7 +393,8 @@ def test_a_16384_token_window_is_exact_and_the_full_weights_are_never_formed(tmp
         env=env,
         timeout=600,
     )
-    result = json.load(open(out))
+    with open(out) as file:
+        result = json.load(file)
     saved = np.load(out + ".npz")
     x, weights = saved["x"], [saved[f"arr_{i}"] for i in range(8)]
     layer = keras_attention.MultiHeadAttention(2, 8, seed=0)

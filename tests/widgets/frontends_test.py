@@ -305,7 +305,8 @@ class JupyterServer:
             )
         )
         self.log_path = root / ("server_progressive.log" if self.progressive else "server.log")
-        self.log = open(self.log_path, "w")
+        # Open until stop(): the server writes to it for the whole test.
+        self.log = open(self.log_path, "w")  # noqa: SIM115
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -338,9 +339,11 @@ class JupyterServer:
                 break
             except urllib.error.HTTPError:
                 break  # the server answers, whatever it says
-            except OSError:
+            except OSError as error:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("jupyter server did not start: " + self.log_tail())
+                    raise RuntimeError(
+                        "jupyter server did not start: " + self.log_tail()
+                    ) from error
                 time.sleep(0.5)
 
     def log_tail(self):
