@@ -359,17 +359,21 @@ np.savez(out + ".npz", x=x, *[np.asarray(w) for w in layer.get_weights()])
 kilobytes = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 explorer = AttentionExplorer(layer, x[:, :64], max_tokens=64)  # warms the kernels up
 before = kilobytes()
-explorer = AttentionExplorer(layer, x, max_tokens=64, **json.loads(sys.argv[3]))  # "auto": scores on demand from 4096 keys
+# "auto": scores on demand from 4096 keys
+explorer = AttentionExplorer(layer, x, max_tokens=64, **json.loads(sys.argv[3]))
 explorer.query_start.value = 9000
 explorer.key_start.value = 12000
 explorer.head_choice.value = 1
 peak = kilobytes()
 y_axis = explorer.detail_figure.yaxis[0]
-mapper = explorer.detail_figure.select_one({"type": keras_attention.widgets.figures.LinearColorMapper})
+mapper = explorer.detail_figure.select_one(
+    {"type": keras_attention.widgets.figures.LinearColorMapper}
+)
+overview = explorer.overview_figure.select_one({"name": "overview_source"})
 json.dump({"detail": explorer.detail_matrix.tolist(), "grown_mib": (peak - before) / 1024,
            "on_demand": explorer.weights is None, "first_label": y_axis.major_label_overrides[0],
            "window": dict(explorer.window_source.data), "high": mapper.high,
-           "overview_shape": list(np.shape(explorer.overview_figure.select_one({"name": "overview_source"}).data["image"][0]))},
+           "overview_shape": list(np.shape(overview.data["image"][0]))},
           open(out, "w"))
 """
 

@@ -1,4 +1,5 @@
-"""Every example notebook runs top to bottom (nbclient, a real kernel), quietly, from the files it ships."""
+"""Every example notebook runs top to bottom (nbclient, a real kernel), quietly, from the
+files it ships."""
 
 import glob
 import os
