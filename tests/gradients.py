@@ -59,3 +59,30 @@ def layer_gradients(layer, inputs, cotangent, **call_kwargs):
         [g.numpy() for g in grads[: len(tensors)]],
         [g.numpy() for g in grads[len(tensors) :]],
     )
+
+
+def compiled_squared_sum_gradient(fn, x):
+    """Gradient of `sum(fn(x) ** 2)` w.r.t. `x`, compiled with XLA.
+
+    `jax.jit` on JAX, `tf.function(jit_compile=True)` on TensorFlow: the
+    check that an op compiles and differentiates, not only that it runs eagerly.
+    """
+    if keras.backend.backend() == "jax":
+        import jax
+
+        def loss(q):
+            return (fn(q) ** 2).sum()
+
+        grad = jax.jit(jax.grad(loss))(x)
+    else:
+        import tensorflow as tf
+
+        @tf.function(jit_compile=True, autograph=False)
+        def grad_fn(q):
+            with tf.GradientTape() as tape:
+                tape.watch(q)
+                loss = tf.reduce_sum(fn(q) ** 2)
+            return tape.gradient(loss, q)
+
+        grad = grad_fn(tf.constant(x))
+    return keras.ops.convert_to_numpy(grad)
