@@ -474,7 +474,7 @@ def _attention_layers():
     heads = dict(num_heads=2, key_dim=3)
     return [
         ("additive", lambda: ka.AdditiveAttention(units=4), "cross"),
-        ("luong_dot", lambda: ka.LuongAttention(score="dot", scale=True), "cross"),
+        ("luong_dot", lambda: ka.LuongAttention(score="dot", divide_by_sqrt_dim=True), "cross"),
         ("luong_general", lambda: ka.LuongAttention(score="general"), "cross"),
         ("luong_concat", lambda: ka.LuongAttention(score="concat", units=3), "cross"),
         ("low_rank", lambda: ka.LowRankAttention(rank=2), "cross"),

@@ -55,7 +55,7 @@ def test_masked_output_feeds_a_masked_rnn_in_sequential():
         [
             keras.Input((6,), dtype="int32"),
             keras.layers.Embedding(20, 8, mask_zero=True),
-            keras_attention.LuongAttention(score="dot", scale=True),
+            keras_attention.LuongAttention(score="dot", divide_by_sqrt_dim=True),
             keras.layers.GRU(4),
         ]
     )

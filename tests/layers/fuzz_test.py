@@ -51,7 +51,9 @@ COMPILED_RUN = []
 FACTORIES = {
     "AdditiveAttention": lambda d: ka.AdditiveAttention(dtype=d),
     "LuongAttention": lambda d: ka.LuongAttention(score_mode="general", dtype=d),
-    "LuongAttention-dot": lambda d: ka.LuongAttention(score_mode="dot", scale=True, dtype=d),
+    "LuongAttention-dot": lambda d: ka.LuongAttention(
+        score_mode="dot", divide_by_sqrt_dim=True, dtype=d
+    ),
     "LowRankAttention": lambda d: ka.LowRankAttention(rank=2, dtype=d),
     "MultiHeadAttention": lambda d: ka.MultiHeadAttention(2, 4, dtype=d),
     "MultiHeadAttention-blockwise": lambda d: ka.MultiHeadAttention(

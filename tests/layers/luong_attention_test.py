@@ -43,13 +43,29 @@ def test_scaled_dot_matches_the_transformer_formula():
     # softmax(Q K^T / sqrt(d)) V, the scaled dot-product of the seed.
     query, value, query_mask, value_mask = _masked_inputs(dim=16)
     key = random_inputs(value.shape, seed=7)
-    ours = LuongAttention(score="dot", scale=True)(
+    ours = LuongAttention(score="dot", divide_by_sqrt_dim=True)(
         query, value, key, query_mask=query_mask, value_mask=value_mask
     )
     scores = np.einsum("bqd,bkd->bqk", query, key) / np.sqrt(16)
     mask = reference.combined_mask(3, 4, 6, query_mask, value_mask)
     expected, _ = reference.attend(scores, value, mask)
     np.testing.assert_allclose(to_numpy(ours), expected, atol=1e-5)
+
+
+def test_deprecated_scale_warns_and_divides_by_sqrt_dim():
+    # `scale=True` is the old name of `divide_by_sqrt_dim=True`: same layer.
+    query, value, query_mask, value_mask = _masked_inputs(dim=16)
+    masks = dict(query_mask=query_mask, value_mask=value_mask)
+    with pytest.warns(DeprecationWarning, match="divide_by_sqrt_dim"):
+        old = LuongAttention(score="general", scale=True)
+    new = LuongAttention(score="general", divide_by_sqrt_dim=True)
+    new(query, value, **masks)
+    old(query, value, **masks)
+    old.set_weights(new.get_weights())
+    assert old.divide_by_sqrt_dim
+    np.testing.assert_array_equal(
+        to_numpy(old(query, value, **masks)), to_numpy(new(query, value, **masks))
+    )
 
 
 def test_general_matches_numpy():
@@ -66,7 +82,7 @@ def test_general_matches_numpy():
 
 def test_concat_matches_numpy():
     query, value, query_mask, value_mask = _masked_inputs(value_dim=5)
-    layer = LuongAttention(score="concat", units=7, scale=True)
+    layer = LuongAttention(score="concat", units=7, divide_by_sqrt_dim=True)
     ours = layer(query, value, query_mask=query_mask, value_mask=value_mask)
     kernel, vector = to_numpy(layer.kernel), to_numpy(layer.score_vector)
     # v^T tanh(W [q; k]) with the concatenation spelled out.

@@ -19,7 +19,7 @@ BATCH, LENGTH, FEATURES = 4, 4, 8
 # name -> factory; LAYERS: name -> (factory, kind), the kind from PUBLIC_LAYERS.
 FACTORIES = {
     "AdditiveAttention": lambda: ka.AdditiveAttention(),
-    "LuongAttention": lambda: ka.LuongAttention(score_mode="general", scale=True),
+    "LuongAttention": lambda: ka.LuongAttention(score_mode="general", divide_by_sqrt_dim=True),
     "LowRankAttention": lambda: ka.LowRankAttention(rank=2),
     "MultiHeadAttention": lambda: ka.MultiHeadAttention(2, 4),
     "MultiHeadAttention-blockwise": lambda: ka.MultiHeadAttention(
