@@ -5,10 +5,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
-from tests.translator_fixtures import train_transformer  # noqa: E402
-from tests.translator_fixtures import train_translator  # noqa: E402
-from tests.translator_fixtures import trained_once  # noqa: E402
-
 
 @pytest.fixture(autouse=True)
 def _reset_keras_state():
@@ -28,12 +24,18 @@ def _reset_keras_state():
 @pytest.fixture(scope="module")
 def trained_translator(tmp_path_factory):
     """Whitespace-tokenized number words -> digits, trained for a few seconds."""
+    from tests.translator_fixtures import train_translator
+    from tests.translator_fixtures import trained_once
+
     return trained_once(tmp_path_factory, "trained_translator", train_translator)
 
 
 @pytest.fixture(scope="module")
 def trained_transformer(tmp_path_factory):
     """The same task for a small `TransformerTranslator`."""
+    from tests.translator_fixtures import train_transformer
+    from tests.translator_fixtures import trained_once
+
     return trained_once(tmp_path_factory, "trained_transformer", train_transformer)
 
 

@@ -13,9 +13,9 @@ float16 and bfloat16, on whichever backend runs the suite.
 import numpy as np
 import pytest
 from keras import ops
-from sparse_reference import reference_pattern
 
 import keras_attention as ka
+from tests.sparse_reference import reference_pattern
 from tests.testing import to_numpy
 
 BATCH, LENGTH, FEATURES = 2, 6, 8

@@ -113,7 +113,7 @@ def _central_differences(fn, x, indices, epsilon):
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_input_gradients_match_central_differences_in_float64(name):
-    from gradients import input_gradients
+    from tests.gradients import input_gradients
 
     factory, kind = LAYERS[name]
     keras.config.set_dtype_policy("float64")

@@ -1,12 +1,12 @@
 import keras
 import numpy as np
 import pytest
-from split_heads_attention import SplitHeadsAttention
-from split_heads_attention import reference_weights
 
 import keras_attention
 from keras_attention.widgets import AttentionExplorer
 from keras_attention.widgets import figures
+from tests.widgets.split_heads_attention import SplitHeadsAttention
+from tests.widgets.split_heads_attention import reference_weights
 
 
 def make_model(length=5, features=8):

@@ -9,7 +9,6 @@ its system path with flags that keep it off the network.
 import contextlib
 import json
 
-import bokeh_page
 import numpy as np
 import pytest
 
@@ -17,6 +16,7 @@ from keras_attention.widgets import export_html
 from keras_attention.widgets import figures
 from keras_attention.widgets.export import CHROMIUM_ARGS
 from keras_attention.widgets.export import find_chromium
+from tests.widgets import bokeh_page
 
 CHROMIUM = find_chromium()
 MALICIOUS = "<img/src=x/onerror=alert(1)>"  # the slashes make it a valid <img> with onerror
@@ -143,9 +143,8 @@ def assert_alignment_drawn(page, tokens):
 
 
 def test_exported_stepper_replays_every_step_without_a_kernel(tmp_path, fake_comm):
-    from fake_translator import FakeTranslator
-
     from keras_attention.widgets import DecodingStepper
+    from tests.widgets.fake_translator import FakeTranslator
 
     stepper = DecodingStepper(FakeTranslator(), "il a m' " + MALICIOUS)
     steps = [stepper.next_token() for _ in range(3)]
@@ -187,9 +186,8 @@ def test_exported_stepper_replays_every_step_without_a_kernel(tmp_path, fake_com
 
 
 def test_exported_transformer_stepper_switches_heads_without_a_kernel(tmp_path, fake_comm):
-    from fake_translator import FakeTranslator
-
     from keras_attention.widgets import DecodingStepper
+    from tests.widgets.fake_translator import FakeTranslator
 
     stepper = DecodingStepper(FakeTranslator(heads=(2, 3), with_scores=False), "il a m'")
     steps = [stepper.next_token() for _ in range(2)]
@@ -276,10 +274,10 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
 
 def test_exported_long_explorer_shows_each_long_layers_overview(tmp_path, fake_comm):
     import keras
-    import text_boxes
 
     import keras_attention
     from keras_attention.widgets import AttentionExplorer
+    from tests.widgets import text_boxes
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((150, 8))

@@ -2,9 +2,9 @@ import pathlib
 
 import numpy as np
 import pytest
-from fake_translator import FakeTranslator
 
 from keras_attention.widgets import DecodingStepper
+from tests.widgets.fake_translator import FakeTranslator
 
 SOURCE = "il a m' entarté"
 

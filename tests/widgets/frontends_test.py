@@ -26,14 +26,14 @@ import time
 import urllib.error
 import urllib.request
 
-import bokeh_page
 import nbformat
 import numpy as np
 import pytest
-import text_boxes
 
 from keras_attention.widgets.export import CHROMIUM_ARGS
 from keras_attention.widgets.export import find_chromium
+from tests.widgets import bokeh_page
+from tests.widgets import text_boxes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHROMIUM = find_chromium()
