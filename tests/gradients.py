@@ -23,10 +23,12 @@ def input_gradients(fn, arrays, cotangent):
     return [g.numpy() for g in tape.gradient(loss, tensors)]
 
 
-def layer_gradients(layer, inputs, cotangent, **call_kwargs):
+def layer_gradients(layer, inputs, cotangent, jit=False, **call_kwargs):
     """Output, and gradients w.r.t. the inputs and the trainable weights.
 
-    `inputs` is a list of arrays passed positionally to `layer`.
+    `inputs` is a list of arrays passed positionally to `layer`. `jit=True`
+    (JAX only) compiles the whole computation with `jax.jit`, as a layer
+    sharded over devices needs.
     """
     if keras.backend.backend() == "jax":
         import jax
@@ -38,14 +40,19 @@ def layer_gradients(layer, inputs, cotangent, **call_kwargs):
             out, _ = layer.stateless_call(weights, non_trainable, *xs, **call_kwargs)
             return (out * cotangent).sum(), out
 
-        (_, out), grads = jax.value_and_grad(
+        value_and_grad = jax.value_and_grad(
             loss, argnums=tuple(range(len(inputs) + 1)), has_aux=True
-        )(trainable, *inputs)
+        )
+        if jit:
+            value_and_grad = jax.jit(value_and_grad)
+        (_, out), grads = value_and_grad(trainable, *inputs)
         return (
             np.asarray(out),
             [np.asarray(g) for g in grads[1:]],
             [np.asarray(g) for g in grads[0]],
         )
+    if jit:
+        raise ValueError("layer_gradients: jit=True is for the JAX backend")
     import tensorflow as tf
 
     tensors = [tf.constant(a) for a in inputs]

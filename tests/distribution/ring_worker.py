@@ -23,6 +23,7 @@ from jax.sharding import Mesh  # noqa: E402
 
 import keras_attention as ka  # noqa: E402
 from keras_attention.ops import ring_attention as ring  # noqa: E402
+from tests.gradients import layer_gradients  # noqa: E402
 
 B, H, D, DV = 2, 2, 4, 3
 
@@ -192,29 +193,6 @@ def blocks_computed(mesh):
     return counts
 
 
-def layer_gradients(layer, inputs, cotangent, **call):
-    """Output, input gradients and weight gradients, under `jax.jit`."""
-    non_trainable = [v.value for v in layer.non_trainable_variables]
-
-    @jax.jit
-    def run(weights, *xs):
-        def loss(weights, *xs):
-            out, _ = layer.stateless_call(weights, non_trainable, *xs, **call)
-            return jnp.sum(out * cotangent), out
-
-        (_, out), grads = jax.value_and_grad(loss, argnums=tuple(range(len(xs) + 1)), has_aux=True)(
-            weights, *xs
-        )
-        return out, grads[1:], grads[0]
-
-    out, input_grads, weight_grads = run([v.value for v in layer.trainable_variables], *inputs)
-    return (
-        np.asarray(out),
-        [np.asarray(g) for g in input_grads],
-        [np.asarray(g) for g in weight_grads],
-    )
-
-
 def layer_checks():
     """Our MultiHeadAttention with sequence_parallel vs the exact layer."""
     devices = keras.distribution.list_devices()
@@ -230,7 +208,7 @@ def layer_checks():
     exact = ka.MultiHeadAttention(4, 4, num_key_value_heads=2, memory_efficient=False)
     exact.build(x.shape, x.shape)
     call = dict(query_mask=mask, value_mask=mask, use_causal_mask=True)
-    want = layer_gradients(exact, [x, x], cotangent, **call)
+    want = layer_gradients(exact, [x, x], cotangent, jit=True, **call)
     report = {}
     with distribution.scope():
         layer = ka.MultiHeadAttention(4, 4, num_key_value_heads=2, sequence_parallel="sequence")
@@ -245,7 +223,7 @@ def layer_checks():
 
         ring.ring_attention = spy
         try:
-            got = layer_gradients(layer, [x, x], cotangent, **call)
+            got = layer_gradients(layer, [x, x], cotangent, jit=True, **call)
         finally:
             ring.ring_attention = original
         report["kernel"] = ran[0] if ran else None
