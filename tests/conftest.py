@@ -2,6 +2,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# Imported after the line above: TensorFlow reads TF_CPP_MIN_LOG_LEVEL at import.
 import keras  # noqa: E402
 import pytest  # noqa: E402
 

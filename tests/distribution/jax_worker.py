@@ -14,6 +14,7 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 )
 
+# Imported after the environment above: Keras and JAX read it at import.
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

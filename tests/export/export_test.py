@@ -130,7 +130,10 @@ def _assert_same(outputs, expected, layout):
 
 
 def test_fresh_process_without_keras_attention_gives_the_same_outputs(trained_translator, exported):
-    same = lambda alignment: alignment  # noqa: E731
+
+    def same(alignment):
+        return alignment
+
     _assert_same(_served(exported, TEXTS), trained_translator.translate(TEXTS), same)
     _assert_same(
         _served(exported, TEXTS, "beam_search", beam_width=np.int32(3)),
@@ -142,7 +145,9 @@ def test_fresh_process_without_keras_attention_gives_the_same_outputs(trained_tr
 def test_served_transformer_matches_translate_per_mode(trained_transformer, exported_transformer):
     # Translation.alignment (layers, heads, T_out, T_in); served rows
     # (T_out, layers, heads, T_in).
-    layout = lambda alignment: np.transpose(alignment, (2, 0, 1, 3))  # noqa: E731
+    def layout(alignment):
+        return np.transpose(alignment, (2, 0, 1, 3))
+
     _assert_same(
         _served(exported_transformer, TEXTS),
         trained_transformer.translate(TEXTS, beam_width=4),

@@ -93,7 +93,10 @@ def test_trainable_weights_are_those_of_multi_head_attention():
     exact = MultiHeadAttention(2, 4, num_key_value_heads=1, output_shape=5)
     performer(query, value)
     exact(query, value)
-    strip = lambda w: w.path.split("/", 1)[1]  # noqa: E731
+
+    def strip(w):
+        return w.path.split("/", 1)[1]
+
     assert [strip(w) for w in performer.trainable_weights] == [
         strip(w) for w in exact.trainable_weights
     ]
