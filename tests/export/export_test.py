@@ -250,7 +250,8 @@ def test_served_signatures_refuse_a_text_batch_that_is_not_1d(trained_translator
             exported, feeds + [{**good, **extra}], signature=name
         )
         assert result["keras_attention_importable"] is False and result["loaded"]
-        for (body, shape), answer in zip(cases, answers, strict=True):
+        # One answer per refused case, then the good feed's (checked below).
+        for (body, shape), answer in zip(cases, answers[:-1], strict=True):
             assert isinstance(answer, str), (name, body)
             assert re.search(TEXT_RANK.format(shape=shape), answer), answer
         expected = trained_translator.translate(texts, beam_width=1 if not extra else 2)
