@@ -2,6 +2,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# Imported after the line above: TensorFlow reads TF_CPP_MIN_LOG_LEVEL at import.
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
@@ -19,6 +20,24 @@ def _reset_keras_state():
     os.environ.update(environment)
     keras.config.set_dtype_policy("float32")
     keras.backend.clear_session()
+
+
+@pytest.fixture(scope="module")
+def trained_translator(tmp_path_factory):
+    """Whitespace-tokenized number words -> digits, trained for a few seconds."""
+    from tests.translator_fixtures import train_translator
+    from tests.translator_fixtures import trained_once
+
+    return trained_once(tmp_path_factory, "trained_translator", train_translator)
+
+
+@pytest.fixture(scope="module")
+def trained_transformer(tmp_path_factory):
+    """The same task for a small `TransformerTranslator`."""
+    from tests.translator_fixtures import train_transformer
+    from tests.translator_fixtures import trained_once
+
+    return trained_once(tmp_path_factory, "trained_transformer", train_transformer)
 
 
 def _is_layer_detail(item):

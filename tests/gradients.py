@@ -23,10 +23,12 @@ def input_gradients(fn, arrays, cotangent):
     return [g.numpy() for g in tape.gradient(loss, tensors)]
 
 
-def layer_gradients(layer, inputs, cotangent, **call_kwargs):
+def layer_gradients(layer, inputs, cotangent, jit=False, **call_kwargs):
     """Output, and gradients w.r.t. the inputs and the trainable weights.
 
-    `inputs` is a list of arrays passed positionally to `layer`.
+    `inputs` is a list of arrays passed positionally to `layer`. `jit=True`
+    (JAX only) compiles the whole computation with `jax.jit`, as a layer
+    sharded over devices needs.
     """
     if keras.backend.backend() == "jax":
         import jax
@@ -38,14 +40,19 @@ def layer_gradients(layer, inputs, cotangent, **call_kwargs):
             out, _ = layer.stateless_call(weights, non_trainable, *xs, **call_kwargs)
             return (out * cotangent).sum(), out
 
-        (_, out), grads = jax.value_and_grad(
+        value_and_grad = jax.value_and_grad(
             loss, argnums=tuple(range(len(inputs) + 1)), has_aux=True
-        )(trainable, *inputs)
+        )
+        if jit:
+            value_and_grad = jax.jit(value_and_grad)
+        (_, out), grads = value_and_grad(trainable, *inputs)
         return (
             np.asarray(out),
             [np.asarray(g) for g in grads[1:]],
             [np.asarray(g) for g in grads[0]],
         )
+    if jit:
+        raise ValueError("layer_gradients: jit=True is for the JAX backend")
     import tensorflow as tf
 
     tensors = [tf.constant(a) for a in inputs]
@@ -59,3 +66,30 @@ def layer_gradients(layer, inputs, cotangent, **call_kwargs):
         [g.numpy() for g in grads[: len(tensors)]],
         [g.numpy() for g in grads[len(tensors) :]],
     )
+
+
+def compiled_squared_sum_gradient(fn, x):
+    """Gradient of `sum(fn(x) ** 2)` w.r.t. `x`, compiled with XLA.
+
+    `jax.jit` on JAX, `tf.function(jit_compile=True)` on TensorFlow: the
+    check that an op compiles and differentiates, not only that it runs eagerly.
+    """
+    if keras.backend.backend() == "jax":
+        import jax
+
+        def loss(q):
+            return (fn(q) ** 2).sum()
+
+        grad = jax.jit(jax.grad(loss))(x)
+    else:
+        import tensorflow as tf
+
+        @tf.function(jit_compile=True, autograph=False)
+        def grad_fn(q):
+            with tf.GradientTape() as tape:
+                tape.watch(q)
+                loss = tf.reduce_sum(fn(q) ** 2)
+            return tape.gradient(loss, q)
+
+        grad = grad_fn(tf.constant(x))
+    return keras.ops.convert_to_numpy(grad)

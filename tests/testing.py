@@ -1,4 +1,7 @@
-"""Shared checks that every keras_attention layer must pass.
+"""Helpers shared by the tests, and the checks every keras_attention layer must pass.
+
+`to_numpy` turns whatever a layer returns into a float64 NumPy array;
+`PUBLIC_LAYERS` and `NOT_LAYERS` are the catalogue of the public layers.
 
 `run_layer_contract_test` is our counterpart of Keras' `run_layer_test`: one
 call checks the config round-trip, the `__init__`/`get_config` agreement,
@@ -13,6 +16,46 @@ import os
 
 import keras
 import numpy as np
+
+# Every public layer, by class name, with the kind of inputs it takes:
+# "attention" (query and value), "pooling" (a sequence to one vector),
+# "feature_map" (images), "encoder" and "decoder" (the Transformer blocks),
+# "sequence" (the position layers).
+PUBLIC_LAYERS = {
+    "AdditiveAttention": "attention",
+    "LuongAttention": "attention",
+    "LowRankAttention": "attention",
+    "MultiHeadAttention": "attention",
+    "SparseAttention": "attention",
+    "PerformerAttention": "attention",
+    "LinformerAttention": "attention",
+    "AttentionPooling": "pooling",
+    "SqueezeExcitation": "feature_map",
+    "CBAM": "feature_map",
+    "TransformerEncoderBlock": "encoder",
+    "TransformerDecoderBlock": "decoder",
+    "PositionEmbedding": "sequence",
+    "SinusoidalPositionEncoding": "sequence",
+}
+
+# The other names of `keras_attention.layers.__all__`: the family bases (for
+# subclassing), a callback and functions.
+NOT_LAYERS = frozenset(
+    {
+        "BaseAttention",
+        "ScoreAttention",
+        "BaseMultiHeadAttention",
+        "RedrawFeatures",
+        "capture_attention",
+        "attention_memory_budget",
+        "set_attention_memory_budget",
+    }
+)
+
+
+def to_numpy(x):
+    """A tensor, variable or array of any backend and dtype as a float64 NumPy array."""
+    return np.asarray(keras.ops.convert_to_numpy(x), dtype="float64")
 
 
 def assert_config_covers_init(layer):

@@ -5,18 +5,15 @@ sublayer name, so a block that wires its sublayers wrongly disagrees.
 """
 
 import numpy as np
-from keras import ops
 
-
-def numpy_of(variable):
-    return np.asarray(ops.convert_to_numpy(variable), dtype="float64")
+from tests.testing import to_numpy
 
 
 def layer_norm(x, layer, epsilon):
     mean = x.mean(-1, keepdims=True)
     variance = x.var(-1, keepdims=True)
     normed = (x - mean) / np.sqrt(variance + epsilon)
-    return normed * numpy_of(layer.gamma) + numpy_of(layer.beta)
+    return normed * to_numpy(layer.gamma) + to_numpy(layer.beta)
 
 
 def multi_head_attention(layer, query, value, mask=None, query_mask=None, logits_out=None):
@@ -31,7 +28,7 @@ def multi_head_attention(layer, query, value, mask=None, query_mask=None, logits
     """
 
     def project(dense, x):
-        return np.einsum("btd,dhk->bthk", x, numpy_of(dense.kernel)) + numpy_of(dense.bias)
+        return np.einsum("btd,dhk->bthk", x, to_numpy(dense.kernel)) + to_numpy(dense.bias)
 
     q = project(layer.query_dense, query)
     k = project(layer.key_dense, value)
@@ -51,16 +48,16 @@ def multi_head_attention(layer, query, value, mask=None, query_mask=None, logits
     heads = np.einsum("bhqt,bthv->bqhv", weights, v)
     if query_mask is not None:
         heads = heads * query_mask[..., None, None]
-    output = np.einsum("bqhv,hvd->bqd", heads, numpy_of(layer.output_dense.kernel))
-    output = output + numpy_of(layer.output_dense.bias)
+    output = np.einsum("bqhv,hvd->bqd", heads, to_numpy(layer.output_dense.kernel))
+    output = output + to_numpy(layer.output_dense.bias)
     return output, weights
 
 
 def feedforward(block, x, activation=lambda h: np.maximum(h, 0.0)):
     inner = block.feedforward_intermediate_dense
     outer = block.feedforward_output_dense
-    hidden = activation(x @ numpy_of(inner.kernel) + numpy_of(inner.bias))
-    return hidden @ numpy_of(outer.kernel) + numpy_of(outer.bias)
+    hidden = activation(x @ to_numpy(inner.kernel) + to_numpy(inner.bias))
+    return hidden @ to_numpy(outer.kernel) + to_numpy(outer.bias)
 
 
 def residual(block, layer_norm_layer, sublayer, x):

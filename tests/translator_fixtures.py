@@ -1,7 +1,7 @@
 """A small trained translator shared by the model and export tests.
 
-Import the fixture in a test module: `from translator_fixtures import
-trained_translator`.
+Tests receive it by name: the fixtures `trained_translator` and
+`trained_transformer` are in tests/conftest.py and call `trained_once` here.
 
 Each translator is trained once per test run: the first module to ask trains
 and saves it (`.keras`) in the run's shared temporary folder, the others load
@@ -48,7 +48,8 @@ def _locked(path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _trained_once(tmp_path_factory, name, train):
+def trained_once(tmp_path_factory, name, train):
+    """`train()`'s model, trained by the first worker to ask and loaded by the others."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip("needs the TensorFlow backend")
     path = str(_run_folder(tmp_path_factory) / f"{name}.keras")
@@ -60,18 +61,6 @@ def _trained_once(tmp_path_factory, name, train):
         return translator
 
 
-@pytest.fixture(scope="module")
-def trained_translator(tmp_path_factory):
-    """Whitespace-tokenized number words -> digits, trained for a few seconds."""
-    return _trained_once(tmp_path_factory, "trained_translator", train_translator)
-
-
-@pytest.fixture(scope="module")
-def trained_transformer(tmp_path_factory):
-    """The same task for a small `TransformerTranslator`."""
-    return _trained_once(tmp_path_factory, "trained_transformer", train_transformer)
-
-
 def train_translator():
     if keras.backend.backend() != "tensorflow":
         pytest.skip("needs the TensorFlow backend")
@@ -79,7 +68,7 @@ def train_translator():
 
     keras.utils.set_random_seed(1)
     pairs = number_pairs(1200)
-    sources, targets = zip(*pairs)
+    sources, targets = zip(*pairs, strict=True)
     translator = Seq2SeqTranslator.from_texts(
         sources,
         targets,
@@ -108,7 +97,7 @@ def train_transformer():
     from keras_attention.models import TransformerTranslator
 
     keras.utils.set_random_seed(2)
-    sources, targets = zip(*number_pairs(800, seed=3))
+    sources, targets = zip(*number_pairs(800, seed=3), strict=True)
     translator = TransformerTranslator.from_texts(
         sources,
         targets,

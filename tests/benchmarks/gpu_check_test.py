@@ -19,6 +19,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_check.py")
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+# Imported after the sys.path entry above: benchmarks/ is not a package.
 import gpu_check  # noqa: E402
 
 pytestmark = pytest.mark.skipif(

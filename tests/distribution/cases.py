@@ -244,11 +244,13 @@ def random_state_report(single, replicas):
 
 def differences(weights_a, weights_b):
     return [
-        float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(weights_a, weights_b)
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+        for a, b in zip(weights_a, weights_b, strict=True)
     ]
 
 
 def max_difference(weights_a, weights_b):
     return max(
-        float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(weights_a, weights_b)
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+        for a, b in zip(weights_a, weights_b, strict=True)
     )

@@ -73,7 +73,7 @@ def test_model_parallel_shards_as_the_layout_promised(results, layer):
         assert variable["spec"] == variable["promised"], variable
         expected = [
             size // 2 if axis == "model" else size
-            for size, axis in zip(variable["shape"], variable["promised"])
+            for size, axis in zip(variable["shape"], variable["promised"], strict=True)
         ]
         assert variable["shard_shape"] == expected, variable
         sharded += "model" in variable["spec"]

@@ -14,6 +14,7 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 )
 
+# Imported after the environment above: Keras and JAX read it at import.
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -31,7 +32,7 @@ def shardings(model, differences, layout_map=None):
     """Each variable: path, shape, sharding spec, layout, shard shape, and
     its largest difference from single-device training."""
     rows = []
-    for variable, difference in zip(model.weights, differences):
+    for variable, difference in zip(model.weights, differences, strict=True):
         value = variable.value
         rank = len(variable.shape)
         promised = None if layout_map is None else layout_map[variable.path]

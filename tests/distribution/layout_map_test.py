@@ -135,14 +135,18 @@ def test_intermediate_dim_that_does_not_divide():
 def test_a_hand_written_layout_is_checked_too():
     layout_map = keras.distribution.LayoutMap(mesh())
     layout_map[".*/query/kernel"] = (None, None, "model")  # shards key_dim
-    with _model_parallel(layout_map).scope():
-        with pytest.raises(ValueError, match=r"`key_dim`=3 .*\(None, None, 'model'\)"):
-            ka.MultiHeadAttention(2, 3)(np.zeros((1, 4, 8)), np.zeros((1, 4, 8)))
+    with (
+        _model_parallel(layout_map).scope(),
+        pytest.raises(ValueError, match=r"`key_dim`=3 .*\(None, None, 'model'\)"),
+    ):
+        ka.MultiHeadAttention(2, 3)(np.zeros((1, 4, 8)), np.zeros((1, 4, 8)))
 
 
 def test_layout_with_more_axes_than_the_weight():
     layout_map = keras.distribution.LayoutMap(mesh())
     layout_map[".*/query/bias"] = (None, "model", None)
-    with _model_parallel(layout_map).scope():
-        with pytest.raises(ValueError, match=r"query/bias' \(shape \(2, 4\)\).*more axes"):
-            ka.MultiHeadAttention(2, 4)(np.zeros((1, 4, 8)), np.zeros((1, 4, 8)))
+    with (
+        _model_parallel(layout_map).scope(),
+        pytest.raises(ValueError, match=r"query/bias' \(shape \(2, 4\)\).*more axes"),
+    ):
+        ka.MultiHeadAttention(2, 4)(np.zeros((1, 4, 8)), np.zeros((1, 4, 8)))

@@ -18,6 +18,7 @@ os.environ["TF_CONFIG"] = json.dumps(
     }
 )
 
+# Imported after TF_CONFIG above: TensorFlow reads it at import.
 import tensorflow as tf  # noqa: E402
 
 # Created first: the strategy must exist before any other TF op runs.

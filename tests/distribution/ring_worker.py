@@ -6,6 +6,7 @@ NumPy float64 reference, per mask case; what the jaxprs contain; how many
 key/value blocks each case computed; the layer against the exact layer.
 """
 
+import functools
 import json
 import os
 
@@ -14,6 +15,7 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 )
 
+# Imported after the environment above: Keras and JAX read it at import.
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
@@ -22,6 +24,7 @@ from jax.sharding import Mesh  # noqa: E402
 
 import keras_attention as ka  # noqa: E402
 from keras_attention.ops import ring_attention as ring  # noqa: E402
+from tests.gradients import layer_gradients  # noqa: E402
 
 B, H, D, DV = 2, 2, 4, 3
 
@@ -83,35 +86,44 @@ def inputs(case, seed=0):
     return q, k, v, key_mask, query_mask, d_out
 
 
+def _forward_backward(mesh, key_mask, query_mask, causal, balance):
+    """Ring attention's output and input gradients, compiled for one case."""
+
+    @jax.jit
+    def forward_backward(q, k, v, d_out):
+        def attend(q, k, v):
+            return ring.ring_attention(
+                q,
+                k,
+                v,
+                mesh=mesh,
+                key_mask=key_mask,
+                query_mask=query_mask,
+                use_causal_mask=causal,
+                balance=balance,
+            )
+
+        out, pullback = jax.vjp(attend, q, k, v)
+        return out, pullback(d_out)
+
+    return forward_backward
+
+
 def op_checks(mesh):
     report = {}
     for name, case in CASES.items():
         q, k, v, key_mask, query_mask, d_out = inputs(case)
         causal = case.get("causal", False)
-
-        @jax.jit
-        def forward_backward(q, k, v, d_out):
-            def attend(q, k, v):
-                return ring.ring_attention(
-                    q,
-                    k,
-                    v,
-                    mesh=mesh,
-                    key_mask=key_mask,
-                    query_mask=query_mask,
-                    use_causal_mask=causal,
-                    balance=case.get("balance", "auto"),
-                )
-
-            out, pullback = jax.vjp(attend, q, k, v)
-            return out, pullback(d_out)
-
+        forward_backward = _forward_backward(
+            mesh, key_mask, query_mask, causal, case.get("balance", "auto")
+        )
         out, grads = forward_backward(q, k, v, d_out)
         want_out, want_grads = reference(q, k, v, key_mask, query_mask, causal, d_out)
         report[name] = {
             "output": float(np.max(np.abs(np.asarray(out) - want_out))),
             "gradients": [
-                float(np.max(np.abs(np.asarray(g) - w))) for g, w in zip(grads, want_grads)
+                float(np.max(np.abs(np.asarray(g) - w)))
+                for g, w in zip(grads, want_grads, strict=True)
             ],
             "finite": bool(all(np.isfinite(np.asarray(x)).all() for x in (out,) + tuple(grads))),
             "scale": float(np.max(np.abs(want_out))),
@@ -162,8 +174,8 @@ def blocks_computed(mesh):
             calls = []
             q, k, v, *_ = inputs(CASES["plain"])
             out = jax.jit(
-                lambda q, k, v: ring.ring_attention(
-                    q, k, v, mesh=mesh, use_causal_mask=causal, balance=balance
+                functools.partial(
+                    ring.ring_attention, mesh=mesh, use_causal_mask=causal, balance=balance
                 )
             )(q, k, v)
             jax.block_until_ready(out)
@@ -182,29 +194,6 @@ def blocks_computed(mesh):
     return counts
 
 
-def layer_gradients(layer, inputs, cotangent, **call):
-    """Output, input gradients and weight gradients, under `jax.jit`."""
-    non_trainable = [v.value for v in layer.non_trainable_variables]
-
-    @jax.jit
-    def run(weights, *xs):
-        def loss(weights, *xs):
-            out, _ = layer.stateless_call(weights, non_trainable, *xs, **call)
-            return jnp.sum(out * cotangent), out
-
-        (_, out), grads = jax.value_and_grad(loss, argnums=tuple(range(len(xs) + 1)), has_aux=True)(
-            weights, *xs
-        )
-        return out, grads[1:], grads[0]
-
-    out, input_grads, weight_grads = run([v.value for v in layer.trainable_variables], *inputs)
-    return (
-        np.asarray(out),
-        [np.asarray(g) for g in input_grads],
-        [np.asarray(g) for g in weight_grads],
-    )
-
-
 def layer_checks():
     """Our MultiHeadAttention with sequence_parallel vs the exact layer."""
     devices = keras.distribution.list_devices()
@@ -220,7 +209,7 @@ def layer_checks():
     exact = ka.MultiHeadAttention(4, 4, num_key_value_heads=2, memory_efficient=False)
     exact.build(x.shape, x.shape)
     call = dict(query_mask=mask, value_mask=mask, use_causal_mask=True)
-    want = layer_gradients(exact, [x, x], cotangent, **call)
+    want = layer_gradients(exact, [x, x], cotangent, jit=True, **call)
     report = {}
     with distribution.scope():
         layer = ka.MultiHeadAttention(4, 4, num_key_value_heads=2, sequence_parallel="sequence")
@@ -235,16 +224,16 @@ def layer_checks():
 
         ring.ring_attention = spy
         try:
-            got = layer_gradients(layer, [x, x], cotangent, **call)
+            got = layer_gradients(layer, [x, x], cotangent, jit=True, **call)
         finally:
             ring.ring_attention = original
         report["kernel"] = ran[0] if ran else None
         report["output"] = float(np.max(np.abs(got[0] - want[0])))
         report["input_gradients"] = max(
-            float(np.max(np.abs(g - w))) for g, w in zip(got[1], want[1])
+            float(np.max(np.abs(g - w))) for g, w in zip(got[1], want[1], strict=True)
         )
         report["weight_gradients"] = max(
-            float(np.max(np.abs(g - w))) for g, w in zip(got[2], want[2])
+            float(np.max(np.abs(g - w))) for g, w in zip(got[2], want[2], strict=True)
         )
         report["errors"] = {}
         for label, fn in {

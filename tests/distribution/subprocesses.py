@@ -25,7 +25,7 @@ def run_worker(module, args, backend, timeout, extra_env=None):
         text=True,
         timeout=timeout,
     )
-    lines = [l for l in completed.stdout.splitlines() if l.startswith("RESULT ")]
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
     if completed.returncode or not lines:
         raise AssertionError(
             f"{module} failed (exit {completed.returncode}):\n"

@@ -99,7 +99,7 @@ def test_multi_worker_mirrored_strategy_is_broken_in_keras_fit():
     try:
         for worker in workers:
             out, err = worker.communicate(timeout=240)
-            lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
+            lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
             assert worker.returncode == 0 and lines, err[-4000:]
             reports.append(json.loads(lines[-1][len("RESULT ") :]))
     finally:

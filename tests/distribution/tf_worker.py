@@ -12,6 +12,7 @@ import sys
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 
+# Imported after the environment above: Keras reads it at import.
 import tensorflow as tf  # noqa: E402
 
 (_cpu,) = tf.config.list_physical_devices("CPU")

@@ -3,6 +3,7 @@
 import importlib
 import inspect
 import os
+import pathlib
 import pkgutil
 import re
 import subprocess
@@ -62,7 +63,9 @@ def site(tmp_path_factory):
         for name in files:
             if name.endswith(".html"):
                 path = os.path.join(folder, name)
-                pages[os.path.relpath(path, site_dir)] = open(path, encoding="utf-8").read()
+                pages[os.path.relpath(path, site_dir)] = pathlib.Path(path).read_text(
+                    encoding="utf-8"
+                )
     return pages
 
 
@@ -90,7 +93,7 @@ def test_guides_are_pages_and_the_readme_is_home(site):
 
 
 def test_each_symbol_is_listed_once_with_a_signature(site):
-    for module, name, path in every_public_symbol():
+    for module, _, path in every_public_symbol():
         if module not in ("keras_attention", "keras_attention.models"):
             continue
         page = site[os.path.join("api", module + ".html")]

@@ -2,6 +2,7 @@
 
 import glob
 import os
+import pathlib
 import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -11,7 +12,7 @@ DOCUMENTS = ["README.md"] + sorted(
 
 
 def images(document):
-    text = open(os.path.join(ROOT, document), encoding="utf-8").read()
+    text = pathlib.Path(ROOT, document).read_text(encoding="utf-8")
     return re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)
 
 

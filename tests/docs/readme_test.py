@@ -10,6 +10,7 @@ packaging tests and the Makefile test cover those commands.
 import glob
 import json
 import os
+import pathlib
 import re
 
 import pytest
@@ -110,5 +111,5 @@ def test_the_kernel_table_is_the_selectors():
     from keras_attention.layers import kernel_selector
 
     table = re.compile(r"^\| rule \| when \| kernel \|\n(?:^\|.*\|\n)+", flags=re.M)
-    guide = open(os.path.join(ROOT, "docs", "guides", "long-sequences.md"), encoding="utf-8").read()
+    guide = pathlib.Path(ROOT, "docs", "guides", "long-sequences.md").read_text(encoding="utf-8")
     assert table.search(guide).group(0) == table.search(kernel_selector.__doc__ + "\n").group(0)

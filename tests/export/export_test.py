@@ -8,8 +8,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from translator_fixtures import trained_transformer  # noqa: F401  (fixture)
-from translator_fixtures import trained_translator  # noqa: F401  (fixture)
 
 import keras_attention as ka
 
@@ -51,7 +49,7 @@ def _assert_servable(report, layout_rank):
 
     assert report.problems == [], report.summary()
     assert set(report.signatures) == SIGNATURES
-    for name, signature in report.signatures.items():
+    for signature in report.signatures.values():
         assert signature["inputs"]["text"] == "string (None,)"
         assert signature["outputs"]["alignment"].startswith("float (")
         assert signature["outputs"]["alignment"].count(",") == layout_rank - 1
@@ -132,7 +130,10 @@ def _assert_same(outputs, expected, layout):
 
 
 def test_fresh_process_without_keras_attention_gives_the_same_outputs(trained_translator, exported):
-    same = lambda alignment: alignment  # noqa: E731
+
+    def same(alignment):
+        return alignment
+
     _assert_same(_served(exported, TEXTS), trained_translator.translate(TEXTS), same)
     _assert_same(
         _served(exported, TEXTS, "beam_search", beam_width=np.int32(3)),
@@ -144,7 +145,9 @@ def test_fresh_process_without_keras_attention_gives_the_same_outputs(trained_tr
 def test_served_transformer_matches_translate_per_mode(trained_transformer, exported_transformer):
     # Translation.alignment (layers, heads, T_out, T_in); served rows
     # (T_out, layers, heads, T_in).
-    layout = lambda alignment: np.transpose(alignment, (2, 0, 1, 3))  # noqa: E731
+    def layout(alignment):
+        return np.transpose(alignment, (2, 0, 1, 3))
+
     _assert_same(
         _served(exported_transformer, TEXTS),
         trained_transformer.translate(TEXTS, beam_width=4),
@@ -247,7 +250,8 @@ def test_served_signatures_refuse_a_text_batch_that_is_not_1d(trained_translator
             exported, feeds + [{**good, **extra}], signature=name
         )
         assert result["keras_attention_importable"] is False and result["loaded"]
-        for (body, shape), answer in zip(cases, answers):
+        # One answer per refused case, then the good feed's (checked below).
+        for (body, shape), answer in zip(cases, answers[:-1], strict=True):
             assert isinstance(answer, str), (name, body)
             assert re.search(TEXT_RANK.format(shape=shape), answer), answer
         expected = trained_translator.translate(texts, beam_width=1 if not extra else 2)
@@ -476,7 +480,7 @@ def _attention_layers():
     heads = dict(num_heads=2, key_dim=3)
     return [
         ("additive", lambda: ka.AdditiveAttention(units=4), "cross"),
-        ("luong_dot", lambda: ka.LuongAttention(score="dot", scale=True), "cross"),
+        ("luong_dot", lambda: ka.LuongAttention(score="dot", divide_by_sqrt_dim=True), "cross"),
         ("luong_general", lambda: ka.LuongAttention(score="general"), "cross"),
         ("luong_concat", lambda: ka.LuongAttention(score="concat", units=3), "cross"),
         ("low_rank", lambda: ka.LowRankAttention(rank=2), "cross"),

@@ -20,6 +20,7 @@ import numpy as np
 MODE, OUT = sys.argv[1], sys.argv[2]
 WEIGHTS = sys.argv[3] if len(sys.argv) > 3 else None
 
+# Imported after the arguments are read: MODE decides what is imported below.
 import keras  # noqa: E402
 
 if MODE == "ours":

@@ -52,7 +52,7 @@ def test_sequential_classifier_learns_to_attend_to_the_keyword(tmp_path):
     tokens = rng.integers(8, 30, size=(512, 10)).astype("int32")
     lengths = rng.integers(4, 11, size=512)
     labels = rng.integers(0, 2, size=512)
-    for i, (length, label) in enumerate(zip(lengths, labels)):
+    for i, (length, label) in enumerate(zip(lengths, labels, strict=True)):
         tokens[i, length:] = 0
         if label:
             tokens[i, rng.integers(0, length)] = 7

@@ -13,7 +13,7 @@ from keras_attention.layers import LuongAttention
 
 FACTORIES = {
     "additive": lambda: AdditiveAttention(units=5),
-    "dot": lambda: LuongAttention(score="dot", scale=True),
+    "dot": lambda: LuongAttention(score="dot", divide_by_sqrt_dim=True),
     "general": lambda: LuongAttention(score="general"),
     "concat": lambda: LuongAttention(score="concat", units=3),
     "low_rank": lambda: LowRankAttention(rank=2),

@@ -12,6 +12,7 @@ from keras_attention.layers import LowRankAttention
 from keras_attention.layers import LuongAttention
 from tests import reference
 from tests.testing import random_inputs
+from tests.testing import to_numpy
 
 LAYERS = {
     "additive": lambda **kw: AdditiveAttention(units=4, **kw),
@@ -20,10 +21,6 @@ LAYERS = {
     "concat": lambda **kw: LuongAttention(score="concat", **kw),
     "low_rank": lambda **kw: LowRankAttention(rank=2, **kw),
 }
-
-
-def _numpy(x):
-    return ops.convert_to_numpy(ops.cast(x, "float32"))
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
@@ -35,7 +32,7 @@ def test_keras_mask_from_embedding_propagates(name):
     # The output carries the query's mask on to the next layer.
     assert getattr(attended, "_keras_mask", None) is not None
     model = keras.Model(inputs, [attended, scores])
-    outputs, weights = (_numpy(x) for x in model(tokens))
+    outputs, weights = (to_numpy(x) for x in model(tokens))
     padding = tokens == 0
     # Padded keys get no weight, padded query rows get none at all.
     assert np.all(weights[np.broadcast_to(padding[:, None, :], weights.shape)] == 0)
@@ -58,7 +55,7 @@ def test_masked_output_feeds_a_masked_rnn_in_sequential():
         [
             keras.Input((6,), dtype="int32"),
             keras.layers.Embedding(20, 8, mask_zero=True),
-            keras_attention.LuongAttention(score="dot", scale=True),
+            keras_attention.LuongAttention(score="dot", divide_by_sqrt_dim=True),
             keras.layers.GRU(4),
         ]
     )
@@ -67,8 +64,8 @@ def test_masked_output_feeds_a_masked_rnn_in_sequential():
     # With the mask honoured end to end, padding content cannot change the result
     # of masked timesteps; compare against an input truncated to its real length.
     short = keras.Sequential(model.layers)
-    np.testing.assert_allclose(_numpy(model(tokens)), _numpy(short(tokens[:, :3])), atol=1e-5)
-    assert not np.allclose(_numpy(model(tokens)), _numpy(model(trailing_garbage)))
+    np.testing.assert_allclose(to_numpy(model(tokens)), to_numpy(short(tokens[:, :3])), atol=1e-5)
+    assert not np.allclose(to_numpy(model(tokens)), to_numpy(model(trailing_garbage)))
 
 
 def test_explicit_masks_and_causal_mask_combine():
@@ -90,7 +87,7 @@ def test_explicit_masks_and_causal_mask_combine():
     scores = np.einsum("bqd,bkd->bqk", query, query)
     mask = reference.combined_mask(2, 5, 5, query_mask, value_mask, causal=True)
     expected = reference.softmax_with_mask(scores, mask & attention_mask)
-    np.testing.assert_allclose(_numpy(weights), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(weights), expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -101,7 +98,7 @@ def test_fully_masked_rows_give_zeros_not_nan(name, dtype):
     value_mask = np.array([[False] * 4, [True, False, False, True]])
     layer = LAYERS[name](dtype=dtype)
     out, weights = layer(query, value, value_mask=value_mask, return_attention_scores=True)
-    out, weights = _numpy(out), _numpy(weights)
+    out, weights = to_numpy(out), to_numpy(weights)
     assert np.all(np.isfinite(out)) and np.all(np.isfinite(weights))
     np.testing.assert_array_equal(out[0], 0.0)
     np.testing.assert_array_equal(weights[0], 0.0)
@@ -116,17 +113,17 @@ def test_mixed_precision_softmax_runs_in_float32(policy):
     assert keras.backend.standardize_dtype(out.dtype) == policy.split("_")[1]
     assert layer.variable_dtype == "float32"
     float32_weights = LuongAttention()(query, return_attention_scores=True)[1]
-    np.testing.assert_allclose(_numpy(weights), _numpy(float32_weights), atol=1e-2)
+    np.testing.assert_allclose(to_numpy(weights), to_numpy(float32_weights), atol=1e-2)
 
 
 def test_dropout_only_in_training_and_seeded():
     query = random_inputs((2, 6, 8), seed=0)
     layer = LuongAttention(dropout=0.5, seed=42)
-    inference = _numpy(layer(query, training=False))
-    np.testing.assert_allclose(inference, _numpy(LuongAttention()(query)), atol=1e-6)
-    trained = _numpy(layer(query, training=True))
+    inference = to_numpy(layer(query, training=False))
+    np.testing.assert_allclose(inference, to_numpy(LuongAttention()(query)), atol=1e-6)
+    trained = to_numpy(layer(query, training=True))
     assert not np.allclose(trained, inference)
-    repeat = _numpy(LuongAttention(dropout=0.5, seed=42)(query, training=True))
+    repeat = to_numpy(LuongAttention(dropout=0.5, seed=42)(query, training=True))
     np.testing.assert_allclose(trained, repeat)
 
 
@@ -137,11 +134,11 @@ def test_returned_weights_are_those_applied_to_the_values():
     layer = LuongAttention(dropout=0.5, seed=1)
     _, clean = layer(query, return_attention_scores=True)
     output, weights = layer(query, training=True, return_attention_scores=True)
-    weights, clean = _numpy(weights), _numpy(clean)
+    weights, clean = to_numpy(weights), to_numpy(clean)
     kept = weights != 0
     assert kept.any() and not kept.all()
     np.testing.assert_allclose(weights[kept], 2 * clean[kept], rtol=1e-5)
-    np.testing.assert_allclose(_numpy(output), weights @ query, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(output), weights @ query, atol=1e-5)
 
 
 def test_cross_attention_symbolic_shapes_with_different_lengths():
@@ -156,8 +153,8 @@ def test_key_defaults_to_value_and_value_to_query():
     query = random_inputs((1, 3, 4), seed=0)
     value = random_inputs((1, 5, 4), seed=1)
     layer = LuongAttention()
-    np.testing.assert_allclose(_numpy(layer(query, value)), _numpy(layer(query, value, value)))
-    np.testing.assert_allclose(_numpy(layer(query)), _numpy(layer(query, query, query)))
+    np.testing.assert_allclose(to_numpy(layer(query, value)), to_numpy(layer(query, value, value)))
+    np.testing.assert_allclose(to_numpy(layer(query)), to_numpy(layer(query, query, query)))
 
 
 # ---------------------------------------------------------------- bad input

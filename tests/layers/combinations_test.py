@@ -381,7 +381,10 @@ def check(case):
     batch, q_len, k_len = flat_q.shape[0], flat_q.shape[1], flat_kv.shape[1]
     run = _runner(case["mode"])
     ran, patches = _spied(case["kernel"] == "fused")
-    cast = lambda x: keras.ops.convert_to_tensor(np.asarray(x, dtype))  # noqa: E731
+
+    def cast(x):
+        return keras.ops.convert_to_tensor(np.asarray(x, dtype))
+
     select = {}
     if case["weights"] == "selected":
         chosen = sorted(rng.choice(heads, size=rng.integers(1, heads + 1), replace=False))
@@ -425,7 +428,7 @@ def check(case):
             value = None if case["self_attention"] else cast(key_value)
 
             def fn(q, *masks):
-                kw = dict(zip(names, masks))
+                kw = dict(zip(names, masks, strict=True))
                 args = (q,) if value is None else (q, value)
                 return layer(
                     *args,

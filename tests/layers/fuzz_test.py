@@ -30,9 +30,10 @@ from hypothesis import HealthCheck
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
-from keras import ops
 
 import keras_attention as ka
+from tests.testing import PUBLIC_LAYERS
+from tests.testing import to_numpy
 
 # JAX compiles each eager op per shape and dtype: fewer examples keep it near
 # 60 s on a loaded 2-core CPU (TensorFlow runs 300 in 12-16 s).
@@ -45,57 +46,42 @@ COMPILED_MODES = ["tf_function", "xla"] if keras.backend.backend() == "tensorflo
 COMPILED_EXAMPLES = 160 if keras.backend.backend() == "tensorflow" else 150
 COMPILED_RUN = []
 
-# name -> (factory(dtype), kind); kinds decide the inputs a layer takes.
-LAYERS = {
-    "AdditiveAttention": (lambda d: ka.AdditiveAttention(dtype=d), "attention"),
-    "LuongAttention": (lambda d: ka.LuongAttention(score_mode="general", dtype=d), "attention"),
-    "LuongAttention-dot": (
-        lambda d: ka.LuongAttention(score_mode="dot", scale=True, dtype=d),
-        "attention",
+# name -> factory(dtype); a name before "-" is the layer class, whose kind
+# (PUBLIC_LAYERS) decides the inputs it takes. LAYERS: name -> (factory, kind).
+FACTORIES = {
+    "AdditiveAttention": lambda d: ka.AdditiveAttention(dtype=d),
+    "LuongAttention": lambda d: ka.LuongAttention(score_mode="general", dtype=d),
+    "LuongAttention-dot": lambda d: ka.LuongAttention(
+        score_mode="dot", divide_by_sqrt_dim=True, dtype=d
     ),
-    "LowRankAttention": (lambda d: ka.LowRankAttention(rank=2, dtype=d), "attention"),
-    "MultiHeadAttention": (lambda d: ka.MultiHeadAttention(2, 4, dtype=d), "attention"),
-    "MultiHeadAttention-blockwise": (
-        lambda d: ka.MultiHeadAttention(
-            2, 4, num_key_value_heads=1, memory_efficient=True, block_size=2, dtype=d
-        ),
-        "attention",
+    "LowRankAttention": lambda d: ka.LowRankAttention(rank=2, dtype=d),
+    "MultiHeadAttention": lambda d: ka.MultiHeadAttention(2, 4, dtype=d),
+    "MultiHeadAttention-blockwise": lambda d: ka.MultiHeadAttention(
+        2, 4, num_key_value_heads=1, memory_efficient=True, block_size=2, dtype=d
     ),
-    "SparseAttention": (
-        lambda d: ka.SparseAttention(
-            2,
-            4,
-            block_size=2,
-            window_blocks=1,
-            global_blocks=0,
-            random_blocks=1,
-            seed=0,
-            dtype=d,
-        ),
-        "attention",
+    "SparseAttention": lambda d: ka.SparseAttention(
+        2,
+        4,
+        block_size=2,
+        window_blocks=1,
+        global_blocks=0,
+        random_blocks=1,
+        seed=0,
+        dtype=d,
     ),
-    "PerformerAttention": (
-        lambda d: ka.PerformerAttention(2, 4, num_features=8, seed=0, dtype=d),
-        "attention",
+    "PerformerAttention": lambda d: ka.PerformerAttention(2, 4, num_features=8, seed=0, dtype=d),
+    "LinformerAttention": lambda d: ka.LinformerAttention(
+        2, 4, projected_length=2, max_length=4, dtype=d
     ),
-    "LinformerAttention": (
-        lambda d: ka.LinformerAttention(2, 4, projected_length=2, max_length=4, dtype=d),
-        "attention",
-    ),
-    "AttentionPooling": (lambda d: ka.AttentionPooling(dtype=d), "pooling"),
-    "SqueezeExcitation": (lambda d: ka.SqueezeExcitation(ratio=2, dtype=d), "feature_map"),
-    "CBAM": (lambda d: ka.CBAM(ratio=2, kernel_size=3, dtype=d), "feature_map"),
-    "TransformerEncoderBlock": (
-        lambda d: ka.TransformerEncoderBlock(2, 4, 8, seed=0, dtype=d),
-        "encoder",
-    ),
-    "TransformerDecoderBlock": (
-        lambda d: ka.TransformerDecoderBlock(2, 4, 8, seed=0, dtype=d),
-        "decoder",
-    ),
-    "PositionEmbedding": (lambda d: ka.PositionEmbedding(4, dtype=d), "sequence"),
-    "SinusoidalPositionEncoding": (lambda d: ka.SinusoidalPositionEncoding(dtype=d), "sequence"),
+    "AttentionPooling": lambda d: ka.AttentionPooling(dtype=d),
+    "SqueezeExcitation": lambda d: ka.SqueezeExcitation(ratio=2, dtype=d),
+    "CBAM": lambda d: ka.CBAM(ratio=2, kernel_size=3, dtype=d),
+    "TransformerEncoderBlock": lambda d: ka.TransformerEncoderBlock(2, 4, 8, seed=0, dtype=d),
+    "TransformerDecoderBlock": lambda d: ka.TransformerDecoderBlock(2, 4, 8, seed=0, dtype=d),
+    "PositionEmbedding": lambda d: ka.PositionEmbedding(4, dtype=d),
+    "SinusoidalPositionEncoding": lambda d: ka.SinusoidalPositionEncoding(dtype=d),
 }
+LAYERS = {name: (make, PUBLIC_LAYERS[name.split("-")[0]]) for name, make in FACTORIES.items()}
 WEIGHTLESS = {"PerformerAttention"}  # returns approximate, unmasked-normalised
 FEATURES = 8
 POLICIES = ["float32", "float16", "bfloat16", "mixed_float16", "mixed_bfloat16", "int32-inputs"]
@@ -135,10 +121,6 @@ def cases(draw):
         # A few deliberately invalid calls: must be our error, naming things.
         corrupt=draw(st.sampled_from(["none"] * 6 + ["mask_length", "rank"])),
     )
-
-
-def _numpy(x):
-    return np.asarray(ops.convert_to_numpy(ops.cast(x, "float32")), "float64")
 
 
 POISONED = []  # (batch, time) of the query positions given a NaN
@@ -322,7 +304,7 @@ def _check_case(case, mode):
     assert case["corrupt"] == "none" or argument is None, f"accepted bad input {case}"
     output, weights = result if want_scores else (result, None)
     assert tuple(output.shape) == _expected_shape(case, args)
-    output = _numpy(output)
+    output = to_numpy(output)
     may_be_nan = np.zeros(output.shape[:2], bool)
     if kind == "attention":
         # Exactly: rows that neither hold nor see a NaN are finite.
@@ -336,12 +318,11 @@ def _check_case(case, mode):
             for b, t in POISONED:
                 finite[b, t] = True
         assert np.all(finite), f"non-finite output for {case}"
-    if kind in ("attention", "decoder", "encoder") and query_mask is not None:
-        # Masked query rows are exactly zero (the blocks add the residual).
-        if kind == "attention":
-            np.testing.assert_array_equal(output[~query_mask], 0.0)
+    if kind == "attention" and query_mask is not None:
+        # Masked query rows are exactly zero (not for the blocks: they add the residual).
+        np.testing.assert_array_equal(output[~query_mask], 0.0)
     if weights is not None and case["layer"] not in WEIGHTLESS:
-        weights = _numpy(weights)
+        weights = to_numpy(weights)
         if weights.ndim == 4:  # (B, H, Tq, Tv) -> (B, Tq, H, Tv)
             weights = weights.transpose(0, 2, 1, 3)
         clean = weights[~may_be_nan]  # rows that neither hold nor see a NaN

@@ -13,9 +13,10 @@ float16 and bfloat16, on whichever backend runs the suite.
 import numpy as np
 import pytest
 from keras import ops
-from sparse_reference import reference_pattern
 
 import keras_attention as ka
+from tests.sparse_reference import reference_pattern
+from tests.testing import to_numpy
 
 BATCH, LENGTH, FEATURES = 2, 6, 8
 SPARSE_BLOCK, SPARSE_WINDOW = 2, 1
@@ -66,10 +67,6 @@ LAYERS = {
 DTYPES = ["float32", "float16", "bfloat16"]
 
 
-def _numpy(x):
-    return np.asarray(ops.convert_to_numpy(ops.cast(x, "float32")), "float64")
-
-
 def _structural_pattern(name, causal):
     """`(Tq, Tv)`: which keys a layer's own structure lets each query see."""
     allowed = np.ones((LENGTH, LENGTH), bool)
@@ -88,9 +85,9 @@ def _check(name, dtype, poisoned, replaced, call, sees):
     factory, options = LAYERS[name]
     layer = factory(dtype)
     result = call(layer, poisoned, options)
-    output = _numpy(result[0] if isinstance(result, tuple) else result)
+    output = to_numpy(result[0] if isinstance(result, tuple) else result)
     clean = call(layer, replaced, options)
-    clean = _numpy(clean[0] if isinstance(clean, tuple) else clean)
+    clean = to_numpy(clean[0] if isinstance(clean, tuple) else clean)
     assert sees.any() and (~sees).any()  # both kinds of query are tested
     assert np.all(np.isnan(output[sees])), f"a query that sees NaN is finite: {name}"
     hidden = output[~sees]
@@ -104,7 +101,7 @@ def _check(name, dtype, poisoned, replaced, call, sees):
         tolerance = max(tolerance, 5e-3)
     np.testing.assert_allclose(hidden, clean[~sees], atol=tolerance, rtol=tolerance)
     if isinstance(result, tuple):  # returned weights: NaN in exactly those rows
-        rows = _numpy(result[1]).transpose(0, 2, 1, 3)  # (B, Tq, H, Tv)
+        rows = to_numpy(result[1]).transpose(0, 2, 1, 3)  # (B, Tq, H, Tv)
         assert np.all(np.isnan(rows[sees]).any(axis=-1))
         assert np.all(np.isfinite(rows[~sees]))
 
@@ -185,7 +182,7 @@ def test_nan_in_a_decoding_cache_reaches_only_later_steps():
         if t == 1:
             step[0, 0, 3] = np.nan
         output, cache = layer(step, cache=cache, cache_update_index=t, use_causal_mask=True)
-        outputs.append(_numpy(output))
+        outputs.append(to_numpy(output))
     assert np.all(np.isfinite(outputs[0]))
     assert all(np.all(np.isnan(o)) for o in outputs[1:])
     # A query decoding before the NaN was written never saw it; nor does a
@@ -198,5 +195,5 @@ def test_nan_in_a_decoding_cache_reaches_only_later_steps():
     mask = np.array([[[True] * 4 + [False]] * 4])
     mask[0, 3, 4] = True  # only the last query sees the NaN memory slot
     out, _ = cross(inputs, cache=kv, attention_mask=mask)
-    out = _numpy(out)
+    out = to_numpy(out)
     assert np.all(np.isfinite(out[0, :3])) and np.all(np.isnan(out[0, 3]))

@@ -13,6 +13,7 @@ import pytest
 from keras import ops
 
 import keras_attention as ka
+from tests.testing import to_numpy
 
 # Every attention layer of the package, small, one key/value call each.
 ATTENTION_LAYERS = {
@@ -43,10 +44,6 @@ def _array(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype("float32")
 
 
-def _numpy(x):
-    return np.asarray(ops.convert_to_numpy(x)).astype("float64")
-
-
 # ------------------------------------------------------------------ empty
 @pytest.mark.parametrize("name", sorted(ATTENTION_LAYERS))
 @pytest.mark.parametrize(
@@ -60,7 +57,7 @@ def test_empty_inputs_give_empty_or_zero_outputs(name, query_shape, value_shape)
     assert tuple(output.shape) == query_shape
     # Keys of length 0: nothing to attend to, the result of a fully masked
     # row (zero attention, then the output projection's zero bias).
-    np.testing.assert_array_equal(_numpy(output), 0.0)
+    np.testing.assert_array_equal(to_numpy(output), 0.0)
 
 
 @pytest.mark.parametrize("name", WEIGHTED)
@@ -79,7 +76,7 @@ def test_integer_inputs_run_in_the_compute_dtype(name):
     output = layer(query, value)
     expected = layer(query.astype("float32"), value.astype("float32"))
     assert keras.backend.standardize_dtype(output.dtype) == "float32"
-    np.testing.assert_allclose(_numpy(output), _numpy(expected), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(output), to_numpy(expected), atol=1e-5)
 
 
 def test_luong_dot_on_integers_does_not_truncate_the_weights():
@@ -87,8 +84,8 @@ def test_luong_dot_on_integers_does_not_truncate_the_weights():
     value = np.array([[[1, 0], [0, 1], [1, 1]]], "int32")
     _, weights = ka.LuongAttention(score_mode="dot")(query, value, return_attention_scores=True)
     assert keras.backend.standardize_dtype(weights.dtype) == "float32"
-    np.testing.assert_allclose(_numpy(weights).sum(-1), 1.0, atol=1e-6)
-    assert _numpy(weights).max() < 1.0
+    np.testing.assert_allclose(to_numpy(weights).sum(-1), 1.0, atol=1e-6)
+    assert to_numpy(weights).max() < 1.0
 
 
 def test_attention_pooling_keeps_its_learned_query_float():
@@ -97,7 +94,7 @@ def test_attention_pooling_keeps_its_learned_query_float():
     output = layer(inputs)
     expected = layer(inputs.astype("float32"))
     assert keras.backend.standardize_dtype(output.dtype) == "float32"
-    np.testing.assert_allclose(_numpy(output), _numpy(expected), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(output), to_numpy(expected), atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +111,9 @@ def test_composite_layers_cast_integer_inputs(make, shape):
     layer = make()
     output = layer(inputs)
     assert keras.backend.standardize_dtype(output.dtype) == "float32"
-    np.testing.assert_allclose(_numpy(output), _numpy(layer(inputs.astype("float32"))), atol=1e-5)
+    np.testing.assert_allclose(
+        to_numpy(output), to_numpy(layer(inputs.astype("float32"))), atol=1e-5
+    )
 
 
 def test_string_inputs_raise_a_type_error_naming_the_layer():
@@ -139,8 +138,8 @@ def test_nan_in_masked_positions_contributes_nothing(name):
     poisoned_value[:, 1] = np.inf
     poisoned_value[0, 1, 0] = np.nan
     output = clean(poisoned_query, poisoned_value, query_mask=query_mask, value_mask=value_mask)
-    assert np.all(np.isfinite(_numpy(output)))
-    np.testing.assert_allclose(_numpy(output), _numpy(expected), atol=1e-5)
+    assert np.all(np.isfinite(to_numpy(output)))
+    np.testing.assert_allclose(to_numpy(output), to_numpy(expected), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["mha_dense", "mha_blockwise", "additive", "sparse"])
@@ -150,20 +149,20 @@ def test_nan_in_a_masked_position_leaves_gradients_finite(name):
     value[:, 2] = np.nan
     mask = np.array([[True, True, False, True]] * 2)
     layer(_array(2, 4, 6), value, value_mask=mask)
-    from gradients import layer_gradients
+    from tests.gradients import layer_gradients
 
     _, input_grads, weight_grads = layer_gradients(
         layer, (_array(2, 4, 6), value), _array(2, 4, 6, seed=2), value_mask=mask
     )
     for grad in input_grads + weight_grads:
-        assert np.all(np.isfinite(_numpy(grad)))
+        assert np.all(np.isfinite(to_numpy(grad)))
 
 
 @pytest.mark.parametrize("kernel", ["mha_dense", "mha_blockwise"])
 def test_a_nan_batch_row_stays_nan_on_every_exact_kernel(kernel):
     query = _array(2, 4, 6)
     query[1] = np.nan  # a diverging example must stay visible
-    output = _numpy(ATTENTION_LAYERS[kernel]()(query, _array(2, 4, 6)))
+    output = to_numpy(ATTENTION_LAYERS[kernel]()(query, _array(2, 4, 6)))
     assert np.all(np.isfinite(output[0]))
     assert np.all(np.isnan(output[1]))
 
@@ -173,7 +172,7 @@ def test_blockwise_kernel_propagates_nan_like_the_exact_one():
 
     query = _array(2, 5, 2, 4)
     query[1, 2] = np.nan
-    out = _numpy(
+    out = to_numpy(
         memory_efficient_attention(
             query,
             _array(2, 5, 2, 4, seed=1),
@@ -195,7 +194,7 @@ def test_returned_weights_are_zero_on_masked_rows_and_keys(name):
         value_mask=mask,
         return_attention_scores=True,
     )
-    weights = _numpy(weights)
+    weights = to_numpy(weights)
     np.testing.assert_array_equal(weights[..., 2:], 0.0)  # padded keys
     np.testing.assert_array_equal(weights[1], 0.0)  # fully masked example
     np.testing.assert_array_equal(weights[..., 2:, :], 0.0)  # masked query rows

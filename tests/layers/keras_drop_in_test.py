@@ -10,16 +10,11 @@ import inspect
 import keras
 import numpy as np
 import pytest
-from keras import ops
 
 import keras_attention as ka
 from tests import reference
 from tests.testing import random_inputs
-
-
-def _np(x):
-    return np.asarray(ops.convert_to_numpy(ops.cast(x, "float32")))
-
+from tests.testing import to_numpy
 
 KERAS_CASES = {
     "dot": lambda: keras.layers.Attention(),
@@ -62,11 +57,11 @@ def test_from_keras_gives_keras_outputs(case, rank):
         [query, value, key], mask=mask, return_attention_scores=True
     )
     got, weights = ours([query, value, key], mask=mask, return_attention_scores=True)
-    np.testing.assert_allclose(_np(got), _np(expected), atol=1e-5)
-    np.testing.assert_allclose(_np(weights), _np(expected_weights), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(weights), to_numpy(expected_weights), atol=1e-6)
     # The same weights, called our way.
     np.testing.assert_allclose(
-        _np(ours(query, value, key, value_mask=value_mask)), _np(expected), atol=1e-5
+        to_numpy(ours(query, value, key, value_mask=value_mask)), to_numpy(expected), atol=1e-5
     )
 
 
@@ -123,10 +118,12 @@ def test_masked_query_row_is_zero_and_other_rows_match_keras():
         keras_output, keras_weights = theirs(
             [query, value], mask=masks, return_attention_scores=True
         )
-        np.testing.assert_allclose(_np(output), [[[1.0, 1.0], [0.0, 0.0]]], atol=1e-6)
-        np.testing.assert_allclose(_np(output), _np(keras_output), atol=1e-6)
-        np.testing.assert_allclose(_np(weights), [[[1.0, 0.0], [0.0, 0.0]]], atol=1e-6)
-        np.testing.assert_allclose(_np(weights)[:, 0], _np(keras_weights)[:, 0], atol=1e-6)
+        np.testing.assert_allclose(to_numpy(output), [[[1.0, 1.0], [0.0, 0.0]]], atol=1e-6)
+        np.testing.assert_allclose(to_numpy(output), to_numpy(keras_output), atol=1e-6)
+        np.testing.assert_allclose(to_numpy(weights), [[[1.0, 0.0], [0.0, 0.0]]], atol=1e-6)
+        np.testing.assert_allclose(
+            to_numpy(weights)[:, 0], to_numpy(keras_weights)[:, 0], atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("make", [ka.LuongAttention, ka.AdditiveAttention])
@@ -146,7 +143,9 @@ def test_keras_list_errors_with_keras_wording(make):
         layer([tensor, tensor], mask=[tensor[..., 0]])
     with pytest.raises(ValueError, match=name + r".*`value_mask` was given twice"):
         layer([tensor, tensor], mask=[None, tensor[..., 0]], value_mask=tensor[..., 0])
-    np.testing.assert_allclose(_np(layer(tensor)), _np(layer([tensor, tensor])), atol=1e-6)
+    np.testing.assert_allclose(
+        to_numpy(layer(tensor)), to_numpy(layer([tensor, tensor])), atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(
@@ -175,14 +174,14 @@ def test_nd_inputs_attend_over_the_second_last_axis(make):
             use_causal_mask=True,
             return_attention_scores=True,
         )
-        np.testing.assert_allclose(_np(output)[:, h], _np(row_out), atol=1e-6)
-        np.testing.assert_allclose(_np(weights)[:, h], _np(row_weights), atol=1e-6)
+        np.testing.assert_allclose(to_numpy(output)[:, h], to_numpy(row_out), atol=1e-6)
+        np.testing.assert_allclose(to_numpy(weights)[:, h], to_numpy(row_weights), atol=1e-6)
     # One sequence against NumPy.
     if isinstance(layer, ka.LuongAttention):
-        scores = query[:, 1] @ _np(layer.kernel) @ value[:, 1].transpose(0, 2, 1)
+        scores = query[:, 1] @ to_numpy(layer.kernel) @ value[:, 1].transpose(0, 2, 1)
         mask = reference.combined_mask(2, 4, 6, query_mask[:, 1], value_mask[:, 1], causal=True)
         expected, _ = reference.attend(scores, value[:, 1], mask)
-        np.testing.assert_allclose(_np(output)[:, 1], expected, atol=1e-5)
+        np.testing.assert_allclose(to_numpy(output)[:, 1], expected, atol=1e-5)
 
 
 def test_nd_symbolic_shapes_and_functional_model():
@@ -224,4 +223,6 @@ def test_keras_masks_of_the_list_fill_the_entries_mask_leaves_none():
     tokens = np.array([[1, 2, 0, 0, 0], [3, 4, 5, 6, 7]])
     query_mask = np.array([[True, True, False], [True, True, True]])
     expected = layer(query, embed(tokens), query_mask=query_mask, value_mask=tokens != 0)
-    np.testing.assert_allclose(_np(model([query, tokens, query_mask])), _np(expected), atol=1e-6)
+    np.testing.assert_allclose(
+        to_numpy(model([query, tokens, query_mask])), to_numpy(expected), atol=1e-6
+    )

@@ -103,7 +103,7 @@ def test_every_rule_of_the_docstring_is_reached_by_the_table():
     assert set(documented) == rules
     # The docstring's kernel column matches what each rule returns.
     rows = dict(re.findall(r"^\| ([a-z-]+) \| .* \| ([A-Z]+) \|$", kernel_selector.__doc__, re.M))
-    for changes, rule, kernel in TABLE:
+    for _, rule, kernel in TABLE:
         expected = rows[rule]
         if expected == "MATERIALISED":
             assert kernel in (Kernel.COMPOSITE, Kernel.DENSE, Kernel.SHIFTED), rule
@@ -170,16 +170,19 @@ def test_keras_size_call_at_8192_stays_dense_in_a_16_gib_process(monkeypatch):
     monkeypatch.setattr(memory_budget, "_budget", None)
     monkeypatch.setattr(memory_budget, "available_memory", lambda: 15 * GIB)
     budget = memory_budget.attention_memory_budget()
-    at = lambda length, **kw: kernel_selector.select_kernel(
-        request(  # noqa: E731
-            batch_size=1,
-            num_heads=8,
-            query_length=length,
-            key_length=length,
-            memory_budget=budget,
-            **kw,
+
+    def at(length, **kw):
+        return kernel_selector.select_kernel(
+            request(
+                batch_size=1,
+                num_heads=8,
+                query_length=length,
+                key_length=length,
+                memory_budget=budget,
+                **kw,
+            )
         )
-    )
+
     assert at(8192) is Kernel.COMPOSITE
     assert at(16384) is Kernel.BLOCKWISE
     assert at(8192, xla=True) is Kernel.BLOCKWISE

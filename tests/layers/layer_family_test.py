@@ -3,7 +3,6 @@
 import keras
 import numpy as np
 import pytest
-from keras import ops
 
 import keras_attention
 from keras_attention import layers as ka
@@ -12,12 +11,10 @@ from keras_attention.layers.kernel_selector import Kernel
 from tests.kernel_spy import spy_kernels
 from tests.reference import combined_mask
 from tests.reference import softmax_with_mask
+from tests.testing import NOT_LAYERS
+from tests.testing import PUBLIC_LAYERS
 from tests.testing import random_inputs
-
-
-def _np(x):
-    return np.asarray(ops.convert_to_numpy(ops.cast(x, "float32")))
-
+from tests.testing import to_numpy
 
 # --------------------------------------------------- independent initial weights
 # Every public layer, built on inputs it accepts. Weights that are constant by
@@ -46,26 +43,18 @@ BUILDS = {
         [(2, 5, 6), (2, 4, 6)],
     ),
 }
-NOT_LAYERS = {
-    "capture_attention",
-    "RedrawFeatures",
-    "BaseAttention",
-    "ScoreAttention",
-    "BaseMultiHeadAttention",
-    "SinusoidalPositionEncoding",  # no weights
-    "attention_memory_budget",
-    "set_attention_memory_budget",
-}  # functions
+WEIGHTLESS = {"SinusoidalPositionEncoding"}  # nothing to initialise
 
 
 def test_every_public_layer_is_covered():
-    assert set(BUILDS) | NOT_LAYERS == set(keras_attention.layers.__all__)
+    assert set(BUILDS) | WEIGHTLESS == set(PUBLIC_LAYERS)
+    assert set(PUBLIC_LAYERS) | NOT_LAYERS == set(keras_attention.layers.__all__)
 
 
 def _random_weights(layer):
     weights = []
     for w in layer.weights:
-        value = _np(w.value) if w.dtype != "int32" else None
+        value = to_numpy(w.value) if w.dtype != "int32" else None
         if value is None or not w.trainable:
             continue
         if np.all(value == value.flat[0]):  # zeros/ones by design
@@ -144,9 +133,11 @@ def test_single_head_layers_take_the_list_call(make):
         random_inputs((2, 5, 4), 1),
         random_inputs((2, 5, 4), 2),
     )
-    np.testing.assert_allclose(_np(layer([query, value])), _np(layer(query, value)), atol=1e-6)
     np.testing.assert_allclose(
-        _np(layer([query, value, key])), _np(layer(query, value, key)), atol=1e-6
+        to_numpy(layer([query, value])), to_numpy(layer(query, value)), atol=1e-6
+    )
+    np.testing.assert_allclose(
+        to_numpy(layer([query, value, key])), to_numpy(layer(query, value, key)), atol=1e-6
     )
     # In a functional model, Keras masks of the list's tensors apply.
     q_in, v_in = keras.Input((3,), dtype="int32"), keras.Input((5,), dtype="int32")
@@ -155,13 +146,13 @@ def test_single_head_layers_take_the_list_call(make):
     tokens_v = np.array([[1, 2, 0, 0, 0], [3, 4, 5, 6, 7]])
     tokens_q = np.array([[1, 2, 3], [4, 5, 6]])
     expected = layer(embed(tokens_q), embed(tokens_v), value_mask=tokens_v != 0)
-    np.testing.assert_allclose(_np(model([tokens_q, tokens_v])), _np(expected), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(model([tokens_q, tokens_v])), to_numpy(expected), atol=1e-6)
 
 
 # ------------------------------------------------------------ which kernel ran
 def _numpy_mha(layer, query, value_mask=None, causal=False):
     """Independent reference: NumPy attention over our projections' weights."""
-    wq, bq, wk, bk, wv, bv, wo, bo = [_np(w) for w in layer.weights]
+    wq, bq, wk, bk, wv, bv, wo, bo = [to_numpy(w) for w in layer.weights]
     q = np.einsum("btf,fhd->bthd", query, wq) + bq
     k = np.einsum("btf,fhd->bthd", query, wk) + bk
     v = np.einsum("btf,fhd->bthd", query, wv) + bv
@@ -186,7 +177,7 @@ def test_fused_branch_runs_when_a_fused_kernel_exists(monkeypatch, flash_attenti
     for kwargs in (dict(), dict(value_mask=valid, use_causal_mask=True)):
         out = layer(query, **kwargs)
         np.testing.assert_allclose(
-            _np(out),
+            to_numpy(out),
             _numpy_mha(
                 layer, query, kwargs.get("value_mask"), kwargs.get("use_causal_mask", False)
             ),
@@ -203,7 +194,7 @@ def test_flash_attention_true_without_a_fused_kernel_runs_the_blockwise_kernel(m
         2, 4, flash_attention=True, block_size=3, bias_initializer="random_normal"
     )
     query = random_inputs((2, 7, 8), seed=4)
-    np.testing.assert_allclose(_np(layer(query)), _numpy_mha(layer, query), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(layer(query)), _numpy_mha(layer, query), atol=1e-5)
     assert ran == [Kernel.BLOCKWISE]
 
 
@@ -215,7 +206,7 @@ def test_flash_attention_false_materialises_the_weights(monkeypatch):
         2, 4, flash_attention=False, memory_efficient_threshold=1, bias_initializer="random_normal"
     )
     query = random_inputs((2, 7, 8), seed=5)
-    np.testing.assert_allclose(_np(layer(query)), _numpy_mha(layer, query), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(layer(query)), _numpy_mha(layer, query), atol=1e-5)
     # As Keras: the backend's composite kernel, never the flash one.
     assert ran == [Kernel.COMPOSITE] and flags == [False]
     _, weights = layer(query, return_attention_scores=True)  # weights: our softmax
@@ -247,8 +238,8 @@ def test_selected_scores_match_the_dense_weights_while_the_blockwise_kernel_runs
             attention_scores_query_range=(2, 9),
             **kwargs,
         )
-        np.testing.assert_allclose(_np(out), _np(full_out), atol=1e-5)
-        np.testing.assert_allclose(_np(part), _np(full)[:, [3, 1], 2:9], atol=1e-5)
+        np.testing.assert_allclose(to_numpy(out), to_numpy(full_out), atol=1e-5)
+        np.testing.assert_allclose(to_numpy(part), to_numpy(full)[:, [3, 1], 2:9], atol=1e-5)
     # The output never came from a materialised kernel: the selection is
     # computed after the blockwise one.
     assert ran.count(Kernel.BLOCKWISE) == 2 and ran.count(Kernel.DENSE) == 2
@@ -282,22 +273,24 @@ def test_keras_mask_shapes_give_the_same_outputs():
     query = random_inputs((2, 5, 8), seed=8)
     allowed = np.random.default_rng(0).random((2, 5, 5)) > 0.3
     allowed[..., 0] = True
-    reference = _np(layer(query, attention_mask=allowed))
+    reference = to_numpy(layer(query, attention_mask=allowed))
     per_head = np.broadcast_to(allowed[:, None], (2, 2, 5, 5))
-    np.testing.assert_allclose(_np(layer(query, attention_mask=per_head)), reference, atol=1e-6)
     np.testing.assert_allclose(
-        _np(layer(query, attention_mask=allowed.astype("float32"))), reference, atol=1e-6
+        to_numpy(layer(query, attention_mask=per_head)), reference, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        to_numpy(layer(query, attention_mask=allowed.astype("float32"))), reference, atol=1e-6
     )
     keys = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
     np.testing.assert_allclose(
-        _np(layer(query, attention_mask=keys[:, None, :])),
-        _np(layer(query, value_mask=keys)),
+        to_numpy(layer(query, attention_mask=keys[:, None, :])),
+        to_numpy(layer(query, value_mask=keys)),
         atol=1e-6,
     )
     causal = np.tril(np.ones((5, 5), bool))
     np.testing.assert_allclose(
-        _np(layer(query, attention_mask=causal)),
-        _np(layer(query, use_causal_mask=True)),
+        to_numpy(layer(query, attention_mask=causal)),
+        to_numpy(layer(query, use_causal_mask=True)),
         atol=1e-6,
     )
 
@@ -318,5 +311,5 @@ def test_tensorflow_graphs_run_the_composite_kernel_and_xla_runs_ours(monkeypatc
     compiled = tf.function(lambda x: layer(x), jit_compile=True)(query)
     assert ran == [Kernel.COMPOSITE, Kernel.SHIFTED]
     expected = _numpy_mha(layer, query.numpy())
-    np.testing.assert_allclose(_np(graph), expected, atol=1e-5)
-    np.testing.assert_allclose(_np(compiled), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(graph), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(compiled), expected, atol=1e-5)

@@ -6,10 +6,7 @@ from keras_attention.layers import LinformerAttention
 from keras_attention.layers import MultiHeadAttention
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test
-
-
-def _np(x):
-    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+from tests.testing import to_numpy
 
 
 def test_identity_projections_give_exact_attention():
@@ -24,14 +21,14 @@ def test_identity_projections_give_exact_attention():
         "key_projection",
         "value_projection",
     ]
-    for mine, theirs in zip(layer.trainable_weights[2:], exact.trainable_weights):
+    for mine, theirs in zip(layer.trainable_weights[2:], exact.trainable_weights, strict=True):
         mine.assign(theirs)
     layer.key_projection.assign(np.eye(9, dtype="float32"))
     layer.value_projection.assign(np.eye(9, dtype="float32"))
     output, scores = layer(query, value, return_attention_scores=True)
     expected, expected_scores = exact(query, value, return_attention_scores=True)
-    np.testing.assert_allclose(_np(output), _np(expected), atol=1e-5)
-    np.testing.assert_allclose(_np(scores), _np(expected_scores), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(output), to_numpy(expected), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(scores), to_numpy(expected_scores), atol=1e-5)
 
 
 def test_masked_keys_do_not_change_the_output():
@@ -42,8 +39,8 @@ def test_masked_keys_do_not_change_the_output():
     changed[:, 6:] = 100.0
     layer = LinformerAttention(2, 4, projected_length=3, max_length=16)
     np.testing.assert_allclose(
-        _np(layer(query, value, value_mask=mask)),
-        _np(layer(query, changed, value_mask=mask)),
+        to_numpy(layer(query, value, value_mask=mask)),
+        to_numpy(layer(query, changed, value_mask=mask)),
         atol=1e-5,
     )
 
@@ -94,7 +91,7 @@ def test_lengths_below_the_projection_size_match_numpy(length):
     layer = LinformerAttention(
         2, 4, projected_length=8, max_length=16, bias_initializer="random_normal"
     )
-    output = _np(layer(query))
+    output = to_numpy(layer(query))
     e, f, wq, bq, wk, bk, wv, bv, wo, bo = [
         keras.ops.convert_to_numpy(w).astype(np.float64) for w in layer.trainable_weights
     ]

@@ -1,16 +1,12 @@
 import keras
 import numpy as np
 import pytest
-from keras import ops
 
 from keras_attention.layers import LuongAttention
 from tests import reference
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test
-
-
-def _numpy(x):
-    return ops.convert_to_numpy(x)
+from tests.testing import to_numpy
 
 
 def _masked_inputs(tq=4, tv=6, dim=8, batch=3, value_dim=None, seed=0):
@@ -34,43 +30,61 @@ def test_dot_matches_keras_attention():
     theirs, their_weights = keras.layers.Attention()(
         [query, value], mask=[query_mask, value_mask], return_attention_scores=True
     )
-    np.testing.assert_allclose(_numpy(ours), _numpy(theirs), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), atol=1e-5)
     # Keras leaves weights of padded query rows as they are; ours are zero.
     rows = query_mask
-    np.testing.assert_allclose(_numpy(our_weights)[rows], _numpy(their_weights)[rows], atol=1e-5)
-    np.testing.assert_array_equal(_numpy(our_weights)[~rows], 0.0)
+    np.testing.assert_allclose(
+        to_numpy(our_weights)[rows], to_numpy(their_weights)[rows], atol=1e-5
+    )
+    np.testing.assert_array_equal(to_numpy(our_weights)[~rows], 0.0)
 
 
 def test_scaled_dot_matches_the_transformer_formula():
     # softmax(Q K^T / sqrt(d)) V, the scaled dot-product of the seed.
     query, value, query_mask, value_mask = _masked_inputs(dim=16)
     key = random_inputs(value.shape, seed=7)
-    ours = LuongAttention(score="dot", scale=True)(
+    ours = LuongAttention(score="dot", divide_by_sqrt_dim=True)(
         query, value, key, query_mask=query_mask, value_mask=value_mask
     )
     scores = np.einsum("bqd,bkd->bqk", query, key) / np.sqrt(16)
     mask = reference.combined_mask(3, 4, 6, query_mask, value_mask)
     expected, _ = reference.attend(scores, value, mask)
-    np.testing.assert_allclose(_numpy(ours), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(ours), expected, atol=1e-5)
+
+
+def test_deprecated_scale_warns_and_divides_by_sqrt_dim():
+    # `scale=True` is the old name of `divide_by_sqrt_dim=True`: same layer.
+    query, value, query_mask, value_mask = _masked_inputs(dim=16)
+    masks = dict(query_mask=query_mask, value_mask=value_mask)
+    with pytest.warns(DeprecationWarning, match="divide_by_sqrt_dim"):
+        old = LuongAttention(score="general", scale=True)
+    new = LuongAttention(score="general", divide_by_sqrt_dim=True)
+    new(query, value, **masks)
+    old(query, value, **masks)
+    old.set_weights(new.get_weights())
+    assert old.divide_by_sqrt_dim
+    np.testing.assert_array_equal(
+        to_numpy(old(query, value, **masks)), to_numpy(new(query, value, **masks))
+    )
 
 
 def test_general_matches_numpy():
     query, value, query_mask, value_mask = _masked_inputs(value_dim=5)
     layer = LuongAttention(score="general")
     ours = layer(query, value, query_mask=query_mask, value_mask=value_mask)
-    kernel = _numpy(layer.kernel)
+    kernel = to_numpy(layer.kernel)
     assert kernel.shape == (8, 5)
     scores = np.einsum("bqd,de,bke->bqk", query, kernel, value)
     mask = reference.combined_mask(3, 4, 6, query_mask, value_mask)
     expected, _ = reference.attend(scores, value, mask)
-    np.testing.assert_allclose(_numpy(ours), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(ours), expected, atol=1e-5)
 
 
 def test_concat_matches_numpy():
     query, value, query_mask, value_mask = _masked_inputs(value_dim=5)
-    layer = LuongAttention(score="concat", units=7, scale=True)
+    layer = LuongAttention(score="concat", units=7, divide_by_sqrt_dim=True)
     ours = layer(query, value, query_mask=query_mask, value_mask=value_mask)
-    kernel, vector = _numpy(layer.kernel), _numpy(layer.score_vector)
+    kernel, vector = to_numpy(layer.kernel), to_numpy(layer.score_vector)
     # v^T tanh(W [q; k]) with the concatenation spelled out.
     tq, tv = query.shape[1], value.shape[1]
     pairs = np.concatenate(
@@ -83,7 +97,7 @@ def test_concat_matches_numpy():
     scores = np.tanh(pairs @ kernel) @ vector / np.sqrt(5)
     mask = reference.combined_mask(3, tq, tv, query_mask, value_mask)
     expected, _ = reference.attend(scores, value, mask)
-    np.testing.assert_allclose(_numpy(ours), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(ours), expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("score", ["dot", "general", "concat"])

@@ -11,10 +11,7 @@ from tests.gradients import layer_gradients
 from tests.kernel_spy import spy_kernels
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test
-
-
-def _np(x):
-    return np.asarray(ops.convert_to_numpy(ops.cast(x, "float32")))
+from tests.testing import to_numpy
 
 
 def _keras_and_ours(num_heads=2, key_dim=4, query_features=8, value_features=6, **kwargs):
@@ -49,13 +46,13 @@ def test_outputs_and_scores_match_keras_with_same_weights(cross, masks):
     ref_out, ref_scores = reference(*args, return_attention_scores=True, **kwargs)
     our_args = (query, value) if cross else (query,)
     out, scores = ours(*our_args, return_attention_scores=True, **kwargs)
-    np.testing.assert_allclose(_np(out), _np(ref_out), atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(_np(scores), _np(ref_scores), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(to_numpy(out), to_numpy(ref_out), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(to_numpy(scores), to_numpy(ref_scores), atol=1e-5, rtol=1e-5)
     if masks in ("padding", "causal"):
         # The memory-efficient kernel gives the same outputs.
         fast = MultiHeadAttention.from_keras(reference, memory_efficient=True, block_size=4)
         np.testing.assert_allclose(
-            _np(fast(*our_args, **kwargs)), _np(ref_out), atol=1e-5, rtol=1e-5
+            to_numpy(fast(*our_args, **kwargs)), to_numpy(ref_out), atol=1e-5, rtol=1e-5
         )
 
 
@@ -81,7 +78,9 @@ def test_from_keras_copies_configuration_and_weights(options):
     value = random_inputs((2, 7, 6), seed=5)
     # Scores requested: Keras' fused path rejects value_dim != key_dim on JAX.
     expected, _ = reference(query, value, return_attention_scores=True)
-    np.testing.assert_allclose(_np(ours(query, value)), _np(expected), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+        to_numpy(ours(query, value)), to_numpy(expected), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("use_gate", [False, True], ids=["plain", "gated"])
@@ -98,15 +97,15 @@ def test_keras_weights_file_and_set_weights_give_identical_outputs(tmp_path, use
     keras_model = model_of(reference)
     path = str(tmp_path / "keras.weights.h5")
     keras_model.save_weights(path)
-    expected = _np(keras_model([query, value]))
+    expected = to_numpy(keras_model([query, value]))
 
     ours = MultiHeadAttention.from_config(reference.get_config())
     our_model = model_of(ours)
     our_model.load_weights(path)
-    np.testing.assert_allclose(_np(our_model([query, value])), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(our_model([query, value])), expected, atol=1e-5)
     ours_again = MultiHeadAttention(2, 4, use_gate=use_gate)
     model_of(ours_again).set_weights(keras_model.get_weights())
-    np.testing.assert_allclose(_np(ours_again(query, value)), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(ours_again(query, value)), expected, atol=1e-5)
 
 
 def test_from_keras_takes_group_query_attention():
@@ -114,10 +113,10 @@ def test_from_keras_takes_group_query_attention():
         head_dim=4, num_query_heads=4, num_key_value_heads=2, use_gate=True
     )
     query, value = random_inputs((2, 5, 8), seed=6), random_inputs((2, 7, 8), seed=7)
-    expected = _np(reference(query, value))
+    expected = to_numpy(reference(query, value))
     ours = MultiHeadAttention.from_keras(reference)
     assert (ours.num_heads, ours.num_key_value_heads, ours.key_dim) == (4, 2, 4)
-    np.testing.assert_allclose(_np(ours(query, value)), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(ours(query, value)), expected, atol=1e-5)
 
 
 def test_keras_positional_order_and_extras_keyword_only():
@@ -173,8 +172,8 @@ def test_grouped_query_matches_keras_group_query_attention():
     ]:
         mine.set_weights(theirs.get_weights())
     out, scores = ours(query, value, return_attention_scores=True)
-    np.testing.assert_allclose(_np(out), _np(ref_out), atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(_np(scores), _np(ref_scores), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(to_numpy(out), to_numpy(ref_out), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(to_numpy(scores), to_numpy(ref_scores), atol=1e-5, rtol=1e-5)
     fast = MultiHeadAttention(
         num_heads=4,
         key_dim=4,
@@ -184,7 +183,7 @@ def test_grouped_query_matches_keras_group_query_attention():
     )
     fast.build(query.shape, value.shape)
     fast.set_weights(ours.get_weights())
-    np.testing.assert_allclose(_np(fast(query, value)), _np(ref_out), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(fast(query, value)), to_numpy(ref_out), atol=1e-5)
 
 
 # ---------------------------------------------------------- shapes and masks
@@ -205,8 +204,8 @@ def test_masked_query_rows_are_zero_and_other_rows_match_keras():
     reference, ours = _keras_and_ours(value_features=8)
     query = random_inputs((2, 6, 8), seed=8)
     query_mask = _padding_mask(2, 6, [6, 4])
-    out = _np(ours(query, query_mask=query_mask))
-    ref = _np(reference(query, query, query_mask=query_mask, value_mask=query_mask))
+    out = to_numpy(ours(query, query_mask=query_mask))
+    ref = to_numpy(reference(query, query, query_mask=query_mask, value_mask=query_mask))
     np.testing.assert_array_equal(out[1, 4:], 0.0)
     np.testing.assert_allclose(out[query_mask], ref[query_mask], atol=1e-5)
 
@@ -226,7 +225,7 @@ def test_fully_masked_rows_give_zeros_not_nan(dtype, memory_efficient):
     value_mask = _padding_mask(2, 5, [5, 0])  # second sequence: no key at all
     attention_mask = np.ones((2, 5, 5), bool)
     attention_mask[0, 2] = False  # one fully masked row in the first sequence
-    out = _np(layer(query, value_mask=value_mask, attention_mask=attention_mask))
+    out = to_numpy(layer(query, value_mask=value_mask, attention_mask=attention_mask))
     assert np.all(np.isfinite(out))
     np.testing.assert_array_equal(out[1], 0.0)
     np.testing.assert_array_equal(out[0, 2], 0.0)
@@ -239,9 +238,9 @@ def test_keras_mask_propagates_and_masks_keys():
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     embedded = embedding(tokens)
     out = layer(embedded)
-    np.testing.assert_array_equal(_np(out._keras_mask), tokens != 0)
-    explicit = layer(ops.convert_to_tensor(_np(embedded)), query_mask=tokens != 0)
-    np.testing.assert_allclose(_np(out), _np(explicit), atol=1e-6)
+    np.testing.assert_array_equal(to_numpy(out._keras_mask), tokens != 0)
+    explicit = layer(ops.convert_to_tensor(to_numpy(embedded)), query_mask=tokens != 0)
+    np.testing.assert_allclose(to_numpy(out), to_numpy(explicit), atol=1e-6)
     inputs = keras.Input((5,), dtype="int32")
     model_out = MultiHeadAttention(num_heads=2, key_dim=4)(
         keras.layers.Embedding(10, 8, mask_zero=True)(inputs)
@@ -257,11 +256,11 @@ def test_dropout_is_seeded_and_only_active_in_training():
     first.build(query.shape)
     second.build(query.shape)
     second.set_weights(first.get_weights())
-    inference = _np(first(query))
-    np.testing.assert_allclose(_np(first(query, training=False)), inference)
-    trained = _np(first(query, training=True))
+    inference = to_numpy(first(query))
+    np.testing.assert_allclose(to_numpy(first(query, training=False)), inference)
+    trained = to_numpy(first(query, training=True))
     assert not np.allclose(trained, inference)
-    np.testing.assert_allclose(_np(second(query, training=True)), trained, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(second(query, training=True)), trained, atol=1e-6)
 
 
 # ------------------------------------------------------- memory-efficient path
@@ -289,7 +288,7 @@ def test_memory_efficient_path_matches_exact_values_and_gradients(case):
     out_a, din_a, dw_a = layer_gradients(exact, [query], cotangent, **kwargs)
     out_b, din_b, dw_b = layer_gradients(fast, [query], cotangent, **kwargs)
     np.testing.assert_allclose(out_b, out_a, atol=1e-5)
-    for a, b in zip(din_a + dw_a, din_b + dw_b):
+    for a, b in zip(din_a + dw_a, din_b + dw_b, strict=True):
         np.testing.assert_allclose(b, a, atol=1e-5)
 
 
@@ -314,7 +313,7 @@ def test_fused_kernel_path_matches_exact_path(monkeypatch, grouped):
         assert ran == [Kernel.DENSE]
         output = fused(query, **kwargs)
         assert ran == [Kernel.DENSE, Kernel.FUSED]
-        np.testing.assert_allclose(_np(output), _np(reference), atol=1e-5)
+        np.testing.assert_allclose(to_numpy(output), to_numpy(reference), atol=1e-5)
 
 
 def _spy_memory_efficient(monkeypatch):
@@ -377,7 +376,7 @@ def test_memory_efficient_path_trains_in_fit_with_jit_compile():
     exact.fit(query, target, epochs=2, batch_size=2, verbose=0, shuffle=False)
     history = fast.fit(query, target, epochs=2, batch_size=2, verbose=0, shuffle=False)
     assert np.all(np.isfinite(history.history["loss"]))
-    for a, b in zip(exact.get_weights(), fast.get_weights()):
+    for a, b in zip(exact.get_weights(), fast.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, atol=1e-5)
 
 
@@ -438,8 +437,8 @@ def _decode_with_cache(layer, sequence, compiled):
 def test_self_attention_cache_decoding_matches_full_causal_call(compiled, grouped):
     sequence = ops.convert_to_tensor(random_inputs((2, 6, 8), seed=15))
     layer = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2 if grouped else None)
-    full = _np(layer(sequence, use_causal_mask=True))
-    decoded = _np(_decode_with_cache(layer, sequence, compiled))
+    full = to_numpy(layer(sequence, use_causal_mask=True))
+    decoded = to_numpy(_decode_with_cache(layer, sequence, compiled))
     np.testing.assert_allclose(decoded, full, atol=1e-5)
 
 
@@ -451,13 +450,13 @@ def test_cache_update_returns_new_cache_without_mutating_input():
         token, cache=cache, cache_update_index=2, return_attention_scores=True
     )
     np.testing.assert_array_equal(cache, 0.0)
-    new_cache = _np(new_cache)
-    np.testing.assert_allclose(new_cache[:, 0, 2], _np(layer.key_dense(token))[:, 0])
-    np.testing.assert_allclose(new_cache[:, 1, 2], _np(layer.value_dense(token))[:, 0])
+    new_cache = to_numpy(new_cache)
+    np.testing.assert_allclose(new_cache[:, 0, 2], to_numpy(layer.key_dense(token))[:, 0])
+    np.testing.assert_allclose(new_cache[:, 1, 2], to_numpy(layer.value_dense(token))[:, 0])
     np.testing.assert_array_equal(np.delete(new_cache, 2, axis=2), 0.0)
     assert tuple(scores.shape) == (1, 2, 1, 4)
     # Positions not yet written are never attended.
-    np.testing.assert_array_equal(_np(scores)[..., 3], 0.0)
+    np.testing.assert_array_equal(to_numpy(scores)[..., 3], 0.0)
 
 
 def test_cross_attention_cache_matches_full_call_step_by_step():
@@ -475,8 +474,10 @@ def test_cross_attention_cache_matches_full_call_step_by_step():
             value_mask=value_mask,
             return_attention_scores=True,
         )
-        np.testing.assert_allclose(_np(out)[:, 0], _np(full)[:, t], atol=1e-5)
-        np.testing.assert_allclose(_np(scores)[:, :, 0], _np(full_scores)[:, :, t], atol=1e-5)
+        np.testing.assert_allclose(to_numpy(out)[:, 0], to_numpy(full)[:, t], atol=1e-5)
+        np.testing.assert_allclose(
+            to_numpy(scores)[:, :, 0], to_numpy(full_scores)[:, :, t], atol=1e-5
+        )
     assert same_cache is cache
 
 

@@ -11,10 +11,7 @@ from keras_attention.layers import capture_attention
 from keras_attention.ops import favor
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test
-
-
-def _np(x):
-    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+from tests.testing import to_numpy
 
 
 def _weights(layer):
@@ -59,7 +56,7 @@ def test_matches_numpy_forward_pass_with_padding(causal):
     layer = PerformerAttention(2, 4, num_features=16, causal=causal, seed=0, chunk_size=5)
     output = layer(query, query_mask=key_mask)
     expected = numpy_performer(layer, query, key_mask, causal)
-    np.testing.assert_allclose(_np(output), expected, rtol=2e-3, atol=2e-4)
+    np.testing.assert_allclose(to_numpy(output), expected, rtol=2e-3, atol=2e-4)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -72,21 +69,21 @@ def test_lengths_below_the_feature_count_match_numpy(length, causal):
     output = layer(query, query_mask=key_mask)
     expected = numpy_performer(layer, query, key_mask, causal)
     assert tuple(output.shape) == (2, length, 8)
-    np.testing.assert_allclose(_np(output), expected, rtol=2e-3, atol=2e-4)
+    np.testing.assert_allclose(to_numpy(output), expected, rtol=2e-3, atol=2e-4)
 
 
 def test_approximates_exact_attention_with_the_same_weights():
     keras.utils.set_random_seed(0)  # the exact layer's initial weights
     query = random_inputs((1, 12, 8), seed=1) * 0.5
     exact = MultiHeadAttention(2, 4, memory_efficient=False)
-    expected = _np(exact(query))
+    expected = to_numpy(exact(query))
     errors = {}
     for num_features in (2, 4096):
         layer = PerformerAttention(2, 4, num_features=num_features, seed=0)
         layer(query)
-        for mine, theirs in zip(layer.trainable_weights, exact.trainable_weights):
+        for mine, theirs in zip(layer.trainable_weights, exact.trainable_weights, strict=True):
             mine.assign(theirs)
-        errors[num_features] = np.abs(_np(layer(query)) - expected).max()
+        errors[num_features] = np.abs(to_numpy(layer(query)) - expected).max()
     assert errors[4096] < 0.02 and errors[2] > 5 * errors[4096]
 
 
@@ -96,7 +93,10 @@ def test_trainable_weights_are_those_of_multi_head_attention():
     exact = MultiHeadAttention(2, 4, num_key_value_heads=1, output_shape=5)
     performer(query, value)
     exact(query, value)
-    strip = lambda w: w.path.split("/", 1)[1]  # noqa: E731
+
+    def strip(w):
+        return w.path.split("/", 1)[1]
+
     assert [strip(w) for w in performer.trainable_weights] == [
         strip(w) for w in exact.trainable_weights
     ]
@@ -112,15 +112,15 @@ def test_projection_is_drawn_from_the_seed_and_redrawn_deterministically():
     layer = PerformerAttention(2, 4, num_features=8, orthogonal=False, seed=7)
     before = layer(query)
     np.testing.assert_allclose(
-        _np(layer.projection),
+        to_numpy(layer.projection),
         favor.random_projection(8, 4, orthogonal=False, seed=(7, 0)),
     )
     layer.redraw_features()
     np.testing.assert_allclose(
-        _np(layer.projection),
+        to_numpy(layer.projection),
         favor.random_projection(8, 4, orthogonal=False, seed=(7, 1)),
     )
-    assert not np.allclose(_np(layer(query)), _np(before))
+    assert not np.allclose(to_numpy(layer(query)), to_numpy(before))
 
 
 def test_redraw_callback_redraws_during_fit_and_the_projection_is_saved(tmp_path):
@@ -138,12 +138,12 @@ def test_redraw_callback_redraws_during_fit_and_the_projection_is_saved(tmp_path
     )  # 4 steps, 2 redraws
     layer = model.get_layer("performer")
     expected = favor.random_projection(8, 4, seed=(3, 2))
-    np.testing.assert_allclose(_np(layer.projection), expected)
+    np.testing.assert_allclose(to_numpy(layer.projection), expected)
     path = str(tmp_path / "performer.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
-    np.testing.assert_allclose(_np(loaded.get_layer("performer").projection), expected)
-    np.testing.assert_array_equal(_np(loaded(x)), _np(model(x)))
+    np.testing.assert_allclose(to_numpy(loaded.get_layer("performer").projection), expected)
+    np.testing.assert_array_equal(to_numpy(loaded(x)), to_numpy(model(x)))
 
 
 def test_redraw_count_is_saved_so_a_loaded_layer_redraws_onwards(tmp_path):
@@ -157,15 +157,17 @@ def test_redraw_count_is_saved_so_a_loaded_layer_redraws_onwards(tmp_path):
     path = str(tmp_path / "redrawn.keras")
     model.save(path)
     loaded = keras.saving.load_model(path).get_layer("performer")
-    assert int(_np(loaded.redraws)) == 2
+    assert int(to_numpy(loaded.redraws)) == 2
     loaded.redraw_features()
     unsaved = PerformerAttention(2, 4, num_features=8, seed=11)
     unsaved(query)
     for _ in range(3):
         unsaved.redraw_features()
-    np.testing.assert_array_equal(_np(loaded.projection), _np(unsaved.projection))
-    np.testing.assert_allclose(_np(loaded.projection), favor.random_projection(8, 4, seed=(11, 3)))
-    assert int(_np(loaded.redraws)) == 3
+    np.testing.assert_array_equal(to_numpy(loaded.projection), to_numpy(unsaved.projection))
+    np.testing.assert_allclose(
+        to_numpy(loaded.projection), favor.random_projection(8, 4, seed=(11, 3))
+    )
+    assert int(to_numpy(loaded.redraws)) == 3
     assert not any(w is layer.redraws for w in layer.trainable_weights)
 
 
@@ -173,11 +175,11 @@ def test_scores_are_the_implied_weights_and_are_captured():
     query = random_inputs((1, 7, 8))
     layer = PerformerAttention(2, 4, num_features=16, causal=True, seed=0, name="perf")
     output, scores = layer(query, return_attention_scores=True)
-    scores = _np(scores)
+    scores = to_numpy(scores)
     assert scores.shape == (1, 2, 7, 7)
     np.testing.assert_allclose(scores.sum(-1), 1.0, atol=1e-5)
     assert np.all(np.triu(scores[0, 0], 1) == 0)  # causal
-    np.testing.assert_allclose(_np(layer(query)), _np(output), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(layer(query)), to_numpy(output), atol=1e-5)
     with capture_attention(layer) as captured:
         layer(query)
     np.testing.assert_allclose(captured.scores["perf"][0], scores, atol=1e-6)

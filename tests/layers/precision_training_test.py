@@ -12,39 +12,33 @@ import pytest
 from keras import ops
 
 import keras_attention as ka
+from tests.testing import PUBLIC_LAYERS
 
 BATCH, LENGTH, FEATURES = 4, 4, 8
 
-# name -> (factory, kind): kinds as in fuzz_test.py.
-LAYERS = {
-    "AdditiveAttention": (lambda: ka.AdditiveAttention(), "attention"),
-    "LuongAttention": (lambda: ka.LuongAttention(score_mode="general", scale=True), "attention"),
-    "LowRankAttention": (lambda: ka.LowRankAttention(rank=2), "attention"),
-    "MultiHeadAttention": (lambda: ka.MultiHeadAttention(2, 4), "attention"),
-    "MultiHeadAttention-blockwise": (
-        lambda: ka.MultiHeadAttention(2, 4, memory_efficient=True, block_size=2),
-        "attention",
+# name -> factory; LAYERS: name -> (factory, kind), the kind from PUBLIC_LAYERS.
+FACTORIES = {
+    "AdditiveAttention": lambda: ka.AdditiveAttention(),
+    "LuongAttention": lambda: ka.LuongAttention(score_mode="general", divide_by_sqrt_dim=True),
+    "LowRankAttention": lambda: ka.LowRankAttention(rank=2),
+    "MultiHeadAttention": lambda: ka.MultiHeadAttention(2, 4),
+    "MultiHeadAttention-blockwise": lambda: ka.MultiHeadAttention(
+        2, 4, memory_efficient=True, block_size=2
     ),
-    "SparseAttention": (
-        lambda: ka.SparseAttention(
-            2, 4, block_size=2, window_blocks=1, global_blocks=1, random_blocks=1, seed=0
-        ),
-        "attention",
+    "SparseAttention": lambda: ka.SparseAttention(
+        2, 4, block_size=2, window_blocks=1, global_blocks=1, random_blocks=1, seed=0
     ),
-    "PerformerAttention": (
-        lambda: ka.PerformerAttention(2, 4, num_features=16, seed=0),
-        "attention",
+    "PerformerAttention": lambda: ka.PerformerAttention(2, 4, num_features=16, seed=0),
+    "LinformerAttention": lambda: ka.LinformerAttention(
+        2, 4, projected_length=2, max_length=LENGTH
     ),
-    "LinformerAttention": (
-        lambda: ka.LinformerAttention(2, 4, projected_length=2, max_length=LENGTH),
-        "attention",
-    ),
-    "AttentionPooling": (lambda: ka.AttentionPooling(), "pooling"),
-    "SqueezeExcitation": (lambda: ka.SqueezeExcitation(ratio=2), "feature_map"),
-    "CBAM": (lambda: ka.CBAM(ratio=2, kernel_size=3), "feature_map"),
-    "TransformerEncoderBlock": (lambda: ka.TransformerEncoderBlock(2, 4, 16, seed=0), "encoder"),
-    "TransformerDecoderBlock": (lambda: ka.TransformerDecoderBlock(2, 4, 16, seed=0), "decoder"),
+    "AttentionPooling": lambda: ka.AttentionPooling(),
+    "SqueezeExcitation": lambda: ka.SqueezeExcitation(ratio=2),
+    "CBAM": lambda: ka.CBAM(ratio=2, kernel_size=3),
+    "TransformerEncoderBlock": lambda: ka.TransformerEncoderBlock(2, 4, 16, seed=0),
+    "TransformerDecoderBlock": lambda: ka.TransformerDecoderBlock(2, 4, 16, seed=0),
 }
+LAYERS = {name: (make, PUBLIC_LAYERS[name.split("-")[0]]) for name, make in FACTORIES.items()}
 
 
 def _apply(layer, kind, x, mask):
@@ -119,7 +113,7 @@ def _central_differences(fn, x, indices, epsilon):
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_input_gradients_match_central_differences_in_float64(name):
-    from gradients import input_gradients
+    from tests.gradients import input_gradients
 
     factory, kind = LAYERS[name]
     keras.config.set_dtype_policy("float64")

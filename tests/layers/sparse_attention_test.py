@@ -9,10 +9,7 @@ from tests.sparse_reference import reference_attention
 from tests.sparse_reference import reference_pattern
 from tests.testing import random_inputs
 from tests.testing import run_layer_contract_test
-
-
-def _np(x):
-    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+from tests.testing import to_numpy
 
 
 def _exact_twin(layer, query, value=None, **kwargs):
@@ -83,10 +80,10 @@ def test_equals_exact_attention_under_the_equivalent_mask(case, causal):
         use_causal_mask=causal,
         return_attention_scores=True,
     )
-    np.testing.assert_allclose(_np(output), _np(expected), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(output), to_numpy(expected), atol=1e-5)
     # Scores of padded query rows are not specified (those rows output zero).
     rows = padding[:, None, :, None]
-    np.testing.assert_allclose(_np(scores) * rows, _np(expected_scores) * rows, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(scores) * rows, to_numpy(expected_scores) * rows, atol=1e-5)
 
 
 def test_trainable_weights_are_those_of_multi_head_attention():
@@ -95,7 +92,10 @@ def test_trainable_weights_are_those_of_multi_head_attention():
     exact = MultiHeadAttention(2, 4, use_gate=True)
     sparse(query, value)
     exact(query, value)
-    strip = lambda w: w.path.split("/", 1)[1]  # noqa: E731
+
+    def strip(w):
+        return w.path.split("/", 1)[1]
+
     assert [strip(w) for w in sparse.trainable_weights] == [
         strip(w) for w in exact.trainable_weights
     ]
@@ -122,7 +122,7 @@ def test_random_plan_comes_from_the_seed_and_survives_saving(tmp_path):
         keras.ops.convert_to_numpy(loaded.layers[0].random_plan),
         keras.ops.convert_to_numpy(model.layers[0].random_plan),
     )
-    np.testing.assert_array_equal(_np(loaded(query)), _np(model(query)))
+    np.testing.assert_array_equal(to_numpy(loaded(query)), to_numpy(model(query)))
 
 
 def test_capture_records_the_dense_weights():
@@ -131,7 +131,7 @@ def test_capture_records_the_dense_weights():
     _, scores = layer(query, return_attention_scores=True)
     with capture_attention(layer) as captured:
         layer(query)
-    np.testing.assert_allclose(captured.scores["sparse"][0], _np(scores), atol=1e-6)
+    np.testing.assert_allclose(captured.scores["sparse"][0], to_numpy(scores), atol=1e-6)
     np.testing.assert_allclose(captured.scores["sparse"][0].sum(-1), 1.0, atol=1e-5)
 
 
@@ -139,8 +139,8 @@ def test_dropout_only_in_training():
     query = random_inputs((1, 12, 8))
     layer = SparseAttention(2, 4, block_size=4, global_blocks=1, dropout=0.5, seed=0)
     plain = layer(query)
-    np.testing.assert_allclose(_np(layer(query, training=False)), _np(plain))
-    assert not np.allclose(_np(layer(query, training=True)), _np(plain))
+    np.testing.assert_allclose(to_numpy(layer(query, training=False)), to_numpy(plain))
+    assert not np.allclose(to_numpy(layer(query, training=True)), to_numpy(plain))
 
 
 @pytest.mark.parametrize(
@@ -185,7 +185,7 @@ def _spy_paths(monkeypatch):
 
 def _numpy_sparse(layer, query, allowed):
     """NumPy: our projections' weights, dense attention under `allowed`."""
-    wq, bq, wk, bk, wv, bv, wo, bo = [_np(w) for w in layer.trainable_weights]
+    wq, bq, wk, bk, wv, bv, wo, bo = [to_numpy(w) for w in layer.trainable_weights]
     heads = [np.einsum("btf,fhd->bthd", query, w) + b for w, b in ((wq, bq), (wk, bk), (wv, bv))]
     attended, weights = reference_attention(*heads, allowed)
     return np.einsum("bthd,hdo->bto", attended, wo) + bo, weights
@@ -224,9 +224,9 @@ def test_both_sides_of_the_dense_switch_match_the_pattern_reference(
     allowed = allowed[None] & padding[:, None, :] & padding[:, :, None]
     expected, expected_scores = _numpy_sparse(layer, query, allowed)
     # A padded query row is a zero attention result: the output bias.
-    expected = np.where(padding[..., None], expected, _np(layer.trainable_weights[-1]))
-    np.testing.assert_allclose(_np(output), expected, atol=1e-5)
-    np.testing.assert_allclose(_np(scores), expected_scores, atol=1e-5)
+    expected = np.where(padding[..., None], expected, to_numpy(layer.trainable_weights[-1]))
+    np.testing.assert_allclose(to_numpy(output), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(scores), expected_scores, atol=1e-5)
     assert layer.covers_every_key(length, length, causal) == (path == "dense")
 
 
@@ -236,7 +236,7 @@ def test_defaults_run_at_every_length(monkeypatch, length):
     query = random_inputs((1, length, 8), seed=2)
     layer.build(query.shape)
     ran = _spy_paths(monkeypatch)
-    output = _np(layer(query))
+    output = to_numpy(layer(query))
     assert output.shape == (1, length, 8) and np.isfinite(output).all()
     # Defaults (64-token blocks, window 3, 2 global): dense up to 4 blocks.
     assert ran == ["dense" if length <= 256 else "sparse"]
@@ -252,7 +252,7 @@ def test_more_global_blocks_than_the_sequence_has_is_exact_attention(monkeypatch
     layer.build(query.shape)
     ran = _spy_paths(monkeypatch)
     expected, _ = _numpy_sparse(layer, query, np.ones((1, 7, 7), bool))
-    np.testing.assert_allclose(_np(layer(query)), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(layer(query)), expected, atol=1e-5)
     assert ran == ["dense"]
     assert tuple(layer(keras.Input((7, 8))).shape) == (None, 7, 8)
 

@@ -18,7 +18,7 @@ def make_block(**kwargs):
     return TransformerDecoderBlock(**{**defaults, **kwargs})
 
 
-def to_numpy(values):
+def numpy_list(values):
     return [ops.convert_to_numpy(v) for v in values]
 
 
@@ -28,7 +28,7 @@ def test_matches_numpy_forward_pass_with_the_block_weights(norm_first):
     target, source = random_inputs((2, 4, 8), seed=1), random_inputs((2, 6, 10), seed=2)
     target_padding = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], bool)
     source_padding = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], bool)
-    outputs, self_scores, cross_scores = to_numpy(
+    outputs, self_scores, cross_scores = numpy_list(
         block(
             target,
             source,
@@ -56,7 +56,7 @@ def test_cross_attention_logits_are_the_scores_before_softmax(norm_first):
     )
     target, source = random_inputs((2, 4, 8), seed=1), random_inputs((2, 6, 10), seed=2)
     source_padding = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], bool)
-    outputs, _, cross_scores, cross_logits = to_numpy(
+    outputs, _, cross_scores, cross_logits = numpy_list(
         block(
             target,
             source,
@@ -103,7 +103,7 @@ def test_cross_attention_logits_need_a_dot_product_cross_attention():
 def test_decoder_only_block_without_encoder():
     block = make_block()
     target = random_inputs((2, 5, 8))
-    outputs, self_scores = to_numpy(block(target, return_attention_scores=True))
+    outputs, self_scores = numpy_list(block(target, return_attention_scores=True))
     assert not block.has_cross_attention
     expected, expected_self, _ = reference.decoder_block(block, target)
     np.testing.assert_allclose(self_scores, expected_self, atol=1e-5)
@@ -122,7 +122,7 @@ def test_cached_step_by_step_decoding_equals_the_full_causal_call(norm_first):
     length = 5
     target, source = random_inputs((2, length, 8), seed=1), random_inputs((2, 6, 8), seed=2)
     source_padding = np.array([[1] * 6, [1, 1, 1, 0, 0, 0]], bool)
-    full, full_self, full_cross = to_numpy(
+    full, full_self, full_cross = numpy_list(
         block(target, source, encoder_padding_mask=source_padding, return_attention_scores=True)
     )
     cache = block.initial_self_attention_cache(batch_size=2, max_length=length)
@@ -198,7 +198,7 @@ def test_keras_masks_from_both_embeddings_are_used(tmp_path):
     pooled = keras.layers.GlobalAveragePooling1D()(outputs)
     model = keras.Model([source_ids, target_ids], [outputs, self_scores, cross_scores, pooled])
     source_value, target_value = np.array([[3, 4, 5, 0]]), np.array([[6, 7, 0]])
-    out, self_w, cross_w, pooled_value = to_numpy(model([source_value, target_value]))
+    out, self_w, cross_w, pooled_value = numpy_list(model([source_value, target_value]))
     np.testing.assert_array_equal(cross_w[..., 3:], 0.0)
     np.testing.assert_array_equal(self_w[..., 2:], 0.0)
     np.testing.assert_allclose(pooled_value[0], out[0, :2].mean(0), atol=1e-5)
@@ -208,7 +208,9 @@ def test_keras_masks_from_both_embeddings_are_used(tmp_path):
     loaded = keras.saving.load_model(path, safe_mode=True)
     assert loaded.get_layer("decoder").has_cross_attention
     for a, b in zip(
-        to_numpy(loaded([source_value, target_value])), [out, self_w, cross_w, pooled_value]
+        numpy_list(loaded([source_value, target_value])),
+        [out, self_w, cross_w, pooled_value],
+        strict=True,
     ):
         np.testing.assert_array_equal(a, b)
 

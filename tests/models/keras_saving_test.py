@@ -4,8 +4,9 @@ import sys
 
 import numpy as np
 import pytest
-from translator_fixtures import train_transformer
-from translator_fixtures import train_translator
+
+from tests.translator_fixtures import train_transformer
+from tests.translator_fixtures import train_translator
 
 pytestmark = pytest.mark.tf_only
 
@@ -72,7 +73,7 @@ def test_translators_round_trip_through_keras_files(
         expected = translator.translate(TEXTS, beam_width=2)
         assert [t["text"] for t in restored["translations"]] == [e.text for e in expected]
         assert any(e.text for e in expected)
-        for got, want in zip(restored["translations"], expected):
+        for got, want in zip(restored["translations"], expected, strict=True):
             np.testing.assert_allclose(
                 np.array(got["alignment"]).reshape(want.alignment.shape), want.alignment, atol=1e-6
             )

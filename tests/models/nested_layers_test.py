@@ -63,7 +63,9 @@ def test_tampered_keras_file_with_a_dense_score_is_refused(tmp_path, safe_mode):
     np.testing.assert_allclose(reloaded(x), model(x), atol=1e-6)
 
     def edit(config):
-        layer = next(l for l in config["config"]["layers"] if l["class_name"] == "AttentionPooling")
+        layer = next(
+            item for item in config["config"]["layers"] if item["class_name"] == "AttentionPooling"
+        )
         layer["config"]["score"] = DENSE
 
     _tamper(path, edit)

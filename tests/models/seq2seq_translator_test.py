@@ -4,8 +4,8 @@ import sys
 import keras
 import numpy as np
 import pytest
-from translator_fixtures import number_pairs
-from translator_fixtures import trained_translator  # noqa: F401  (fixture)
+
+from tests.translator_fixtures import number_pairs
 
 pytestmark = pytest.mark.tf_only
 
@@ -48,7 +48,7 @@ def test_import_keras_attention_registers_translators_lazily():
 def test_training_learns_the_task(trained_translator):
     pairs = number_pairs(100, seed=99)
     results = trained_translator.translate([s for s, _ in pairs])
-    accuracy = np.mean([r.text == t for r, (_, t) in zip(results, pairs)])
+    accuracy = np.mean([r.text == t for r, (_, t) in zip(results, pairs, strict=True)])
     assert accuracy > 0.9
 
 
@@ -78,7 +78,7 @@ def test_greedy_equals_beam_search_with_width_one(trained_translator):
     texts = [s for s, _ in number_pairs(12, seed=5)] + ["nine nine", "seven"]
     greedy = trained_translator.translate(texts, _method="greedy")
     beam = trained_translator.translate(texts, _method="beam")
-    for g, b in zip(greedy, beam):
+    for g, b in zip(greedy, beam, strict=True):
         assert g.tokens == b.tokens
         assert g.score == pytest.approx(b.score, abs=1e-5)
         np.testing.assert_allclose(g.alignment, b.alignment, atol=1e-6)
@@ -87,7 +87,9 @@ def test_greedy_equals_beam_search_with_width_one(trained_translator):
 def test_scores_are_the_log_probability_of_the_output(trained_translator):
     texts = ["three one four", "one five nine two six"]
     for beam_width in (1, 3):
-        for text, result in zip(texts, trained_translator.translate(texts, beam_width=beam_width)):
+        for text, result in zip(
+            texts, trained_translator.translate(texts, beam_width=beam_width), strict=True
+        ):
             expected = _sequence_log_prob(trained_translator, text, result.tokens)
             assert result.score == pytest.approx(expected, abs=1e-4)
 
@@ -98,7 +100,7 @@ def test_beam_never_scores_worse_than_greedy(trained_translator):
     greedy = trained_translator.translate(texts, max_length=4)
     for beam_width in (2, 4):
         beam = trained_translator.translate(texts, beam_width=beam_width, max_length=4)
-        for g, b in zip(greedy, beam):
+        for g, b in zip(greedy, beam, strict=True):
             assert b.score >= g.score - 1e-5
 
 
@@ -335,7 +337,7 @@ def test_config_round_trip_gives_the_same_translations(trained_translator):
     clone = Seq2SeqTranslator.from_config(config)
     clone.set_weights(trained_translator.get_weights())
     texts = ["four four two", "nine"]
-    for a, b in zip(clone.translate(texts), trained_translator.translate(texts)):
+    for a, b in zip(clone.translate(texts), trained_translator.translate(texts), strict=True):
         assert a.tokens == b.tokens
         np.testing.assert_allclose(a.alignment, b.alignment, atol=1e-6)
 

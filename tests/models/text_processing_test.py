@@ -45,7 +45,7 @@ def test_every_unicode_space_separates_words_and_tokens_stay_utf8(split, lowerca
     encoder = text_processing.TextEncoder(
         list(text_processing.RESERVED_TOKENS) + ["ab", "cd", "##d", "c"], split, lowercase
     )
-    for text, tokens in zip(texts, encoder.tokenize(texts).to_list()):
+    for text, tokens in zip(texts, encoder.tokenize(texts).to_list(), strict=True):
         words = [t.decode("utf-8") for t in tokens]  # valid UTF-8
         assert words in (["ab", "cd"], ["ab", "c", "##d"]), (text, words)
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-from translator_fixtures import number_pairs
-from translator_fixtures import trained_transformer  # noqa: F401  (fixture)
+
+from tests.translator_fixtures import number_pairs
 
 pytestmark = pytest.mark.tf_only
 
@@ -31,13 +31,13 @@ def test_translations_carry_per_layer_and_head_alignments(transformer):
     greedy = transformer.translate(texts, _method="greedy")
     beam_one = transformer.translate(texts, _method="beam")
     assert any(g.tokens for g in greedy)
-    for text, g, b in zip(texts, greedy, beam_one):
+    for text, g, b in zip(texts, greedy, beam_one, strict=True):
         assert g.tokens == b.tokens
         np.testing.assert_allclose(g.alignment, b.alignment, atol=1e-5)
         assert g.alignment.shape == (2, 2, len(g.tokens), len(text.split()))
         np.testing.assert_allclose(g.alignment.sum(-1), 1.0, atol=1e-5)
     beam = transformer.translate(texts, beam_width=3)
-    for g, b in zip(greedy, beam):
+    for g, b in zip(greedy, beam, strict=True):
         assert b.score >= g.score - 1e-5
 
 

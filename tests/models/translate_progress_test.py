@@ -3,7 +3,8 @@
 import keras
 import numpy as np
 import pytest
-from translator_fixtures import number_pairs
+
+from tests.translator_fixtures import number_pairs
 
 pytestmark = pytest.mark.tf_only
 
@@ -13,7 +14,7 @@ def translator():
     from keras_attention.models import Seq2SeqTranslator
 
     keras.utils.set_random_seed(3)
-    sources, targets = zip(*number_pairs(50))
+    sources, targets = zip(*number_pairs(50), strict=True)
     return Seq2SeqTranslator.from_texts(
         sources,
         targets,
@@ -34,7 +35,7 @@ def test_batches_give_the_results_of_one_call(translator):
     whole = translator.translate(TEXTS, beam_width=2, verbose=0)
     batched = translator.translate(TEXTS, beam_width=2, batch_size=3, verbose=0)
     assert [t.text for t in batched] == [t.text for t in whole]
-    for one, other in zip(batched, whole):
+    for one, other in zip(batched, whole, strict=True):
         assert one.tokens == other.tokens and one.source_tokens == other.source_tokens
         np.testing.assert_allclose(one.score, other.score, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(one.alignment, other.alignment, atol=1e-6)

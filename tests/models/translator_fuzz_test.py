@@ -261,7 +261,7 @@ def test_translate_and_beam_search_answer_correctly_or_refuse_clearly(
     assert wrong is None, f"accepted a wrong `{wrong}`"
     limit = translator.max_target_length if max_length is None else int(max_length)
     assert len(results) == len(texts)
-    for text, translation in zip(texts, results):
+    for text, translation in zip(texts, results, strict=True):
         text = text if isinstance(text, str) else text.decode("utf-8")
         _check_translation(translator, text, translation, limit, length_penalty)
 
@@ -334,7 +334,7 @@ def test_served_signature_answers_batches_as_translate_or_refuses_their_rank(
         exported, [{"text": request} for request in requests]
     )
     assert result["keras_attention_importable"] is False and result["loaded"]
-    for request, answer in zip(requests, answers):
+    for request, answer in zip(requests, answers, strict=True):
         if request.ndim != 1:
             shape = ",".join(str(d) for d in request.shape)
             assert (

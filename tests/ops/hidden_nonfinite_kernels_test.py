@@ -8,11 +8,11 @@ finite number there, queries from `j` on are NaN.
 import numpy as np
 import pytest
 from keras import ops
-from sparse_reference import reference_attention
 
 from keras_attention.ops import block_sparse
 from keras_attention.ops import favor
 from keras_attention.ops.memory_efficient import memory_efficient_attention
+from tests.sparse_reference import reference_attention
 
 LENGTH, HIDDEN = 6, 3
 

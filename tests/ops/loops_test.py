@@ -14,7 +14,7 @@ def test_sequential_fori_loop_matches_fori_loop():
     init = (keras.ops.zeros(()), keras.ops.zeros((5,)))
     expected = keras.ops.fori_loop(0, 5, body, init)
     result = loops.sequential_fori_loop(0, 5, body, init)
-    for want, got in zip(expected, result):
+    for want, got in zip(expected, result, strict=True):
         np.testing.assert_allclose(
             keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want)
         )

@@ -107,7 +107,7 @@ def test_matches_numpy_reference_values_and_gradients(case, block_size, logits):
     grads = input_gradients(attend, [q, k, v], d_out)
     # float32 logits 40x larger lose ~40x the absolute precision in exp().
     atol = 1e-5 if logits == "bounded" else 4e-4
-    for got, want in zip(grads, expected_grads):
+    for got, want in zip(grads, expected_grads, strict=True):
         np.testing.assert_allclose(got, want, atol=atol)
 
 

@@ -80,7 +80,7 @@ def test_matches_numpy_values_and_gradients(case, compiled, logits):
     np.testing.assert_allclose(out, expected, atol=1e-5)
     # float32 logits 40x larger lose ~40x the absolute precision in exp().
     atol = 1e-5 if logits == "moderate" else 4e-4
-    for got, want in zip(input_gradients(fn, [q, k, v], d_out), expected_grads):
+    for got, want in zip(input_gradients(fn, [q, k, v], d_out), expected_grads, strict=True):
         np.testing.assert_allclose(got, want, atol=atol)
 
 

@@ -6,6 +6,7 @@ built locally can fill a gap); the wheel must hold every tracked file under
 """
 
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -79,7 +80,7 @@ def _apache_license_text(text):
 
 
 def test_wheel_and_sdist_hold_the_license(built):
-    license_text = open(os.path.join(ROOT, "LICENSE"), encoding="utf-8").read()
+    license_text = pathlib.Path(ROOT, "LICENSE").read_text(encoding="utf-8")
     assert _apache_license_text(license_text)
     with zipfile.ZipFile(built["wheel"]) as wheel:
         shipped = [
@@ -99,7 +100,7 @@ def test_wheel_and_sdist_hold_the_license(built):
 def test_sdist_holds_what_the_readme_points_to(built):
     with tarfile.open(built["sdist"]) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    readme = pathlib.Path(ROOT, "README.md").read_text(encoding="utf-8")
     # Paths the README names: links and `code` spans that are files of the checkout.
     mentioned = set(re.findall(r"\]\(([^)#:]+)\)", readme))
     mentioned |= {
@@ -167,7 +168,7 @@ print("layer ok")
 
 
 def _readme_first_example():
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    readme = pathlib.Path(ROOT, "README.md").read_text(encoding="utf-8")
     return re.findall(r"```python\n(.*?)```", readme, flags=re.S)[0]
 
 

@@ -1,12 +1,12 @@
 import keras
 import numpy as np
 import pytest
-from split_heads_attention import SplitHeadsAttention
-from split_heads_attention import reference_weights
 
 import keras_attention
 from keras_attention.widgets import AttentionExplorer
 from keras_attention.widgets import figures
+from tests.widgets.split_heads_attention import SplitHeadsAttention
+from tests.widgets.split_heads_attention import reference_weights
 
 
 def make_model(length=5, features=8):
@@ -42,7 +42,7 @@ def thumbnail(explorer, layer, head):
     data = explorer.model_view_source.data
     return [
         i
-        for i, (name, h) in enumerate(zip(data["layer"], data["head"]))
+        for i, (name, h) in enumerate(zip(data["layer"], data["head"], strict=True))
         if (name, h) == (layer, head)
     ][0]
 
@@ -53,7 +53,7 @@ def test_the_model_view_shows_every_layer_and_head_with_one_colour_bar(fake_comm
     x = np.random.default_rng(1).normal(size=(1, 5, 8)).astype("float32")
     explorer = AttentionExplorer(make_model(), x)
     data = explorer.model_view_source.data
-    assert list(zip(data["layer"], data["head"])) == [
+    assert list(zip(data["layer"], data["head"], strict=True)) == [
         ("two_heads", 0),
         ("two_heads", 1),
         *(("four_heads", h) for h in range(4)),
@@ -61,7 +61,8 @@ def test_the_model_view_shows_every_layer_and_head_with_one_colour_bar(fake_comm
     ]
     images = explorer.model_view_figure.select_one({"name": "model_view_images"}).data["image"]
     expected = [*reference_weights(x, 2)[0], *reference_weights(x, 4)[0]]
-    for image, head in zip(images, expected):
+    # The split heads' images, in order; the last one (luong) has no reference here.
+    for image, head in zip(images, expected, strict=False):
         np.testing.assert_allclose(image, head, rtol=1e-5)
     colour_bar = explorer.model_view_figure.select_one({"type": ColorBar})
     assert colour_bar.color_mapper.high == pytest.approx(max(float(np.max(i)) for i in images))
@@ -359,17 +360,21 @@ np.savez(out + ".npz", x=x, *[np.asarray(w) for w in layer.get_weights()])
 kilobytes = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 explorer = AttentionExplorer(layer, x[:, :64], max_tokens=64)  # warms the kernels up
 before = kilobytes()
-explorer = AttentionExplorer(layer, x, max_tokens=64, **json.loads(sys.argv[3]))  # "auto": scores on demand from 4096 keys
+# "auto": scores on demand from 4096 keys
+explorer = AttentionExplorer(layer, x, max_tokens=64, **json.loads(sys.argv[3]))
 explorer.query_start.value = 9000
 explorer.key_start.value = 12000
 explorer.head_choice.value = 1
 peak = kilobytes()
 y_axis = explorer.detail_figure.yaxis[0]
-mapper = explorer.detail_figure.select_one({"type": keras_attention.widgets.figures.LinearColorMapper})
+mapper = explorer.detail_figure.select_one(
+    {"type": keras_attention.widgets.figures.LinearColorMapper}
+)
+overview = explorer.overview_figure.select_one({"name": "overview_source"})
 json.dump({"detail": explorer.detail_matrix.tolist(), "grown_mib": (peak - before) / 1024,
            "on_demand": explorer.weights is None, "first_label": y_axis.major_label_overrides[0],
            "window": dict(explorer.window_source.data), "high": mapper.high,
-           "overview_shape": list(np.shape(explorer.overview_figure.select_one({"name": "overview_source"}).data["image"][0]))},
+           "overview_shape": list(np.shape(overview.data["image"][0]))},
           open(out, "w"))
 """
 
@@ -393,7 +398,8 @@ def test_a_16384_token_window_is_exact_and_the_full_weights_are_never_formed(tmp
         env=env,
         timeout=600,
     )
-    result = json.load(open(out))
+    with open(out) as file:
+        result = json.load(file)
     saved = np.load(out + ".npz")
     x, weights = saved["x"], [saved[f"arr_{i}"] for i in range(8)]
     layer = keras_attention.MultiHeadAttention(2, 8, seed=0)

@@ -3,7 +3,10 @@
 # `[name, x, y]` -> page coordinates of data point (x, y) of the newest figure named `name`.
 POINT_OF = """([name, x, y]) => {
   const views = [];
-  const walk = (v) => { if (v.model.name === name) views.push(v); for (const c of (v.child_views ?? [])) walk(c); };
+  const walk = (v) => {
+    if (v.model.name === name) views.push(v);
+    for (const c of (v.child_views ?? [])) walk(c);
+  };
   for (const root of window.Bokeh.index) walk(root);
   if (!views.length) return null;
   const view = views[views.length - 1];
@@ -19,7 +22,10 @@ SCROLL_TO = POINT_OF.replace("([name, x, y])", "(name)").replace(
 # `name` -> the newest Bokeh model with that name (documents are searched newest first).
 MODEL = """(name) => {
   const docs = window.Bokeh.documents;
-  for (let i = docs.length - 1; i >= 0; i--) { const m = docs[i].get_model_by_name(name); if (m) return m; }
+  for (let i = docs.length - 1; i >= 0; i--) {
+    const m = docs[i].get_model_by_name(name);
+    if (m) return m;
+  }
   return null;
 }"""
 

@@ -9,7 +9,6 @@ its system path with flags that keep it off the network.
 import contextlib
 import json
 
-import bokeh_page
 import numpy as np
 import pytest
 
@@ -17,6 +16,7 @@ from keras_attention.widgets import export_html
 from keras_attention.widgets import figures
 from keras_attention.widgets.export import CHROMIUM_ARGS
 from keras_attention.widgets.export import find_chromium
+from tests.widgets import bokeh_page
 
 CHROMIUM = find_chromium()
 MALICIOUS = "<img/src=x/onerror=alert(1)>"  # the slashes make it a valid <img> with onerror
@@ -92,8 +92,10 @@ def test_export_png_draws_the_figure(tmp_path):
 
 def read_source(name, column):
     return (
-        f"(() => {{ const doc = window.Bokeh.documents[0]; const s = doc.get_model_by_name({name!r});"
-        f" const d = s.data; return Array.from(d instanceof Map ? d.get({column!r}) : d[{column!r}]); }})()"
+        "(() => { const doc = window.Bokeh.documents[0];"
+        f" const s = doc.get_model_by_name({name!r});"
+        " const d = s.data;"
+        f" return Array.from(d instanceof Map ? d.get({column!r}) : d[{column!r}]); }})()"
     )
 
 
@@ -128,7 +130,8 @@ READ_ALIGNMENT_AXIS = """() => {
   return {range: [fig.y_range.start, fig.y_range.end], ticks: Array.from(axis.ticker.ticks),
           labels: axis.ticker.ticks.map((t) => labels instanceof Map ? labels.get(t) : labels[t])};
 }"""
-READ_SCORES_RANGE = """() => { const r = window.Bokeh.documents[0].get_model_by_name("scores_figure").y_range;
+READ_SCORES_RANGE = """() => {
+  const r = window.Bokeh.documents[0].get_model_by_name("scores_figure").y_range;
   return [r.start, r.end]; }"""
 
 
@@ -140,9 +143,8 @@ def assert_alignment_drawn(page, tokens):
 
 
 def test_exported_stepper_replays_every_step_without_a_kernel(tmp_path, fake_comm):
-    from fake_translator import FakeTranslator
-
     from keras_attention.widgets import DecodingStepper
+    from tests.widgets.fake_translator import FakeTranslator
 
     stepper = DecodingStepper(FakeTranslator(), "il a m' " + MALICIOUS)
     steps = [stepper.next_token() for _ in range(3)]
@@ -184,9 +186,8 @@ def test_exported_stepper_replays_every_step_without_a_kernel(tmp_path, fake_com
 
 
 def test_exported_transformer_stepper_switches_heads_without_a_kernel(tmp_path, fake_comm):
-    from fake_translator import FakeTranslator
-
     from keras_attention.widgets import DecodingStepper
+    from tests.widgets.fake_translator import FakeTranslator
 
     stepper = DecodingStepper(FakeTranslator(heads=(2, 3), with_scores=False), "il a m'")
     steps = [stepper.next_token() for _ in range(2)]
@@ -227,7 +228,8 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
     detail = read_source("detail_source", "weight")
 
     def shows(matrix):
-        return f"{detail}.every((v, i) => Math.abs(v - {json.dumps(np.ravel(matrix).tolist())}[i]) < 1e-6)"
+        expected = json.dumps(np.ravel(matrix).tolist())
+        return f"{detail}.every((v, i) => Math.abs(v - {expected}[i]) < 1e-6)"
 
     with offline_export(tmp_path, explorer, "explorer") as page:
         page.wait_for_function(shows(weights["mha"].mean(axis=0)))
@@ -252,7 +254,8 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
         np.testing.assert_allclose(
             bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][2][1], rtol=1e-6
         )
-        # ... a click on key "d" keeps its column (the weight each query gives it) after the pointer leaves.
+        # ... a click on key "d" keeps its column (the weight each query gives it) after the
+        # pointer leaves.
         page.mouse.click(*bokeh_page.token_point(page, 3, side="key"))
         page.mouse.move(5, 5)
         page.wait_for_timeout(200)
@@ -271,10 +274,10 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
 
 def test_exported_long_explorer_shows_each_long_layers_overview(tmp_path, fake_comm):
     import keras
-    import text_boxes
 
     import keras_attention
     from keras_attention.widgets import AttentionExplorer
+    from tests.widgets import text_boxes
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((150, 8))
@@ -327,9 +330,8 @@ def test_exported_live_attention_replays_every_frame_without_a_kernel(tmp_path, 
         for index in (len(frames) - 1, 0, 3):
             if index != len(frames) - 1:
                 set_model(page, "frame_slider", "value", index)
-            page.wait_for_function(
-                f"{weights}.every((v, i) => Math.abs(v - {json.dumps(frames[index].ravel().tolist())}[i]) < 1e-6)"
-            )
+            expected = json.dumps(frames[index].ravel().tolist())
+            page.wait_for_function(f"{weights}.every((v, i) => Math.abs(v - {expected}[i]) < 1e-6)")
         # The slider's title ("frame: 3") is not covered by a value bubble over the handle.
         assert page.locator(".bk-slider-title").first.inner_text().startswith("frame")
         assert page.locator(".noUi-tooltip").count() == 0

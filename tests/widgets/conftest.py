@@ -1,14 +1,8 @@
-import os
-import sys
-
 import pytest
 
 pytest.importorskip("ipywidgets")
 pytest.importorskip("bokeh")
 pytest.importorskip("jupyter_bokeh")
-
-# The test doubles next to these tests (fake translator, split-heads layer).
-sys.path.insert(0, os.path.dirname(__file__))
 
 
 @pytest.fixture

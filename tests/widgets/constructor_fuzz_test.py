@@ -12,7 +12,6 @@ the code) call wrong; never anything else, and never when all are valid.
 
 import keras
 import numpy as np
-from fake_translator import FakeTranslator
 from hypothesis import HealthCheck
 from hypothesis import example
 from hypothesis import given
@@ -20,6 +19,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import keras_attention
+from tests.widgets.fake_translator import FakeTranslator
 
 NUMBERS = [0, 1, 2, 3, -1, np.int64(1), np.array(1), 1.0, 2.5, True, None, "1"]
 TOKENS = [

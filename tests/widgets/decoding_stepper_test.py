@@ -1,8 +1,10 @@
+import pathlib
+
 import numpy as np
 import pytest
-from fake_translator import FakeTranslator
 
 from keras_attention.widgets import DecodingStepper
+from tests.widgets.fake_translator import FakeTranslator
 
 SOURCE = "il a m' entarté"
 
@@ -381,7 +383,7 @@ def test_export_embeds_the_whole_decoded_line_and_leaves_the_widget_alone(fake_c
     stepper.back()
     path = export_html(stepper, tmp_path / "stepper.html")
     assert stepper.position == 2 and stepper.step_slider.max == 3
-    html = open(path, encoding="utf-8").read()
+    html = pathlib.Path(path).read_text(encoding="utf-8")
     assert "cdn.bokeh.org" not in html
     for step in steps:
         assert json.dumps(float(step.attention[0]))[:10] in html

@@ -1,3 +1,4 @@
+import pathlib
 import re
 
 import numpy as np
@@ -77,7 +78,7 @@ def test_weighted_sum_last_row_is_weights_times_values():
     weights, values = rng.dirichlet(np.ones(4)), rng.normal(size=(4, 3))
     fig = figures.weighted_sum(weights, values, list("abcd"))
     grid = matrix_from_source(figures.heatmap_source(fig))
-    expected = sum(w * v for w, v in zip(weights, values))
+    expected = sum(w * v for w, v in zip(weights, values, strict=True))
     np.testing.assert_allclose(grid[-1], expected)
     np.testing.assert_allclose(grid[1], weights[1] * values[1])
 
@@ -94,7 +95,7 @@ def test_head_grid_has_one_heatmap_per_head():
 
 def test_export_html_inlines_bokehjs_and_needs_no_network(tmp_path):
     path = export_html(figures.heatmap(np.eye(2), [MALICIOUS, "b"]), tmp_path / "f.html")
-    html = open(path, encoding="utf-8").read()
+    html = pathlib.Path(path).read_text(encoding="utf-8")
     assert not re.search(r"<script[^>]+src=", html), "no external scripts (CDN) allowed"
     assert "Bokeh" in html and len(html) > 500_000  # BokehJS itself is inside the file
     # The token travels HTML-escaped inside the JSON document, never as markup.

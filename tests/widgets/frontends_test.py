@@ -26,14 +26,14 @@ import time
 import urllib.error
 import urllib.request
 
-import bokeh_page
 import nbformat
 import numpy as np
 import pytest
-import text_boxes
 
 from keras_attention.widgets.export import CHROMIUM_ARGS
 from keras_attention.widgets.export import find_chromium
+from tests.widgets import bokeh_page
+from tests.widgets import text_boxes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHROMIUM = find_chromium()
@@ -130,8 +130,9 @@ train = ipywidgets.Button(description="Train")
 
 def fit(_=None):
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[live, slow], verbose=0)
-    dump(weight=live._latest["att"][0].ravel().tolist(), updates=live.updates, title=live.figures["att"].title.text,
-         first=live.frames[0][1]["att"].ravel().tolist(), frames=len(live.frames))
+    dump(weight=live._latest["att"][0].ravel().tolist(), updates=live.updates,
+         title=live.figures["att"].title.text, first=live.frames[0][1]["att"].ravel().tolist(),
+         frames=len(live.frames))
 
 train.on_click(fit)
 box = ipywidgets.VBox([train, live.widget])  # the widget and its comm exist from here on
@@ -171,7 +172,8 @@ from keras_attention.widgets import AttentionExplorer
 keras.utils.set_random_seed(0)
 def explorer(length):
     inputs = keras.Input((length, 8))
-    model = keras.Model(inputs, keras_attention.MultiHeadAttention(2, 4, name=f"mha{length}")(inputs))
+    attention = keras_attention.MultiHeadAttention(2, 4, name=f"mha{length}")
+    model = keras.Model(inputs, attention(inputs))
     x = np.random.default_rng(0).normal(size=(1, length, 8)).astype("float32")
     return AttentionExplorer(model, x, query_tokens=[f"t{i}" for i in range(length)], max_tokens=64)
 explorers = [explorer(10), explorer(80)]
@@ -192,7 +194,8 @@ import keras_attention
 from keras_attention.widgets import LiveAttention
 
 keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.Input((6, 4)), keras_attention.LuongAttention(score="general", name="att"),
+model = keras.Sequential([keras.Input((6, 4)),
+                          keras_attention.LuongAttention(score="general", name="att"),
                           keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
 model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
 x = np.random.default_rng(0).normal(size=(32, 6, 4)).astype("float32")
@@ -266,7 +269,8 @@ READ_DETAIL = """
     const axis = fig.above.find((r) => r.major_label_overrides !== undefined);  // x axis on top
     const overrides = axis.major_label_overrides;
     return {title: fig.title.text, weight: column("weight"), x_token: column("x_token"),
-            x_labels: Array.from(overrides instanceof Map ? overrides.values() : Object.values(overrides)),
+            x_labels: Array.from(
+              overrides instanceof Map ? overrides.values() : Object.values(overrides)),
             x_end: fig.x_range.end, y_start: fig.y_range.start};
   }
   return null;
@@ -305,7 +309,8 @@ class JupyterServer:
             )
         )
         self.log_path = root / ("server_progressive.log" if self.progressive else "server.log")
-        self.log = open(self.log_path, "w")
+        # Open until stop(): the server writes to it for the whole test.
+        self.log = open(self.log_path, "w")  # noqa: SIM115
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -338,9 +343,11 @@ class JupyterServer:
                 break
             except urllib.error.HTTPError:
                 break  # the server answers, whatever it says
-            except OSError:
+            except OSError as error:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("jupyter server did not start: " + self.log_tail())
+                    raise RuntimeError(
+                        "jupyter server did not start: " + self.log_tail()
+                    ) from error
                 time.sleep(0.5)
 
     def log_tail(self):
@@ -468,7 +475,8 @@ class Run:
         page.goto(url, timeout=180_000)
         page.wait_for_function(
             "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-            " return !!(w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel); }",
+            " return !!(w && w.sessionContext && w.sessionContext.session"
+            " && w.sessionContext.session.kernel); }",
             timeout=120_000,
         )
         page.evaluate(
@@ -603,7 +611,8 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
 
     def shows(title, matrix):
         return (
-            f"(() => {{ const d = ({READ_DETAIL})(); return d !== null && d.title === {json.dumps(title)}"
+            f"(() => {{ const d = ({READ_DETAIL})();"
+            f" return d !== null && d.title === {json.dumps(title)}"
             f" && {same_numbers(READ_DETAIL, matrix)}; }})()"
         )
 
@@ -629,7 +638,8 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
         "(" + bokeh_page.MODEL + ")('model_view_source').selected.indices.join() === '3'"
     )  # outlined
     opened.record(thumbnail_click_s=click_s)
-    # Head view (in the page's BokehJS): hovering query "b" highlights its row, the bars show its weights.
+    # Head view (in the page's BokehJS): hovering query "b" highlights its row, the bars show
+    # its weights.
     start = time.perf_counter()
     page.mouse.move(*bokeh_page.token_point(page, 1))
     opened.wait(
@@ -722,7 +732,8 @@ def test_voila_shows_live_attention_while_the_next_cell_trains(
     try:
         opened.open()
         drawn_s = opened.wait(f"({READ_LIVE})() !== null", timeout_s=180)
-        # Drawn while `fit` (16 batches of >= 0.5 s: 8 s for the page to draw it) still runs: the dump comes after it.
+        # Drawn while `fit` (16 batches of >= 0.5 s: 8 s for the page to draw it) still runs:
+        # the dump comes after it.
         assert not opened.dump.exists(), "the widget appeared only after training"
         opened.page.evaluate(f"({WATCH})({READ_LIVE})")
         kernel = opened.kernel_state(timeout_s=120)
@@ -746,7 +757,9 @@ READ_STEPPERS = """
     const alignment = doc.get_model_by_name("alignment_source");
     if (!alignment) continue;
     const columns = (source) => { const d = source.data; const out = {};
-      for (const [k, v] of (d instanceof Map ? d.entries() : Object.entries(d))) out[k] = Array.from(v);
+      for (const [k, v] of (d instanceof Map ? d.entries() : Object.entries(d))) {
+        out[k] = Array.from(v);
+      }
       return out; };
     const panel = (figure_name, source_name) => {
       const fig = doc.get_model_by_name(figure_name), source = doc.get_model_by_name(source_name);
@@ -924,7 +937,8 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
 
         with contextlib.suppress(PlaywrightTimeout):  # the assertion below says what was drawn
             opened.wait(
-                f"({READ_PANEL_WIDTHS})().every(([name, drawn, designed]) => drawn >= 1.25 * designed)",
+                f"({READ_PANEL_WIDTHS})()"
+                ".every(([name, drawn, designed]) => drawn >= 1.25 * designed)",
                 timeout_s=30,
             )
         opened.page.wait_for_timeout(500)
@@ -968,10 +982,15 @@ READ_HEAD_VIEWS = """
   for (const doc of window.Bokeh.documents) {
     const fig = doc.get_model_by_name("head_view_figure");
     if (!fig) continue;
-    const column = (source, name) => { const d = source.data; return Array.from(d instanceof Map ? d.get(name) : d[name]); };
-    const tokens = doc.get_model_by_name("head_view_tokens"), detail = doc.get_model_by_name("detail_source");
+    const column = (source, name) => {
+      const d = source.data;
+      return Array.from(d instanceof Map ? d.get(name) : d[name]);
+    };
+    const tokens = doc.get_model_by_name("head_view_tokens");
+    const detail = doc.get_model_by_name("detail_source");
     views.push({y: [fig.y_range.start, fig.y_range.end], height: fig.height,
-                side: column(tokens, "side"), position: column(tokens, "position"), token: column(tokens, "token"),
+                side: column(tokens, "side"), position: column(tokens, "position"),
+                token: column(tokens, "token"),
                 rows: column(detail, "row"), cols: column(detail, "col")});
   }
   return views;
@@ -993,10 +1012,12 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, wid
         )
         opened.page.wait_for_timeout(500)  # nothing touched: this is the first draw
         views = opened.page.evaluate(READ_HEAD_VIEWS)
-        for view, length in zip(views, (10, 64)):
+        for view, length in zip(views, (10, 64), strict=True):
             low, high = min(view["y"]), max(view["y"])
             for side in ("query", "key"):
-                positions = [p for s, p in zip(view["side"], view["position"]) if s == side]
+                positions = [
+                    p for s, p in zip(view["side"], view["position"], strict=True) if s == side
+                ]
                 assert positions == list(range(length))
                 # Every token's label is inside the drawn range (one label per token, none cut) ...
                 shown = [p for p in positions if low < p < high]

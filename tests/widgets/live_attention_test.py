@@ -1,5 +1,6 @@
 import concurrent.futures
 import os
+import pathlib
 import time
 import types
 
@@ -96,7 +97,7 @@ def test_every_update_is_kept_and_the_slider_replays_it(fake_comm, no_snapshots)
     assert callback.frames[0][0] == "before training"
     # During fit the slider followed the newest frame.
     assert callback.replay.max == callback.updates and callback.replay.value == callback.updates
-    for index, (cells, _, title) in enumerate(callback.drawn, start=1):
+    for index, (cells, _, _) in enumerate(callback.drawn, start=1):
         np.testing.assert_allclose(callback.frames[index][1]["att"], cells, rtol=1e-6)
     callback.replay.value = 2
     np.testing.assert_allclose(
@@ -150,7 +151,7 @@ def test_export_replays_every_frame(fake_comm, tmp_path):
         model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0, snapshot_dir=None
     )
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
-    html = open(export_html(callback, tmp_path / "live.html"), encoding="utf-8").read()
+    html = pathlib.Path(export_html(callback, tmp_path / "live.html")).read_text(encoding="utf-8")
     assert html.count("epoch 2 end") >= 1 and "before training" in html
     for _, matrices in callback.frames:
         assert repr(float(matrices["att"][0, 0]))[:9] in html

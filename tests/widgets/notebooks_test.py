@@ -1,4 +1,5 @@
-"""Every example notebook runs top to bottom (nbclient, a real kernel), quietly, from the files it ships."""
+"""Every example notebook runs top to bottom (nbclient, a real kernel), quietly, from the
+files it ships."""
 
 import glob
 import os
@@ -92,9 +93,10 @@ def assert_figures_legible(notebook, tmp_path):
     chromium = find_chromium()
     if chromium is None:
         pytest.skip("no chromium installed (run .ci/install-browser.sh)")
-    import text_boxes
     from nbconvert import HTMLExporter
     from playwright.sync_api import sync_playwright
+
+    from tests.widgets import text_boxes
 
     page_path = tmp_path / "notebook.html"
     page_path.write_text(HTMLExporter().from_notebook_node(notebook)[0], encoding="utf-8")

@@ -5,21 +5,20 @@ that reports per-head weights to `capture_attention`. Head h uses feature
 slice h of the input as both query and key: softmax(x_h x_h^T / sqrt(d)).
 """
 
-import keras
 import numpy as np
 from keras import ops
 
+import keras_attention
 
-class SplitHeadsAttention(keras.layers.Layer):
-    _attention_recorder = None
+
+class SplitHeadsAttention(keras_attention.layers.BaseAttention):
+    """A user's own attention layer: it subclasses our public base and hands
+    its weights to `capture_attention` through the base's `_record_attention`,
+    as our layers do."""
 
     def __init__(self, num_heads, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
-
-    def _record_attention(self, weights):
-        if self._attention_recorder is not None:
-            self._attention_recorder.weights.append(weights)
 
     def call(self, x, training=None):
         batch, length, features = x.shape

@@ -26,7 +26,8 @@ READ_TEXT_BOXES = """
     const el = view.plot_view.canvas_view?.el ?? view.plot_view.el;
     return el != null && el.isConnected && el.getClientRects().length > 0;
   };
-  const describe = (view) => `${view.plot_view.model.name || view.plot_view.model.title?.text || "figure"}`;
+  const describe = (view) =>
+    `${view.plot_view.model.name || view.plot_view.model.title?.text || "figure"}`;
   const canvasOf = (view) => (view.canvas ?? view.plot_view.canvas_view).bbox;
   const slack = 0.5;
   // How deep two convex quadrilaterals intersect (px; <= 0: apart), by separating axes:
@@ -41,7 +42,9 @@ READ_TEXT_BOXES = """
         const nx = (y0 - y1) / length, ny = (x1 - x0) / length;
         const project = (q) => q.map(([x, y]) => x * nx + y * ny);
         const pa = project(a), pb = project(b);
-        depth = Math.min(depth, Math.min(Math.max(...pa), Math.max(...pb)) - Math.max(Math.min(...pa), Math.min(...pb)));
+        const overlap = Math.min(Math.max(...pa), Math.max(...pb))
+          - Math.max(Math.min(...pa), Math.min(...pb));
+        depth = Math.min(depth, overlap);
       }
     }
     return depth;
@@ -82,7 +85,8 @@ READ_TEXT_BOXES = """
         const b = boxes[i];
         if (b.text && (b.left < -slack || b.top < -slack || b.right > canvas.width + slack
                        || b.bottom > canvas.height + slack)) {
-          out.cut.push({figure: describe(view), text: b.text, box: b, canvas: [canvas.width, canvas.height]});
+          out.cut.push({figure: describe(view), text: b.text, box: b,
+                        canvas: [canvas.width, canvas.height]});
         }
       }
       if (policy !== "AllLabels") continue;
@@ -106,7 +110,8 @@ READ_TEXT_BOXES = """
       // Where BokehJS starts the text (TitleView._get_position): from its panel's edge
       // (after the axis and border room), not from the canvas' edge.
       const bbox = view.layout?.bbox;
-      const [low, high, room] = horizontal ? [bbox?.left ?? 0, bbox?.right ?? canvas.width, canvas.width]
+      const [low, high, room] = horizontal
+        ? [bbox?.left ?? 0, bbox?.right ?? canvas.width, canvas.width]
         : [bbox?.top ?? 0, bbox?.bottom ?? canvas.height, canvas.height];
       const align = view.model.align, offset = view.model.offset;
       const start = align === "center" ? (low + high - width) / 2
