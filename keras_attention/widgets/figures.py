@@ -852,7 +852,8 @@ def model_view(
         heads = _numbers(heads, "model_view", f"thumbnails[{row_index}]")
         if heads.ndim != 3:
             raise ValueError(
-                f"model_view: each thumbnail must be (heads, Tq, Tv). Received: shape {heads.shape}"
+                f"model_view: each of `thumbnails` must be (heads, Tq, Tv). Received: "
+                f"thumbnails[{row_index}] with shape {heads.shape}"
             )
         for head_index, head in enumerate(heads):
             small = downsample(head, max_size)[0] if max(head.shape) > max_size else head
