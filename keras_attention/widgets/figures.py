@@ -75,10 +75,13 @@ def _as_vector(values, name, argument="weights"):
     return vector
 
 
-def _options(name, title=None, **sizes):
+_NO_TITLE = object()
+
+
+def _options(name, title=_NO_TITLE, **sizes):
     """Checks a builder's `title` (a string) and pixel/count options (positive
     integers), naming `name`; returns the sizes as Python ints, in order."""
-    if title is not None and not isinstance(title, str):
+    if title is not _NO_TITLE and not isinstance(title, str):
         raise TypeError(f"{name}: `title` must be a string. Received: title={title!r}")
     return [validation.validate_positive_int(name, arg, value) for arg, value in sizes.items()]
 
@@ -600,12 +603,12 @@ def _candidates(name, candidates):
         token, probability = pair
         if not isinstance(token, str):
             raise TypeError(
-                f"{name}: each candidate's token must be a string. "
+                f"{name}: each token of `candidates` must be a string. "
                 f"Received: candidates[{index}]={pair!r}"
             )
         if not validation.is_real(probability) or not 0.0 <= float(probability) <= 1.0:
             raise ValueError(
-                f"{name}: each candidate's probability must be a number in [0, 1]. "
+                f"{name}: each probability of `candidates` must be a number in [0, 1]. "
                 f"Received: candidates[{index}]={pair!r}"
             )
         pairs.append((token, float(probability)))
