@@ -856,7 +856,7 @@ def model_view(
         if heads.ndim != 3:
             raise ValueError(
                 f"model_view: each of `thumbnails` must be (heads, Tq, Tv). Received: "
-                f"thumbnails[{row_index}] with shape {heads.shape}"
+                f"shape {heads.shape} at thumbnails[{row_index}]"
             )
         for head_index, head in enumerate(heads):
             small = downsample(head, max_size)[0] if max(head.shape) > max_size else head
