@@ -18,7 +18,7 @@ TEST_ENV := TF_CPP_MIN_LOG_LEVEL=2
 # `make test-compat` runs the kernels and Keras' ported tests at XLA's defaults.
 FAST_XLA := XLA_FLAGS="$(XLA_FLAGS) --xla_backend_optimization_level=0"
 
-.PHONY: install demo lint format test test-tf test-jax test-compat test-compat-full dist docs figures clean
+.PHONY: install demo lint format test test-tf test-jax test-benchmarks test-compat test-compat-full dist docs figures clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,10 +61,17 @@ format: install
 test: lint test-tf test-jax
 
 test-tf: install
-	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests
+	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not benchmark" tests
 
 test-jax: install
 	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not tf_only" tests/layers tests/ops tests/keras_ported tests/keras_hub
+
+# The smoke runs of the benchmark scripts (benchmarks/: serving, the GPU check's CPU
+# configuration, mha_benchmark, blockwise_profile): developer tools that no user
+# runs, so they stay out of `make test` (about 4 minutes of its TensorFlow run);
+# run this when a change touches benchmarks/ or what a script calls.
+test-benchmarks: install
+	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile -m benchmark tests/benchmarks
 
 # The lowest supported releases (tests/compat/lowest.txt, setup.cfg's floors) in
 # their own venv: installing our package there with those pins proves the ranges

@@ -24,21 +24,8 @@ whatever the spelling) gets zero weights and a zero attention result.
 
 from keras import ops
 
-
-def _as_bool(mask):
-    if mask is None:
-        return None
-    if "bool" in str(mask.dtype):
-        return mask
-    return ops.not_equal(mask, 0)
-
-
-def _and(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return ops.logical_and(a, b)
+from keras_attention.ops.masking import merge_masks
+from keras_attention.ops.masking import to_bool_mask
 
 
 class AttentionMask:
@@ -67,9 +54,9 @@ class AttentionMask:
         query_offset=0,
         key_length=None,
     ):
-        self.query_mask = _as_bool(query_mask)
-        self.key_mask = _as_bool(key_mask)
-        pair_mask = _as_bool(pair_mask)
+        self.query_mask = to_bool_mask(query_mask)
+        self.key_mask = to_bool_mask(key_mask)
+        pair_mask = to_bool_mask(pair_mask)
         if pair_mask is not None and len(pair_mask.shape) == 3:
             pair_mask = ops.expand_dims(pair_mask, 1)
         self.pair_mask = pair_mask
@@ -154,10 +141,10 @@ class AttentionMask:
             allowed = ops.greater_equal(rows, cols)
         if self.sliding_window is not None:
             band = ops.less(ops.abs(rows - cols), self.sliding_window)
-            allowed = _and(allowed, band)
+            allowed = merge_masks(allowed, band)
         if self.key_length is not None:
             shape = ops.shape(ops.zeros_like(rows) + ops.zeros_like(cols))
-            allowed = _and(allowed, ops.broadcast_to(ops.less(cols, self.key_length), shape))
+            allowed = merge_masks(allowed, ops.broadcast_to(ops.less(cols, self.key_length), shape))
         return allowed
 
     def key_range(self, first_row, last_row):
@@ -180,13 +167,15 @@ class AttentionMask:
         """`(start, stop)` key blocks of `key_block` keys that those rows may
         see (see `key_range`); tiles outside are all masked."""
         start, stop = self.key_range(first_row, last_row)
-        start = start // key_block
-        stop = (
-            num_key_blocks
-            if stop is None
-            else _minimum((stop + key_block - 1) // key_block, num_key_blocks)
-        )
-        return _minimum(start, stop), stop  # an empty range, never a negative one
+        if stop is None:
+            stop_block = num_key_blocks
+        else:
+            # No key at all (e.g. a window wholly past the written cache): no
+            # block, rather than the one that rounding `stop` up would give.
+            stop_block = _minimum((stop + key_block - 1) // key_block, num_key_blocks)
+            empty = stop <= start
+            stop_block = _select(empty, _minimum(start // key_block, stop_block), stop_block)
+        return _minimum(start // key_block, stop_block), stop_block  # never a negative range
 
     # -------------------------------------------------------------- dense
     def dense(self, query_length, key_length):
@@ -202,10 +191,7 @@ class AttentionMask:
             rows = self.query_positions(0, query_length)
             cols = ops.arange(key_length, dtype="int32")
             parts.append(self.positional(rows, cols)[None, None])
-        merged = None
-        for part in parts:
-            merged = _and(merged, part)
-        return merged
+        return merge_masks(*parts)
 
     def rows(self, start, stop):
         """The description of query rows `start:stop` only (static ints)."""
@@ -228,6 +214,12 @@ def _minimum(a, b):
     return ops.minimum(a, b)
 
 
+def _select(condition, a, b):
+    if isinstance(condition, bool):
+        return a if condition else b
+    return ops.where(condition, a, b)
+
+
 def _maximum(a, b):
     if isinstance(a, int) and isinstance(b, int):
         return max(a, b)
@@ -244,7 +236,7 @@ def from_keras_mask(attention_mask, use_causal_mask=False):
     """
     if attention_mask is None:
         return AttentionMask(causal=use_causal_mask)
-    mask = _as_bool(attention_mask)
+    mask = to_bool_mask(attention_mask)
     while len(mask.shape) < 3:
         mask = ops.expand_dims(mask, 0)
     return AttentionMask(pair_mask=mask, causal=use_causal_mask)

@@ -71,6 +71,8 @@ def confine_nonfinite(key, value):
     changes nothing. Only the forward pass is confined: the gradient with
     respect to a query still meets `0 * NaN` at a hidden NaN key.
     """
+    # Tensors first: NumPy would warn on the `inf * 0` that is the point here.
+    key, value = ops.convert_to_tensor(key), ops.convert_to_tensor(value)
     # `x * 0` is 0 for a finite x and NaN otherwise: the sum over the
     # features flags a position without the overflow a plain sum could hit.
     flag = ops.sum(key * 0, axis=-1) + ops.cast(ops.sum(value * 0, axis=-1), key.dtype)

@@ -205,19 +205,19 @@ def memory_efficient_attention(
         if key_blocks is not None:
             allowed = ops.reshape(_take(key_blocks, j), (-1, 1, 1, 1, k_block))
         if query_blocks is not None:
-            allowed = attention_masks._and(
+            allowed = masking.merge_masks(
                 allowed, ops.reshape(_take(query_blocks, i), (-1, 1, 1, q_block, 1))
             )
         if pair_blocks is not None:
             tile = ops.reshape(
                 _take(_take(pair_blocks, i), j), (-1,) + pair_heads + (q_block, k_block)
             )
-            allowed = attention_masks._and(allowed, tile)
+            allowed = masking.merge_masks(allowed, tile)
         if mask.has_positional:
             rows = mask.query_positions(i * q_block, q_block)
             cols = j * k_block + ops.arange(k_block, dtype="int32")
             positional = mask.positional(rows, cols)
-            allowed = attention_masks._and(
+            allowed = masking.merge_masks(
                 allowed, ops.reshape(positional, (1, 1, 1, q_block, k_block))
             )
         return allowed

@@ -30,6 +30,7 @@ from keras import ops
 
 from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import checks
+from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
 
 
@@ -44,7 +45,7 @@ def _block_update(state, q, k, v, key_mask, rows, cols, mask):
     allowed = None if key_mask is None else key_mask[:, None, None, :]
     positional = mask.positional(rows, cols) if mask.has_positional else None
     if positional is not None:
-        allowed = attention_masks._and(allowed, positional[None, None])
+        allowed = masking.merge_masks(allowed, positional[None, None])
     return online_softmax.update(
         state,
         online_softmax.mask_logits(logits, allowed),

@@ -14,6 +14,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bloc
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark
 @pytest.mark.tf_only
 def test_profile_reports_every_variant_against_the_ceiling():
     done = subprocess.run(

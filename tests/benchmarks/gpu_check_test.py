@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark
 def test_smoke_run_checks_every_layer_and_times_every_implementation(tmp_path):
     env = dict(os.environ, KERAS_BACKEND="jax")
     env["PYTHONPATH"] = os.path.abspath(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

@@ -17,6 +17,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "mha_
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark
 @pytest.mark.parametrize(
     "options, mode",
     [

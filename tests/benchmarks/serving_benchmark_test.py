@@ -14,6 +14,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "serv
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark
 @pytest.mark.tf_only
 def test_benchmark_reports_served_and_translate_for_each_mode():
     result = subprocess.run(

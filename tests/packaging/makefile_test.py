@@ -84,3 +84,13 @@ def test_make_test_compiles_fast_and_test_compat_at_xla_defaults():
         assert "--xla_backend_optimization_level=0" in line, line
     compat = pytest_lines("test-compat")
     assert len(compat) == 2 and not any("XLA_FLAGS" in line for line in compat), compat
+
+
+def test_make_test_lints_before_any_test():
+    # ruff takes seconds; a lint finding should stop `make test` before the
+    # 45-minute suite, so `ruff check` and `ruff format --check` run first.
+    commands = [line for line in dry_run("test").splitlines() if "pip" not in line]
+    ruff = [i for i, line in enumerate(commands) if "/ruff " in line]
+    tests = [i for i, line in enumerate(commands) if "-m pytest" in line]
+    assert [commands[i].split("/ruff ")[1] for i in ruff] == ["check .", "format --check ."]
+    assert tests and max(ruff) < min(tests), commands

@@ -1,0 +1,106 @@
+"""`AttentionMask`'s positional rules and the tile ranges every blockwise kernel skips by.
+
+The rules are checked against a NumPy statement of each one on absolute positions
+(query row `i` at `query_offset + i`, key `j` at `j`). `key_range` and
+`key_block_range` are checked to be sound (no visible key outside the range: a kernel
+that skipped it would be wrong) and tight (the first and last block of the range each
+hold a visible key: a kernel would otherwise compute a tile it could skip).
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention.ops.attention_mask import AttentionMask
+
+KEYS = 24
+
+# name -> the constructor's positional arguments.
+RULES = {
+    "causal": dict(causal=True),
+    "window": dict(sliding_window=3),
+    "causal window": dict(causal=True, sliding_window=4),
+    "decoding offset": dict(causal=True, query_offset=9),
+    "offset window": dict(sliding_window=2, query_offset=5),
+    "unwritten cache slots": dict(causal=True, query_offset=6, key_length=11),
+    "key length only": dict(key_length=7),
+    "window past the keys": dict(sliding_window=5, query_offset=20, key_length=22),
+}
+
+
+def visible(rule, query_positions, key_positions):
+    """NumPy: `(Tq, Tk)` whether each query position sees each key position."""
+    q, k = np.asarray(query_positions)[:, None], np.asarray(key_positions)[None, :]
+    allowed = np.ones(np.broadcast_shapes(q.shape, k.shape), bool)
+    if rule.get("causal"):
+        allowed &= k <= q
+    if rule.get("sliding_window") is not None:
+        allowed &= np.abs(q - k) < rule["sliding_window"]
+    if rule.get("key_length") is not None:
+        allowed &= k < rule["key_length"]
+    return allowed
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_dense_form_is_each_rule_on_absolute_positions(name):
+    rule = RULES[name]
+    queries = 4
+    dense = AttentionMask(**rule).dense(queries, KEYS)
+    offset = rule.get("query_offset", 0)
+    expected = visible(rule, np.arange(queries) + offset, np.arange(KEYS))
+    np.testing.assert_array_equal(ops.convert_to_numpy(dense)[0, 0], expected)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_key_ranges_are_sound_and_tight(name):
+    rule = RULES[name]
+    mask = AttentionMask(**rule)
+    offset = rule.get("query_offset", 0)
+    keys = np.arange(KEYS)
+    block = 4
+    for first, size in itertools.product(range(8), (1, 3)):
+        rows = np.arange(first, first + size) + offset
+        seen = visible(rule, rows, keys).any(axis=0)
+        start, stop = mask.key_range(int(rows[0]), int(rows[-1]))
+        stop = KEYS if stop is None else min(stop, KEYS)
+        where = np.flatnonzero(seen)
+        context = (name, rows.tolist(), start, stop)
+        if where.size:
+            assert (start, stop) == (where[0], where[-1] + 1), context
+        else:
+            assert start >= stop, context
+        first_block, stop_block = mask.key_block_range(
+            int(rows[0]), int(rows[-1]), block, KEYS // block
+        )
+        seen_blocks = np.flatnonzero(seen.reshape(-1, block).any(axis=1))
+        if seen_blocks.size:
+            assert (first_block, stop_block) == (seen_blocks[0], seen_blocks[-1] + 1), context
+        else:
+            assert 0 <= first_block == stop_block <= KEYS // block, context
+
+
+def test_row_and_head_slices_keep_absolute_positions():
+    rng = np.random.default_rng(0)
+    pair = rng.random((2, 3, 6, 6)) < 0.7
+    mask = AttentionMask(pair_mask=pair, causal=True, sliding_window=3, query_offset=2)
+    full = ops.convert_to_numpy(mask.dense(6, 6))
+    rows = ops.convert_to_numpy(mask.rows(2, 5).dense(3, 6))
+    np.testing.assert_array_equal(rows, full[:, :, 2:5])
+    heads = ops.convert_to_numpy(mask.heads(np.array([2, 0])).dense(6, 6))
+    np.testing.assert_array_equal(heads, full[:, [2, 0]])
+    expected = pair & visible(dict(causal=True, sliding_window=3), np.arange(6) + 2, np.arange(6))
+    np.testing.assert_array_equal(full, expected)
+
+
+def test_query_and_key_masks_join_the_positional_rules():
+    query_mask = np.array([[True, False, True]])
+    key_mask = np.array([[1, 1, 0, 1, 1]])
+    dense = AttentionMask(query_mask=query_mask, key_mask=key_mask, causal=True, query_offset=2)
+    expected = (
+        query_mask[:, :, None]
+        & key_mask.astype(bool)[:, None, :]
+        & visible(dict(causal=True), np.arange(3) + 2, np.arange(5))
+    )
+    np.testing.assert_array_equal(ops.convert_to_numpy(dense.dense(3, 5))[:, 0], expected)
