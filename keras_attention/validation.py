@@ -346,11 +346,40 @@ def check_mask(owner, argument, mask, expected, broadcast=False):
         )
 
 
+def eager_scalar(value):
+    """The NumPy value of a concrete 0-d tensor, else `value` unchanged.
+
+    Keras turns NumPy scalars given to a layer into tensors before `call`
+    (`np.bool_(True)` arrives as an eager `tf.Tensor` or a JAX array), so a
+    flag check that accepts NumPy bools must read those. Symbolic tensors
+    (a `tf.function` or `jax.jit` trace, a `KerasTensor`) have no value yet
+    and come back unchanged, as does anything that is not 0-d.
+    """
+    if isinstance(value, (np.ndarray, np.generic)) or tuple(getattr(value, "shape", (0,))) != ():
+        return value
+    module = type(value).__module__
+    if module.startswith("tensorflow"):
+        import tensorflow as tf
+
+        if tf.is_symbolic_tensor(value):
+            return value
+        return value.numpy()
+    if module.startswith("jax"):
+        import jax
+
+        if isinstance(value, jax.core.Tracer):
+            return value
+        return np.asarray(value)[()]
+    return value
+
+
 def validate_call_flag(owner, argument, value):
     """A call-time flag (`use_causal_mask`, `return_attention_scores`) as a
     bool: `True`/`False`, NumPy bools and the integers 0 and 1 (Keras' own
-    tests pass `use_causal_mask=0`); anything else is a TypeError."""
-    value_ = as_python_scalar(value)
+    tests pass `use_causal_mask=0`), and concrete 0-d bool or integer tensors
+    holding those (Keras' conversion of a NumPy scalar); anything else
+    (strings, symbolic tensors) is a TypeError."""
+    value_ = as_python_scalar(eager_scalar(value))
     if isinstance(value_, bool):
         return value_
     if is_int(value_) and value_ in (0, 1):

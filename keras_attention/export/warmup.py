@@ -62,6 +62,35 @@ def write_warmup_requests(
     Each request is a dict of inputs for `signature_name`, or a
     `(signature name, inputs)` pair.
     """
+    owner = "write_warmup_requests"
+    if isinstance(saved_model_dir, bytes) or not isinstance(saved_model_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"{owner}: `saved_model_dir` must be a string or os.PathLike naming a "
+            f"SavedModel directory. Received: saved_model_dir={saved_model_dir!r}"
+        )
+    if not os.path.isdir(saved_model_dir):
+        raise ValueError(
+            f"{owner}: `saved_model_dir` must be an existing directory (the "
+            f"SavedModel's). Received: saved_model_dir={os.fspath(saved_model_dir)!r}"
+        )
+    if isinstance(requests, (str, bytes, dict)) or not hasattr(requests, "__iter__"):
+        raise TypeError(
+            f"{owner}: `requests` must be a list of input dicts or (signature name, "
+            f"inputs) pairs. Received: requests={requests!r}"
+        )
+    requests = list(requests)
+    for index, request in enumerate(requests):
+        pair = isinstance(request, tuple) and len(request) == 2 and isinstance(request[0], str)
+        if not (isinstance(request, dict) or (pair and isinstance(request[1], dict))):
+            raise TypeError(
+                f"{owner}: each of `requests` must be a dict of inputs or a (signature "
+                f"name, inputs) pair. Received: requests[{index}]={request!r}"
+            )
+    for name, value in (("model_name", model_name), ("signature_name", signature_name)):
+        if not isinstance(value, str) or not value:
+            raise ValueError(
+                f"{owner}: `{name}` must be a non-empty string. Received: {name}={value!r}"
+            )
     path = os.path.join(saved_model_dir, WARMUP_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:

@@ -1,5 +1,6 @@
 """Collect the attention weights of every attention layer in a model."""
 
+import keras
 import numpy as np
 
 from keras_attention.api_export import keras_attention_export
@@ -43,10 +44,15 @@ class capture_attention:
     """
 
     def __init__(self, model_or_layer):
+        if not isinstance(model_or_layer, keras.layers.Layer):
+            raise TypeError(
+                "capture_attention: `model_or_layer` must be a Keras model or layer. "
+                f"Received: model_or_layer={model_or_layer!r}"
+            )
         self.layers = attention_layers(model_or_layer)
         if not self.layers:
             raise ValueError(
-                "capture_attention: the model has no keras_attention attention "
+                "capture_attention: `model_or_layer` has no keras_attention attention "
                 f"layers. Received: {type(model_or_layer).__name__} "
                 f"'{getattr(model_or_layer, 'name', model_or_layer)}'"
             )

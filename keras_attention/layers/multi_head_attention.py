@@ -1,6 +1,8 @@
 import math
+import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention import validation
@@ -313,8 +315,26 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         asked for. Inside a TensorFlow XLA trace the answer can differ (see
         the selector's table).
         """
-        key_shape = query_shape if key_shape is None else key_shape
-        query_shape, key_shape = static_shape(query_shape), static_shape(key_shape)
+        owner = f"{type(self).__name__}.kernel_for (layer '{self.name}')"
+        query_shape = self._kernel_for_shape(owner, "query_shape", query_shape)
+        key_shape = (
+            query_shape
+            if key_shape is None
+            else self._kernel_for_shape(owner, "key_shape", key_shape)
+        )
+        if len(key_shape) != len(query_shape):
+            raise ValueError(
+                validation.error(
+                    owner,
+                    "`query_shape` and `key_shape` must have the same rank, as in a call. "
+                    f"Received: query_shape={query_shape}, key_shape={key_shape}",
+                )
+            )
+        if training is not None:
+            training = validation.validate_call_flag(owner, "training", training)
+        return_attention_scores = validation.validate_call_flag(
+            owner, "return_attention_scores", return_attention_scores
+        )
         layout = self._layout(len(query_shape))
 
         def length(shape):
@@ -327,6 +347,48 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         return kernel_selector.select_kernel(
             self._kernel_request(*shapes, self._weights_needed(training, return_attention_scores))
         )
+
+    @staticmethod
+    def _kernel_for_shape(owner, argument, shape):
+        """`shape` (a tuple, a `TensorShape` or a tensor's) as a tuple of ints or
+        None, of rank >= 3 as a call needs; our error naming `argument` else."""
+        shape = shape.shape if hasattr(shape, "shape") and hasattr(shape, "dtype") else shape
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
+            raise TypeError(
+                validation.error(
+                    owner,
+                    f"`{argument}` must be a shape (a tuple of dimensions). "
+                    f"Received: {argument}={shape!r}",
+                )
+            )
+        raw = tuple(shape)
+        # None and symbolic sizes (a JAX shape polymorphism dimension) are unknown;
+        # a bool, a float, a string or a negative number is no size at all.
+        wrong = [
+            d
+            for d in raw
+            if isinstance(d, (bool, np.bool_, str, bytes))
+            or (isinstance(d, numbers.Number) and not validation.is_int(d))
+            or (validation.is_int(d) and d < 0)
+        ]
+        dims = static_shape(raw)
+        if wrong:
+            raise ValueError(
+                validation.error(
+                    owner,
+                    f"`{argument}` must hold non-negative integers (or None where "
+                    f"unknown). Received: {argument}={tuple(shape)!r}",
+                )
+            )
+        if len(dims) < 3:
+            raise ValueError(
+                validation.error(
+                    owner,
+                    f"`{argument}` must have rank >= 3 (batch, time..., features), "
+                    f"as a call's inputs. Received: {argument}={dims}",
+                )
+            )
+        return tuple(None if d is None else int(d) for d in dims)
 
     def _kernel_request(self, query, key, weights_needed):
         """The `KernelRequest` of a call (see `kernel_selector`); `query` and

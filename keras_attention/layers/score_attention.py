@@ -142,12 +142,27 @@ class ScoreAttention(BaseAttention):
         masks = [None, None, None]
         if not isinstance(query, (list, tuple)):
             return query, value, key, mask, masks
+        if isinstance(value, (list, tuple)) and key is None:
+            # Keras' `Attention.call(inputs, mask=None)`: `layer([q, v], [qm, vm])`
+            # puts the mask list where our `value` sits.
+            if mask is not None:
+                raise ValueError(
+                    self._error(
+                        "the mask list was given twice: positionally, as in "
+                        "`keras.layers.Attention`'s `layer(inputs, mask)`, and as "
+                        "`mask=`. Received: both"
+                    )
+                )
+            value, mask = None, value
         if value is not None or key is not None:
             raise ValueError(
                 self._error(
                     "a list input [query, value(, key)] takes no separate "
-                    "`value`/`key`. Received: a list of "
-                    f"{len(query)} tensors and `value`/`key`"
+                    "`value`/`key`; its masks go in `mask=[query_mask, value_mask]` "
+                    "(or positionally as a list, `layer(inputs, mask)`). Received: "
+                    f"a list of {len(query)} tensors and "
+                    f"{'value' if value is not None else 'key'}="
+                    f"{utils.describe(value if value is not None else key)}"
                 )
             )
         if not 1 <= len(query) <= 3:
@@ -187,6 +202,10 @@ class ScoreAttention(BaseAttention):
             # tensors: they apply where `mask` gives none.
             keras_masks = (list(query_mask) + [None, None])[:3]
             query_mask = None
+        # A positional mask list (`layer([q, v], [qm, vm])`): what Keras
+        # filled in as `value_mask` are the masks of those masks.
+        if all(isinstance(x, (list, tuple)) for x in (query, value, value_mask)):
+            value_mask = None
         query, value, key, mask, list_masks = self._unpack_list_call(query, value, key, mask)
         list_masks = [
             given if given is not None else filled

@@ -4,9 +4,22 @@ import html
 
 import numpy as np
 
+from keras_attention import validation
+
 __all__ = ["alignment_matrix", "merge_subwords", "alignment_text", "alignment_html"]
 
 _SHADES = " .:-=+*#%@"
+
+
+def _check_translation(owner, argument, translation):
+    """Raises unless `translation` looks like a `Translation` (text, tokens,
+    source tokens and an alignment)."""
+    needed = ("text", "tokens", "source_tokens", "alignment")
+    if not all(hasattr(translation, name) for name in needed):
+        raise TypeError(
+            f"{owner}: `{argument}` must be a Translation (what `translate` returns). "
+            f"Received: {argument}={translation!r}"
+        )
 
 
 def _shown(token):
@@ -22,7 +35,20 @@ def alignment_matrix(alignment, layer=-1, head=None):
         layer, head: for a 4-D alignment, the index to show, or None to
             average over that axis. Default: the last layer, heads averaged.
     """
-    alignment = np.asarray(alignment, dtype="float32")
+    for name, index in (("layer", layer), ("head", head)):
+        if index is not None and not validation.is_int(index):
+            raise TypeError(
+                f"alignment_matrix: `{name}` must be an integer or None. Received: {name}={index!r}"
+            )
+    try:
+        if isinstance(alignment, (str, bytes)) or alignment is None:
+            raise TypeError
+        alignment = np.asarray(alignment, dtype="float32")
+    except (TypeError, ValueError):
+        raise TypeError(
+            "alignment_matrix: `alignment` must be an array of numbers. "
+            f"Received: alignment={alignment!r}"
+        ) from None
     if alignment.ndim == 4:
         for axis, index, name in ((1, head, "head"), (0, layer, "layer")):
             if index is None:
@@ -64,6 +90,12 @@ def merge_subwords(translation, suffix="##"):
     """
     from keras_attention.models.decoding import Translation
 
+    _check_translation("merge_subwords", "translation", translation)
+    if not isinstance(suffix, str) or not suffix:
+        raise ValueError(
+            "merge_subwords: `suffix` must be a non-empty string (every token starts "
+            f"with ''). Received: suffix={suffix!r}"
+        )
     alignment = np.asarray(translation.alignment, dtype="float32")
     sources = _word_groups(translation.source_tokens, suffix)
     targets = _word_groups(translation.tokens, suffix)
@@ -92,6 +124,8 @@ def alignment_text(translation, width=None, layer=-1, head=None):
     Transformer's `(layers, heads, T_out, T_in)` alignment shows `layer`
     and `head` (None averages; see `alignment_matrix`).
     """
+    _check_translation("alignment_text", "translation", translation)
+    width = validation.validate_positive_int("alignment_text", "width", width, allow_none=True)
     alignment = alignment_matrix(translation.alignment, layer, head)
     source = [_shown(t) for t in translation.source_tokens]
     if width is None:
@@ -114,6 +148,15 @@ def alignment_html(translations, title="Attention alignments", layer=-1, head=No
     No scripts, no external resources. `layer` and `head` pick what a 4-D
     alignment shows, as in `alignment_text`.
     """
+    if not isinstance(translations, (list, tuple)):
+        raise TypeError(
+            "alignment_html: `translations` must be a list of Translations. "
+            f"Received: translations={translations!r}"
+        )
+    for index, translation in enumerate(translations):
+        _check_translation("alignment_html", f"translations[{index}]", translation)
+    if not isinstance(title, str):
+        raise TypeError(f"alignment_html: `title` must be a string. Received: title={title!r}")
     parts = [
         "<!DOCTYPE html>",
         '<html><head><meta charset="utf-8">',

@@ -283,13 +283,17 @@ def as_string_array(texts, argument="texts", owner="Translator"):
     translate"`). The strings come back as UTF-8 bytes; text that is not
     valid Unicode is refused (`to_utf8`).
     """
-    if isinstance(texts, (str, bytes)):
-        texts = [texts]
     if isinstance(texts, tf.Tensor):
-        texts = texts.numpy().tolist()
-        texts = texts if isinstance(texts, list) else [texts]
+        if tf.is_symbolic_tensor(texts):
+            raise TypeError(
+                f"{owner}: `{argument}` must be a string, a list of strings or an "
+                f"eager string tensor. Received: a symbolic tensor {texts!r}"
+            )
+        texts = texts.numpy()  # a scalar string tensor gives bytes, not an array
     if isinstance(texts, np.ndarray):
         texts = texts.tolist()
+    if isinstance(texts, (str, bytes)):
+        texts = [texts]
     if not isinstance(texts, (list, tuple)):
         raise TypeError(
             f"{owner}: `{argument}` must be a string or a list of strings. "

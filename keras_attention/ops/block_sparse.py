@@ -26,7 +26,9 @@ import math
 
 from keras import ops
 
+from keras_attention import validation
 from keras_attention.ops import attention_mask as attention_masks
+from keras_attention.ops import checks
 from keras_attention.ops import loops
 from keras_attention.ops import masking
 from keras_attention.ops import memory_efficient
@@ -109,6 +111,18 @@ def block_plan(
         block indices (clipped into range) and a boolean that is `False` for
         slots out of range or repeating an earlier slot of the same row.
     """
+    owner = "block_plan"
+    num_query_blocks = checks.length(owner, "num_query_blocks", num_query_blocks)
+    num_key_blocks = checks.length(owner, "num_key_blocks", num_key_blocks)
+    window_blocks = checks.non_negative_int(owner, "window_blocks", window_blocks)
+    global_blocks = checks.non_negative_int(owner, "global_blocks", global_blocks)
+    checks.tensor(owner, "random_plan", random_plan, rank=2, allow_none=True)
+    if random_plan is not None and "int" not in str(random_plan.dtype):
+        raise TypeError(
+            f"{owner}: `random_plan` must hold integers. Received: random_plan with "
+            f"dtype {random_plan.dtype}"
+        )
+    causal = checks.flag(owner, "causal", causal)
     rows = ops.arange(num_query_blocks, dtype="int32")[:, None]  # (nq, 1)
     slots = [rows + offset for offset in window_offsets(window_blocks, causal)]
     slots += [ops.zeros_like(rows) + g for g in range(global_blocks)]
@@ -535,6 +549,38 @@ def block_sparse_attention(
     they go through autodiff over the gathered keys, `O(L * S * bs)`
     memory. Both paths give the same result.
     """
+    owner = "block_sparse_attention"
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        checks.tensor(owner, name, x, rank=4)
+    checks.same_size(owner, ("query", query, -1, "head size"), ("key", key, -1, None))
+    checks.same_size(owner, ("key", key, 1, "length"), ("value", value, 1, None))
+    block_size = checks.positive_int(owner, "block_size", block_size)
+    window_blocks = checks.non_negative_int(owner, "window_blocks", window_blocks)
+    global_blocks = checks.non_negative_int(owner, "global_blocks", global_blocks)
+    if global_tokens is not None and (
+        not isinstance(global_tokens, (list, tuple))
+        or not all(validation.is_int(t) and t >= 0 for t in global_tokens)
+    ):
+        raise ValueError(
+            f"{owner}: `global_tokens` must be a tuple of non-negative token positions "
+            f"or None. Received: global_tokens={global_tokens!r}"
+        )
+    causal = checks.flag(owner, "causal", causal)
+    return_weights = checks.flag(owner, "return_weights", return_weights)
+    chunk_blocks = checks.positive_int(owner, "chunk_blocks", chunk_blocks, allow_none=True)
+    scale = checks.scale(owner, scale)
+    if dropout is not None and not callable(dropout):
+        raise TypeError(
+            f"{owner}: `dropout` must be a callable (such as a Dropout layer) or None. "
+            f"Received: dropout={dropout!r}"
+        )
+    if mask is not None and not isinstance(mask, attention_masks.AttentionMask):
+        raise TypeError(
+            f"{owner}: `mask` must be an AttentionMask or None. Received: mask={mask!r}"
+        )
+    checks.mask(owner, "query_mask", query_mask, rank=2)
+    checks.mask(owner, "key_mask", key_mask, rank=2)
+    checks.mask(owner, "attention_mask", attention_mask, rank=(3, 4))
     if mask is None:
         mask = attention_masks.AttentionMask(
             key_mask=key_mask, pair_mask=attention_mask, causal=causal

@@ -21,6 +21,8 @@ import math
 import numpy as np
 from keras import ops
 
+from keras_attention import validation
+from keras_attention.ops import checks
 from keras_attention.ops import loops
 from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
@@ -54,7 +56,19 @@ def orthogonal_projection(num_features, dim, rng):
 
 
 def random_projection(num_features, dim, orthogonal=True, seed=None):
-    """A projection for `softmax_features`, drawn with NumPy from `seed`."""
+    """A projection for `softmax_features`, drawn with NumPy from `seed`
+    (an int, a tuple of non-negative ints as NumPy's generators take, or None)."""
+    num_features = checks.positive_int("random_projection", "num_features", num_features)
+    dim = checks.positive_int("random_projection", "dim", dim)
+    orthogonal = checks.flag("random_projection", "orthogonal", orthogonal)
+    if isinstance(seed, (tuple, list)) and seed:
+        if not all(validation.is_int(s) and s >= 0 for s in seed):
+            raise ValueError(
+                "random_projection: `seed` must be an integer, a tuple of non-negative "
+                f"integers or None. Received: seed={seed!r}"
+            )
+    else:
+        seed = validation.validate_seed("random_projection", seed)
     rng = np.random.default_rng(seed)
     draw = orthogonal_projection if orthogonal else gaussian_projection
     return draw(num_features, dim, rng).astype("float32")
@@ -91,6 +105,8 @@ def softmax_features(x, projection, *, is_query, mask=None, epsilon=1e-6):
     feature maps, see `chunked_softmax_attention`). No gradient flows to
     `projection` (it is a fixed, non-trainable draw).
     """
+    _check_features_args("softmax_features", x, projection, mask, epsilon)
+    is_query = checks.flag("softmax_features", "is_query", is_query)
     num_features = projection.shape[0]
     root = math.sqrt(num_features)
     scale = x.shape[-1] ** -0.25
@@ -136,6 +152,7 @@ def softmax_features(x, projection, *, is_query, mask=None, epsilon=1e-6):
 
 def relu_features(x, projection, *, mask=None, epsilon=1e-3):
     """`relu(W x) + epsilon`: the Performer's generalised ReLU kernel."""
+    _check_features_args("relu_features", x, projection, mask, epsilon)
     _, projected = _scaled(x, projection)
     features = ops.relu(projected) / math.sqrt(projection.shape[0]) + epsilon
     return _apply_mask(features, mask)
@@ -150,6 +167,31 @@ def trigonometric_features(x, projection, *, mask=None):
     features = ops.concatenate([ops.cos(projected), ops.sin(projected)], axis=-1)
     features = features * scale / math.sqrt(projection.shape[0])
     return _apply_mask(features, mask)
+
+
+def _check_features_args(owner, x, projection, mask, epsilon):
+    """The `(B, H, T, D)` input, `(m, D)` projection, `(B, T)` mask and
+    epsilon of a feature map."""
+    checks.tensor(owner, "x", x, rank=4)
+    checks.tensor(owner, "projection", projection, rank=2)
+    checks.same_size(owner, ("x", x, -1, "features"), ("projection", projection, -1, None))
+    checks.mask(owner, "mask", mask, rank=2)
+    if mask is not None:
+        checks.same_size(owner, ("x", x, 2, "length"), ("mask", mask, 1, None))
+    checks.real(owner, "epsilon", epsilon, low=0.0)
+
+
+def _check_linear_args(owner, query_features, key_features, value):
+    """The `(B, H, T, m)` features and `(B, H, Tv, Dv)` values of linear attention."""
+    checks.tensor(owner, "query_features", query_features, rank=4)
+    checks.tensor(owner, "key_features", key_features, rank=4)
+    checks.tensor(owner, "value", value, rank=4)
+    checks.same_size(
+        owner,
+        ("query_features", query_features, -1, "number of features"),
+        ("key_features", key_features, -1, None),
+    )
+    checks.same_size(owner, ("key_features", key_features, 2, "length"), ("value", value, 2, None))
 
 
 def _apply_mask(features, mask):
@@ -173,6 +215,7 @@ def linear_attention(query_features, key_features, value):
         key_features: `(B, H, Tv, m)`, zero at masked keys.
         value: `(B, H, Tv, Dv)`.
     """
+    _check_linear_args("linear_attention", query_features, key_features, value)
     value = ops.cast(value, key_features.dtype)
     context = ops.einsum("bhkm,bhkd->bhmd", key_features, value)
     numerator = ops.einsum("bhqm,bhmd->bhqd", query_features, context)
@@ -199,6 +242,14 @@ def causal_linear_attention(query_features, key_features, value, chunk_size=128)
 
     Args: as `linear_attention`, with `Tq == Tv`.
     """
+    owner = "causal_linear_attention"
+    _check_linear_args(owner, query_features, key_features, value)
+    checks.same_size(
+        owner,
+        ("query_features", query_features, 2, "length (causal)"),
+        ("key_features", key_features, 2, None),
+    )
+    chunk_size = checks.positive_int(owner, "chunk_size", chunk_size)
     value = ops.cast(value, key_features.dtype)
     length = query_features.shape[2]
     length = length if length is not None else ops.shape(query_features)[2]
@@ -483,6 +534,24 @@ def favor_attention(
         `output (B, Tq, H, Dv)` in the dtype of `value`, and with
         `return_weights` the float32 weights.
     """
+    owner = "favor_attention"
+    kernel = checks.choice(owner, "kernel", kernel, ("softmax", "relu"))
+    causal = checks.flag(owner, "causal", causal)
+    return_weights = checks.flag(owner, "return_weights", return_weights)
+    chunk_size = checks.positive_int(owner, "chunk_size", chunk_size)
+    feature_chunk_size = checks.positive_int(
+        owner, "feature_chunk_size", feature_chunk_size, allow_none=True
+    )
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        checks.tensor(owner, name, x, rank=4)
+    checks.tensor(owner, "projection", projection, rank=2)
+    checks.same_size(owner, ("query", query, -1, "head size"), ("key", key, -1, None))
+    checks.same_size(owner, ("key", key, 1, "length"), ("value", value, 1, None))
+    checks.same_size(owner, ("query", query, -1, "head size"), ("projection", projection, -1, None))
+    checks.mask(owner, "key_mask", key_mask, rank=2)
+    checks.mask(owner, "attention_mask", attention_mask, rank=3)
+    if causal:
+        checks.same_size(owner, ("query", query, 1, "length (causal)"), ("key", key, 1, None))
     dtype = value.dtype
     if masking.is_statically_empty(query, key):
         # No query, or nothing to attend to: the zeros of a fully masked row.

@@ -10,6 +10,7 @@ import math
 
 from keras import ops
 
+from keras_attention.ops import checks
 from keras_attention.ops import masking
 
 
@@ -45,6 +46,37 @@ def linformer_attention(
     Returns:
         `output (B, Tq, H, Dv)`, and the implied weights on request.
     """
+    owner = "linformer_attention"
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        checks.tensor(owner, name, x, rank=4)
+    for name, x in (("key_projection", key_projection), ("value_projection", value_projection)):
+        checks.tensor(owner, name, x, rank=2)
+    checks.same_size(owner, ("query", query, -1, "head size"), ("key", key, -1, None))
+    checks.same_size(owner, ("key", key, 1, "length"), ("value", value, 1, None))
+    checks.same_size(
+        owner,
+        ("key_projection", key_projection, 1, "projected length"),
+        ("value_projection", value_projection, 1, None),
+    )
+    for name, projection in (
+        ("key_projection", key_projection),
+        ("value_projection", value_projection),
+    ):
+        rows, keys = projection.shape[0], key.shape[1]
+        if rows is not None and keys is not None and rows < keys:
+            raise ValueError(
+                f"{owner}: `{name}` must have at least one row per key position "
+                f"(max_length >= Tv). Received: {name} with shape "
+                f"{tuple(projection.shape)}, key with shape {tuple(key.shape)}"
+            )
+    checks.mask(owner, "key_mask", key_mask, rank=2)
+    scale = checks.scale(owner, scale)
+    if dropout is not None and not callable(dropout):
+        raise TypeError(
+            f"{owner}: `dropout` must be a callable (such as a Dropout layer) or None. "
+            f"Received: dropout={dropout!r}"
+        )
+    return_weights = checks.flag(owner, "return_weights", return_weights)
     dtype = query.dtype
     length = key.shape[1] if key.shape[1] is not None else ops.shape(key)[1]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale

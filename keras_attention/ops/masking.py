@@ -7,6 +7,8 @@ never overflow or produce NaN for fully masked rows.
 
 from keras import ops
 
+from keras_attention.ops import checks
+
 # One masked softmax and one empty-safe row maximum, shared with the chunked
 # kernels' online softmax.
 from keras_attention.ops.online_softmax import masked_softmax  # noqa: F401
@@ -17,6 +19,7 @@ def to_bool_mask(mask):
     """Returns `mask` as a boolean tensor (`None` passes through)."""
     if mask is None:
         return None
+    checks.mask("to_bool_mask", "mask", mask)
     if "bool" in str(mask.dtype):
         return mask
     return ops.not_equal(mask, 0)
@@ -103,6 +106,11 @@ def merge_masks(*masks):
 
     Returns `None` when every mask is `None`.
     """
+    for index, mask in enumerate(masks):
+        checks.mask("merge_masks", f"masks[{index}]", mask)
+    given = [(f"masks[{i}]", m) for i, m in enumerate(masks) if m is not None]
+    if len(given) > 1:
+        checks.broadcastable("merge_masks", *zip(*given, strict=True))
     merged = None
     for mask in masks:
         if mask is None:
@@ -117,6 +125,8 @@ def causal_mask(query_length, key_length):
 
     This is the convention of `keras.layers.MultiHeadAttention`.
     """
+    query_length = checks.length("causal_mask", "query_length", query_length)
+    key_length = checks.length("causal_mask", "key_length", key_length)
     rows = ops.expand_dims(ops.arange(query_length), 1)
     cols = ops.expand_dims(ops.arange(key_length), 0)
     return ops.expand_dims(ops.greater_equal(rows, cols), 0)
@@ -143,6 +153,20 @@ def attention_mask_from(
         A boolean `(B or 1, Tq or 1, Tv or 1)` mask, or `None` if nothing is
         masked.
     """
+    owner = "attention_mask_from"
+    checks.mask(owner, "query_mask", query_mask, rank=2)
+    checks.mask(owner, "value_mask", value_mask, rank=2)
+    checks.mask(owner, "attention_mask", attention_mask, rank=(2, 3))
+    use_causal_mask = checks.flag(owner, "use_causal_mask", use_causal_mask)
+    if use_causal_mask:
+        if query_length is None or key_length is None:
+            raise ValueError(
+                f"{owner}: `use_causal_mask=True` needs `query_length` and "
+                f"`key_length`. Received: query_length={query_length!r}, "
+                f"key_length={key_length!r}"
+            )
+        checks.length(owner, "query_length", query_length)
+        checks.length(owner, "key_length", key_length)
     parts = []
     if query_mask is not None:
         parts.append(ops.expand_dims(to_bool_mask(query_mask), -1))  # (B, Tq, 1)

@@ -25,6 +25,8 @@ Conventions, everywhere:
 
 from keras import ops
 
+from keras_attention.ops import checks
+
 # Running maximum before any key is seen: finite, so that the correction
 # `exp(m_old - m_new)` is never `exp(-inf + inf)`, and below every real logit.
 INITIAL_MAX = -1e30
@@ -194,6 +196,12 @@ def masked_softmax(logits, mask=None, axis=-1, fused=True):
     fused gradient: faster at long lengths); it is skipped for a length-1
     axis, where `ops.softmax` warns, and for other axes than the last.
     """
+    checks.tensor("masked_softmax", "logits", logits)
+    checks.mask("masked_softmax", "mask", mask)
+    if mask is not None:
+        checks.broadcastable("masked_softmax", ("logits", "mask"), (logits, mask))
+    axis = checks.axis("masked_softmax", "axis", axis, max(len(logits.shape), 1))
+    fused = checks.flag("masked_softmax", "fused", fused)
     dtype = logits.dtype
     logits = ops.cast(logits, "float32")
     if mask is not None and "bool" not in str(mask.dtype):

@@ -29,6 +29,7 @@ import math
 from keras import ops
 
 from keras_attention.ops import attention_mask as attention_masks
+from keras_attention.ops import checks
 from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
 
@@ -130,6 +131,64 @@ def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts):
     return out
 
 
+BALANCES = ("auto", "zigzag", "contiguous")
+
+
+def _check_arguments(
+    query, key, value, mesh, sequence_axis, batch_axis, scale, mask, use_causal_mask, balance
+):
+    """`ring_attention`'s arguments, before JAX sees them: a typo in
+    `balance` would silently lose the load balancing, and a length the mesh
+    does not divide would surface as `shard_map`'s error."""
+    owner = "ring_attention"
+    checks.choice(owner, "balance", balance, BALANCES)
+    checks.flag(owner, "use_causal_mask", use_causal_mask)
+    checks.scale(owner, scale)
+    if mask is not None and not isinstance(mask, attention_masks.AttentionMask):
+        raise TypeError(
+            f"{owner}: `mask` must be an AttentionMask or None. Received: mask={mask!r}"
+        )
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        checks.tensor(owner, name, x, rank=4)
+    checks.same_size(owner, ("query", query, -1, "head size"), ("key", key, -1, None))
+    checks.same_size(owner, ("key", key, 1, "length"), ("value", value, 1, None))
+    checks.same_size(owner, ("query", query, 2, "number of heads"), ("key", key, 2, None))
+    checks.same_size(owner, ("key", key, 2, "number of heads"), ("value", value, 2, None))
+    if not (hasattr(mesh, "shape") and hasattr(mesh, "axis_names")) or isinstance(
+        mesh, (str, bytes)
+    ):
+        raise TypeError(
+            f"{owner}: `mesh` must be a jax.sharding.Mesh (e.g. "
+            f"`DeviceMesh.backend_mesh`). Received: mesh={mesh!r}"
+        )
+    sizes = dict(mesh.shape)
+    described = f"mesh of shape {sizes}"
+    for name, axis in (("sequence_axis", sequence_axis), ("batch_axis", batch_axis)):
+        if axis is None and name == "batch_axis":
+            continue
+        if axis not in mesh.axis_names:
+            raise ValueError(
+                f"{owner}: `{name}` must name an axis of the {described}. Received: {name}={axis!r}"
+            )
+    size = sizes[sequence_axis]
+    for name, x in (("query", query), ("key", key)):
+        length = x.shape[1]
+        if length is not None and length % size:
+            raise ValueError(
+                f"{owner}: the mesh axis {sequence_axis!r} of size {size} ({described}) "
+                f"must divide the {name} length. Received: {name} with shape "
+                f"{tuple(x.shape)}, sequence_axis={sequence_axis!r}"
+            )
+    if batch_axis is not None:
+        batch = query.shape[0]
+        if batch is not None and batch % sizes[batch_axis]:
+            raise ValueError(
+                f"{owner}: the mesh axis {batch_axis!r} of size {sizes[batch_axis]} "
+                f"({described}) must divide the batch size. Received: query with shape "
+                f"{tuple(query.shape)}, batch_axis={batch_axis!r}"
+            )
+
+
 def zigzag_order(length, num_devices):
     """The sequence order that gives device `i` half-blocks `i` and `2N-1-i`."""
     import numpy as np
@@ -188,6 +247,9 @@ def ring_attention(
         `(B, Tq, H, Dv)` in the dtype of `query`; rows with no allowed key
         are zeros.
     """
+    _check_arguments(
+        query, key, value, mesh, sequence_axis, batch_axis, scale, mask, use_causal_mask, balance
+    )
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -82,6 +82,15 @@ class DecodingStepper(Component):
             raise ValueError(
                 f"DecodingStepper: `text` must be a non-empty string. Received: text={text!r}"
             )
+        try:
+            text.encode("utf-8")
+        except UnicodeError as error:
+            # Checked here, so that the error names what the user called, not
+            # the translator's `decoding_session` that would refuse it next.
+            raise ValueError(
+                "DecodingStepper: `text` must be valid Unicode text (encodable as "
+                f"UTF-8); {error.reason} at position {error.start}. Received: text={text!r}"
+            ) from None
         if not validation.is_int(top_k) or top_k < 1:
             raise ValueError(
                 f"DecodingStepper: `top_k` must be a positive integer. Received: top_k={top_k!r}"

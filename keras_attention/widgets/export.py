@@ -10,6 +10,7 @@ from bokeh.embed import file_html
 from bokeh.models import LayoutDOM
 from bokeh.resources import INLINE
 
+from keras_attention import validation
 from keras_attention.widgets import _theme
 
 # Where Debian's `chromium` package puts the browser; `KERAS_ATTENTION_CHROMIUM` overrides.
@@ -38,6 +39,9 @@ def export_html(obj, path, title="keras-attention"):
     controls (Bokeh sliders and selects with JavaScript callbacks) still work.
     Returns the path.
     """
+    path = _check_path("export_html", path)
+    if not isinstance(title, str):
+        raise TypeError(f"export_html: `title` must be a string. Received: title={title!r}")
     if hasattr(obj, "standalone_layout"):
         obj = obj.standalone_layout()
     if not isinstance(obj, (LayoutDOM, Document)):
@@ -54,6 +58,26 @@ def export_html(obj, path, title="keras-attention"):
     html = file_html(obj, resources=INLINE, title=title)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(html)
+    return path
+
+
+def _check_path(owner, path):
+    """`path` as a str, or our error: an int would be taken by `open` as a file
+    descriptor (written to and closed: `1` is stdout), None gives `open`'s
+    TypeError naming neither the function nor the argument."""
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"{owner}: `path` must be a file path (str or os.PathLike); file "
+            f"descriptors are not accepted. Received: path={path!r}"
+        )
+    path = os.fspath(path)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not path or os.path.isdir(path):
+        raise ValueError(
+            f"{owner}: `path` must name a file to write, not "
+            f"{'a directory' if path else 'an empty string'}. Received: path={path!r}"
+        )
     return path
 
 
@@ -83,6 +107,22 @@ def export_png(obj, path, width=900, height=700, chromium=None, timeout_s=60):
     Raises:
         RuntimeError: no chromium was found, or it failed.
     """
+    path = _check_path("export_png", path)
+    if not isinstance(obj, (LayoutDOM, Document)) and not hasattr(obj, "standalone_layout"):
+        raise TypeError(
+            "export_png: `obj` must be a Bokeh layout or figure, or a keras_attention widget. "
+            f"Received: {type(obj).__name__}"
+        )
+    width = validation.validate_positive_int("export_png", "width", width)
+    height = validation.validate_positive_int("export_png", "height", height)
+    timeout_s = validation.validate_real(
+        "export_png", "timeout_s", timeout_s, low=0, include_low=False
+    )
+    if chromium is not None and not isinstance(chromium, (str, os.PathLike)):
+        raise TypeError(
+            "export_png: `chromium` must be the path of a chromium executable or None. "
+            f"Received: chromium={chromium!r}"
+        )
     browser = chromium or find_chromium()
     if browser is None:
         raise RuntimeError(

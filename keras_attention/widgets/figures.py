@@ -9,6 +9,8 @@ hover tooltips use Bokeh's default escaping (never the `{safe}` format), so a
 token such as `<img src=x onerror=alert(1)>` shows up literally.
 """
 
+import reprlib
+
 import numpy as np
 from bokeh.layouts import gridplot
 from bokeh.models import BasicTickFormatter
@@ -26,6 +28,8 @@ from bokeh.palettes import RdBu11
 from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
 
+from keras_attention import validation
+
 # Negative and positive features of the weighted sum: blue, white at 0, red.
 DIVERGING = tuple(reversed(RdBu11))
 
@@ -33,17 +37,37 @@ DIVERGING = tuple(reversed(RdBu11))
 MAX_LABELLED_TICKS = 60
 
 
-def _as_matrix(weights, name):
-    matrix = np.asarray(weights, dtype="float64")
+def _numbers(values, name, argument):
+    """`values` as a float64 array, or a TypeError naming `name` and `argument`
+    (NumPy's own "could not convert string to float" names neither)."""
+    if values is None or isinstance(values, (str, bytes)):
+        ok = False
+    else:
+        try:
+            array = np.asarray(values, dtype="float64")
+            ok = True
+        except (TypeError, ValueError):
+            ok = False
+    if not ok:
+        raise TypeError(
+            f"{name}: `{argument}` must be an array of numbers. "
+            f"Received: {argument}={reprlib.repr(values)}"
+        )
+    return array
+
+
+def _as_matrix(weights, name, argument="weights"):
+    matrix = _numbers(weights, name, argument)
     if matrix.ndim != 2:
         raise ValueError(
-            f"{name}: `weights` must be a 2-D array (rows, columns). Received: shape {matrix.shape}"
+            f"{name}: `{argument}` must be a 2-D array (rows, columns). "
+            f"Received: shape {matrix.shape}"
         )
     return matrix
 
 
 def _as_vector(values, name, argument="weights"):
-    vector = np.asarray(values, dtype="float64")
+    vector = _numbers(values, name, argument)
     if vector.ndim != 1:
         raise ValueError(
             f"{name}: `{argument}` must be a 1-D array. Received: shape {vector.shape}"
@@ -51,10 +75,27 @@ def _as_vector(values, name, argument="weights"):
     return vector
 
 
+_NO_TITLE = object()
+
+
+def _options(name, title=_NO_TITLE, **sizes):
+    """Checks a builder's `title` (a string) and pixel/count options (positive
+    integers), naming `name`; returns the sizes as Python ints, in order."""
+    if title is not _NO_TITLE and not isinstance(title, str):
+        raise TypeError(f"{name}: `title` must be a string. Received: title={title!r}")
+    return [validation.validate_positive_int(name, arg, value) for arg, value in sizes.items()]
+
+
 def _labels(tokens, length, name, argument):
     """Token strings for `length` positions; positions are used when absent."""
     if tokens is None:
         return [str(i) for i in range(length)]
+    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
+        # A lone string would label the axis character by character.
+        raise TypeError(
+            f"{name}: `{argument}` must be a list of token strings or None. "
+            f"Received: {argument}={tokens!r}"
+        )
     tokens = [str(token) for token in tokens]
     if len(tokens) != length:
         raise ValueError(
@@ -137,10 +178,12 @@ def value_range(values, fixed=None):
     return (low - margin if low < 0 else 0.0), (high + margin if high > 0 else 0.0)
 
 
-def bar_data(values, tokens):
-    """The ColumnDataSource columns of `distribution_bars`: `position`, `weight`, `token`."""
-    vector = _as_vector(values, "bar_data")
-    labels = _labels(tokens, len(vector), "bar_data", "tokens")
+def bar_data(values, tokens, owner="bar_data"):
+    """The ColumnDataSource columns of `distribution_bars`: `position`, `weight`, `token`.
+
+    `owner` is the function the user called, which errors name."""
+    vector = _as_vector(values, owner)
+    labels = _labels(tokens, len(vector), owner, "tokens")
     return {"position": list(range(len(vector))), "weight": vector.tolist(), "token": labels}
 
 
@@ -149,15 +192,16 @@ def _color_bar_ticks():
     return BasicTickFormatter(use_scientific=False)
 
 
-def heatmap_data(weights, x_tokens=None, y_tokens=None, row_offset=0):
+def heatmap_data(weights, x_tokens=None, y_tokens=None, row_offset=0, owner="heatmap_data"):
     """The ColumnDataSource columns of a heatmap, one entry per cell (row-major).
 
     Columns: `row`, `col` (cell centres), `weight`, `x_token`, `y_token`.
+    `owner` is the function the user called (`heatmap`), which errors name.
     """
-    matrix = _as_matrix(weights, "heatmap_data")
+    matrix = _as_matrix(weights, owner)
     rows, cols = matrix.shape
-    x_labels = _labels(x_tokens, cols, "heatmap_data", "x_tokens")
-    y_labels = _labels(y_tokens, rows, "heatmap_data", "y_tokens")
+    x_labels = _labels(x_tokens, cols, owner, "x_tokens")
+    y_labels = _labels(y_tokens, rows, owner, "y_tokens")
     row_index, col_index = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
     return {
         "row": (row_index.ravel() + row_offset).tolist(),
@@ -217,8 +261,11 @@ def heatmap(
     ['he', 'he', 'has', 'has']
     """
     matrix = _as_matrix(weights, "heatmap")
+    width, height = _options("heatmap", title, width=width, height=height)
+    if rows is not None:
+        rows = validation.validate_non_negative_int("heatmap", "rows", rows)
     num_rows, num_cols = matrix.shape
-    data = heatmap_data(matrix, x_tokens, y_tokens)
+    data = heatmap_data(matrix, x_tokens, y_tokens, owner="heatmap")
     if source is None:
         source = ColumnDataSource(data, name="heatmap_source")
     else:
@@ -285,9 +332,23 @@ def heatmap(
 def heatmap_source(fig):
     """The `ColumnDataSource` behind a figure made by `heatmap`/`image_heatmap`
     (or the bar charts)."""
-    return fig.renderers[
-        0
-    ].data_source  # the figure's first glyph (callbacks may reference other sources)
+    return _first_source(fig, "heatmap_source")
+
+
+def _first_source(fig, _owner):
+    """`heatmap_source`, naming `_owner` (the function the user called) in errors."""
+    if not hasattr(fig, "renderers") or not hasattr(fig, "xaxis"):
+        raise TypeError(
+            f"{_owner}: `fig` must be a Bokeh figure made by `heatmap` (or another "
+            f"figure builder). Received: fig={reprlib.repr(fig)}"
+        )
+    if not fig.renderers or not hasattr(fig.renderers[0], "data_source"):
+        raise ValueError(
+            f"{_owner}: `fig` has no glyph, so no data source: it was not made by a "
+            f"figure builder. Received: fig={fig!r} with no renderers"
+        )
+    # The figure's first glyph (callbacks may reference other sources).
+    return fig.renderers[0].data_source
 
 
 def set_tick_labels(fig, x_tokens=None, y_tokens=None, max_chars=None):
@@ -346,6 +407,18 @@ def image_heatmap(
     drawn as is over the original positions.
     """
     matrix = _as_matrix(weights, "image_heatmap")
+    max_size, width, height = _options(
+        "image_heatmap", title, max_size=max_size, width=width, height=height
+    )
+    if full_shape is not None and (
+        not isinstance(full_shape, (list, tuple))
+        or len(full_shape) != 2
+        or not all(validation.is_int(n) and n >= 1 for n in full_shape)
+    ):
+        raise ValueError(
+            "image_heatmap: `full_shape` must be None or (rows, cols), two positive "
+            f"integers. Received: full_shape={full_shape!r}"
+        )
     if full_shape is None:
         rows, cols = matrix.shape
         small, row_step, col_step = downsample(matrix, max_size)
@@ -412,8 +485,9 @@ def distribution_bars(
             spans the data and 0 (`value_range`; scores can be negative).
     """
     vector = _as_vector(weights, "distribution_bars")
+    width, height = _options("distribution_bars", title, width=width, height=height)
     labels = _labels(tokens, len(vector), "distribution_bars", "tokens")
-    data = bar_data(vector, labels)
+    data = bar_data(vector, labels, owner="distribution_bars")
     if source is None:
         source = ColumnDataSource(data, name="distribution_source")
     else:
@@ -453,7 +527,12 @@ def candidate_bars(
     active: selecting a bar sets `source.selected.indices` (the stepper
     forces the tapped candidate).
     """
-    candidates = list(candidates)
+    candidates = _candidates("candidate_bars", candidates)
+    width, height = _options("candidate_bars", title, width=width, height=height)
+    if chosen is not None and not isinstance(chosen, str):
+        raise TypeError(
+            f"candidate_bars: `chosen` must be a token string or None. Received: chosen={chosen!r}"
+        )
     data = candidate_data(candidates, chosen)
     if source is None:
         source = ColumnDataSource(data, name="candidate_source")
@@ -506,6 +585,36 @@ def candidate_bars(
     return fig
 
 
+def _candidates(name, candidates):
+    """`candidates` as a list of `(token, probability)` pairs (str, float in
+    [0, 1]), or our error naming `name`, `candidates` and the bad entry."""
+    if isinstance(candidates, (str, bytes)) or not hasattr(candidates, "__iter__"):
+        raise TypeError(
+            f"{name}: `candidates` must be a list of (token, probability) pairs. "
+            f"Received: candidates={candidates!r}"
+        )
+    pairs = []
+    for index, pair in enumerate(candidates):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(
+                f"{name}: `candidates` must be a list of (token, probability) pairs. "
+                f"Received: candidates[{index}]={pair!r}"
+            )
+        token, probability = pair
+        if not isinstance(token, str):
+            raise TypeError(
+                f"{name}: each token of `candidates` must be a string. "
+                f"Received: candidates[{index}]={pair!r}"
+            )
+        if not validation.is_real(probability) or not 0.0 <= float(probability) <= 1.0:
+            raise ValueError(
+                f"{name}: each probability of `candidates` must be a number in [0, 1]. "
+                f"Received: candidates[{index}]={pair!r}"
+            )
+        pairs.append((token, float(probability)))
+    return pairs
+
+
 def candidate_data(candidates, chosen=None):
     """The ColumnDataSource columns of `candidate_bars` (`color` marks `chosen`)."""
     tokens = [str(token) for token, _ in candidates]
@@ -533,6 +642,7 @@ def weighted_sum(
         values: `(Tv, dv)` value (encoder hidden state) vectors.
     """
     rows, row_labels = weighted_sum_rows(weights, values, tokens)
+    width, height = _options("weighted_sum", title, width=width, height=height)
     limit = float(max(np.abs(rows).max(), 1e-9))
     fig = heatmap(
         rows,
@@ -556,7 +666,7 @@ def weighted_sum_rows(weights, values, tokens=None):
     """`(rows, row_labels)` of `weighted_sum`: `weights[i] * values[i]` per source position,
     then their sum (the context vector) as the last row."""
     vector = _as_vector(weights, "weighted_sum")
-    values = _as_matrix(values, "weighted_sum")
+    values = _as_matrix(values, "weighted_sum", "values")
     if values.shape[0] != vector.shape[0]:
         raise ValueError(
             "weighted_sum: `values` must have one row per weight. "
@@ -575,7 +685,8 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
     Heads of long sequences are block-averaged to `max_size` per axis so the
     grid stays light.
     """
-    heads = np.asarray(weights, dtype="float64")
+    heads = _numbers(weights, "head_grid", "weights")
+    ncols, size, max_size = _options("head_grid", title, ncols=ncols, size=size, max_size=max_size)
     if heads.ndim != 3:
         raise ValueError(
             "head_grid: `weights` must be a 3-D array (heads, Tq, Tv). "
@@ -723,6 +834,13 @@ def model_view(
     gets `selected.indices`, and its outline turns red. The images are in a
     second source, so a selection does not dim them.
     """
+    size, max_size = _options("model_view", title, size=size, max_size=max_size)
+    for argument, value in (("thumbnails", thumbnails), ("layer_names", layer_names)):
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(
+                f"model_view: `{argument}` must be a list (one entry per layer). "
+                f"Received: {argument}={reprlib.repr(value)}"
+            )
     if len(thumbnails) != len(layer_names) or not thumbnails:
         raise ValueError(
             "model_view: `thumbnails` and `layer_names` must be non-empty and of the same length. "
@@ -734,10 +852,11 @@ def model_view(
     )
     high = 1e-9
     for row_index, (heads, name) in enumerate(zip(thumbnails, layer_names, strict=True)):
-        heads = np.asarray(heads, dtype="float64")
+        heads = _numbers(heads, "model_view", f"thumbnails[{row_index}]")
         if heads.ndim != 3:
             raise ValueError(
-                f"model_view: each thumbnail must be (heads, Tq, Tv). Received: shape {heads.shape}"
+                f"model_view: each of `thumbnails` must be (heads, Tq, Tv). Received: "
+                f"shape {heads.shape} at thumbnails[{row_index}]"
             )
         for head_index, head in enumerate(heads):
             small = downsample(head, max_size)[0] if max(head.shape) > max_size else head
@@ -896,8 +1015,26 @@ def head_view(detail_figure, *, width=300, height=420):
 
     Returns `(view_figure, bars_figure, token_source)`.
     """
-    detail = heatmap_source(detail_figure)
+    width, height = _options("head_view", width=width, height=height)
+    if hasattr(detail_figure, "renderers") and not detail_figure.renderers:
+        raise ValueError(
+            "head_view: `detail_figure` must be a figure made by `heatmap`. "
+            f"Received: detail_figure={detail_figure!r} with no renderers"
+        )
+    if not hasattr(detail_figure, "renderers"):
+        raise TypeError(
+            "head_view: `detail_figure` must be a figure made by `heatmap`. "
+            f"Received: detail_figure={reprlib.repr(detail_figure)}"
+        )
+    detail = _first_source(detail_figure, "head_view")
     data = detail.data
+    missing = {"row", "col", "weight", "x_token", "y_token"} - set(data)
+    if missing:
+        raise ValueError(
+            "head_view: `detail_figure` must be a figure made by `heatmap` (its data "
+            f"source has the columns row, col, weight, x_token, y_token). Received: "
+            f"detail_figure whose source lacks {sorted(missing)}"
+        )
     rows = max(data["row"], default=-1) + 1
     cols = max(data["col"], default=-1) + 1
     layout = head_view_layout(rows, cols, height)

@@ -34,12 +34,14 @@ TOKENS = [
 
 
 def _int(value):
-    value = value.item() if isinstance(value, (np.generic, np.ndarray)) else value
+    scalar = isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0)
+    value = value.item() if scalar else value
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _real(value):
-    value = value.item() if isinstance(value, (np.generic, np.ndarray)) else value
+    scalar = isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0)
+    value = value.item() if scalar else value
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     return value if ok else None
 
@@ -49,6 +51,17 @@ def _tokens_ok(tokens):
         isinstance(tokens, (list, tuple, np.ndarray))
         and all(isinstance(t, str) for t in list(tokens))
     )
+
+
+TEXTS = ["il a m' entarté", "5", "", "  ", "\ud800 5", b"il a", 5, None]
+
+
+def _encodable(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeError:
+        return False
+    return True
 
 
 def _in(value, low, high=None):
@@ -74,6 +87,7 @@ RULES = {
         "query_tokens": _tokens_ok,
     },
     "DecodingStepper": {
+        "text": lambda v: isinstance(v, str) and bool(v.strip()) and _encodable(v),
         "top_k": lambda v: _in(v, 1),
         "reserved_rows": lambda v: v is None or _in(v, 1),
     },
@@ -96,7 +110,8 @@ def _build(widget, kwargs):
         return AttentionExplorer(_model(), probe, **kwargs)
     if widget == "LiveAttention":
         return LiveAttention(_model(), probe, **kwargs)
-    return DecodingStepper(FakeTranslator(), "il a m' entarté", **kwargs)
+    kwargs = dict(kwargs)
+    return DecodingStepper(FakeTranslator(), kwargs.pop("text", "il a m' entarté"), **kwargs)
 
 
 @st.composite
@@ -104,7 +119,11 @@ def cases(draw):
     widget = draw(st.sampled_from(sorted(RULES)))
     names = draw(st.lists(st.sampled_from(sorted(RULES[widget])), unique=True, max_size=3))
     kwargs = {
-        name: draw(st.sampled_from(TOKENS if name.endswith("tokens") else NUMBERS))
+        name: draw(
+            st.sampled_from(
+                TEXTS if name == "text" else TOKENS if name.endswith("tokens") else NUMBERS
+            )
+        )
         for name in names
     }
     return widget, kwargs
@@ -123,6 +142,8 @@ def cases(draw):
 @example(case=("LiveAttention", {"head": 5}))
 @example(case=("AttentionExplorer", {"query_tokens": 5}))
 @example(case=("DecodingStepper", {"top_k": np.int64(2)}))
+# Issue 39: a lone surrogate blamed `Seq2SeqTranslator.decoding_session`.
+@example(case=("DecodingStepper", {"text": "\ud800 5"}))
 def test_widget_constructors_build_or_name_the_wrong_argument(fake_comm, case):
     widget, kwargs = case
     wrong = {name for name, value in kwargs.items() if not RULES[widget][name](value)}
