@@ -51,41 +51,42 @@ def _is_layer_detail(item):
 
 
 # Test files whose tests take longest in all (seconds, setup included: the
-# 2026-12-04 clean-clone `make test-tf` on 2 cores, from `--durations`). They
+# 2026-12-05 clean-clone `make test-tf` on 2 cores, from `--durations=0`). They
 # are collected first, so that with `--dist loadfile --no-loadscope-reorder`
 # (the Makefile's) one worker starts each while the other works through the
 # short files, instead of one starting last with the other idle; xdist's own
 # reorder (by number of tests) put the browser tests, ~30 tests in ~10 minutes,
 # near the end. Files not listed keep their collection order after these.
 LONG_FILES = [
-    "tests/widgets/frontends_test.py",  # >= 310
-    "tests/export/export_test.py",  # >= 224
-    "tests/layers/long_sequence_task_test.py",  # 124
-    "tests/packaging/wheel_test.py",  # 123
-    "tests/distribution/tf_distribution_test.py",  # 92
-    "tests/benchmarks/gpu_check_test.py",  # 67
-    "tests/benchmarks/serving_benchmark_test.py",  # 58
-    "tests/docs/readme_test.py",  # >= 57
-    "tests/distribution/jax_distribution_test.py",  # 55
-    "tests/widgets/notebooks_test.py",  # 55
-    "tests/examples/distributed_training_test.py",  # 54
-    "tests/examples/phrase_translation_test.py",  # 48
-    "tests/models/seq2seq_translator_test.py",  # >= 48
-    "tests/models/keras_saving_test.py",  # 47
-    "tests/packaging/quiet_startup_test.py",  # >= 41
+    "tests/widgets/frontends_test.py",  # 327
+    "tests/export/export_test.py",  # 235
+    "tests/layers/long_sequence_task_test.py",  # 153
+    "tests/packaging/wheel_test.py",  # 99
+    "tests/distribution/tf_distribution_test.py",  # 81
+    "tests/layers/precision_training_test.py",  # 76, JAX ~114
+    "tests/layers/hostile_inputs_test.py",  # 73, JAX 140
+    "tests/widgets/notebooks_test.py",  # 65
+    "tests/distribution/jax_distribution_test.py",  # 65
+    "tests/models/seq2seq_translator_test.py",  # 60
+    "tests/models/translator_inputs_test.py",  # 58
+    "tests/docs/readme_test.py",  # 49
+    "tests/models/keras_saving_test.py",  # 41
+    "tests/packaging/quiet_startup_test.py",  # 41
+    "tests/examples/phrase_translation_test.py",  # 39
+    "tests/examples/distributed_training_test.py",  # 34 (54 the day before)
     # The longest of `make test-jax` (its clean run, the same day), long on
     # TensorFlow too.
-    "tests/layers/multi_head_attention_test.py",  # JAX 119
-    "tests/layers/precision_training_test.py",  # JAX 114
-    "tests/layers/sparse_attention_test.py",  # JAX 108
-    "tests/ops/block_sparse_test.py",  # JAX 102
-    "tests/keras_ported/keras_multi_head_attention_test.py",  # JAX 86
-    "tests/ops/memory_efficient_test.py",  # JAX 78
-    "tests/layers/hostile_inputs_test.py",  # JAX 76
-    "tests/layers/fuzz_test.py",  # JAX 70
-    "tests/layers/performer_attention_test.py",  # JAX 70
-    "tests/layers/hidden_nonfinite_test.py",  # JAX 62
-    "tests/keras_hub/keras_hub_substitution_test.py",  # JAX 60
+    "tests/layers/hidden_nonfinite_test.py",  # JAX 102
+    "tests/layers/multi_head_attention_test.py",  # JAX 93
+    "tests/keras_ported/keras_multi_head_attention_test.py",  # JAX 92
+    "tests/layers/fuzz_test.py",  # JAX 84
+    "tests/ops/block_sparse_test.py",  # JAX 75
+    "tests/layers/base_attention_test.py",  # JAX 73
+    "tests/layers/performer_attention_test.py",  # JAX 69
+    "tests/layers/sparse_attention_test.py",  # JAX 67
+    "tests/layers/wrapped_call_test.py",  # JAX 66
+    "tests/ops/memory_efficient_test.py",  # JAX 64
+    "tests/keras_hub/keras_hub_substitution_test.py",  # JAX 63
 ]
 
 
