@@ -234,7 +234,10 @@ def test_every_op_returns_or_refuses_naming_a_wrong_argument(op):
 def _mesh(size):
     from jax.sharding import AbstractMesh
 
-    return AbstractMesh((size,), ("sequence",))
+    try:
+        return AbstractMesh((size,), ("sequence",))
+    except TypeError:  # JAX before 0.5 (the compat floor, 0.4.38): ((name, size), ...)
+        return AbstractMesh((("sequence", size),))
 
 
 BALANCES = [("auto", True), ("zigzag", True), ("contiguous", True)] + [
