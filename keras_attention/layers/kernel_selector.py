@@ -11,10 +11,10 @@ match wins (a test checks this table against the code):
 | ring | `sequence_parallel` is set | RING |
 | weights | the weights must be stored (returned, captured, dropout in training) | DENSE |
 | forced-materialised | `flash_attention=False` or `memory_efficient=False` | MATERIALISED |
-| forced-flash-fused | `flash_attention=True`, a fused kernel here, equal head dims | FUSED |
+| forced-flash-fused | `flash_attention=True`, a fused kernel here, equal head dims, no score modifier | FUSED |
 | forced-flash-blockwise | `flash_attention=True`, static lengths | BLOCKWISE |
 | forced-flash-dynamic | `flash_attention=True` | MATERIALISED |
-| fused | a fused kernel here, flash not disabled globally, equal head dims | FUSED |
+| fused | a fused kernel here, flash not disabled globally, equal head dims, no score modifier | FUSED |
 | dynamic | a sequence length is unknown (see below) | MATERIALISED |
 | forced-blockwise | `memory_efficient=True` | BLOCKWISE |
 | single-query | one query row (a decoding step) | MATERIALISED |
@@ -23,6 +23,11 @@ match wins (a test checks this table against the code):
 | unknown-batch | the batch is unknown and keys are `UNKNOWN_BATCH_KEY_LENGTH` or longer | BLOCKWISE |
 | over-budget | the dense working set exceeds the memory budget (unknown batch: one example) | BLOCKWISE |
 | fits | otherwise | MATERIALISED |
+
+A score modifier (`ops.score_modifier.ScoreModifier`: soft cap, ALiBi,
+learned sinks, a `score_mod`) rules out the fused and composite kernels
+(Keras' `dot_product_attention` cannot change the logits): the fused rows do
+not hold, and MATERIALISED is DENSE (SHIFTED under TensorFlow's XLA).
 
 MATERIALISED is COMPOSITE (`keras.ops.dot_product_attention` without a fused
 kernel, what Keras' own layer runs), except: under TensorFlow's XLA it is
@@ -118,6 +123,9 @@ class KernelRequest:
     # Key length from which the blockwise kernel is the faster one here
     # (None: it never is; `blockwise_crossover()` reads it for the backend).
     blockwise_faster_from: int | None = None
+    # Whether the call changes its logits or softmax (`ScoreModifier`):
+    # Keras' `dot_product_attention` cannot, so never FUSED or COMPOSITE.
+    scores_modified: bool = False
 
     def __post_init__(self):
         # Sizes Python cannot compare (None, JAX symbolic dimensions) are
@@ -141,7 +149,7 @@ def _materialised(request):
         return Kernel.DENSE
     if request.xla:
         return Kernel.SHIFTED
-    if not request.equal_head_dims:
+    if not request.equal_head_dims or request.scores_modified:
         return Kernel.DENSE
     return Kernel.COMPOSITE
 
@@ -149,6 +157,7 @@ def _materialised(request):
 def decide(request):
     """`(rule, kernel)`: the first rule of the table that holds."""
     r = request
+    fused = r.fused_available and r.equal_head_dims and not r.scores_modified
     if r.sequence_parallel:
         return "ring", Kernel.RING
     if r.weights_needed:
@@ -156,12 +165,12 @@ def decide(request):
     if r.flash_attention is False or r.memory_efficient is False:
         return "forced-materialised", _materialised(r)
     if r.flash_attention is True:
-        if r.fused_available and r.equal_head_dims:
+        if fused:
             return "forced-flash-fused", Kernel.FUSED
         if r.static_lengths:
             return "forced-flash-blockwise", Kernel.BLOCKWISE
         return "forced-flash-dynamic", _materialised(r)
-    if r.fused_available and r.flash_enabled is not False and r.equal_head_dims:
+    if fused and r.flash_enabled is not False:
         return "fused", Kernel.FUSED
     if not r.static_lengths:
         return "dynamic", _materialised(r)

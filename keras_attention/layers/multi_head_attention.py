@@ -17,6 +17,7 @@ from keras_attention.ops import dense_attention
 from keras_attention.ops import masking
 from keras_attention.ops import multi_head
 from keras_attention.ops import ring_attention
+from keras_attention.ops import score_modifier
 from keras_attention.ops.cache import update_cache
 from keras_attention.ops.memory_efficient import memory_efficient_attention
 from keras_attention.ops.shapes import static_shape
@@ -216,9 +217,27 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         memory_budget=None,
         block_size=DEFAULT_BLOCK_SIZE,
         sequence_parallel=None,
+        logit_soft_cap=None,
+        alibi=None,
+        attention_sinks=False,
+        score_mod=None,
         **kwargs,
     ):
         owner = type(self).__name__
+        if logit_soft_cap is not None:
+            logit_soft_cap = validation.validate_real(
+                owner, "logit_soft_cap", logit_soft_cap, low=0.0, include_low=False
+            )
+        alibi = _validate_alibi(owner, alibi, num_heads)
+        attention_sinks = validation.validate_bool(owner, "attention_sinks", attention_sinks)
+        if isinstance(score_mod, dict):  # a `.keras` file's config
+            score_mod = keras.saving.deserialize_keras_object(score_mod)
+        if score_mod is not None and not callable(score_mod):
+            raise TypeError(
+                f"{owner}: `score_mod` must be a callable "
+                "`(score, batch, head, q_idx, k_idx) -> score` or None. "
+                f"Received: score_mod={score_mod!r}"
+            )
         attention_axes = validation.validate_axes(owner, "attention_axes", attention_axes)
         sliding_window = validation.validate_positive_int(
             owner, "sliding_window", sliding_window, allow_none=True
@@ -292,6 +311,45 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                         f"{argument}={received!r}"
                     )
         self.sequence_parallel = sequence_parallel
+        self.logit_soft_cap = logit_soft_cap
+        self.alibi = alibi
+        self.attention_sinks = attention_sinks
+        self.score_mod = score_mod
+        if sequence_parallel is not None and attention_sinks:
+            raise ValueError(
+                f"{owner}: `sequence_parallel` (ring attention) does not "
+                "support `attention_sinks`. Received: "
+                f"sequence_parallel={sequence_parallel!r}, attention_sinks=True"
+            )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        super().build(query_shape, value_shape, key_shape)
+        if self.attention_sinks:
+            # One sink logit per head, in every row's softmax denominator.
+            self.sinks = self.add_weight(
+                name="sinks", shape=(self._num_heads,), initializer="zeros", trainable=True
+            )
+
+    def _score_modifier(self):
+        """The layer's `ScoreModifier`, or None when no score is changed."""
+        if not (
+            self.logit_soft_cap is not None
+            or self.alibi is not None
+            or self.attention_sinks
+            or self.score_mod is not None
+        ):
+            return None
+        slopes = None
+        if self.alibi is not None:
+            slopes = (
+                score_modifier.alibi_slopes(self._num_heads) if self.alibi is True else self.alibi
+            )
+        return score_modifier.ScoreModifier(
+            soft_cap=self.logit_soft_cap,
+            alibi_slopes=slopes,
+            sink_logits=self.sinks if self.attention_sinks else None,
+            score_mod=self.score_mod,
+        )
 
     @property
     def sliding_window(self):
@@ -417,6 +475,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             blockwise_faster_from=(
                 kernel_selector.blockwise_crossover() if self.memory_efficient == "auto" else None
             ),
+            scores_modified=self._score_modifier() is not None,
         )
 
     def _weights_needed(self, training, return_attention_scores):
@@ -454,12 +513,22 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             )
         )
         scale = self._inverse_sqrt_key_dim
+        scores = self._score_modifier()
         if kernel is Kernel.DENSE:
             return dense_attention.dense_attention(
-                query, key, value, mask, scale=scale, dropout=self._dropout_callable(training)
+                query,
+                key,
+                value,
+                mask,
+                scale=scale,
+                dropout=self._dropout_callable(training),
+                scores=scores,
             )
         if kernel is Kernel.SHIFTED:
-            return dense_attention.shifted_attention(query, key, value, mask, scale=scale), None
+            output = dense_attention.shifted_attention(
+                query, key, value, mask, scale=scale, scores=scores
+            )
+            return output, None
         if kernel is Kernel.RING:
             if self._weights_needed(training, return_attention_scores):
                 raise ValueError(
@@ -470,10 +539,16 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                         "out)"
                     )
                 )
-            return self._ring_attention(query, key, value, mask), None
+            return self._ring_attention(query, key, value, mask, scores), None
         if kernel is Kernel.BLOCKWISE:
             output = memory_efficient_attention(
-                query, key, value, scale=scale, mask=mask, block_size=self.block_size
+                query,
+                key,
+                value,
+                scale=scale,
+                mask=mask,
+                block_size=self.block_size,
+                scores=scores,
             )
         else:  # FUSED, COMPOSITE: keras.ops.dot_product_attention
             output = dense_attention.composite_attention(
@@ -491,7 +566,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             )
         return output, None
 
-    def _ring_attention(self, query, key, value, mask):
+    def _ring_attention(self, query, key, value, mask, scores=None):
         axis = self.sequence_parallel
         if mask.pair_mask is not None:
             given = mask.pair_mask if mask.per_head else mask.pair_mask[:, 0]
@@ -521,6 +596,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             batch_axis=batch_axis,
             scale=self._inverse_sqrt_key_dim,
             mask=mask,
+            scores=scores,
         )
 
     # ---------------------------------------------------------------- caching
@@ -806,6 +882,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                     heads=selection.heads,
                     rows=selection.query_range,
                     dtype=self.compute_dtype,
+                    scores=self._score_modifier(),
                 ),
             )
         if cache is not None:
@@ -956,9 +1033,38 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 "memory_budget": self.memory_budget,
                 "block_size": self.block_size,
                 "sequence_parallel": self.sequence_parallel,
+                "logit_soft_cap": self.logit_soft_cap,
+                "alibi": self.alibi,
+                "attention_sinks": self.attention_sinks,
+                "score_mod": (
+                    None
+                    if self.score_mod is None
+                    else keras.saving.serialize_keras_object(self.score_mod)
+                ),
             }
         )
         return config
+
+
+def _validate_alibi(owner, alibi, num_heads):
+    """`alibi`: None/False (off), True (the paper's slopes) or `num_heads`
+    slopes; returns None, True or a list of floats."""
+    if alibi is None or alibi is False:
+        return None
+    if alibi is True:
+        return True
+    if isinstance(alibi, (str, bytes)) or not hasattr(alibi, "__len__"):
+        raise TypeError(
+            f"{owner}: `alibi` must be None, True (the paper's slopes) or a "
+            f"list of {num_heads} slopes. Received: alibi={alibi!r}"
+        )
+    slopes = [validation.validate_real(owner, "alibi", value) for value in np.ravel(alibi)]
+    if len(slopes) != num_heads:
+        raise ValueError(
+            f"{owner}: `alibi` must give one slope per query head ({num_heads}). "
+            f"Received: alibi={alibi!r}"
+        )
+    return slopes
 
 
 class _CachedCall:

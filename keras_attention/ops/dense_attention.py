@@ -19,6 +19,11 @@ All take the projected heads, `query (B, Tq, H, D)`, `key (B, Tk, Hkv, D)`,
 allows), and one `AttentionMask`. A row with no visible key gets zero weights
 and a zero output on all three.
 
+Each takes `scores`, a `ScoreModifier` (soft cap, ALiBi, learned sinks, a
+user `score_mod`) applied to the `(B, H, Tq, Tk)` logits before the mask;
+Keras' `dot_product_attention` cannot apply one, so `composite_attention`
+refuses it (the selector never sends it one).
+
 `selected_weights` gives the exact weights of some heads and query rows only,
 for a call that asks for them beside an output from any kernel.
 """
@@ -36,7 +41,45 @@ def _length(x, axis):
     return x.shape[axis] if x.shape[axis] is not None else ops.shape(x)[axis]
 
 
-def dense_attention(query, key, value, mask, *, scale, dropout=None):
+def modified_logits(logits, mask, scores, query_offset=0, heads=None):
+    """`(B, H, Tq, Tk)` logits changed by the `ScoreModifier` `scores`.
+
+    Query row `i` is at absolute position `mask.query_offset + query_offset
+    + i`; `heads` are the head numbers of the logits' head axis (default:
+    all, in order).
+    """
+    if scores is None or not scores.changes_logits:
+        return logits
+    shape = ops.shape(logits)
+    batch = ops.reshape(ops.arange(shape[0], dtype="int32"), (-1, 1, 1, 1))
+    if heads is None:
+        heads = ops.arange(logits.shape[1], dtype="int32")
+    head = ops.reshape(ops.convert_to_tensor(heads, dtype="int32"), (1, -1, 1, 1))
+    rows = ops.reshape(mask.query_positions(query_offset, logits.shape[2]), (1, 1, -1, 1))
+    cols = ops.reshape(ops.arange(logits.shape[3], dtype="int32"), (1, 1, 1, -1))
+    return scores.apply(logits, batch, head, rows, cols)
+
+
+def softmax_with_sinks(logits, allowed, sinks, fused=True):
+    """The masked softmax of `(B, H, Tq, Tk)` logits, with one more logit per
+    head (`sinks`, `(H,)`, or None) in each row's denominator; the weights of
+    the keys only (a row may sum to less than 1)."""
+    if sinks is None:
+        return online_softmax.masked_softmax(logits, allowed, fused=fused)
+    shape = ops.shape(logits)
+    column = ops.broadcast_to(
+        ops.reshape(ops.cast(sinks, logits.dtype), (1, -1, 1, 1)),
+        (shape[0], logits.shape[1], shape[2], 1),
+    )
+    if allowed is not None:
+        allowed = ops.concatenate(
+            [ops.broadcast_to(allowed, shape), ops.ones_like(column, dtype="bool")], axis=-1
+        )
+    logits = ops.concatenate([logits, column], axis=-1)
+    return online_softmax.masked_softmax(logits, allowed, fused=fused)[..., :-1]
+
+
+def dense_attention(query, key, value, mask, *, scale, dropout=None, scores=None):
     """Materialised exact attention: `(output (B, Tq, H, Dv), weights)`.
 
     Args:
@@ -44,6 +87,7 @@ def dense_attention(query, key, value, mask, *, scale, dropout=None):
         mask: an `AttentionMask`.
         scale: multiplies the logits.
         dropout: a callable on the weights (training), or None.
+        scores: a `ScoreModifier`, or None.
 
     Returns:
         The output and the `(B, H, Tq, Tk)` weights before dropout.
@@ -52,13 +96,15 @@ def dense_attention(query, key, value, mask, *, scale, dropout=None):
     logits = multi_head.multi_head_logits(
         ops.cast(query, wide) * ops.cast(scale, wide), ops.cast(key, wide)
     )
+    logits = modified_logits(logits, mask, scores)
     allowed = mask.dense(_length(query, 1), _length(key, 1))
-    weights = ops.cast(online_softmax.masked_softmax(logits, allowed), value.dtype)
+    sinks = None if scores is None else scores.sinks(logits.dtype)
+    weights = ops.cast(softmax_with_sinks(logits, allowed, sinks), value.dtype)
     dropped = weights if dropout is None else dropout(weights)
     return multi_head.multi_head_weighted_sum(dropped, value), weights
 
 
-def shifted_attention(query, key, value, mask, *, scale):
+def shifted_attention(query, key, value, mask, *, scale, scores=None):
     """Materialised exact attention, normalised after the weighted sum.
 
     Same arguments and result as `dense_attention(...)[0]` without dropout.
@@ -77,9 +123,14 @@ def shifted_attention(query, key, value, mask, *, scale):
     wide = score_dtype(query.dtype)
     query = ops.cast(query, wide) * ops.cast(scale, wide)
     logits = multi_head.multi_head_logits(query, ops.cast(key, wide))
+    logits = modified_logits(logits, mask, scores)
     allowed = mask.dense(_length(query, 1), _length(key, 1))
     logits = online_softmax.mask_logits(logits, allowed)
     shift = online_softmax.row_max(logits, axis=-1, keepdims=True)
+    sinks = None if scores is None else scores.sinks(logits.dtype)
+    if sinks is not None:  # (1, H, 1, 1): the sink is one more logit of the row
+        sinks = ops.reshape(sinks, (1, -1, 1, 1))
+        shift = ops.maximum(shift, sinks)
     # A row with no visible key has shift -inf: 0 instead (its terms are 0).
     shift = ops.stop_gradient(ops.where(ops.isfinite(shift), shift, 0.0))
     terms = ops.exp(logits - shift)
@@ -88,7 +139,9 @@ def shifted_attention(query, key, value, mask, *, scale):
         terms, online_softmax.append_column(value, ops.ones_like(value[..., 0]))
     )
     total = sums[..., -1:]
-    attended = ops.not_equal(total, 0.0)
+    attended = ops.not_equal(total, 0.0)  # before the sink: a row with no key is 0
+    if sinks is not None:  # the sink's term, (B, H, Tq, 1) -> (B, Tq, H, 1)
+        total = total + ops.transpose(ops.exp(sinks - shift), (0, 2, 1, 3))
     output = sums[..., :-1] / ops.where(attended, total, 1.0)
     return ops.cast(ops.where(attended, output, 0.0), dtype)
 
@@ -137,7 +190,9 @@ def composite_attention(query, key, value, mask, *, scale, num_heads, flash_atte
     return ops.cast(output, dtype)
 
 
-def selected_weights(query, key, mask, *, scale, num_heads, heads=None, rows=None, dtype=None):
+def selected_weights(
+    query, key, mask, *, scale, num_heads, heads=None, rows=None, dtype=None, scores=None
+):
     """Exact weights of the query `heads` and `rows = (start, stop)` only.
 
     Each selected row's softmax is over all keys, so only
@@ -157,5 +212,9 @@ def selected_weights(query, key, mask, *, scale, num_heads, heads=None, rows=Non
     allowed = mask.dense(_length(query, 1), _length(key, 1))
     query = ops.cast(query, "float32") * scale
     logits = ops.einsum("bqhd,bkhd->bhqk", query, ops.cast(key, "float32"))
-    weights = online_softmax.masked_softmax(logits, allowed, fused=False)
+    logits = modified_logits(logits, mask, scores, heads=heads)
+    sinks = None if scores is None else scores.sinks()
+    if sinks is not None and heads is not None:
+        sinks = ops.take(sinks, heads, axis=0)
+    weights = softmax_with_sinks(logits, allowed, sinks, fused=False)
     return weights if dtype is None else ops.cast(weights, dtype)

@@ -96,6 +96,7 @@ def memory_efficient_attention(
     sliding_window=None,
     block_size=512,
     key_block_size=None,
+    scores=None,
 ):
     """Exact multi-head softmax attention in memory linear in the length.
 
@@ -118,6 +119,10 @@ def memory_efficient_attention(
             MultiHeadAttention`); formed per tile, never as a `(Tq, Tk)` array.
         block_size: queries per tile.
         key_block_size: keys per tile; defaults to `block_size`.
+        scores: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a user
+            `score_mod`) applied to each tile's logits at its absolute
+            positions, inside the forward and the recomputing backward; or
+            None.
 
     Returns:
         `(B, Tq, H, Dv)` in the dtype of `query`. A query row with no allowed
@@ -222,8 +227,22 @@ def memory_efficient_attention(
             )
         return allowed
 
+    if scores is not None and scores.is_empty:
+        scores = None
+    modify = scores is not None and scores.changes_logits
+    head_index = ops.reshape(ops.arange(num_heads, dtype="int32"), (1, num_kv_heads, groups, 1, 1))
+
+    def tile_indices(i, j):
+        """`(batch, head, q_idx, k_idx)` of tile (i, j), broadcastable to it."""
+        batch = ops.reshape(ops.arange(ops.shape(q)[1], dtype="int32"), (-1, 1, 1, 1, 1))
+        rows = ops.reshape(mask.query_positions(i * q_block, q_block), (1, 1, 1, q_block, 1))
+        cols = ops.reshape(j * k_block + ops.arange(k_block, dtype="int32"), (1, 1, 1, 1, k_block))
+        return batch, head_index, rows, cols
+
     def masked_logits(q_tile, k_tile, i, j):
         logits = ops.einsum("bhgqd,bhkd->bhgqk", q_tile, k_tile)
+        if modify:
+            logits = scores.apply(logits, *tile_indices(i, j))
         return online_softmax.mask_logits(logits, tile_mask(i, j))
 
     def key_range(i):
@@ -234,7 +253,16 @@ def memory_efficient_attention(
         first = offset + i * q_block
         return mask.key_block_range(first, first + q_block - 1, k_block, num_k_blocks)
 
-    def forward(q, k, v):
+    def initial_state(row_shape, value_dim, sinks):
+        """The running softmax before any key: a learned sink is a key with
+        logit `sink[h]` and a zero value, so the state starts from it."""
+        state = online_softmax.initial_state(row_shape, value_dim)
+        if not sinks:
+            return state
+        sink = ops.reshape(sinks[0], (1, num_kv_heads, groups, 1))
+        return (ops.broadcast_to(sink, row_shape), ops.ones(row_shape, "float32"), state[2])
+
+    def forward(q, k, v, *sinks):
         batch = ops.shape(q)[1]
         row_shape = (batch, num_kv_heads, groups, q_block)
         value_dim = v.shape[-1]
@@ -243,12 +271,13 @@ def memory_efficient_attention(
         # [q, -shift] . [k, 1], and each tile costs exp and sum only. A query
         # block takes that path when all its rows qualify (NaN/inf inputs
         # never do).
-        shift = online_softmax.logit_bound(q, ops.expand_dims(k, 3), key_axis=(0, 4))
-        q_shift = online_softmax.append_column(q, -shift)
-        k_one = online_softmax.append_column(k, ops.ones_like(k[..., 0]))
-        bounded = ops.all(
-            ops.reshape(shift <= online_softmax.FIXED_SHIFT_MAX, (num_q_blocks, -1)), axis=1
-        )
+        if scores is None:
+            shift = online_softmax.logit_bound(q, ops.expand_dims(k, 3), key_axis=(0, 4))
+            q_shift = online_softmax.append_column(q, -shift)
+            k_one = online_softmax.append_column(k, ops.ones_like(k[..., 0]))
+            bounded = ops.all(
+                ops.reshape(shift <= online_softmax.FIXED_SHIFT_MAX, (num_q_blocks, -1)), axis=1
+            )
 
         def query_step(i, buffers):
             out_buffer, lse_buffer = buffers
@@ -271,21 +300,25 @@ def memory_efficient_attention(
                     start, stop, key_step, init, parallel_iterations=_KEY_PARALLEL
                 )
 
-            state = ops.cond(
-                _take(bounded, i),
-                lambda: key_loop(
-                    online_softmax.update_fixed_shift,
-                    _take(q_shift, i),
-                    k_one,
-                    online_softmax.fixed_shift_state(_take(shift, i), value_dim),
-                ),
-                lambda: key_loop(
-                    online_softmax.update,
-                    q_tile,
-                    k,
-                    online_softmax.initial_state(row_shape, value_dim),
-                ),
-            )
+            if scores is not None:  # changed logits or a sink: no bound holds
+                init = initial_state(row_shape, value_dim, sinks)
+                state = key_loop(online_softmax.update, q_tile, k, init)
+            else:
+                state = ops.cond(
+                    _take(bounded, i),
+                    lambda: key_loop(
+                        online_softmax.update_fixed_shift,
+                        _take(q_shift, i),
+                        k_one,
+                        online_softmax.fixed_shift_state(_take(shift, i), value_dim),
+                    ),
+                    lambda: key_loop(
+                        online_softmax.update,
+                        q_tile,
+                        k,
+                        online_softmax.initial_state(row_shape, value_dim),
+                    ),
+                )
             out, lse = online_softmax.finish(state)
             return (loops.write_block(out_buffer, i, out), loops.write_block(lse_buffer, i, lse))
 
@@ -302,7 +335,7 @@ def memory_efficient_attention(
         return out, (out, lse)
 
     def backward(inputs, saved, d_out):
-        q, k, v = inputs
+        q, k, v = inputs[:3]
         out, lse = saved
         delta = online_softmax.output_delta(out, d_out)  # (nq, B, Hkv, G, bq)
         # One extra feature folds the row terms into the matmuls:
@@ -321,10 +354,18 @@ def memory_efficient_attention(
             def key_step(j, state):
                 dq, dk_buffer, dv_buffer = state
                 k_tile = _take(k, j)
-                probs = ops.exp(masked_logits(q_lse_tile, _take(k_one, j), i, j))
+                if modify:  # the change comes between the matmul and the lse
+                    raw = ops.einsum("bhgqd,bhkd->bhgqk", q_tile, k_tile)
+                    changed = scores.apply(raw, *tile_indices(i, j))
+                    changed = online_softmax.mask_logits(changed, tile_mask(i, j))
+                    probs = ops.exp(changed - ops.expand_dims(_take(lse, i), -1))
+                else:
+                    probs = ops.exp(masked_logits(q_lse_tile, _take(k_one, j), i, j))
                 d_logits = probs * ops.einsum(
                     "bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j)
                 )
+                if modify:
+                    d_logits = scores.gradient(raw, *tile_indices(i, j), d_logits)
                 dq = dq + ops.einsum("bhgqk,bhkd->bhgqd", d_logits, k_tile)
                 dk = loops.read_block(dk_buffer, j) + ops.einsum(
                     "bhgqk,bhgqd->bhkd", d_logits, q_tile
@@ -355,8 +396,15 @@ def memory_efficient_attention(
             tuple(loops.block_buffer(ops.zeros_like(x)) for x in (q, k, v)),
             parallel_iterations=_QUERY_PARALLEL,
         )
-        return tuple(loops.stack_blocks(g) for g in grads)
+        grads = tuple(loops.stack_blocks(g) for g in grads)
+        if len(inputs) == 3:
+            return grads
+        # d sink[h] = -sum over rows of p_sink * delta (the sink's value is 0).
+        sink = ops.reshape(inputs[3], (1, 1, num_kv_heads, groups, 1))
+        d_sink = -ops.sum(ops.exp(sink - lse) * delta, axis=(0, 1, 4))
+        return grads + (ops.reshape(d_sink, (num_heads,)),)
 
     attend = online_softmax.recomputing_gradient(forward, backward)
-    out = attend(q, k, v)
+    sinks = None if scores is None else scores.sinks()
+    out = attend(q, k, v) if sinks is None else attend(q, k, v, sinks)
     return ops.cast(_from_query_blocks(out, q_len), dtype)

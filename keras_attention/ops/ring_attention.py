@@ -32,16 +32,26 @@ from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import checks
 from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
+from keras_attention.ops.score_modifier import ScoreModifier
 
 
-def _block_update(state, q, k, v, key_mask, rows, cols, mask):
+def _block_update(state, q, k, v, key_mask, rows, cols, mask, scores=None):
     """One key/value block folded into the running softmax of a query block.
 
     `q`: `(B, bq, H, D)` (scaled), `k`/`v`: `(B, bk, H, D|Dv)`, `key_mask`:
     `(B, bk)` boolean or None; `rows`/`cols`: the blocks' absolute positions,
-    for the positional rules of the `AttentionMask` `mask`.
+    for the positional rules of the `AttentionMask` `mask` and the
+    `ScoreModifier` `scores` (batch indices are the device's own).
     """
     logits = ops.einsum("bqhd,bkhd->bhqk", q, k)
+    if scores is not None and scores.changes_logits:
+        logits = scores.apply(
+            logits,
+            ops.reshape(ops.arange(q.shape[0], dtype="int32"), (-1, 1, 1, 1)),
+            ops.reshape(ops.arange(q.shape[2], dtype="int32"), (1, -1, 1, 1)),
+            ops.reshape(rows, (1, 1, -1, 1)),
+            ops.reshape(cols, (1, 1, 1, -1)),
+        )
     allowed = None if key_mask is None else key_mask[:, None, None, :]
     positional = mask.positional(rows, cols) if mask.has_positional else None
     if positional is not None:
@@ -71,7 +81,7 @@ def _block_positions(index, block, parts, num_devices):
     ]
 
 
-def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts):
+def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts, scores=None):
     """The per-device program: `q`/`k`/`v` are this device's blocks.
 
     With `parts=2` (zigzag), each block is two half-blocks far apart in the
@@ -93,7 +103,9 @@ def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts):
     # Device i sends to i + 1: at step s, device i holds the block of i - s.
     permutation = [(i, (i + 1) % num_devices) for i in range(num_devices)]
     update = jax.checkpoint(
-        lambda state, q, k, v, m, rows, cols: _block_update(state, q, k, v, m, rows, cols, mask),
+        lambda state, q, k, v, m, rows, cols: _block_update(
+            state, q, k, v, m, rows, cols, mask, scores
+        ),
     )
 
     def visible(rows, cols):
@@ -217,6 +229,7 @@ def ring_attention(
     key_mask=None,
     use_causal_mask=False,
     balance="auto",
+    scores=None,
 ):
     """Exact multi-head softmax attention, the sequence sharded over `mesh`.
 
@@ -242,6 +255,10 @@ def ring_attention(
             device computes the same number of tiles under the causal rule
             (`2N + 1` half-tiles each); contiguous blocks give device `i`
             `i + 1` tiles.
+        scores: a `ScoreModifier` without sinks (soft cap, ALiBi, a
+            `score_mod`, applied to each tile at its absolute positions; a
+            `score_mod`'s batch index is the device's own when `batch_axis`
+            is set), or None.
 
     Returns:
         `(B, Tq, H, Dv)` in the dtype of `query`; rows with no allowed key
@@ -263,6 +280,15 @@ def ring_attention(
         raise ValueError(
             "ring_attention takes query and key masks and positional rules "
             "only; a (Tq, Tk) pair mask would be whole on every device."
+        )
+    if scores is not None and not isinstance(scores, ScoreModifier):
+        raise TypeError(
+            f"ring_attention: `scores` must be a ScoreModifier or None. Received: scores={scores!r}"
+        )
+    if scores is not None and scores.sink_logits is not None:
+        raise ValueError(
+            "ring_attention: learned sinks (`scores.sink_logits`) are not "
+            "supported by ring attention. Received: a ScoreModifier with sinks"
         )
     num_devices = mesh.shape[sequence_axis]
     dtype = query.dtype
@@ -305,6 +331,7 @@ def ring_attention(
             num_devices=num_devices,
             mask=positional,
             parts=parts,
+            scores=scores,
         )
 
     program = jax.shard_map(

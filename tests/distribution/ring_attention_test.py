@@ -75,6 +75,14 @@ def test_multi_head_attention_sequence_parallel_matches_exact(results):
 
 
 @pytest.mark.slow
+def test_score_modifiers_on_the_ring_match_the_float64_reference(results):
+    """Soft cap, ALiBi and a `score_mod` applied per ring tile (#36)."""
+    modified = results["layer"]["modified"]
+    assert modified["kernel"] == "ring"
+    assert modified["output"] < TOLERANCE, modified
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, message",
     [

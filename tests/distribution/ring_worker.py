@@ -158,11 +158,11 @@ def blocks_computed(mesh):
     original = ring._block_update
     devices = mesh.shape["sequence"]
 
-    def counted(state, q, k, v, key_mask, rows, cols, mask):
+    def counted(state, q, k, v, key_mask, rows, cols, *rest):
         jax.debug.callback(
             lambda first, size: calls.append((int(first), int(size))), rows[0], rows.shape[0]
         )
-        return original(state, q, k, v, key_mask, rows, cols, mask)
+        return original(state, q, k, v, key_mask, rows, cols, *rest)
 
     ring._block_update = counted
     try:
@@ -210,7 +210,7 @@ def layer_checks():
     exact.build(x.shape, x.shape)
     call = dict(query_mask=mask, value_mask=mask, use_causal_mask=True)
     want = layer_gradients(exact, [x, x], cotangent, jit=True, **call)
-    report = {}
+    report = {"modified": modified_checks(mesh, distribution, x, mask, cotangent)}
     with distribution.scope():
         layer = ka.MultiHeadAttention(4, 4, num_key_value_heads=2, sequence_parallel="sequence")
         layer.build(x.shape, x.shape)
@@ -253,6 +253,43 @@ def layer_checks():
     except ValueError as error:
         report["errors"]["no_distribution"] = str(error)
     return report
+
+
+def modified_checks(mesh, distribution, x, mask, cotangent):
+    """#36: soft cap, ALiBi and a `score_mod` on the ring, against the
+    float64 NumPy reference of the same layer (random weights and biases)."""
+    from tests.attention_reference import SOFT_CAP
+    from tests.attention_reference import reference
+    from tests.attention_reference import score_mod
+
+    options = dict(logit_soft_cap=SOFT_CAP, alibi=True, score_mod=score_mod)
+    layer_kwargs = dict(num_key_value_heads=2, bias_initializer="random_normal", **options)
+    with distribution.scope():
+        layer = ka.MultiHeadAttention(4, 4, sequence_parallel="sequence", **layer_kwargs)
+        layer.build(x.shape, x.shape)
+        rng = np.random.default_rng(2)
+        layer.set_weights([rng.normal(scale=0.7, size=w.shape) for w in layer.get_weights()])
+        ran = []
+        original = ring.ring_attention
+
+        def spy(*args, **kwargs):
+            ran.append("ring")
+            return original(*args, **kwargs)
+
+        ring.ring_attention = spy
+        try:
+            got = layer_gradients(
+                layer, [x, x], cotangent, jit=True, query_mask=mask, use_causal_mask=True
+            )
+        finally:
+            ring.ring_attention = original
+    weights = {w.path.split("/", 1)[1]: np.asarray(w.value, np.float64) for w in layer.weights}
+    length = x.shape[1]
+    allowed = np.tril(np.ones((length, length), bool))[None, None] & mask[:, None, :, None]
+    x64 = x.astype(np.float64)
+    modifiers = ("soft_cap", "alibi", "score_mod")
+    want, _ = reference(weights, x64, x64, allowed, 4, 2, False, modifiers)
+    return {"kernel": ran[0] if ran else None, "output": float(np.max(np.abs(got[0] - want)))}
 
 
 def main():

@@ -27,6 +27,10 @@ from keras_attention import MultiHeadAttention
 from keras_attention.layers import multi_head_attention as mha_module
 from keras_attention.layers.kernel_selector import Kernel
 from keras_attention.ops import dense_attention
+from tests.attention_reference import SOFT_CAP
+from tests.attention_reference import positional
+from tests.attention_reference import reference
+from tests.attention_reference import score_mod
 
 BACKEND = keras.backend.backend()
 MODES = {"tensorflow": ("eager", "function", "xla"), "jax": ("eager", "jit")}[BACKEND]
@@ -66,50 +70,7 @@ MASKS = (
 )
 
 
-# ------------------------------------------------------------------ reference
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def reference(weights, query, key_value, allowed, num_heads, num_kv_heads, gate):
-    """`(output (B, Tq, F), weights (B, H, Tq, Tk))` in float64.
-
-    `query (B, Tq, F)`, `key_value (B, Tk, F)` (self-attention inputs for
-    keys and values), `allowed (B, H, Tq, Tk)` boolean. A row with nothing
-    allowed has zero weights and a zero context: its output is the output
-    projection's bias.
-    """
-    w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
-    q = np.einsum("btf,fhd->bthd", query, w["query/kernel"]) + w["query/bias"]
-    k = np.einsum("btf,fhd->bthd", key_value, w["key/kernel"]) + w["key/bias"]
-    v = np.einsum("btf,fhd->bthd", key_value, w["value/kernel"]) + w["value/bias"]
-    groups = num_heads // num_kv_heads
-    k, v = np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
-    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
-    logits = np.where(allowed, logits, -np.inf)
-    peak = np.max(logits, axis=-1, keepdims=True)
-    exp = np.exp(logits - np.where(np.isfinite(peak), peak, 0.0))
-    total = exp.sum(-1, keepdims=True)
-    probs = np.where(total > 0, exp / np.where(total > 0, total, 1.0), 0.0)
-    context = np.einsum("bhqk,bkhd->bqhd", probs, v)
-    if gate:
-        context = context * _sigmoid(
-            np.einsum("btf,fhd->bthd", query, w["gate/kernel"]) + w["gate/bias"]
-        )
-    output = np.einsum("bqhd,hdo->bqo", context, w["attention_output/kernel"])
-    return output + w["attention_output/bias"], probs
-
-
-def positional(rows, cols, causal, window, key_length=None):
-    rows, cols = np.asarray(rows)[:, None], np.asarray(cols)[None, :]
-    allowed = np.ones((rows.shape[0], cols.shape[1]), bool)
-    if causal:
-        allowed &= cols <= rows
-    if window is not None:
-        allowed &= np.abs(rows - cols) < window
-    if key_length is not None:
-        allowed &= cols < key_length
-    return allowed
+MODIFIERS = (None, None, None, "soft_cap", "alibi", "sinks", "score_mod", "all")
 
 
 # ------------------------------------------------------------------- cases
@@ -164,6 +125,7 @@ def cases(draw):
         length = case["query_length"]
         case["prefill"] = draw(st.integers(1, length))
         case["extra_slots"] = draw(st.integers(0, 2))
+    case["modifier"] = draw(st.sampled_from(MODIFIERS))
     return case
 
 
@@ -331,12 +293,15 @@ def _expected_kernels(case):
     full_weights = case["weights"] == "all"
     if full_weights:
         return {Kernel.DENSE}
-    # TensorFlow's XLA runs our normalise-last kernel, else Keras' composite.
+    # TensorFlow's XLA runs our normalise-last kernel, else Keras' composite,
+    # which cannot change the logits: ours then (and never the fused one).
     materialised = {Kernel.SHIFTED} if case["mode"] == "xla" else {Kernel.COMPOSITE}
+    if case["modifier"] is not None and case["mode"] != "xla":
+        materialised = {Kernel.DENSE}
     if case["kernel"] == "blockwise":
         return {Kernel.BLOCKWISE}
     if case["kernel"] == "fused":
-        return {Kernel.FUSED}
+        return materialised if case["modifier"] is not None else {Kernel.FUSED}
     return materialised  # "materialised", and "auto" at these tiny lengths
 
 
@@ -357,6 +322,15 @@ def _options(case):
         options["memory_efficient"] = True
     elif case["kernel"] == "materialised":
         options["memory_efficient"] = False
+    modifier = case["modifier"]
+    if modifier in ("soft_cap", "all"):
+        options["logit_soft_cap"] = SOFT_CAP
+    if modifier in ("alibi", "all"):
+        options["alibi"] = True
+    if modifier in ("sinks", "all"):
+        options["attention_sinks"] = True
+    if modifier in ("score_mod", "all"):
+        options["score_mod"] = score_mod
     return options
 
 
@@ -422,6 +396,7 @@ def check(case):
                 heads,
                 kv_heads,
                 case["gate"],
+                case["modifier"],
             )
             call_masks = _layout_masks(case, mask_kwargs, query.shape, key_value.shape)
             names = sorted(call_masks)
@@ -525,7 +500,15 @@ def _run_cache(case, layer, weights, x, rng, run, cast, select):
         padded = np.zeros((batch, max_length, x.shape[-1]))
         padded[:, :length] = xq
         want, want_scores = reference(
-            weights, xq[:, start:stop], padded, seen, heads, kv_heads, case["gate"]
+            weights,
+            xq[:, start:stop],
+            padded,
+            seen,
+            heads,
+            kv_heads,
+            case["gate"],
+            case["modifier"],
+            rows=np.arange(start, stop),
         )
         outputs.append(keras.ops.convert_to_numpy(out).astype("float64"))
         expected.append(want)

@@ -87,6 +87,21 @@ TABLE = [
     (dict(batch_size=SYMBOLIC_BATCH, query_length=4096, key_length=4096), "fits", Kernel.COMPOSITE),
     (dict(batch_size=SYMBOLIC_BATCH, memory_budget=1), "over-budget", Kernel.BLOCKWISE),
     (dict(key_length=SYMBOLIC_BATCH * 4), "dynamic", Kernel.COMPOSITE),
+    # A score modifier: Keras' kernels cannot change the logits (#36).
+    (dict(scores_modified=True), "fits", Kernel.DENSE),
+    (dict(scores_modified=True, xla=True), "fits", Kernel.SHIFTED),
+    (dict(scores_modified=True, fused_available=True), "fits", Kernel.DENSE),
+    (
+        dict(scores_modified=True, fused_available=True, flash_attention=True),
+        "forced-flash-blockwise",
+        Kernel.BLOCKWISE,
+    ),
+    (dict(scores_modified=True, fused_available=True, query_length=None), "dynamic", Kernel.DENSE),
+    (
+        dict(scores_modified=True, query_length=8192, key_length=8192),
+        "over-budget",
+        Kernel.BLOCKWISE,
+    ),
 ]
 
 

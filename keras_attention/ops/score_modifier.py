@@ -1,0 +1,189 @@
+"""What changes the logits before the softmax, as data every exact kernel applies.
+
+The attention of today's models is plain softmax attention with the scores
+changed (FlexAttention's `score_mod`, arXiv:2412.05496). `ScoreModifier`
+holds those changes in one description, applied by each kernel to its own
+logits, a whole `(B, H, Tq, Tk)` array or one tile of it, at the tile's
+absolute positions:
+
+1. ALiBi (Press et al., 2021): `score - slope[h] * |q_pos - k_pos|`, the
+   paper's per-head slopes (`alibi_slopes(num_heads)`) or given ones; under
+   a causal mask this is the paper's bias, and equals BLOOM's
+   `slope * k_pos` up to a per-row constant (the softmax ignores it);
+2. a user `score_mod(score, batch, head, q_idx, k_idx) -> score`, written
+   with `keras.ops` on broadcastable index tensors (int32; `q_idx`/`k_idx`
+   absolute positions, so a decoding cache sees the same function);
+3. the logit soft cap `c * tanh(score / c)` (Gemma 2 and 3, Grok), last, so
+   the capped logit is what the softmax sees.
+
+And one change to the softmax itself: learned sinks, one logit per head
+counted in every row's denominator with a zero value (GPT-OSS), so a row may
+give less than 1 in total to the keys; the weights a kernel returns are the
+keys' only, and such a row sums to less than 1. A row with no visible key
+keeps zero weights and a zero result.
+
+Kernels call `apply(logits, batch, head, rows, cols)` with index tensors
+broadcastable to `logits`, and, in a hand-written backward pass,
+`gradient(logits, ..., d_modified)` for the gradient with respect to the
+unmodified logits (closed forms for the soft cap and ALiBi; the backend's
+autodiff for a `score_mod`).
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_attention.ops import checks
+
+
+def alibi_slopes(num_heads):
+    """The ALiBi paper's head slopes, `(num_heads,)` float32 NumPy-free list.
+
+    For `n` a power of two, `2 ** (-8 i / n)` for `i = 1 .. n`; otherwise the
+    slopes of the largest power of two below `n`, then every other slope of
+    twice that (the paper's code).
+    """
+    num_heads = checks.length("alibi_slopes", "num_heads", num_heads)
+    if num_heads < 1:
+        raise ValueError(f"alibi_slopes: `num_heads` must be >= 1. Received: num_heads={num_heads}")
+
+    def power_of_two(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return power_of_two(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(closest) + power_of_two(2 * closest)[0::2][: num_heads - closest]
+
+
+class ScoreModifier:
+    """The changes to a call's logits (see the module docstring).
+
+    Args:
+        soft_cap: positive float `c`: logits become `c * tanh(logit / c)`.
+        alibi_slopes: `(H,)` per-head slopes (list or tensor) of the ALiBi
+            bias `-slope * |q_pos - k_pos|`, or None.
+        sink_logits: `(H,)` tensor (a learned weight) of per-head sink
+            logits counted in the softmax denominator, or None.
+        score_mod: `score_mod(score, batch, head, q_idx, k_idx) -> score`,
+            `keras.ops` only, or None.
+    """
+
+    def __init__(self, *, soft_cap=None, alibi_slopes=None, sink_logits=None, score_mod=None):
+        owner = "ScoreModifier"
+        if soft_cap is not None:
+            if isinstance(soft_cap, bool) or not isinstance(soft_cap, (int, float)):
+                raise TypeError(
+                    f"{owner}: `soft_cap` must be a positive number or None. "
+                    f"Received: soft_cap={soft_cap!r}"
+                )
+            if not soft_cap > 0 or math.isinf(soft_cap):
+                raise ValueError(
+                    f"{owner}: `soft_cap` must be a positive finite number. "
+                    f"Received: soft_cap={soft_cap!r}"
+                )
+            soft_cap = float(soft_cap)
+        if score_mod is not None and not callable(score_mod):
+            raise TypeError(
+                f"{owner}: `score_mod` must be a callable "
+                "`(score, batch, head, q_idx, k_idx) -> score` or None. "
+                f"Received: score_mod={score_mod!r}"
+            )
+        self.soft_cap = soft_cap
+        if alibi_slopes is not None:
+            alibi_slopes = ops.cast(ops.convert_to_tensor(alibi_slopes), "float32")
+        self.alibi_slopes = alibi_slopes
+        self.sink_logits = sink_logits
+        self.score_mod = score_mod
+
+    @property
+    def changes_logits(self):
+        """Whether any logit is changed (the sinks change the softmax only)."""
+        return (
+            self.soft_cap is not None or self.alibi_slopes is not None or self.score_mod is not None
+        )
+
+    @property
+    def is_empty(self):
+        return not self.changes_logits and self.sink_logits is None
+
+    def sinks(self, dtype="float32"):
+        """The sink logits as a `(H,)` tensor of `dtype`, or None."""
+        if self.sink_logits is None:
+            return None
+        return ops.cast(ops.convert_to_tensor(self.sink_logits), dtype)
+
+    # ----------------------------------------------------------- forward
+    def _before_cap(self, logits, batch, head, rows, cols):
+        if self.alibi_slopes is not None:
+            distance = ops.cast(ops.abs(rows - cols), logits.dtype)
+            slope = ops.cast(ops.take(self.alibi_slopes, head), logits.dtype)
+            logits = logits - slope * distance
+        if self.score_mod is not None:
+            logits = self.score_mod(logits, batch, head, rows, cols)
+        return logits
+
+    def apply(self, logits, batch, head, rows, cols):
+        """`logits` changed; the index tensors broadcast against them."""
+        if not self.changes_logits:
+            return logits
+        logits = self._before_cap(logits, batch, head, rows, cols)
+        if self.soft_cap is not None:
+            logits = self.soft_cap * ops.tanh(logits / self.soft_cap)
+        return logits
+
+    # ---------------------------------------------------------- backward
+    def gradient(self, logits, batch, head, rows, cols, d_modified):
+        """The gradient with respect to the unmodified `logits`, given the
+        gradient `d_modified` with respect to `apply(logits, ...)`."""
+        if not self.changes_logits:
+            return d_modified
+        if self.score_mod is None:
+            before = logits
+            if self.alibi_slopes is not None:  # additive: derivative 1
+                before = self._before_cap(logits, batch, head, rows, cols)
+        else:
+            before, d_before = _vjp(lambda s: self._before_cap(s, batch, head, rows, cols), logits)
+        if self.soft_cap is not None:
+            capped = ops.tanh(before / self.soft_cap)
+            d_modified = d_modified * (1.0 - capped * capped)
+        if self.score_mod is not None:
+            d_modified = d_before(d_modified)
+        return d_modified
+
+
+def _vjp(function, primal):
+    """`(function(primal), pullback)` with the backend's autodiff."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        out, pull = jax.vjp(function, primal)
+        return out, lambda g: pull(g)[0]
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(primal)
+            out = function(primal)
+
+        def pullback(g):
+            grad = tape.gradient(out, primal, output_gradients=g)
+            return ops.zeros_like(primal) if grad is None else grad
+
+        return out, pullback
+    if backend == "torch":
+        import torch
+
+        leaf = primal.detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = function(leaf)
+
+        def pullback(g):
+            (grad,) = torch.autograd.grad(out, leaf, grad_outputs=g, allow_unused=True)
+            return torch.zeros_like(leaf) if grad is None else grad
+
+        return out.detach(), pullback
+    raise NotImplementedError(f"score_mod gradients on the {backend} backend")
