@@ -152,6 +152,16 @@ CASES = {
         ("value", lambda: ka.ops.weighted_sum(x(1, 2, 3), [[1.0]])),
         ("value", lambda: ka.ops.weighted_sum(x(1, 2, 3), x(1, 4, 5))),
     ],
+    "keras_attention.ops.score_modifier.ScoreModifier": [
+        ("soft_cap", lambda: ka.ops.ScoreModifier(soft_cap="50")),
+        ("soft_cap", lambda: ka.ops.ScoreModifier(soft_cap=-1.0)),
+        ("score_mod", lambda: ka.ops.ScoreModifier(score_mod=3)),
+        ("sink_logits", lambda: ka.ops.ScoreModifier(sink_logits=x(2, 3))),
+    ],
+    "keras_attention.ops.score_modifier.alibi_slopes": [
+        ("num_heads", lambda: ka.ops.alibi_slopes("8")),
+        ("num_heads", lambda: ka.ops.alibi_slopes(0)),
+    ],
     "keras_attention.ops.block_sparse.block_plan": [
         ("window_blocks", lambda: ka.ops.block_plan(2, 2, window_blocks="3")),
         ("window_blocks", lambda: ka.ops.block_plan(2, 2, window_blocks=-1)),

@@ -14,6 +14,8 @@ from keras_attention.ops.masking import causal_mask
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.masking import merge_masks
 from keras_attention.ops.masking import to_bool_mask
+from keras_attention.ops.score_modifier import ScoreModifier
+from keras_attention.ops.score_modifier import alibi_slopes
 from keras_attention.ops.scores import additive_score
 from keras_attention.ops.scores import dot_score
 from keras_attention.ops.scores import general_score
@@ -40,4 +42,6 @@ __all__ = [
     "relu_features",
     "softmax_features",
     "linformer_attention",
+    "ScoreModifier",
+    "alibi_slopes",
 ]

@@ -32,6 +32,7 @@ autodiff for a `score_mod`).
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention.ops import checks
@@ -92,6 +93,12 @@ class ScoreModifier:
                 f"Received: score_mod={score_mod!r}"
             )
         self.soft_cap = soft_cap
+        for name, value in (("alibi_slopes", alibi_slopes), ("sink_logits", sink_logits)):
+            if value is not None and len(getattr(value, "shape", np.shape(value))) != 1:
+                raise ValueError(
+                    f"{owner}: `{name}` must be one number per head, shape (H,). "
+                    f"Received: {name} with shape {tuple(np.shape(value))}"
+                )
         if alibi_slopes is not None:
             alibi_slopes = ops.cast(ops.convert_to_tensor(alibi_slopes), "float32")
         self.alibi_slopes = alibi_slopes
