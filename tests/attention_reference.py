@@ -113,13 +113,46 @@ def reference(
     return output + w["attention_output/bias"], probs
 
 
-def positional(rows, cols, causal, window, key_length=None):
-    rows, cols = np.asarray(rows)[:, None], np.asarray(cols)[None, :]
-    allowed = np.ones((rows.shape[0], cols.shape[1]), bool)
+def positional(
+    rows,
+    cols,
+    causal,
+    window,
+    key_length=None,
+    prefix=None,
+    sink_tokens=None,
+    mask_mod=False,
+    batch=1,
+    heads=1,
+):
+    """`(B|1, H|1, Tq, Tk)` boolean: the positional rules at absolute query
+    positions `rows` and key positions `cols`. `prefix` (with `causal`): an
+    int or one per example; `sink_tokens` (with `window`); `mask_mod=True`
+    applies `numpy_mask_mod` over `batch` examples and `heads` heads."""
+    q = np.asarray(rows)[None, None, :, None]
+    k = np.asarray(cols)[None, None, None, :]
+    allowed = np.ones((1, 1, q.shape[2], k.shape[3]), bool)
     if causal:
-        allowed &= cols <= rows
+        seen = k <= q
+        if prefix is not None:
+            seen = seen | (k < np.reshape(prefix, (-1, 1, 1, 1)))
+        allowed = allowed & seen
     if window is not None:
-        allowed &= np.abs(rows - cols) < window
+        allowed = allowed & ((np.abs(q - k) < window) | (k < (sink_tokens or 0)))
     if key_length is not None:
-        allowed &= cols < key_length
+        allowed = allowed & (k < key_length)
+    if mask_mod:
+        b = np.arange(batch)[:, None, None, None]
+        h = np.arange(heads)[None, :, None, None]
+        allowed = allowed & numpy_mask_mod(b, h, q, k)
     return allowed
+
+
+@keras.saving.register_keras_serializable(package="keras_attention_tests")
+def mask_mod(batch, head, q_idx, k_idx):
+    """A `mask_mod` that reads every index (#36), in `keras.ops`."""
+    return keras.ops.not_equal((q_idx + 2 * k_idx + head + batch) % 3, 0)
+
+
+def numpy_mask_mod(batch, head, q_idx, k_idx):
+    return (q_idx + 2 * k_idx + head + batch) % 3 != 0

@@ -221,6 +221,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         alibi=None,
         attention_sinks=False,
         score_mod=None,
+        sink_tokens=None,
+        mask_mod=None,
         **kwargs,
     ):
         owner = type(self).__name__
@@ -230,13 +232,20 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             )
         alibi = _validate_alibi(owner, alibi, num_heads)
         attention_sinks = validation.validate_bool(owner, "attention_sinks", attention_sinks)
-        if isinstance(score_mod, dict):  # a `.keras` file's config
-            score_mod = keras.saving.deserialize_keras_object(score_mod)
-        if score_mod is not None and not callable(score_mod):
-            raise TypeError(
-                f"{owner}: `score_mod` must be a callable "
-                "`(score, batch, head, q_idx, k_idx) -> score` or None. "
-                f"Received: score_mod={score_mod!r}"
+        score_mod = _user_function(
+            owner, "score_mod", score_mod, "(score, batch, head, q_idx, k_idx) -> score"
+        )
+        mask_mod = _user_function(
+            owner, "mask_mod", mask_mod, "(batch, head, q_idx, k_idx) -> bool"
+        )
+        sink_tokens = validation.validate_positive_int(
+            owner, "sink_tokens", sink_tokens, allow_none=True
+        )
+        if sink_tokens is not None and sliding_window is None:
+            raise ValueError(
+                f"{owner}: `sink_tokens` keeps the first keys visible beside a "
+                "sliding window: pass `sliding_window` too. Received: "
+                f"sink_tokens={sink_tokens!r}, sliding_window=None"
             )
         attention_axes = validation.validate_axes(owner, "attention_axes", attention_axes)
         sliding_window = validation.validate_positive_int(
@@ -315,6 +324,14 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         self.alibi = alibi
         self.attention_sinks = attention_sinks
         self.score_mod = score_mod
+        self.sink_tokens = sink_tokens
+        self.mask_mod = mask_mod
+        if sequence_parallel is not None and mask_mod is not None:
+            raise ValueError(
+                f"{owner}: `sequence_parallel` (ring attention) does not "
+                "support `mask_mod`. Received: "
+                f"sequence_parallel={sequence_parallel!r}, mask_mod={mask_mod!r}"
+            )
         if sequence_parallel is not None and attention_sinks:
             raise ValueError(
                 f"{owner}: `sequence_parallel` (ring attention) does not "
@@ -329,6 +346,115 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             self.sinks = self.add_weight(
                 name="sinks", shape=(self._num_heads,), initializer="zeros", trainable=True
             )
+
+    def _attention_mask(self, *args, **kwargs):
+        """The base's `AttentionMask`, with this layer's sink tokens and
+        `mask_mod`."""
+        spec = super()._attention_mask(*args, **kwargs)
+        if self.sink_tokens is None and self.mask_mod is None:
+            return spec
+        return spec.replace(sink_tokens=self.sink_tokens, mask_mod=self.mask_mod)
+
+    def _with_call_rules(
+        self, mask, layout, query_shape, key_length, cached, segment_ids, key_segment_ids, prefix
+    ):
+        """`mask` with the call's segment ids and prefix length."""
+        changes = self._call_rule_changes(
+            layout, query_shape, key_length, cached, segment_ids, key_segment_ids, prefix
+        )
+        return mask.replace(**changes) if changes else mask
+
+    def _call_rule_changes(
+        self, layout, query_shape, key_length, cached, segment_ids, key_segment_ids, prefix
+    ):
+        """The `AttentionMask` fields of `segment_ids`, `key_segment_ids` and
+        `prefix_length`, checked (also on symbolic inputs)."""
+        if segment_ids is None and key_segment_ids is None and prefix is None:
+            return {}
+        if layout is not None and not getattr(layout, "trivial", True):
+            raise ValueError(
+                self._error(
+                    "`segment_ids` and `prefix_length` are positions along one "
+                    "sequence axis: they need rank-3 inputs (batch, time, features). "
+                    f"Received: query with shape {query_shape}"
+                )
+            )
+        batch, length = query_shape[0], query_shape[1]
+        changes = {}
+        if key_segment_ids is not None and segment_ids is None:
+            raise ValueError(
+                self._error(
+                    "`key_segment_ids` needs `segment_ids` (the queries'). "
+                    "Received: segment_ids=None"
+                )
+            )
+        if segment_ids is not None:
+            segment_ids = self._check_ids("segment_ids", segment_ids, (batch, length))
+            if key_segment_ids is None:
+                if cached or key_length != length:
+                    raise ValueError(
+                        self._error(
+                            "`key_segment_ids` are needed when the keys are not "
+                            "the queries (cross-attention or a cache). Received: "
+                            f"{length} queries, {key_length} keys, key_segment_ids=None"
+                        )
+                    )
+                key_segment_ids = segment_ids
+            key_segment_ids = self._check_ids(
+                "key_segment_ids", key_segment_ids, (batch, key_length)
+            )
+            changes.update(query_segment_ids=segment_ids, key_segment_ids=key_segment_ids)
+        if prefix is not None:
+            changes.update(prefix_length=self._check_prefix(prefix, batch), causal=True)
+        return changes
+
+    def _check_ids(self, name, ids, expected):
+        if isinstance(ids, (list, tuple)):
+            ids = np.asarray(ids)
+        self._check_tensor(name, ids)
+        shape = tuple(ids.shape)
+        dtype = str(getattr(ids.dtype, "name", ids.dtype))
+        fits = len(shape) == 2 and all(
+            e is None or d is None or e == d for d, e in zip(shape, expected, strict=True)
+        )
+        if not fits or "int" not in dtype:
+            raise ValueError(
+                self._error(
+                    f"`{name}` must be integers shaped (batch, length) = {expected}. "
+                    f"Received: {name} with shape {shape} and dtype {dtype}"
+                )
+            )
+        return ids if isinstance(ids, keras.KerasTensor) else ops.convert_to_tensor(ids)
+
+    def _check_prefix(self, prefix, batch):
+        if isinstance(prefix, numbers.Integral) and not isinstance(prefix, bool):
+            if prefix < 0:
+                raise ValueError(
+                    self._error(f"`prefix_length` must be >= 0. Received: prefix_length={prefix}")
+                )
+            return int(prefix)
+        if isinstance(prefix, (list, tuple)):
+            prefix = np.asarray(prefix)
+        if not hasattr(prefix, "shape") or "int" not in str(
+            getattr(prefix.dtype, "name", prefix.dtype)
+        ):
+            raise TypeError(
+                self._error(
+                    "`prefix_length` must be an int or one int per example, shape "
+                    f"(batch,). Received: prefix_length={utils.describe(prefix)}"
+                )
+            )
+        shape = tuple(prefix.shape)
+        if shape == ():
+            return self._check_prefix(int(np.asarray(prefix)), batch)
+        if len(shape) != 1 or None not in (shape[0], batch) and shape[0] != batch:
+            raise ValueError(
+                self._error(
+                    f"`prefix_length` must be one int per example, shape ({batch},). "
+                    f"Received: prefix_length with shape {shape}"
+                )
+            )
+        return prefix if isinstance(prefix, keras.KerasTensor) else ops.convert_to_tensor(prefix)
 
     def _score_modifier(self):
         """The layer's `ScoreModifier`, or None when no score is changed."""
@@ -806,6 +932,9 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         attention_scores_query_range=None,
         cache=None,
         cache_update_index=None,
+        segment_ids=None,
+        key_segment_ids=None,
+        prefix_length=None,
     ):
         return_attention_scores = validation.validate_call_flag(
             self, "return_attention_scores", return_attention_scores
@@ -859,6 +988,16 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 cache,
                 cache_update_index,
             )
+        call.mask = self._with_call_rules(
+            call.mask,
+            call.layout,
+            tuple(call.flat_query.shape),
+            projected_key.shape[1],
+            cache is not None,
+            segment_ids,
+            key_segment_ids,
+            prefix_length,
+        )
         results = self._attend_and_project(
             call,
             projected_query,
@@ -907,10 +1046,25 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         attention_scores_query_range=None,
         cache=None,
         cache_update_index=None,
+        segment_ids=None,
+        key_segment_ids=None,
+        prefix_length=None,
     ):
         selection = self._selection(
             query, return_attention_scores, attention_scores_heads, attention_scores_query_range
         )
+        if segment_ids is not None or key_segment_ids is not None or prefix_length is not None:
+            keys = value if value is not None else query
+            key_length = cache.shape[2] if cache is not None else keys.shape[1]
+            self._call_rule_changes(
+                self._layout(len(query.shape)) if len(query.shape) > 3 else None,
+                tuple(query.shape),
+                key_length,
+                cache is not None,
+                segment_ids,
+                key_segment_ids,
+                prefix_length,
+            )
         if cache is None:
             results = self._output_spec(
                 query,
@@ -1041,9 +1195,28 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                     if self.score_mod is None
                     else keras.saving.serialize_keras_object(self.score_mod)
                 ),
+                "sink_tokens": self.sink_tokens,
+                "mask_mod": (
+                    None
+                    if self.mask_mod is None
+                    else keras.saving.serialize_keras_object(self.mask_mod)
+                ),
             }
         )
         return config
+
+
+def _user_function(owner, argument, function, signature):
+    """A user function argument (`score_mod`, `mask_mod`), deserialized from
+    a `.keras` file's config when it comes as one."""
+    if isinstance(function, dict):
+        function = keras.saving.deserialize_keras_object(function)
+    if function is not None and not callable(function):
+        raise TypeError(
+            f"{owner}: `{argument}` must be a callable `{signature}` or None. "
+            f"Received: {argument}={function!r}"
+        )
+    return function
 
 
 def _validate_alibi(owner, alibi, num_heads):

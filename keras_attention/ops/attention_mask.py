@@ -13,12 +13,24 @@ in one normalised form:
   position `query_offset + i` (the cache index while decoding), key `j` at
   position `j`; `causal` allows `key <= query`, `sliding_window=w` allows
   `|query - key| < w`, and `key_length` hides keys at positions
-  `>= key_length` (cache slots not yet written).
+  `>= key_length` (cache slots not yet written);
+- `prefix_length` (with `causal`; an int or one per example): the keys of
+  the prefix are seen by every query, bidirectional attention inside the
+  prefix and causal after it (a prefix LM);
+- `sink_tokens=n` (with `sliding_window`): the first `n` key positions stay
+  visible to every query whatever the window (StreamingLLM,
+  arXiv:2309.17453);
+- `query_segment_ids` `(B|1, Tq)` / `key_segment_ids` `(B|1, Tk)` integers:
+  a query sees the keys of its own segment only (documents packed into one
+  sequence);
+- `mask_mod(batch, head, q_idx, k_idx) -> bool`, a user rule written with
+  `keras.ops` on broadcastable int32 index tensors (absolute positions).
 
 Kernels never re-derive any of these: the dense kernels call `dense()`, the
-blockwise ones `positional()` on their tile's positions and
-`key_block_range()` to skip tiles, so the cache offset is right on every
-kernel by construction. A row with nothing to attend to (every key hidden,
+blockwise ones `rules()` on their tile's indices, `segments()` on their
+tile's ids and `key_block_ranges()` to skip tiles (with
+`segment_block_bounds()` for packed documents), so the cache offset is right
+on every kernel by construction. A row with nothing to attend to (every key hidden,
 whatever the spelling) gets zero weights and a zero attention result.
 """
 
@@ -41,6 +53,13 @@ class AttentionMask:
             tensor); 0 outside decoding.
         key_length: keys at positions `>= key_length` are hidden (int or
             scalar int tensor), or None.
+        prefix_length: with `causal`, keys at positions `< prefix_length`
+            are seen by every query (int, or `(B,)` int tensor), or None.
+        sink_tokens: with `sliding_window`, keys at positions
+            `< sink_tokens` are exempt from the window, or None.
+        query_segment_ids, key_segment_ids: `(B|1, Tq)` and `(B|1, Tk)`
+            integers (both or neither): a query sees its segment's keys only.
+        mask_mod: `mask_mod(batch, head, q_idx, k_idx) -> bool`, or None.
     """
 
     def __init__(
@@ -53,7 +72,35 @@ class AttentionMask:
         sliding_window=None,
         query_offset=0,
         key_length=None,
+        prefix_length=None,
+        sink_tokens=None,
+        query_segment_ids=None,
+        key_segment_ids=None,
+        mask_mod=None,
     ):
+        owner = "AttentionMask"
+        if prefix_length is not None and not causal:
+            raise ValueError(
+                f"{owner}: `prefix_length` is a causal rule's prefix (bidirectional "
+                "inside it, causal after): pass causal=True. Received: "
+                f"prefix_length={prefix_length!r}, causal={causal!r}"
+            )
+        if (query_segment_ids is None) != (key_segment_ids is None):
+            raise ValueError(
+                f"{owner}: pass both `query_segment_ids` and `key_segment_ids`, or "
+                f"neither. Received: query_segment_ids={query_segment_ids!r}, "
+                f"key_segment_ids={key_segment_ids!r}"
+            )
+        if mask_mod is not None and not callable(mask_mod):
+            raise TypeError(
+                f"{owner}: `mask_mod` must be a callable "
+                f"`(batch, head, q_idx, k_idx) -> bool` or None. Received: mask_mod={mask_mod!r}"
+            )
+        self.prefix_length = prefix_length
+        self.sink_tokens = sink_tokens
+        self.query_segment_ids = query_segment_ids
+        self.key_segment_ids = key_segment_ids
+        self.mask_mod = mask_mod
         self.query_mask = to_bool_mask(query_mask)
         self.key_mask = to_bool_mask(key_mask)
         pair_mask = to_bool_mask(pair_mask)
@@ -72,6 +119,24 @@ class AttentionMask:
         return self.causal or self.sliding_window is not None or (self.key_length is not None)
 
     @property
+    def has_segments(self):
+        return self.query_segment_ids is not None
+
+    @property
+    def batch_dependent_rules(self):
+        """Whether a positional rule differs between examples (a prefix
+        length per example) or a `mask_mod` is given: `rules()` needs the
+        batch (and head) indices."""
+        return self.mask_mod is not None or not (
+            self.prefix_length is None or isinstance(self.prefix_length, int)
+        )
+
+    @property
+    def has_rules(self):
+        """Whether `rules()` masks anything."""
+        return self.has_positional or self.mask_mod is not None
+
+    @property
     def is_empty(self):
         """Nothing is masked at all."""
         return (
@@ -79,6 +144,8 @@ class AttentionMask:
             and self.key_mask is None
             and self.pair_mask is None
             and not self.has_positional
+            and not self.has_segments
+            and self.mask_mod is None
         )
 
     @property
@@ -97,6 +164,9 @@ class AttentionMask:
             and self.pair_mask is None
             and self.sliding_window is None
             and self.key_length is None
+            and self.prefix_length is None
+            and not self.has_segments
+            and self.mask_mod is None
             and isinstance(self.query_offset, int)
             and self.query_offset == 0
         )
@@ -111,6 +181,11 @@ class AttentionMask:
             sliding_window=self.sliding_window,
             query_offset=self.query_offset,
             key_length=self.key_length,
+            prefix_length=self.prefix_length,
+            sink_tokens=self.sink_tokens,
+            query_segment_ids=self.query_segment_ids,
+            key_segment_ids=self.key_segment_ids,
+            mask_mod=self.mask_mod,
         )
         fields.update(changes)
         return AttentionMask(**fields)
@@ -126,60 +201,152 @@ class AttentionMask:
     def positional(self, rows, cols):
         """`(len(rows), len(cols))` boolean of the positional rules, or None.
 
-        `rows` and `cols` are absolute positions (int32 vectors).
+        `rows` and `cols` are absolute positions (int32 vectors); for rules
+        that are the same in every example (see `rules` otherwise).
         """
         return self.allows(ops.expand_dims(rows, 1), ops.expand_dims(cols, 0))
 
-    def allows(self, rows, cols):
+    def allows(self, rows, cols, batch=None):
         """The positional rules for query positions `rows` and key positions
-        `cols`, elementwise with broadcasting (None when there are none)."""
+        `cols`, elementwise with broadcasting (None when there are none);
+        `batch` (broadcastable int32 example indices) reads a per-example
+        prefix length."""
         if not self.has_positional:
             return None
         rows, cols = ops.cast(rows, "int32"), ops.cast(cols, "int32")
         allowed = None
         if self.causal:
             allowed = ops.greater_equal(rows, cols)
+            if self.prefix_length is not None:
+                prefix = self.prefix_length
+                if not isinstance(prefix, int):
+                    if batch is None:
+                        raise ValueError(
+                            "AttentionMask.allows: a per-example `prefix_length` needs "
+                            "the batch indices. Received: batch=None"
+                        )
+                    prefix = ops.take(ops.cast(prefix, "int32"), batch)
+                allowed = ops.logical_or(allowed, ops.less(cols, prefix))
         if self.sliding_window is not None:
             band = ops.less(ops.abs(rows - cols), self.sliding_window)
+            if self.sink_tokens:
+                band = ops.logical_or(band, ops.less(cols, self.sink_tokens))
             allowed = merge_masks(allowed, band)
         if self.key_length is not None:
             shape = ops.shape(ops.zeros_like(rows) + ops.zeros_like(cols))
             allowed = merge_masks(allowed, ops.broadcast_to(ops.less(cols, self.key_length), shape))
         return allowed
 
+    def rules(self, batch, head, rows, cols):
+        """Every rule that is a function of (example, head, query position,
+        key position), elementwise on broadcastable int32 index tensors: the
+        positional rules (a per-example prefix too) and `mask_mod`; None
+        when there are none."""
+        allowed = self.allows(rows, cols, batch)
+        if self.mask_mod is not None:
+            user = self.mask_mod(batch, head, ops.cast(rows, "int32"), ops.cast(cols, "int32"))
+            allowed = merge_masks(allowed, to_bool_mask(ops.convert_to_tensor(user)))
+        return allowed
+
+    @staticmethod
+    def segments(query_ids, key_ids):
+        """Whether each query id equals each key id, broadcasting."""
+        return ops.equal(query_ids, key_ids)
+
+    def _causal_stop(self, last_row):
+        stop = last_row + 1
+        if self.prefix_length is not None:
+            prefix = self.prefix_length
+            if not isinstance(prefix, int):
+                prefix = ops.max(ops.cast(prefix, "int32"))
+            stop = _maximum(stop, prefix)
+        return stop
+
     def key_range(self, first_row, last_row):
         """`(start, stop)`: the key positions query rows at absolute
         positions `first_row .. last_row` may see lie in `[start, stop)`;
-        `stop` is None when unbounded. Ints when the positions are."""
+        `stop` is None when unbounded. Ints when the positions are. The hull
+        of `key_ranges`."""
+        ranges = self.key_ranges(first_row, last_row)
+        if len(ranges) == 1:
+            return ranges[0]
+        (start, stop), (_, sink_stop) = ranges
+        return 0, sink_stop if stop is None else _maximum(stop, sink_stop)
+
+    def key_ranges(self, first_row, last_row):
+        """The key position ranges `[(start, stop), ...]` those rows may see:
+        one, and a second, `[0, sink stop)`, for sink tokens beside a window."""
         start, stop = 0, None
         if self.causal:
-            stop = last_row + 1
+            stop = self._causal_stop(last_row)
         if self.sliding_window is not None:
             reach = self.sliding_window - 1
             start = _maximum(first_row - reach, 0)
-            if not self.causal:
-                stop = last_row + reach + 1
+            window_stop = last_row + reach + 1
+            stop = window_stop if stop is None else _minimum(stop, window_stop)
         if self.key_length is not None:
             stop = self.key_length if stop is None else _minimum(stop, self.key_length)
-        return start, stop
+        if not (self.sink_tokens and self.sliding_window is not None):
+            return [(start, stop)]
+        sink_stop = self.sink_tokens
+        if self.causal:
+            sink_stop = _minimum(sink_stop, self._causal_stop(last_row))
+        if self.key_length is not None:
+            sink_stop = _minimum(sink_stop, self.key_length)
+        return [(start, stop), (0, sink_stop)]
 
     def key_block_range(self, first_row, last_row, key_block, num_key_blocks):
         """`(start, stop)` key blocks of `key_block` keys that those rows may
         see (see `key_range`); tiles outside are all masked."""
         start, stop = self.key_range(first_row, last_row)
-        if stop is None:
-            stop_block = num_key_blocks
-        else:
-            # No key at all (e.g. a window wholly past the written cache): no
-            # block, rather than the one that rounding `stop` up would give.
-            stop_block = _minimum((stop + key_block - 1) // key_block, num_key_blocks)
-            empty = stop <= start
-            stop_block = _select(empty, _minimum(start // key_block, stop_block), stop_block)
-        return _minimum(start // key_block, stop_block), stop_block  # never a negative range
+        return _block_range(start, stop, key_block, num_key_blocks)
+
+    def key_block_ranges(self, first_row, last_row, key_block, num_key_blocks, bounds=None):
+        """Disjoint `[(start, stop), ...]` key block ranges those rows may
+        see (see `key_ranges`), each cut to `bounds = (start, stop)` blocks
+        when given (`segment_block_bounds` of their query block)."""
+        ranges = [
+            _block_range(start, stop, key_block, num_key_blocks)
+            for start, stop in self.key_ranges(first_row, last_row)
+        ]
+        if len(ranges) == 2:  # the window's blocks after the sinks' (never twice)
+            (start, stop), (sink_start, sink_stop) = ranges
+            start = _minimum(_maximum(start, sink_stop), stop)
+            ranges = [(sink_start, sink_stop), (start, stop)]
+        if bounds is not None:
+            low, high = bounds
+            cut = []
+            for start, stop in ranges:
+                stop = _minimum(stop, high)
+                cut.append((_minimum(_maximum(start, low), stop), stop))
+            ranges = cut
+        return ranges
+
+    def segment_block_bounds(self, query_block, num_query_blocks, key_block, num_key_blocks):
+        """Per query block, `(starts, stops)` int32 `(nq,)`: the key blocks
+        holding a key of one of its segments lie in `[start, stop)` (in any
+        example). Sound for any ids; tight for packed documents (ids that
+        never decrease along the sequence)."""
+        q_lo, q_hi = _block_extremes(self.query_segment_ids, query_block, num_query_blocks)
+        k_lo, k_hi = _block_extremes(self.key_segment_ids, key_block, num_key_blocks)
+        # (B, nq, 1) against (B, 1, nk): the id intervals overlap.
+        overlap = ops.logical_and(
+            ops.greater_equal(k_hi[:, None, :], q_lo[:, :, None]),
+            ops.less_equal(k_lo[:, None, :], q_hi[:, :, None]),
+        )
+        seen = ops.any(overlap, axis=0)  # (nq, nk)
+        index = ops.arange(num_key_blocks, dtype="int32")
+        starts = ops.min(ops.where(seen, index, num_key_blocks), axis=1)
+        stops = ops.max(ops.where(seen, index + 1, 0), axis=1)
+        return ops.cast(starts, "int32"), ops.cast(ops.maximum(stops, starts), "int32")
 
     # -------------------------------------------------------------- dense
-    def dense(self, query_length, key_length):
-        """The merged boolean `(B|1, H|1, Tq, Tk)` mask, or None."""
+    def dense(self, query_length, key_length, batch_size=None, heads=None):
+        """The merged boolean `(B|1, H|1, Tq, Tk)` mask, or None.
+
+        `batch_size` and `heads` (the head numbers of the head axis, or
+        their count) are needed by a per-example prefix and a `mask_mod`.
+        """
         parts = []
         if self.query_mask is not None:
             parts.append(self.query_mask[:, None, :, None])
@@ -187,10 +354,30 @@ class AttentionMask:
             parts.append(self.key_mask[:, None, None, :])
         if self.pair_mask is not None:
             parts.append(self.pair_mask)
-        if self.has_positional:
-            rows = self.query_positions(0, query_length)
-            cols = ops.arange(key_length, dtype="int32")
-            parts.append(self.positional(rows, cols)[None, None])
+        if self.has_segments:
+            parts.append(
+                self.segments(
+                    ops.cast(self.query_segment_ids, "int32")[:, None, :, None],
+                    ops.cast(self.key_segment_ids, "int32")[:, None, None, :],
+                )
+            )
+        if self.has_rules:
+            rows = ops.reshape(self.query_positions(0, query_length), (1, 1, -1, 1))
+            cols = ops.reshape(ops.arange(key_length, dtype="int32"), (1, 1, 1, -1))
+            batch = head = None
+            if self.batch_dependent_rules:
+                if batch_size is None or (self.mask_mod is not None and heads is None):
+                    raise ValueError(
+                        "AttentionMask.dense: a per-example prefix or a `mask_mod` needs "
+                        f"`batch_size` and `heads`. Received: batch_size={batch_size!r}, "
+                        f"heads={heads!r}"
+                    )
+                batch = ops.reshape(ops.arange(batch_size, dtype="int32"), (-1, 1, 1, 1))
+                if heads is not None:
+                    if isinstance(heads, int):
+                        heads = ops.arange(heads, dtype="int32")
+                    head = ops.reshape(ops.convert_to_tensor(heads, dtype="int32"), (1, -1, 1, 1))
+            parts.append(self.rules(batch, head, rows, cols))
         return merge_masks(*parts)
 
     def rows(self, start, stop):
@@ -199,6 +386,9 @@ class AttentionMask:
             query_mask=None if self.query_mask is None else self.query_mask[:, start:stop],
             pair_mask=None if self.pair_mask is None else self.pair_mask[:, :, start:stop],
             query_offset=self.query_offset + start,
+            query_segment_ids=(
+                None if self.query_segment_ids is None else self.query_segment_ids[:, start:stop]
+            ),
         )
 
     def heads(self, indices):
@@ -206,6 +396,31 @@ class AttentionMask:
         if not self.per_head:
             return self
         return self.replace(pair_mask=ops.take(self.pair_mask, indices, axis=1))
+
+
+def _block_range(start, stop, key_block, num_key_blocks):
+    """The key blocks holding key positions `[start, stop)` (`stop` None:
+    unbounded)."""
+    if stop is None:
+        stop_block = num_key_blocks
+    else:
+        # No key at all (e.g. a window wholly past the written cache): no
+        # block, rather than the one that rounding `stop` up would give.
+        stop_block = _minimum((stop + key_block - 1) // key_block, num_key_blocks)
+        empty = stop <= start
+        stop_block = _select(empty, _minimum(start // key_block, stop_block), stop_block)
+    return _minimum(start // key_block, stop_block), stop_block  # never a negative range
+
+
+def _block_extremes(ids, block, num_blocks):
+    """`(min, max)` `(B, n)` of `(B, T)` integer ids over blocks of `block`
+    (the last block padded with the last id)."""
+    ids = ops.cast(ids, "int32")
+    pad = num_blocks * block - ids.shape[1]
+    if pad:
+        ids = ops.concatenate([ids, ops.repeat(ids[:, -1:], pad, axis=1)], axis=1)
+    blocks = ops.reshape(ids, (-1, num_blocks, block))
+    return ops.min(blocks, axis=2), ops.max(blocks, axis=2)
 
 
 def _minimum(a, b):

@@ -41,6 +41,13 @@ def _length(x, axis):
     return x.shape[axis] if x.shape[axis] is not None else ops.shape(x)[axis]
 
 
+def _dense_mask(mask, query, key):
+    """The `AttentionMask`'s dense form for `(B, Tq, H, D)` queries."""
+    return mask.dense(
+        _length(query, 1), _length(key, 1), batch_size=ops.shape(query)[0], heads=query.shape[2]
+    )
+
+
 def modified_logits(logits, mask, scores, query_offset=0, heads=None):
     """`(B, H, Tq, Tk)` logits changed by the `ScoreModifier` `scores`.
 
@@ -97,7 +104,7 @@ def dense_attention(query, key, value, mask, *, scale, dropout=None, scores=None
         ops.cast(query, wide) * ops.cast(scale, wide), ops.cast(key, wide)
     )
     logits = modified_logits(logits, mask, scores)
-    allowed = mask.dense(_length(query, 1), _length(key, 1))
+    allowed = _dense_mask(mask, query, key)
     sinks = None if scores is None else scores.sinks(logits.dtype)
     weights = ops.cast(softmax_with_sinks(logits, allowed, sinks), value.dtype)
     dropped = weights if dropout is None else dropout(weights)
@@ -124,7 +131,7 @@ def shifted_attention(query, key, value, mask, *, scale, scores=None):
     query = ops.cast(query, wide) * ops.cast(scale, wide)
     logits = multi_head.multi_head_logits(query, ops.cast(key, wide))
     logits = modified_logits(logits, mask, scores)
-    allowed = mask.dense(_length(query, 1), _length(key, 1))
+    allowed = _dense_mask(mask, query, key)
     logits = online_softmax.mask_logits(logits, allowed)
     shift = online_softmax.row_max(logits, axis=-1, keepdims=True)
     sinks = None if scores is None else scores.sinks(logits.dtype)
@@ -171,7 +178,7 @@ def composite_attention(query, key, value, mask, *, scale, num_heads, flash_atte
             flash_attention=flash_attention,
         )
         return ops.cast(output, dtype)
-    allowed = mask.dense(_length(query, 1), _length(key, 1))
+    allowed = _dense_mask(mask, query, key)
     heads = num_heads if allowed.shape[1] != 1 else 1
     allowed = ops.broadcast_to(
         allowed, (ops.shape(query)[0], heads, _length(query, 1), _length(key, 1))
@@ -209,7 +216,12 @@ def selected_weights(
         mask = mask.heads(heads)
     else:
         key = multi_head.repeat_key_value_heads(key, num_heads)
-    allowed = mask.dense(_length(query, 1), _length(key, 1))
+    allowed = mask.dense(
+        _length(query, 1),
+        _length(key, 1),
+        batch_size=ops.shape(query)[0],
+        heads=num_heads if heads is None else heads,
+    )
     query = ops.cast(query, "float32") * scale
     logits = ops.einsum("bqhd,bkhd->bhqk", query, ops.cast(key, "float32"))
     logits = modified_logits(logits, mask, scores, heads=heads)

@@ -188,6 +188,14 @@ def memory_efficient_attention(
         if mask.query_mask is None
         else _mask_blocks(mask.query_mask, num_q_blocks, q_block, q_len)
     )
+    segment_blocks = None  # ((nq, B|1, bq), (nk, B|1, bk)) integer ids
+    segment_bounds = None  # per query block, the key blocks of its segments
+    if mask.has_segments:
+        segment_blocks = (
+            _mask_blocks(ops.cast(mask.query_segment_ids, "int32"), num_q_blocks, q_block, q_len),
+            _mask_blocks(ops.cast(mask.key_segment_ids, "int32"), num_k_blocks, k_block, k_len),
+        )
+        segment_bounds = mask.segment_block_bounds(q_block, num_q_blocks, k_block, num_k_blocks)
     pair_blocks = None
     pair_heads = (1, 1)  # the pair mask's (Hkv, G): per-head masks split like q
     if mask.pair_mask is not None:
@@ -218,13 +226,18 @@ def memory_efficient_attention(
                 _take(_take(pair_blocks, i), j), (-1,) + pair_heads + (q_block, k_block)
             )
             allowed = masking.merge_masks(allowed, tile)
-        if mask.has_positional:
-            rows = mask.query_positions(i * q_block, q_block)
-            cols = j * k_block + ops.arange(k_block, dtype="int32")
-            positional = mask.positional(rows, cols)
-            allowed = masking.merge_masks(
-                allowed, ops.reshape(positional, (1, 1, 1, q_block, k_block))
+        if segment_blocks is not None:
+            query_ids, key_ids = (
+                _take(blocks, index) for blocks, index in zip(segment_blocks, (i, j), strict=True)
             )
+            allowed = masking.merge_masks(
+                allowed,
+                mask.segments(query_ids[:, None, None, :, None], key_ids[:, None, None, None, :]),
+            )
+        if mask.has_rules:
+            batch, head, rows, cols = tile_indices(i, j)
+            rule = mask.rules(batch if mask.batch_dependent_rules else None, head, rows, cols)
+            allowed = masking.merge_masks(allowed, rule)
         return allowed
 
     if scores is not None and scores.is_empty:
@@ -245,13 +258,25 @@ def memory_efficient_attention(
             logits = scores.apply(logits, *tile_indices(i, j))
         return online_softmax.mask_logits(logits, tile_mask(i, j))
 
-    def key_range(i):
-        """The key blocks query block `i` may see, from the description."""
+    def key_ranges(i):
+        """The key block ranges query block `i` may see, from the description
+        (two with sink tokens beside a window; cut to its segments' blocks)."""
         offset = mask.query_offset
         if not isinstance(offset, int):
             offset = ops.cast(offset, "int32")
         first = offset + i * q_block
-        return mask.key_block_range(first, first + q_block - 1, k_block, num_k_blocks)
+        bounds = None
+        if segment_bounds is not None:
+            bounds = (_take(segment_bounds[0], i), _take(segment_bounds[1], i))
+        return mask.key_block_ranges(first, first + q_block - 1, k_block, num_k_blocks, bounds)
+
+    def over_key_ranges(i, step, state):
+        """`step(j, state)` folded over the key blocks query block `i` sees."""
+        for start, stop in key_ranges(i):
+            state = sequential_fori_loop(
+                start, stop, step, state, parallel_iterations=_KEY_PARALLEL
+            )
+        return state
 
     def initial_state(row_shape, value_dim, sinks):
         """The running softmax before any key: a learned sink is a key with
@@ -282,7 +307,6 @@ def memory_efficient_attention(
         def query_step(i, buffers):
             out_buffer, lse_buffer = buffers
             q_tile = _take(q, i)
-            start, stop = key_range(i)
 
             def key_loop(update, queries, keys, init):
                 """The key blocks folded into `init` by `update` (the
@@ -296,9 +320,7 @@ def memory_efficient_attention(
                         lambda probs: ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile),
                     )
 
-                return sequential_fori_loop(
-                    start, stop, key_step, init, parallel_iterations=_KEY_PARALLEL
-                )
+                return over_key_ranges(i, key_step, init)
 
             if scores is not None:  # changed logits or a sink: no bound holds
                 init = initial_state(row_shape, value_dim, sinks)
@@ -379,13 +401,8 @@ def memory_efficient_attention(
                     loops.write_block(dv_buffer, j, dv),
                 )
 
-            start, stop = key_range(i)
-            dq, dk_buffer, dv_buffer = sequential_fori_loop(
-                start,
-                stop,
-                key_step,
-                (ops.zeros_like(q_tile), dk_buffer, dv_buffer),
-                parallel_iterations=_KEY_PARALLEL,
+            dq, dk_buffer, dv_buffer = over_key_ranges(
+                i, key_step, (ops.zeros_like(q_tile), dk_buffer, dv_buffer)
             )
             return loops.write_block(dq_buffer, i, dq), dk_buffer, dv_buffer
 

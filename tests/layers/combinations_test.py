@@ -28,6 +28,7 @@ from keras_attention.layers import multi_head_attention as mha_module
 from keras_attention.layers.kernel_selector import Kernel
 from keras_attention.ops import dense_attention
 from tests.attention_reference import SOFT_CAP
+from tests.attention_reference import mask_mod
 from tests.attention_reference import positional
 from tests.attention_reference import reference
 from tests.attention_reference import score_mod
@@ -126,6 +127,16 @@ def cases(draw):
         case["prefill"] = draw(st.integers(1, length))
         case["extra_slots"] = draw(st.integers(0, 2))
     case["modifier"] = draw(st.sampled_from(MODIFIERS))
+    # The mask rules of #36: sink tokens beside a window, a `mask_mod`, and
+    # (without a cache) packed documents and a prefix length per example.
+    rules = ("none",)
+    if layout == "sequence":
+        rules += ("none", "sink_tokens", "mask_mod")
+        rules += () if case["cache"] else ("segments", "prefix")
+    case["rule"] = draw(st.sampled_from(rules))
+    if case["rule"] == "sink_tokens":
+        case["window"] = case["window"] or 1
+        case["sink_tokens"] = draw(st.integers(1, 3))
     return case
 
 
@@ -322,6 +333,10 @@ def _options(case):
         options["memory_efficient"] = True
     elif case["kernel"] == "materialised":
         options["memory_efficient"] = False
+    if case["rule"] == "sink_tokens":
+        options["sink_tokens"] = case["sink_tokens"]
+    if case["rule"] == "mask_mod":
+        options["mask_mod"] = mask_mod
     modifier = case["modifier"]
     if modifier in ("soft_cap", "all"):
         options["logit_soft_cap"] = SOFT_CAP
@@ -384,10 +399,23 @@ def check(case):
                 # with the same mask, as Keras' mask of a self-attention input
                 # (MultiHeadAttention's documented `value_mask` default).
                 allowed &= mask_kwargs["query_mask"][:, None, None, :]
+            rule_kwargs, prefix = _rule_inputs(case, rng, batch, q_len, k_len)
+            if "segment_ids" in rule_kwargs:
+                query_ids = rule_kwargs["segment_ids"]
+                key_ids = rule_kwargs.get("key_segment_ids", query_ids)
+                allowed &= query_ids[:, None, :, None] == key_ids[:, None, None, :]
             positions = positional(
-                np.arange(q_len), np.arange(k_len), case["causal"], case["window"]
+                np.arange(q_len),
+                np.arange(k_len),
+                case["causal"] or prefix is not None,
+                case["window"],
+                prefix=prefix,
+                sink_tokens=case.get("sink_tokens"),
+                mask_mod=case["rule"] == "mask_mod",
+                batch=batch,
+                heads=heads,
             )
-            allowed = allowed & positions[None, None]
+            allowed = allowed & positions
             expected, expected_scores = reference(
                 weights,
                 _cast_like(flat_q, dtype),
@@ -399,6 +427,7 @@ def check(case):
                 case["modifier"],
             )
             call_masks = _layout_masks(case, mask_kwargs, query.shape, key_value.shape)
+            call_masks.update(rule_kwargs)
             names = sorted(call_masks)
             value = None if case["self_attention"] else cast(key_value)
 
@@ -435,6 +464,22 @@ def check(case):
         np.testing.assert_allclose(scores, expected_scores, atol=tol, rtol=tol)
     # The kernel that ran is the one the options ask for (proof, not trust).
     assert ran and set(ran) <= _expected_kernels(case), (ran, case)
+
+
+def _rule_inputs(case, rng, batch, q_len, k_len):
+    """`(call kwargs, prefix or None)` of the call-level rules: sorted
+    segment ids (packed documents), or one prefix length per example."""
+    if case["rule"] == "segments":
+        query_ids = np.sort(rng.integers(0, 3, size=(batch, q_len)), axis=1).astype("int32")
+        kwargs = {"segment_ids": query_ids}
+        if not case["self_attention"]:
+            key_ids = np.sort(rng.integers(0, 3, size=(batch, k_len)), axis=1).astype("int32")
+            kwargs["key_segment_ids"] = key_ids
+        return kwargs, None
+    if case["rule"] == "prefix":
+        prefix = rng.integers(0, k_len + 1, size=batch).astype("int32")
+        return {"prefix_length": prefix}, prefix
+    return {}, None
 
 
 def _cast_like(x, dtype):
@@ -493,8 +538,12 @@ def _run_cache(case, layer, weights, x, rng, run, cast, select):
             case["causal"],
             case["window"],
             key_length=None if case["causal"] else stop,
+            sink_tokens=case.get("sink_tokens"),
+            mask_mod=case["rule"] == "mask_mod",
+            batch=batch,
+            heads=heads,
         )
-        seen = seen[None, None] & np.ones((batch, heads, 1, 1), bool)
+        seen = seen & np.ones((batch, heads, 1, 1), bool)
         if key_mask is not None:
             seen = seen & (key_mask[:, None, None, :] > 0)
         padded = np.zeros((batch, max_length, x.shape[-1]))

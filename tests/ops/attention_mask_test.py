@@ -27,6 +27,11 @@ RULES = {
     "unwritten cache slots": dict(causal=True, query_offset=6, key_length=11),
     "key length only": dict(key_length=7),
     "window past the keys": dict(sliding_window=5, query_offset=20, key_length=22),
+    "prefix": dict(causal=True, prefix_length=6),
+    "prefix under a window": dict(causal=True, prefix_length=9, sliding_window=3),
+    "sinks beside a window": dict(causal=True, sliding_window=3, sink_tokens=2),
+    "sinks, decoding": dict(causal=True, sliding_window=4, sink_tokens=5, query_offset=10),
+    "sinks, no causal": dict(sliding_window=2, sink_tokens=4, query_offset=3, key_length=20),
 }
 
 
@@ -35,9 +40,9 @@ def visible(rule, query_positions, key_positions):
     q, k = np.asarray(query_positions)[:, None], np.asarray(key_positions)[None, :]
     allowed = np.ones(np.broadcast_shapes(q.shape, k.shape), bool)
     if rule.get("causal"):
-        allowed &= k <= q
+        allowed &= (k <= q) | (k < rule.get("prefix_length", 0))
     if rule.get("sliding_window") is not None:
-        allowed &= np.abs(q - k) < rule["sliding_window"]
+        allowed &= (np.abs(q - k) < rule["sliding_window"]) | (k < rule.get("sink_tokens", 0))
     if rule.get("key_length") is not None:
         allowed &= k < rule["key_length"]
     return allowed
@@ -79,6 +84,11 @@ def test_key_ranges_are_sound_and_tight(name):
             assert (first_block, stop_block) == (seen_blocks[0], seen_blocks[-1] + 1), context
         else:
             assert 0 <= first_block == stop_block <= KEYS // block, context
+        # The ranges a kernel loops over: disjoint, and exactly the seen blocks.
+        ranges = mask.key_block_ranges(int(rows[0]), int(rows[-1]), block, KEYS // block)
+        covered = [b for start, stop in ranges for b in range(start, stop)]
+        assert len(covered) == len(set(covered)), (context, ranges)
+        assert sorted(covered) == seen_blocks.tolist(), (context, ranges)
 
 
 def test_row_and_head_slices_keep_absolute_positions():
@@ -104,3 +114,55 @@ def test_query_and_key_masks_join_the_positional_rules():
         & visible(dict(causal=True), np.arange(3) + 2, np.arange(5))
     )
     np.testing.assert_array_equal(ops.convert_to_numpy(dense.dense(3, 5))[:, 0], expected)
+
+
+def test_per_example_prefix_segments_and_mask_mod_in_the_dense_form():
+    prefix = np.array([2, 5], "int32")
+    segments = np.array([[0, 0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 2, 2, 2]], "int32")
+
+    def mask_mod(batch, head, q_idx, k_idx):
+        return ops.not_equal((q_idx + 2 * k_idx + head + batch) % 3, 0)
+
+    mask = AttentionMask(
+        causal=True,
+        prefix_length=prefix,
+        query_segment_ids=segments,
+        key_segment_ids=segments,
+        mask_mod=mask_mod,
+    )
+    dense = ops.convert_to_numpy(mask.dense(7, 7, batch_size=2, heads=3))
+    q, k = np.arange(7)[:, None], np.arange(7)[None, :]
+    b = np.arange(2)[:, None, None, None]
+    h = np.arange(3)[None, :, None, None]
+    expected = (
+        ((k <= q) | (k < prefix[:, None, None, None]))
+        & (segments[:, None, :, None] == segments[:, None, None, :])
+        & ((q + 2 * k + h + b) % 3 != 0)
+    )
+    np.testing.assert_array_equal(np.broadcast_to(dense, expected.shape), expected)
+    with pytest.raises(ValueError, match="needs `batch_size` and `heads`"):
+        mask.dense(7, 7)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed documents", "unsorted ids"])
+def test_segment_block_bounds_are_sound_and_tight_for_packed_documents(packed):
+    rng = np.random.default_rng(3)
+    length, block = 29, 4
+    if packed:
+        ids = np.sort(rng.integers(0, 6, size=(2, length)), axis=1)
+    else:
+        ids = rng.integers(0, 4, size=(2, length))
+    mask = AttentionMask(query_segment_ids=ids, key_segment_ids=ids)
+    blocks = -(-length // block)
+    starts, stops = (
+        ops.convert_to_numpy(x) for x in mask.segment_block_bounds(block, blocks, block, blocks)
+    )
+    same = ids[:, :, None] == ids[:, None, :]  # (B, Tq, Tk)
+    padded = np.zeros((2, blocks * block, blocks * block), bool)
+    padded[:, :length, :length] = same
+    tiles = padded.reshape(2, blocks, block, blocks, block).any(axis=(0, 2, 4))  # (nq, nk)
+    for i in range(blocks):
+        seen = np.flatnonzero(tiles[i])
+        assert starts[i] <= seen[0] and seen[-1] < stops[i]  # sound
+        if packed:
+            assert (starts[i], stops[i]) == (seen[0], seen[-1] + 1)  # tight
