@@ -39,23 +39,25 @@ def child(devices, lengths, repeats, causal):
     import numpy as np
     from jax.sharding import Mesh
 
+    from keras_attention.ops.attention_mask import AttentionMask
     from keras_attention.ops.memory_efficient import memory_efficient_attention
     from keras_attention.ops.ring_attention import ring_attention
 
     mesh = Mesh(np.array(jax.devices()), ("sequence",))
-    kernels = {"ring": lambda q, k, v: ring_attention(q, k, v, mesh=mesh, use_causal_mask=causal)}
+    rule = AttentionMask(causal=causal)
+    kernels = {"ring": lambda q, k, v: ring_attention(q, k, v, mesh=mesh, mask=rule)}
     if causal and devices > 1:
         # Same process, same load: the default (zigzag under the causal rule)
         # against contiguous blocks, whose last device does N times the first's work.
         kernels["ring_contiguous"] = lambda q, k, v: ring_attention(
-            q, k, v, mesh=mesh, use_causal_mask=causal, balance="contiguous"
+            q, k, v, mesh=mesh, mask=rule, balance="contiguous"
         )
     if devices == 1:
         kernels["exact_jax"] = lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, is_causal=causal
         )
         kernels["blockwise"] = lambda q, k, v: memory_efficient_attention(
-            q, k, v, use_causal_mask=causal, block_size=1024
+            q, k, v, mask=rule, block_size=1024
         )
     rows = []
     for length in lengths:

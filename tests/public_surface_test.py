@@ -108,10 +108,14 @@ def _device_mesh(axis="batch"):
 # case is the wrong type, the second the wrong value, then the pins.
 CASES = {
     # ---------------------------------------------------------------- ops
-    "keras_attention.ops.masking.attention_mask_from": [
-        ("query_mask", lambda: ka.ops.attention_mask_from(query_mask="abc")),
-        ("use_causal_mask", lambda: ka.ops.attention_mask_from(use_causal_mask=True)),
-        ("value_mask", lambda: ka.ops.attention_mask_from(value_mask=x(1, 2, 3))),
+    "keras_attention.ops.attention_mask.AttentionMask": [
+        ("query_mask", lambda: ka.ops.AttentionMask(query_mask="abc")),
+        ("key_mask", lambda: ka.ops.AttentionMask(key_mask=x(1, 2, 3))),
+        ("causal", lambda: ka.ops.AttentionMask(causal="yes")),
+        ("sliding_window", lambda: ka.ops.AttentionMask(sliding_window=0)),
+        ("prefix_length", lambda: ka.ops.AttentionMask(prefix_length=3)),
+        ("key_segment_ids", lambda: ka.ops.AttentionMask(query_segment_ids=x(1, 2, dtype="int32"))),
+        ("mask_mod", lambda: ka.ops.AttentionMask(mask_mod="causal")),
     ],
     "keras_attention.ops.masking.causal_mask": [
         ("query_length", lambda: ka.ops.causal_mask("3", 3)),

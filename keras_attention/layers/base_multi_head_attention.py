@@ -439,41 +439,24 @@ class BaseMultiHeadAttention(BaseAttention):
                     "positions. Received: an attention mask with them"
                 )
             )
-        pair = mask.pair_mask
-        if pair is not None and not mask.per_head:
-            pair = pair[:, 0]  # one mask for every head: (B|1, Tq, Tv)
         key = multi_head.repeat_key_value_heads(key, self._num_heads)
         value = multi_head.repeat_key_value_heads(value, self._num_heads)
         result = self._attend(
             query,
             key,
             value,
-            query_mask=mask.query_mask,
-            key_mask=mask.key_mask,
-            attention_mask=pair,
-            use_causal_mask=mask.causal,
+            mask,
             dropout=self._dropout_callable(training),
             return_weights=return_attention_scores or self._capturing_attention,
         )
         return result if isinstance(result, tuple) else (result, None)
 
-    def _attend(
-        self,
-        query,
-        key,
-        value,
-        *,
-        query_mask,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-        dropout,
-        return_weights,
-    ):
+    def _attend(self, query, key, value, mask, *, dropout, return_weights):
         """A sibling's kernel: `output`, or `(output, weights)` with `return_weights`.
 
         `query` is `(B, Tq, H, D)`, `key`/`value` `(B, Tv, H, D)` with the
-        heads repeated; `dropout` is a callable on the weights or `None`.
+        heads repeated; `mask` is the call's `AttentionMask` (its pair mask
+        `(B|1, H|1, Tq, Tv)`); `dropout` is a callable on the weights or `None`.
         Options a kernel cannot honour are rejected earlier by
         `_check_call_options`; masked query rows are zeroed by the caller.
         """

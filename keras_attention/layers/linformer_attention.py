@@ -106,7 +106,7 @@ class LinformerAttention(BaseMultiHeadAttention):
         if hasattr(keys, "shape"):
             self._check_length(tuple(keys.shape))
 
-    def _attend(self, query, key, value, *, key_mask, dropout, return_weights, **_):
+    def _attend(self, query, key, value, mask, *, dropout, return_weights):
         # Causal and explicit masks are rejected by `_check_call_options`.
         return linformer.linformer_attention(
             query,
@@ -114,7 +114,7 @@ class LinformerAttention(BaseMultiHeadAttention):
             value,
             self.key_projection,
             self.value_projection,
-            key_mask=key_mask,
+            key_mask=mask.key_mask,
             scale=self._scale,
             dropout=dropout,
             return_weights=return_weights,

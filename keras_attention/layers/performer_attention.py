@@ -179,28 +179,18 @@ class PerformerAttention(BaseMultiHeadAttention):
                 )
             )
 
-    def _attend(
-        self,
-        query,
-        key,
-        value,
-        *,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-        return_weights,
-        **_,
-    ):
-        # `dropout > 0` is rejected at construction.
+    def _attend(self, query, key, value, mask, *, return_weights, **_):
+        # `dropout > 0` is rejected at construction; the base zeroes masked
+        # query rows, and a per-head mask is refused by `_check_call_options`.
         return favor.favor_attention(
             query,
             key,
             value,
             self.projection,
             kernel=self.kernel,
-            causal=self.causal or use_causal_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
+            causal=self.causal or mask.causal,
+            key_mask=mask.key_mask,
+            attention_mask=None if mask.pair_mask is None else mask.pair_mask[:, 0],
             chunk_size=self.chunk_size,
             return_weights=return_weights,
         )

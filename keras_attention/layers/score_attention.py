@@ -7,6 +7,7 @@ from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
 from keras_attention.layers.base_attention import BaseAttention
+from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import masking
 from keras_attention.ops import scores as score_ops
 
@@ -361,14 +362,15 @@ class ScoreAttention(BaseAttention):
         training,
     ):
         """Scores, masked softmax and weighted sum over `(B, T, F)` inputs."""
-        combined = masking.attention_mask_from(
+        # One description of what each query sees, as the multi-head family
+        # builds it; its dense form is `(B|1, 1, Tq, Tv)`.
+        combined = attention_masks.AttentionMask.from_tensors(
             query_mask=query_mask,
-            value_mask=masking.merge_masks(value_mask, key_mask),
-            attention_mask=masking.to_bool_mask(attention_mask),
-            use_causal_mask=use_causal_mask,
-            query_length=ops.shape(query)[1],
-            key_length=ops.shape(key)[1],
-        )
+            key_mask=masking.merge_masks(value_mask, key_mask),
+            attention_mask=attention_mask,
+            causal=use_causal_mask,
+        ).dense(ops.shape(query)[1], ops.shape(key)[1])
+        combined = None if combined is None else combined[:, 0]
         # Scores and the weighted sum run in the compute dtype: integer
         # inputs are cast, as Keras' own layers do.
         query, value, key = (ops.cast(x, self.compute_dtype) for x in (query, value, key))

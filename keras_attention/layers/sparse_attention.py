@@ -5,7 +5,6 @@ from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.utils import validate_non_negative_int
 from keras_attention.layers.utils import validate_positive_int
-from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import block_sparse
 from keras_attention.ops import dense_attention
 
@@ -180,28 +179,10 @@ class SparseAttention(BaseMultiHeadAttention):
         if hasattr(keys, "shape") and len(keys.shape) == 3:
             self._check_lengths(keys.shape[1])
 
-    def _attend(
-        self,
-        query,
-        key,
-        value,
-        *,
-        query_mask,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-        dropout,
-        return_weights,
-    ):
-        if self.covers_every_key(query.shape[1], key.shape[1], use_causal_mask):
+    def _attend(self, query, key, value, mask, *, dropout, return_weights):
+        if self.covers_every_key(query.shape[1], key.shape[1], mask.causal):
             # Short sequences: the pattern holds every key, and exact
             # attention under the same masks is the same answer.
-            mask = attention_masks.AttentionMask(
-                query_mask=query_mask,
-                key_mask=key_mask,
-                pair_mask=attention_mask,
-                causal=use_causal_mask,
-            )
             output, weights = dense_attention.dense_attention(
                 query, key, value, mask, scale=self._scale, dropout=dropout
             )
@@ -218,10 +199,7 @@ class SparseAttention(BaseMultiHeadAttention):
             global_blocks=self.global_blocks,
             random_plan=self.random_plan.value if self.random_blocks else None,
             global_tokens=self.global_tokens,
-            causal=use_causal_mask,
-            query_mask=query_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
+            mask=mask,
             scale=self._scale,
             dropout=dropout,
             return_weights=return_weights,

@@ -1,5 +1,6 @@
 """Pure attention functions written with `keras.ops` only."""
 
+from keras_attention.ops.attention_mask import AttentionMask
 from keras_attention.ops.block_sparse import block_plan
 from keras_attention.ops.block_sparse import block_sparse_attention
 from keras_attention.ops.favor import causal_linear_attention
@@ -9,7 +10,6 @@ from keras_attention.ops.favor import random_projection
 from keras_attention.ops.favor import relu_features
 from keras_attention.ops.favor import softmax_features
 from keras_attention.ops.linformer import linformer_attention
-from keras_attention.ops.masking import attention_mask_from
 from keras_attention.ops.masking import causal_mask
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.masking import merge_masks
@@ -23,7 +23,7 @@ from keras_attention.ops.scores import low_rank_score
 from keras_attention.ops.scores import weighted_sum
 
 __all__ = [
-    "attention_mask_from",
+    "AttentionMask",
     "causal_mask",
     "masked_softmax",
     "merge_masks",

@@ -36,6 +36,7 @@ whatever the spelling) gets zero weights and a zero attention result.
 
 from keras import ops
 
+from keras_attention.ops import checks
 from keras_attention.ops.masking import merge_masks
 from keras_attention.ops.masking import to_bool_mask
 
@@ -79,6 +80,25 @@ class AttentionMask:
         mask_mod=None,
     ):
         owner = "AttentionMask"
+        checks.mask(owner, "query_mask", query_mask, rank=2)
+        checks.mask(owner, "key_mask", key_mask, rank=2)
+        checks.mask(owner, "pair_mask", pair_mask, rank=(3, 4))
+        causal = checks.flag(owner, "causal", causal)
+        sliding_window = checks.positive_int(
+            owner, "sliding_window", sliding_window, allow_none=True
+        )
+        sink_tokens = checks.positive_int(owner, "sink_tokens", sink_tokens, allow_none=True)
+        for name, ids in (
+            ("query_segment_ids", query_segment_ids),
+            ("key_segment_ids", key_segment_ids),
+        ):
+            if ids is not None:
+                checks.tensor(owner, name, ids, rank=2)
+                if "int" not in str(getattr(ids.dtype, "name", ids.dtype)):
+                    raise TypeError(
+                        f"{owner}: `{name}` must be integers. Received: {name} with "
+                        f"dtype {getattr(ids.dtype, 'name', ids.dtype)}"
+                    )
         if prefix_length is not None and not causal:
             raise ValueError(
                 f"{owner}: `prefix_length` is a causal rule's prefix (bidirectional "
@@ -111,6 +131,67 @@ class AttentionMask:
         self.sliding_window = sliding_window
         self.query_offset = query_offset
         self.key_length = key_length
+
+    @classmethod
+    def from_tensors(
+        cls,
+        *,
+        query_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        causal=False,
+        sliding_window=None,
+        segment_ids=None,
+        key_segment_ids=None,
+        prefix_length=None,
+        sink_tokens=None,
+        mask_mod=None,
+        query_offset=0,
+        key_length=None,
+    ):
+        """The description of Keras' spellings of a mask (the one public way
+        to build one from tensors).
+
+        Args:
+            query_mask: `(B, Tq)` booleans or 0/1 (a Keras mask), or None.
+            key_mask: `(B, Tk)`, or None (Keras' `value_mask`).
+            attention_mask: anything broadcastable to `(B, Tq, Tk)` (e.g.
+                `(Tq, Tk)`, `(1, Tk)`) or a per-head `(B, H, Tq, Tk)`, as
+                `keras.layers.MultiHeadAttention` takes it; or None.
+            causal: Keras' `use_causal_mask`.
+            sliding_window: `|q - k| < sliding_window`, or None.
+            segment_ids: `(B, Tq)` integers (packed documents); the keys'
+                default to them (self-attention).
+            key_segment_ids: `(B, Tk)` integers, or None.
+            prefix_length, sink_tokens, mask_mod, query_offset, key_length:
+                as the constructor.
+        """
+        owner = "AttentionMask.from_tensors"
+        checks.mask(owner, "attention_mask", attention_mask, rank=(1, 2, 3, 4))
+        pair = to_bool_mask(attention_mask)
+        if pair is not None:
+            while len(pair.shape) < 3:
+                pair = ops.expand_dims(pair, 0)
+        if key_segment_ids is None:
+            key_segment_ids = segment_ids
+        elif segment_ids is None:
+            raise ValueError(
+                f"{owner}: `key_segment_ids` needs `segment_ids`. Received: segment_ids=None"
+            )
+        return cls(
+            query_mask=query_mask,
+            key_mask=key_mask,
+            pair_mask=pair,
+            causal=causal,
+            sliding_window=sliding_window,
+            query_offset=query_offset,
+            key_length=key_length,
+            prefix_length=prefix_length,
+            sink_tokens=sink_tokens,
+            query_segment_ids=segment_ids,
+            key_segment_ids=key_segment_ids,
+            mask_mod=mask_mod,
+        )
 
     # ------------------------------------------------------------ queries
     @property
@@ -449,9 +530,4 @@ def from_keras_mask(attention_mask, use_causal_mask=False):
     `keras.layers.MultiHeadAttention._compute_attention` takes it (the form
     subclasses written for Keras pass).
     """
-    if attention_mask is None:
-        return AttentionMask(causal=use_causal_mask)
-    mask = to_bool_mask(attention_mask)
-    while len(mask.shape) < 3:
-        mask = ops.expand_dims(mask, 0)
-    return AttentionMask(pair_mask=mask, causal=use_causal_mask)
+    return AttentionMask.from_tensors(attention_mask=attention_mask, causal=use_causal_mask)

@@ -495,15 +495,11 @@ def block_sparse_attention(
     global_blocks=0,
     random_plan=None,
     global_tokens=None,
-    causal=False,
-    query_mask=None,
-    key_mask=None,
-    attention_mask=None,
+    mask=None,
     scale=None,
     dropout=None,
     return_weights=False,
     chunk_blocks=None,
-    mask=None,
 ):
     """Block-sparse softmax attention over projected multi-head tensors.
 
@@ -513,16 +509,19 @@ def block_sparse_attention(
         value: `(B, Tv, H, Dv)`.
         block_size: tokens per block. Lengths need not be multiples: the
             inputs are padded internally and the padding is masked.
-        window_blocks, global_blocks, random_plan, causal: the pattern, see
-            `block_plan`.
+        window_blocks, global_blocks, random_plan: the pattern, see
+            `block_plan` (causal when `mask` is).
         global_tokens: tuple of token positions that are global in both
             directions (Longformer), or `None`. Positions past the sequence
             are ignored.
-        query_mask: `(B, Tq)` boolean, or `None`. Masked query rows still get
-            weights (the caller zeroes them); they do not change other rows.
-        key_mask: `(B, Tv)` boolean, or `None`.
-        attention_mask: `(B or 1, Tq, Tv)` boolean, or `None`. Honoured inside
-            the pattern; it is itself `O(Tq * Tv)`.
+        mask: an `AttentionMask` (`AttentionMask.from_tensors` builds one
+            from Keras' spellings), or None. Its key mask, its pair mask (one
+            for every head; itself `O(Tq * Tv)`) and its positional rules
+            (causal, window, sink tokens, a prefix length for all examples)
+            mask keys inside the pattern, and the pattern looks backwards
+            when it is causal. Masked query rows still get weights (the
+            caller zeroes them); they do not change other rows. Segment ids,
+            a `mask_mod` and per-example prefix lengths are refused.
         scale: score multiplier; default `1 / sqrt(D)`.
         dropout: callable applied to the attention weights before they
             multiply the values (e.g. a `Dropout` layer), or `None`.
@@ -531,10 +530,6 @@ def block_sparse_attention(
         chunk_blocks: query blocks per chunk of the recomputing kernel
             (default: `1024 // block_size` blocks, at least 1); it need not
             divide the number of blocks.
-        mask: an `AttentionMask` in place of `causal`, `query_mask`,
-            `key_mask` and `attention_mask` (its per-head pair mask must be
-            one for all heads). Its positional rules mask keys inside the
-            pattern; the pattern itself looks backwards when it is causal.
 
     Returns:
         `output (B, Tq, H, Dv)` and, with `return_weights`, the weights.
@@ -565,7 +560,6 @@ def block_sparse_attention(
             f"{owner}: `global_tokens` must be a tuple of non-negative token positions "
             f"or None. Received: global_tokens={global_tokens!r}"
         )
-    causal = checks.flag(owner, "causal", causal)
     return_weights = checks.flag(owner, "return_weights", return_weights)
     chunk_blocks = checks.positive_int(owner, "chunk_blocks", chunk_blocks, allow_none=True)
     scale = checks.scale(owner, scale)
@@ -574,16 +568,20 @@ def block_sparse_attention(
             f"{owner}: `dropout` must be a callable (such as a Dropout layer) or None. "
             f"Received: dropout={dropout!r}"
         )
-    if mask is not None and not isinstance(mask, attention_masks.AttentionMask):
-        raise TypeError(
-            f"{owner}: `mask` must be an AttentionMask or None. Received: mask={mask!r}"
-        )
-    checks.mask(owner, "query_mask", query_mask, rank=2)
-    checks.mask(owner, "key_mask", key_mask, rank=2)
-    checks.mask(owner, "attention_mask", attention_mask, rank=(3, 4))
     if mask is None:
-        mask = attention_masks.AttentionMask(
-            key_mask=key_mask, pair_mask=attention_mask, causal=causal
+        mask = attention_masks.AttentionMask()
+    if not isinstance(mask, attention_masks.AttentionMask):
+        raise TypeError(
+            f"{owner}: `mask` must be an AttentionMask (see AttentionMask.from_tensors) "
+            f"or None. Received: mask={mask!r}"
+        )
+    if mask.has_segments or mask.batch_dependent_rules or mask.per_head:
+        raise ValueError(
+            f"{owner}: the block-sparse pattern takes one mask for every head and "
+            "rules that are the same in every example; segment ids, a `mask_mod`, "
+            "per-example prefix lengths and per-head masks are not supported. "
+            f"Received: an AttentionMask with segment ids={mask.has_segments}, "
+            f"mask_mod={mask.mask_mod is not None}, per-head={mask.per_head}"
         )
     key_mask = mask.key_mask
     attention_mask = None if mask.pair_mask is None else mask.pair_mask[:, 0]
@@ -740,10 +738,12 @@ def block_sparse_attention(
                 ops.transpose(row_q, (0, 2, 1, 3)),
                 ops.transpose(k, (0, 2, 1, 3)),
                 ops.transpose(v, (0, 2, 1, 3)),
-                scale=1.0,
-                attention_mask=ops.broadcast_to(
-                    row_mask, (ops.shape(row_mask)[0], len(rows), padded_key_length)
+                mask=attention_masks.AttentionMask(
+                    pair_mask=ops.broadcast_to(
+                        row_mask, (ops.shape(row_mask)[0], len(rows), padded_key_length)
+                    )
                 ),
+                scale=1.0,
             )
             row_output = ops.transpose(row_output, (0, 2, 1, 3))
         else:

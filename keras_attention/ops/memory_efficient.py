@@ -87,13 +87,8 @@ def memory_efficient_attention(
     key,
     value,
     *,
-    scale=None,
     mask=None,
-    query_mask=None,
-    key_mask=None,
-    attention_mask=None,
-    use_causal_mask=False,
-    sliding_window=None,
+    scale=None,
     block_size=512,
     key_block_size=None,
     scores=None,
@@ -105,18 +100,12 @@ def memory_efficient_attention(
         key: `(B, Tk, Hkv, D)` projected keys; `Hkv` divides `H` (query head
             `h` uses key/value head `h // (H // Hkv)`).
         value: `(B, Tk, Hkv, Dv)` projected values.
-        scale: multiplies the logits; defaults to `1 / sqrt(D)`.
         mask: an `AttentionMask` (what each query may see, with absolute
-            positions), or None to build one from the arguments below.
-        query_mask: `(B, Tq)` boolean, `False` rows get zero output.
-        key_mask: `(B, Tk)` boolean, `False` keys are never attended.
-        attention_mask: `(B, Tq, Tk)` or per head `(B, H, Tq, Tk)` boolean,
-            `True` where attention is allowed (a batch dimension of 1
-            broadcasts).
-        use_causal_mask: query `i` attends keys `j <= i` only.
-        sliding_window: if set, query `i` attends keys with
-            `|i - j| < sliding_window` only (as `keras.layers.
-            MultiHeadAttention`); formed per tile, never as a `(Tq, Tk)` array.
+            positions: `AttentionMask.from_tensors` builds one from Keras'
+            spellings), or None (every query sees every key). Its rules are
+            formed per tile, never as a `(Tq, Tk)` array, and the tiles they
+            rule out are skipped.
+        scale: multiplies the logits; defaults to `1 / sqrt(D)`.
         block_size: queries per tile.
         key_block_size: keys per tile; defaults to `block_size`.
         scores: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a user
@@ -129,20 +118,11 @@ def memory_efficient_attention(
         key gets zeros (never NaN), as does its gradient.
     """
     if mask is None:
-        mask = attention_masks.AttentionMask(
-            query_mask=query_mask,
-            key_mask=key_mask,
-            pair_mask=attention_mask,
-            causal=use_causal_mask,
-            sliding_window=sliding_window,
-        )
-    elif (
-        any(x is not None for x in (query_mask, key_mask, attention_mask, sliding_window))
-        or use_causal_mask
-    ):
-        raise ValueError(
-            "memory_efficient_attention: pass either `mask` (an AttentionMask) "
-            "or the separate mask arguments, not both."
+        mask = attention_masks.AttentionMask()
+    elif not isinstance(mask, attention_masks.AttentionMask):
+        raise TypeError(
+            "memory_efficient_attention: `mask` must be an AttentionMask (see "
+            f"AttentionMask.from_tensors) or None. Received: mask={mask!r}"
         )
     dtype = query.dtype
     q_len, num_heads, key_dim = query.shape[1], query.shape[2], query.shape[3]

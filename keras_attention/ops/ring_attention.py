@@ -146,19 +146,24 @@ def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts, scor
 BALANCES = ("auto", "zigzag", "contiguous")
 
 
-def _check_arguments(
-    query, key, value, mesh, sequence_axis, batch_axis, scale, mask, use_causal_mask, balance
-):
+def _check_arguments(query, key, value, mesh, sequence_axis, batch_axis, scale, mask, balance):
     """`ring_attention`'s arguments, before JAX sees them: a typo in
     `balance` would silently lose the load balancing, and a length the mesh
     does not divide would surface as `shard_map`'s error."""
     owner = "ring_attention"
     checks.choice(owner, "balance", balance, BALANCES)
-    checks.flag(owner, "use_causal_mask", use_causal_mask)
     checks.scale(owner, scale)
     if mask is not None and not isinstance(mask, attention_masks.AttentionMask):
         raise TypeError(
-            f"{owner}: `mask` must be an AttentionMask or None. Received: mask={mask!r}"
+            f"{owner}: `mask` must be an AttentionMask (see AttentionMask.from_tensors) "
+            f"or None. Received: mask={mask!r}"
+        )
+    if mask is not None and (mask.has_segments or mask.batch_dependent_rules):
+        raise ValueError(
+            f"{owner}: the ring takes query and key masks and the positional rules "
+            "that are the same in every example; segment ids, a `mask_mod` and "
+            "per-example prefix lengths are not supported. Received: an AttentionMask "
+            f"with segment ids={mask.has_segments}, mask_mod={mask.mask_mod is not None}"
         )
     for name, x in (("query", query), ("key", key), ("value", value)):
         checks.tensor(owner, name, x, rank=4)
@@ -225,9 +230,6 @@ def ring_attention(
     batch_axis=None,
     scale=None,
     mask=None,
-    query_mask=None,
-    key_mask=None,
-    use_causal_mask=False,
     balance="auto",
     scores=None,
 ):
@@ -242,12 +244,11 @@ def ring_attention(
             `N` must divide `Tq` and `Tk`.
         batch_axis: a mesh axis the batch is split over, or None.
         scale: multiplies the logits; defaults to `1 / sqrt(D)`.
-        mask: an `AttentionMask` with query/key masks and positional rules
-            (causal, sliding window) but no pair mask; or None to build one
-            from the three arguments below.
-        query_mask: `(B, Tq)` boolean, `False` rows get zero output.
-        key_mask: `(B, Tk)` boolean, `False` keys are never attended.
-        use_causal_mask: query `i` attends keys `j <= i` only.
+        mask: an `AttentionMask` (`AttentionMask.from_tensors` builds one
+            from Keras' spellings) with query/key masks and positional rules
+            (causal, sliding window, sink tokens, a prefix length for every
+            example) but no pair mask, segment ids or `mask_mod`; or None.
+            Query rows its query mask hides get zero output.
         balance: `"auto"` (zigzag under the causal rule for self-attention
             whose length `2N` divides, else contiguous), `"zigzag"` or
             `"contiguous"`. Zigzag gives device `i` the half-blocks `i` and
@@ -264,18 +265,14 @@ def ring_attention(
         `(B, Tq, H, Dv)` in the dtype of `query`; rows with no allowed key
         are zeros.
     """
-    _check_arguments(
-        query, key, value, mesh, sequence_axis, batch_axis, scale, mask, use_causal_mask, balance
-    )
+    _check_arguments(query, key, value, mesh, sequence_axis, batch_axis, scale, mask, balance)
     import jax
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
     if mask is None:
-        mask = attention_masks.AttentionMask(
-            query_mask=query_mask, key_mask=key_mask, causal=use_causal_mask
-        )
+        mask = attention_masks.AttentionMask()
     if mask.pair_mask is not None:
         raise ValueError(
             "ring_attention takes query and key masks and positional rules "

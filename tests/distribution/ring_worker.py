@@ -24,6 +24,7 @@ from jax.sharding import Mesh  # noqa: E402
 
 import keras_attention as ka  # noqa: E402
 from keras_attention.ops import ring_attention as ring  # noqa: E402
+from keras_attention.ops.attention_mask import AttentionMask  # noqa: E402
 from tests.gradients import layer_gradients  # noqa: E402
 
 B, H, D, DV = 2, 2, 4, 3
@@ -97,9 +98,7 @@ def _forward_backward(mesh, key_mask, query_mask, causal, balance):
                 k,
                 v,
                 mesh=mesh,
-                key_mask=key_mask,
-                query_mask=query_mask,
-                use_causal_mask=causal,
+                mask=AttentionMask(key_mask=key_mask, query_mask=query_mask, causal=causal),
                 balance=balance,
             )
 
@@ -135,7 +134,8 @@ def jaxpr_checks(mesh):
     q, k, v, key_mask, _, d_out = inputs(CASES["causal_padding"])
 
     def loss(q, k, v):
-        out = ring.ring_attention(q, k, v, mesh=mesh, key_mask=key_mask, use_causal_mask=True)
+        mask = AttentionMask(key_mask=key_mask, causal=True)
+        out = ring.ring_attention(q, k, v, mesh=mesh, mask=mask)
         return jnp.sum(out * d_out)
 
     forward = str(jax.make_jaxpr(lambda q, k, v: ring.ring_attention(q, k, v, mesh=mesh))(q, k, v))
@@ -175,7 +175,10 @@ def blocks_computed(mesh):
             q, k, v, *_ = inputs(CASES["plain"])
             out = jax.jit(
                 functools.partial(
-                    ring.ring_attention, mesh=mesh, use_causal_mask=causal, balance=balance
+                    ring.ring_attention,
+                    mesh=mesh,
+                    mask=AttentionMask(causal=causal),
+                    balance=balance,
                 )
             )(q, k, v)
             jax.block_until_ready(out)

@@ -3,7 +3,7 @@ sinks and a `score_mod`, on every kernel the layer runs, against float64 NumPy.
 
 The combinations test draws them with every other option (cache, selected
 weights, masks, dtypes, modes); the kernels' gradients are in
-`tests/ops/score_modifier_test.py`. Here: Gemma 2's configuration at 512
+`tests/ops/kernel_contract_test.py`. Here: Gemma 2's configuration at 512
 tokens on each kernel, the layer contract (config, `.keras`, XLA fit, mixed
 precision) with every modifier, `safe_mode`, and bad arguments.
 """
@@ -55,7 +55,7 @@ def test_gemma2_attention_at_512_tokens_matches_float64_numpy(
     # Large enough weights that many logits pass the cap's knee.
     layer.set_weights([rng.normal(scale=1.2, size=w.shape) for w in layer.get_weights()])
     weights = {w.path.split("/", 1)[1]: to_numpy(w.value) for w in layer.weights}
-    allowed = positional(np.arange(length), np.arange(length), True, window)[None, None]
+    allowed = positional(np.arange(length), np.arange(length), True, window)
     ran = spy_kernels(monkeypatch)
 
     def call(x):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from keras_attention.ops import block_sparse
+from keras_attention.ops.attention_mask import AttentionMask
 from tests.gradients import compiled_squared_sum_gradient
 from tests.gradients import input_gradients
 from tests.sparse_reference import reference_attention
@@ -21,7 +22,21 @@ def _inputs(batch, tq, tv, heads=2, dim=4, seed=0):
     )
 
 
+def _mask(kwargs):
+    """Keras' spellings in `kwargs` (causal, query/key/attention masks)
+    folded into the one `mask=` the kernel takes."""
+    spellings = {
+        name: kwargs.pop(name)
+        for name in ("causal", "query_mask", "key_mask", "attention_mask")
+        if name in kwargs
+    }
+    if spellings:
+        kwargs["mask"] = AttentionMask.from_tensors(**spellings)
+    return kwargs
+
+
 def _run(query, key, value, **kwargs):
+    kwargs = _mask(kwargs)
     result = block_sparse.block_sparse_attention(
         keras.ops.convert_to_tensor(query),
         keras.ops.convert_to_tensor(key),
@@ -164,7 +179,7 @@ def test_compiles_and_differentiates():
     )
 
     def attend(q):
-        return block_sparse.block_sparse_attention(q, key, value, **kwargs)
+        return block_sparse.block_sparse_attention(q, key, value, **_mask(dict(kwargs)))
 
     grad = compiled_squared_sum_gradient(attend, query)
     assert np.all(np.isfinite(grad)) and np.any(grad != 0)
@@ -220,8 +235,7 @@ def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, c
             global_blocks=pattern["global_blocks"],
             random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
             global_tokens=pattern["tokens"],
-            causal=causal,
-            key_mask=keras.ops.convert_to_tensor(key_mask),
+            mask=AttentionMask(causal=causal, key_mask=keras.ops.convert_to_tensor(key_mask)),
             chunk_blocks=chunk_blocks,
         )
 
@@ -249,7 +263,7 @@ def test_recomputing_path_gives_zero_rows_and_gradients_without_keys():
             window_blocks=3,
             global_blocks=1,
             global_tokens=(9,),
-            key_mask=keras.ops.convert_to_tensor(key_mask),
+            mask=AttentionMask(key_mask=keras.ops.convert_to_tensor(key_mask)),
             chunk_blocks=2,
         )
 

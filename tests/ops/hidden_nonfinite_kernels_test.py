@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_attention.ops import block_sparse
 from keras_attention.ops import favor
+from keras_attention.ops.attention_mask import AttentionMask
 from keras_attention.ops.memory_efficient import memory_efficient_attention
 from tests.sparse_reference import reference_attention
 
@@ -27,10 +28,10 @@ def _inputs():
 
 KERNELS = {
     "memory_efficient": lambda q, k, v: memory_efficient_attention(
-        q, k, v, use_causal_mask=True, block_size=LENGTH
+        q, k, v, mask=AttentionMask(causal=True), block_size=LENGTH
     ),
     "block_sparse": lambda q, k, v: block_sparse.block_sparse_attention(
-        q, k, v, block_size=LENGTH, window_blocks=1, causal=True
+        q, k, v, block_size=LENGTH, window_blocks=1, mask=AttentionMask(causal=True)
     ),
     "favor": lambda q, k, v: favor.favor_attention(
         q,

@@ -4,6 +4,7 @@ import pytest
 from keras import ops
 
 from keras_attention.ops import masking
+from keras_attention.ops.attention_mask import AttentionMask
 from tests.reference import softmax_with_mask
 
 
@@ -36,19 +37,17 @@ def test_half_precision_large_scores_do_not_overflow():
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-3)
 
 
-def test_attention_mask_from_combines_all_sources():
+def test_from_tensors_combines_keras_spellings():
     query_mask = np.array([[True, True, False]])
     value_mask = np.array([[True, False, True, True]])
     explicit = np.ones((1, 3, 4), bool)
     explicit[0, 1, 0] = False
-    mask = masking.attention_mask_from(
+    mask = AttentionMask.from_tensors(
         query_mask=query_mask,
-        value_mask=value_mask,
+        key_mask=value_mask,
         attention_mask=explicit,
-        use_causal_mask=True,
-        query_length=3,
-        key_length=4,
-    )
+        causal=True,
+    ).dense(3, 4)[:, 0]
     expected = (
         query_mask[:, :, None]
         & value_mask[:, None, :]
@@ -59,7 +58,11 @@ def test_attention_mask_from_combines_all_sources():
 
 
 def test_no_mask_sources_gives_none():
-    assert masking.attention_mask_from() is None
+    assert AttentionMask.from_tensors().dense(3, 4) is None
+    # Keras' lower-rank spellings broadcast: (Tq, Tk) and (1, Tk).
+    pair = np.tril(np.ones((3, 4), bool))
+    dense = ops.convert_to_numpy(AttentionMask.from_tensors(attention_mask=pair).dense(3, 4))
+    np.testing.assert_array_equal(dense, pair[None, None])
 
 
 def test_integer_masks_are_accepted():

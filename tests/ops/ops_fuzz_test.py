@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from keras_attention import ops as ka_ops
 from keras_attention.ops import ring_attention
+from keras_attention.ops.attention_mask import AttentionMask
 
 FUZZ = settings(
     max_examples=25,  # each op: ~1 s on TensorFlow, favor and block_plan ~5 s on JAX (2 cores)
@@ -250,21 +251,23 @@ BALANCES = [("auto", True), ("zigzag", True), ("contiguous", True)] + [
     balance=st.sampled_from(BALANCES),
     length=st.sampled_from([2, 3, 4, 6]),
     mesh_size=st.sampled_from([1, 2, 4]),
-    flag=st.sampled_from([(False, True), (np.bool_(True), True), ("no", False)]),
+    mask=st.sampled_from([(None, True), ("causal", True), ("no", False), (True, False)]),
 )
 # The reproducers: a balance typo ran contiguous blocks silently; a
 # length the mesh does not divide gave JAX's raw shard_map error.
-@example(balance=("foo", False), length=4, mesh_size=2, flag=(False, True))
-@example(balance=(None, False), length=4, mesh_size=2, flag=(False, True))
-@example(balance=(2, False), length=4, mesh_size=2, flag=(False, True))
-@example(balance=("ZIGZAG", False), length=4, mesh_size=2, flag=(False, True))
-@example(balance=("auto", True), length=3, mesh_size=2, flag=(False, True))
-def test_ring_attention_checks_its_arguments_before_jax(balance, length, mesh_size, flag):
-    (balance, balance_ok), (flag, flag_ok) = balance, flag
+@example(balance=("foo", False), length=4, mesh_size=2, mask=(None, True))
+@example(balance=(None, False), length=4, mesh_size=2, mask=(None, True))
+@example(balance=(2, False), length=4, mesh_size=2, mask=(None, True))
+@example(balance=("ZIGZAG", False), length=4, mesh_size=2, mask=(None, True))
+@example(balance=("auto", True), length=3, mesh_size=2, mask=(None, True))
+def test_ring_attention_checks_its_arguments_before_jax(balance, length, mesh_size, mask):
+    (balance, balance_ok), (mask, mask_ok) = balance, mask
+    if mask == "causal":
+        mask = AttentionMask(causal=True)
     divides = length % mesh_size == 0
     q = x(1, length, 1, 2)
-    arguments = (q, q, q, _mesh(mesh_size), "sequence", None, None, None, flag, balance)
-    if balance_ok and flag_ok and divides:
+    arguments = (q, q, q, _mesh(mesh_size), "sequence", None, None, mask, balance)
+    if balance_ok and mask_ok and divides:
         ring_attention._check_arguments(*arguments)
         return
     with pytest.raises((ValueError, TypeError)) as raised:
@@ -273,8 +276,8 @@ def test_ring_attention_checks_its_arguments_before_jax(balance, length, mesh_si
     assert message.startswith("ring_attention: "), message
     if not balance_ok:
         assert "`balance` must be one of ('auto', 'zigzag', 'contiguous')" in message
-    elif not flag_ok:
-        assert "`use_causal_mask`" in message
+    elif not mask_ok:
+        assert "`mask` must be an AttentionMask" in message
     else:
         assert f"of size {mesh_size}" in message and "must divide the query length" in message
 

@@ -1,0 +1,351 @@
+"""One contract, every exact multi-head kernel, against float64 NumPy (#36).
+
+The kernels behind `MultiHeadAttention` take `(query, key, value,
+AttentionMask, scale, scores)`: the materialised `dense_attention` (weights),
+`shifted_attention` (normalise last, TF XLA's), `composite_attention`
+(`keras.ops.dot_product_attention`, no score modifier) and the blockwise
+`memory_efficient_attention` (tiles of 4 queries x 3 keys here, so rows and
+keys are padded and several tiles are skipped). Each case is a mask
+(every spelling and rule of `AttentionMask`) and a score modifier
+(`ScoreModifier`); values and the gradients of `sum(output * cotangent)`
+with respect to q, k, v and the sink logits are compared with a NumPy
+reference written from the definitions, forward and backward by hand. A
+query row with nothing to see gives zeros and zero gradients; half
+precision is computed in float32. Ring attention runs the same reference
+on 4 devices (tests/distribution/ring_worker.py).
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention.ops import attention_mask
+from keras_attention.ops import dense_attention
+from keras_attention.ops import score_modifier
+from keras_attention.ops.memory_efficient import memory_efficient_attention
+from tests.testing import to_numpy
+
+BACKEND = keras.backend.backend()
+B, H, D, DV = 2, 4, 8, 8  # equal head sizes: JAX's composite kernel needs them
+CAP, WINDOW = 2.0, 5
+KERNELS = ("dense", "shifted", "composite", "blockwise")
+
+
+def user_score_mod(score, batch, head, q_idx, k_idx):
+    wave = keras.ops.sin(keras.ops.cast(q_idx + 2 * k_idx - head, score.dtype))
+    return score * (1.0 + 0.1 * keras.ops.cast(batch, score.dtype)) + 0.3 * wave
+
+
+def user_mask_mod(batch, head, q_idx, k_idx):
+    return keras.ops.not_equal((q_idx + 2 * k_idx + head + batch) % 4, 0)
+
+
+# ---------------------------------------------------------------- cases
+# name -> (lengths (Tq, Tk), key/value heads, what the mask holds)
+MASKS = {
+    "plain": ((11, 11), 4, ()),
+    "key padding": ((11, 11), 4, ("key_mask",)),
+    "query mask": ((11, 11), 4, ("query_mask",)),
+    "pair mask": ((11, 11), 4, ("pair_mask",)),
+    "per-head pair mask": ((11, 11), 2, ("head_pair_mask",)),
+    "causal, cross lengths": ((7, 13), 4, ("causal",)),
+    "causal, padding, grouped": ((11, 11), 2, ("causal", "key_mask")),
+    "decoding offset": ((3, 13), 2, ("causal", "offset")),
+    "causal window, row without keys": ((11, 11), 2, ("causal", "window", "empty_row")),
+    "packed documents": ((13, 13), 2, ("causal", "segments")),
+    "prefix per example": ((11, 11), 4, ("causal", "prefix")),
+    "sink tokens beside a window": ((13, 13), 2, ("causal", "window", "sink_tokens")),
+    "mask_mod": ((11, 11), 2, ("causal", "mask_mod")),
+}
+MODIFIERS = ("soft_cap", "alibi", "sinks", "score_mod")
+
+
+def _case(name, seed=0):
+    """Inputs, the `AttentionMask` and the NumPy `(B, H, Tq, Tk)` mask."""
+    (q_len, k_len), kv_heads, parts = MASKS[name]
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(B, q_len, H, D)) * 1.5
+    k = rng.normal(size=(B, k_len, kv_heads, D)) * 1.5
+    v = rng.normal(size=(B, k_len, kv_heads, DV))
+    cotangent = rng.normal(size=(B, q_len, H, DV))
+    sinks = rng.normal(size=(H,))
+    offset = 8 if "offset" in parts else 0
+    rows = (np.arange(q_len) + offset)[:, None]
+    cols = np.arange(k_len)[None, :]
+    batch = np.arange(B)[:, None, None, None]
+    head = np.arange(H)[None, :, None, None]
+    allowed = np.ones((B, H, q_len, k_len), bool)
+    fields = dict(query_offset=offset)
+    if "key_mask" in parts:
+        key_mask = np.arange(k_len)[None] < np.array([[k_len], [5]])
+        fields["key_mask"] = key_mask
+        allowed &= key_mask[:, None, None, :]
+    if "empty_row" in parts:  # batch 1, row 0 sees nothing (causal)
+        key_mask = np.ones((B, k_len), bool)
+        key_mask[1, :1] = False
+        fields["key_mask"] = key_mask
+        allowed &= key_mask[:, None, None, :]
+    if "query_mask" in parts:
+        fields["query_mask"] = rng.random((B, q_len)) > 0.3
+        allowed &= fields["query_mask"][:, None, :, None]
+    if "pair_mask" in parts:
+        pair = rng.random((B, q_len, k_len)) > 0.5
+        fields["pair_mask"] = pair
+        allowed &= pair[:, None]
+    if "head_pair_mask" in parts:
+        pair = rng.random((B, H, q_len, k_len)) > 0.5
+        fields["pair_mask"] = pair
+        allowed &= pair
+    causal = (cols <= rows)[None, None]
+    if "prefix" in parts:
+        fields["prefix_length"] = np.array([3, 7], "int32")
+        causal = causal | (cols[None, None] < fields["prefix_length"][:, None, None, None])
+    if "causal" in parts:
+        fields["causal"] = True
+        allowed &= causal
+    if "window" in parts:
+        fields["sliding_window"] = WINDOW
+        band = np.abs(rows - cols) < WINDOW
+        if "sink_tokens" in parts:
+            fields["sink_tokens"] = 3
+            band |= cols < 3
+        allowed &= band[None, None]
+    if "segments" in parts:
+        ids = np.array([[0] * 4 + [1] * 6 + [2] * 3, [0] * 9 + [1] * 4], "int32")
+        fields.update(query_segment_ids=ids, key_segment_ids=ids)
+        allowed &= ids[:, None, :, None] == ids[:, None, None, :]
+    if "mask_mod" in parts:
+        fields["mask_mod"] = user_mask_mod
+        allowed &= (rows[None, None] + 2 * cols[None, None] + head + batch) % 4 != 0
+    arrays = dict(q=q, k=k, v=v, cotangent=cotangent, sinks=sinks)
+    return arrays, attention_mask.AttentionMask(**fields), allowed, offset
+
+
+def _scores(modifiers, sinks):
+    return score_modifier.ScoreModifier(
+        soft_cap=CAP if "soft_cap" in modifiers else None,
+        alibi_slopes=score_modifier.alibi_slopes(H) if "alibi" in modifiers else None,
+        sink_logits=sinks if "sinks" in modifiers else None,
+        score_mod=user_score_mod if "score_mod" in modifiers else None,
+    )
+
+
+# ------------------------------------------------------------ reference
+def numpy_attention(arrays, allowed, modifiers, offset):
+    """`(output, weights, dq, dk, dv, dsinks)` in float64, by hand."""
+    q, k, v, cotangent, sinks = (
+        arrays[n].astype(np.float64) for n in ("q", "k", "v", "cotangent", "sinks")
+    )
+    groups = H // k.shape[2]
+    kk, vv = np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
+    scale = 1.0 / np.sqrt(D)
+    logits = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    b = np.arange(B)[:, None, None, None]
+    h = np.arange(H)[None, :, None, None]
+    i = np.arange(q.shape[1])[None, None, :, None] + offset
+    j = np.arange(k.shape[1])[None, None, None, :]
+    chain = 1.0  # d modified logit / d logit
+    if "alibi" in modifiers:
+        logits = logits - np.asarray(score_modifier.alibi_slopes(H))[h] * np.abs(i - j)
+    if "score_mod" in modifiers:
+        chain = 1.0 + 0.1 * b
+        logits = logits * chain + 0.3 * np.sin(i + 2 * j - h)
+    if "soft_cap" in modifiers:
+        chain = chain * (1.0 - np.tanh(logits / CAP) ** 2)
+        logits = CAP * np.tanh(logits / CAP)
+    logits = np.where(allowed, logits, -np.inf)
+    peak = logits.max(-1, keepdims=True)
+    with_sinks = "sinks" in modifiers
+    if with_sinks:
+        peak = np.maximum(peak, sinks[None, :, None, None])
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    exp = np.exp(logits - peak)
+    sink_exp = np.exp(sinks[None, :, None, None] - peak) if with_sinks else 0.0
+    total = exp.sum(-1, keepdims=True) + sink_exp
+    probs = np.where(total > 0, exp / np.where(total > 0, total, 1.0), 0.0)
+    out = np.einsum("bhqk,bkhd->bqhd", probs, vv)
+    d_probs = np.einsum("bqhd,bkhd->bhqk", cotangent, vv)
+    delta = np.einsum("bqhd,bqhd->bhq", cotangent, out)[..., None]
+    d_logits = probs * (d_probs - delta) * chain
+    dq = np.einsum("bhqk,bkhd->bqhd", d_logits, kk) * scale
+    dk = np.einsum("bhqk,bqhd->bkhd", d_logits, q) * scale
+    dv = np.einsum("bhqk,bqhd->bkhd", probs, cotangent)
+    dk = dk.reshape(k.shape[:3] + (groups, D)).sum(3)
+    dv = dv.reshape(v.shape[:3] + (groups, DV)).sum(3)
+    d_sinks = np.zeros(H)
+    if with_sinks:
+        p_sink = np.where(total > 0, sink_exp / np.where(total > 0, total, 1.0), 0.0)
+        d_sinks = -(p_sink * delta).sum(axis=(0, 2, 3))
+    return out, probs, dq, dk, dv, d_sinks
+
+
+# -------------------------------------------------------------- running
+def _kernel(name, mask):
+    scale = 1.0 / np.sqrt(D)
+
+    def run(q, k, v, scores):
+        if name == "dense":
+            return dense_attention.dense_attention(q, k, v, mask, scale=scale, scores=scores)[0]
+        if name == "shifted":
+            return dense_attention.shifted_attention(q, k, v, mask, scale=scale, scores=scores)
+        if name == "composite":
+            assert scores.is_empty  # Keras' kernel cannot change the logits
+            return dense_attention.composite_attention(
+                q, k, v, mask, scale=scale, num_heads=H, flash_attention=False
+            )
+        return memory_efficient_attention(
+            q, k, v, scale=scale, mask=mask, scores=scores, block_size=4, key_block_size=3
+        )
+
+    return run
+
+
+def _compiled(fn):
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)
+    import tensorflow as tf
+
+    return tf.function(fn, jit_compile=True)
+
+
+def output_and_gradients(run, arrays, modifiers, compiled=False, dtype="float32"):
+    """Output and the gradients w.r.t. q, k, v and the sink logits."""
+    inputs = [np.asarray(arrays[n], dtype) for n in ("q", "k", "v")]
+    sinks = np.asarray(arrays["sinks"], "float32")
+    cotangent = np.asarray(arrays["cotangent"], "float32")
+    if BACKEND == "jax":
+        import jax
+
+        def loss(q, k, v, s):
+            out = run(q, k, v, _scores(modifiers, s))
+            return (out.astype("float32") * cotangent).sum(), out
+
+        grad = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)
+        (_, out), grads = (jax.jit(grad) if compiled else grad)(*inputs, sinks)
+        return [to_numpy(x) for x in (out, *grads)]
+    import tensorflow as tf
+
+    def step(q, k, v, s):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v, s])
+            out = run(q, k, v, _scores(modifiers, s))
+            loss = tf.reduce_sum(tf.cast(out, "float32") * cotangent)
+        zero = tf.UnconnectedGradients.ZERO  # the sinks, when unused
+        return (out, *tape.gradient(loss, [q, k, v, s], unconnected_gradients=zero))
+
+    step = _compiled(step) if compiled else step
+    return [to_numpy(x) for x in step(*[tf.constant(a) for a in inputs], tf.constant(sinks))]
+
+
+def _check(kernel, mask_name, modifiers, compiled=False):
+    arrays, mask, allowed, offset = _case(mask_name)
+    expected = numpy_attention(arrays, allowed, modifiers, offset)
+    got = output_and_gradients(_kernel(kernel, mask), arrays, modifiers, compiled)
+    names = ("output", "dq", "dk", "dv", "dsinks")
+    for name, value, want in zip(names, got, expected[:1] + expected[2:], strict=True):
+        np.testing.assert_allclose(value, want, atol=2e-5, rtol=1e-4, err_msg=name)
+    # A row with nothing to see: zero output and zero query gradient.
+    empty = ~allowed.any(-1)  # (B, H, Tq)
+    assert empty.any() or "empty_row" not in MASKS[mask_name][2]
+    empty = np.transpose(empty, (0, 2, 1))
+    assert not np.any(got[0][empty]) and not np.any(got[1][empty])
+
+
+@pytest.mark.parametrize("mask_name", sorted(MASKS))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_mask_on_every_kernel(kernel, mask_name):
+    _check(kernel, mask_name, ())
+
+
+@pytest.mark.parametrize("modifier", MODIFIERS + ("all",))
+@pytest.mark.parametrize("kernel", ["dense", "shifted", "blockwise"])
+def test_every_score_modifier_on_every_kernel(kernel, modifier):
+    modifiers = MODIFIERS if modifier == "all" else (modifier,)
+    _check(kernel, "causal window, row without keys", modifiers)
+
+
+@pytest.mark.parametrize("kernel", ["dense", "shifted", "blockwise"])
+def test_rules_and_modifiers_together_compiled(kernel):
+    """XLA (TF) / `jax.jit`: the blockwise kernel's tile skipping and the
+    `score_mod`'s autodiff inside the loops, under packed documents."""
+    _check(kernel, "packed documents", MODIFIERS, compiled=True)
+    _check(kernel, "sink tokens beside a window", ("soft_cap", "sinks"), compiled=True)
+
+
+@pytest.mark.parametrize("kernel", ["dense", "shifted", "blockwise"])
+def test_large_logits_keep_their_precision(kernel):
+    """Logits up to ~100 (an unshifted exp overflows; the blockwise kernel's
+    fixed-shift path must fall back to the running maximum)."""
+    arrays, mask, allowed, offset = _case("causal, padding, grouped")
+    arrays["q"] = arrays["q"] * 30
+    arrays["q"][:, :4] /= 30  # one query block bounded, the others not
+    expected = numpy_attention(arrays, allowed, (), offset)
+    got = output_and_gradients(_kernel(kernel, mask), arrays, ())
+    for value, want in zip(got[:4], expected[:1] + expected[2:5], strict=True):
+        np.testing.assert_allclose(value, want, atol=5e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_half_precision_is_computed_in_float32(kernel, dtype):
+    arrays, mask, allowed, offset = _case("causal window, row without keys")
+    arrays["q"] = arrays["q"] * 10  # logits past float16's exp range
+    rounded = dict(arrays)
+    for name in ("q", "k", "v"):
+        rounded[name] = to_numpy(ops.cast(ops.cast(arrays[name], dtype), "float32"))
+    modifiers = () if kernel == "composite" else ("soft_cap", "sinks")
+    expected = numpy_attention(rounded, allowed, modifiers, offset)[0]
+    out = _kernel(kernel, mask)(
+        *(ops.cast(arrays[n], dtype) for n in ("q", "k", "v")),
+        _scores(modifiers, arrays["sinks"].astype("float32")),
+    )
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
+    out = to_numpy(out)
+    assert np.all(np.isfinite(out)) and not np.any(out[1, 0])
+    np.testing.assert_allclose(out, expected, atol=5e-2, rtol=2e-2)
+
+
+def test_dense_weights_are_the_keys_share_and_rows_with_sinks_sum_below_one():
+    arrays, mask, allowed, offset = _case("causal window, row without keys")
+    expected = numpy_attention(arrays, allowed, MODIFIERS, offset)[1]
+    scores = _scores(MODIFIERS, arrays["sinks"].astype("float32"))
+    q, k, v = (np.asarray(arrays[n], "float32") for n in ("q", "k", "v"))
+    _, weights = dense_attention.dense_attention(q, k, v, mask, scale=D**-0.5, scores=scores)
+    np.testing.assert_allclose(to_numpy(weights), expected, atol=2e-6)
+    sums = to_numpy(weights).sum(-1)
+    assert np.all(sums < 1.0) and np.all(sums[1, :, 0] == 0.0)
+    # Selected heads and rows (scores on demand) are the same numbers.
+    some = dense_attention.selected_weights(
+        q, k, mask, scale=D**-0.5, num_heads=H, heads=[3, 1], rows=(4, 9), scores=scores
+    )
+    np.testing.assert_allclose(to_numpy(some), expected[:, [3, 1], 4:9], atol=2e-6)
+
+
+@pytest.mark.tf_only
+def test_the_blockwise_kernel_skips_the_tiles_of_other_documents(monkeypatch):
+    """Packed documents: the key blocks each query block visits are those of
+    its own documents, read from the key loops' bounds (TF eager runs the
+    loops in Python, so each bound is a number here)."""
+    from keras_attention.ops import memory_efficient
+
+    visited = []
+    original = memory_efficient.sequential_fori_loop
+
+    def counting(start, stop, body, init, **kwargs):
+        if not isinstance(init, tuple) or len(init) != 3 or not hasattr(init[0], "shape"):
+            return original(start, stop, body, init, **kwargs)
+        visited.append((int(start), int(stop)))
+        return original(start, stop, body, init, **kwargs)
+
+    monkeypatch.setattr(memory_efficient, "sequential_fori_loop", counting)
+    ids = np.repeat(np.arange(4), 8)[None].astype("int32")  # 4 documents of 8
+    mask = attention_mask.AttentionMask(causal=True, query_segment_ids=ids, key_segment_ids=ids)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(1, 32, 1, 4)).astype("float32") for _ in range(3))
+    memory_efficient_attention(q, k, v, mask=mask, block_size=4)
+    # Query block i (rows 4i..4i+3) sees the key blocks of its document up
+    # to the diagonal: 2 documents' worth of blocks per 8 rows.
+    assert visited == [(2 * (i // 2), i + 1) for i in range(8)], visited
