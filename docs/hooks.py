@@ -57,6 +57,7 @@ GUIDES_DIR = os.path.join(ROOT, "docs", "guides")
 # The guides in reading order; any other guide file follows, by name.
 GUIDE_ORDER = (
     "long-sequences.md",
+    "programmable-attention.md",
     "decoding-and-serving.md",
     "distribution.md",
     "widgets.md",

@@ -448,6 +448,10 @@ LAYER_CASES = {
         ("sequence_length", {"sequence_length": "4"}),
         ("sequence_length", {"sequence_length": 0}),
     ],
+    "RelativePositionBias": [
+        ("num_heads", {"num_heads": "2"}),
+        ("num_buckets", {"num_heads": 2, "num_buckets": 2}),
+    ],
     "SinusoidalPositionEncoding": [
         ("max_wavelength", {"max_wavelength": "1e4"}),
         ("max_wavelength", {"max_wavelength": -1}),

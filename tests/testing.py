@@ -49,6 +49,9 @@ NOT_LAYERS = frozenset(
         "capture_attention",
         "attention_memory_budget",
         "set_attention_memory_budget",
+        # A score modifier for `MultiHeadAttention(score_mod=...)`, not called
+        # on inputs itself (tests/layers/relative_position_bias_test.py).
+        "RelativePositionBias",
     }
 )
 

@@ -26,6 +26,9 @@ from keras_attention.layers.multi_head_attention import MultiHeadAttention as Mu
 from keras_attention.layers.performer_attention import PerformerAttention as PerformerAttention
 from keras_attention.layers.performer_attention import RedrawFeatures as RedrawFeatures
 from keras_attention.layers.position_embedding import PositionEmbedding as PositionEmbedding
+from keras_attention.layers.relative_position_bias import (
+    RelativePositionBias as RelativePositionBias,
+)
 from keras_attention.layers.score_attention import ScoreAttention as ScoreAttention
 from keras_attention.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding as SinusoidalPositionEncoding,

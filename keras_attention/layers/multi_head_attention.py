@@ -326,6 +326,19 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         self.score_mod = score_mod
         self.sink_tokens = sink_tokens
         self.mask_mod = mask_mod
+        if isinstance(score_mod, keras.layers.Layer) and not (
+            hasattr(score_mod, "modify_scores") and hasattr(type(score_mod), "score_weights")
+        ):
+            raise TypeError(
+                f"{owner}: a layer given as `score_mod` must have `modify_scores(score, "
+                "batch, head, q_idx, k_idx, *weights)` and `score_weights` (as "
+                f"RelativePositionBias). Received: score_mod={score_mod!r}"
+            )
+        if getattr(score_mod, "num_heads", num_heads) != num_heads:
+            raise ValueError(
+                f"{owner}: `score_mod` has {score_mod.num_heads} heads, the layer "
+                f"{num_heads}. Received: score_mod={score_mod!r}, num_heads={num_heads!r}"
+            )
         if sequence_parallel is not None and mask_mod is not None:
             raise ValueError(
                 f"{owner}: `sequence_parallel` (ring attention) does not "
@@ -341,6 +354,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
+        if isinstance(self.score_mod, keras.layers.Layer) and not self.score_mod.built:
+            self.score_mod.build()
         if self.attention_sinks:
             # One sink logit per head, in every row's softmax denominator.
             self.sinks = self.add_weight(
@@ -470,11 +485,18 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             slopes = (
                 score_modifier.alibi_slopes(self._num_heads) if self.alibi is True else self.alibi
             )
+        score_mod, weights = self.score_mod, ()
+        if isinstance(score_mod, keras.layers.Layer):
+            # A layer with weights (`RelativePositionBias`): its function
+            # takes them as arguments, so every kernel differentiates them.
+            weights = tuple(score_mod.score_weights)
+            score_mod = score_mod.modify_scores
         return score_modifier.ScoreModifier(
             soft_cap=self.logit_soft_cap,
             alibi_slopes=slopes,
             sink_logits=self.sinks if self.attention_sinks else None,
-            score_mod=self.score_mod,
+            score_mod=score_mod,
+            score_mod_weights=weights,
         )
 
     @property

@@ -232,11 +232,17 @@ def memory_efficient_attention(
         cols = ops.reshape(j * k_block + ops.arange(k_block, dtype="int32"), (1, 1, 1, 1, k_block))
         return batch, head_index, rows, cols
 
-    def masked_logits(q_tile, k_tile, i, j):
+    def masked_logits(q_tile, k_tile, i, j, weights=()):
         logits = ops.einsum("bhgqd,bhkd->bhgqk", q_tile, k_tile)
         if modify:
-            logits = scores.apply(logits, *tile_indices(i, j))
+            logits = scores.apply(logits, *tile_indices(i, j), weights=weights)
         return online_softmax.mask_logits(logits, tile_mask(i, j))
+
+    # The kernel's inputs after (q, k, v): the sink logits, then the
+    # `score_mod`'s weights (explicit, so that the backward returns their
+    # gradients).
+    sinks = () if scores is None or scores.sink_logits is None else (scores.sinks(),)
+    score_weights = () if scores is None else scores.weights()
 
     def key_ranges(i):
         """The key block ranges query block `i` may see, from the description
@@ -267,7 +273,8 @@ def memory_efficient_attention(
         sink = ops.reshape(sinks[0], (1, num_kv_heads, groups, 1))
         return (ops.broadcast_to(sink, row_shape), ops.ones(row_shape, "float32"), state[2])
 
-    def forward(q, k, v, *sinks):
+    def forward(q, k, v, *extra):
+        sinks, weights = extra[: len(sink_inputs)], extra[len(sink_inputs) :]
         batch = ops.shape(q)[1]
         row_shape = (batch, num_kv_heads, groups, q_block)
         value_dim = v.shape[-1]
@@ -296,7 +303,7 @@ def memory_efficient_attention(
                     v_tile = _take(v, j)
                     return update(
                         state,
-                        masked_logits(queries, _take(keys, j), i, j),
+                        masked_logits(queries, _take(keys, j), i, j, weights),
                         lambda probs: ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile),
                     )
 
@@ -338,6 +345,7 @@ def memory_efficient_attention(
 
     def backward(inputs, saved, d_out):
         q, k, v = inputs[:3]
+        weights = inputs[3 + len(sink_inputs) :]
         out, lse = saved
         delta = online_softmax.output_delta(out, d_out)  # (nq, B, Hkv, G, bq)
         # One extra feature folds the row terms into the matmuls:
@@ -349,16 +357,16 @@ def memory_efficient_attention(
         v_one = online_softmax.append_column(v, ops.ones_like(v[..., 0]))
 
         def query_step(i, buffers):
-            dq_buffer, dk_buffer, dv_buffer = buffers
+            dq_buffer, dk_buffer, dv_buffer, d_weights = buffers
             q_tile, d_out_tile = _take(q, i), _take(d_out, i)
             q_lse_tile, d_out_delta_tile = _take(q_lse, i), _take(d_out_delta, i)
 
             def key_step(j, state):
-                dq, dk_buffer, dv_buffer = state
+                dq, dk_buffer, dv_buffer, d_weights = state
                 k_tile = _take(k, j)
                 if modify:  # the change comes between the matmul and the lse
                     raw = ops.einsum("bhgqd,bhkd->bhgqk", q_tile, k_tile)
-                    changed = scores.apply(raw, *tile_indices(i, j))
+                    changed = scores.apply(raw, *tile_indices(i, j), weights=weights)
                     changed = online_softmax.mask_logits(changed, tile_mask(i, j))
                     probs = ops.exp(changed - ops.expand_dims(_take(lse, i), -1))
                 else:
@@ -367,7 +375,10 @@ def memory_efficient_attention(
                     "bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j)
                 )
                 if modify:
-                    d_logits = scores.gradient(raw, *tile_indices(i, j), d_logits)
+                    d_logits, tile_d_weights = scores.gradient(
+                        raw, *tile_indices(i, j), d_logits, weights=weights
+                    )
+                    d_weights = tuple(a + b for a, b in zip(d_weights, tile_d_weights, strict=True))
                 dq = dq + ops.einsum("bhgqk,bhkd->bhgqd", d_logits, k_tile)
                 dk = loops.read_block(dk_buffer, j) + ops.einsum(
                     "bhgqk,bhgqd->bhkd", d_logits, q_tile
@@ -379,29 +390,31 @@ def memory_efficient_attention(
                     dq,
                     loops.write_block(dk_buffer, j, dk),
                     loops.write_block(dv_buffer, j, dv),
+                    d_weights,
                 )
 
-            dq, dk_buffer, dv_buffer = over_key_ranges(
-                i, key_step, (ops.zeros_like(q_tile), dk_buffer, dv_buffer)
+            dq, dk_buffer, dv_buffer, d_weights = over_key_ranges(
+                i, key_step, (ops.zeros_like(q_tile), dk_buffer, dv_buffer, d_weights)
             )
-            return loops.write_block(dq_buffer, i, dq), dk_buffer, dv_buffer
+            return loops.write_block(dq_buffer, i, dq), dk_buffer, dv_buffer, d_weights
 
-        grads = sequential_fori_loop(
+        *grads, d_weights = sequential_fori_loop(
             0,
             num_q_blocks,
             query_step,
-            tuple(loops.block_buffer(ops.zeros_like(x)) for x in (q, k, v)),
+            tuple(loops.block_buffer(ops.zeros_like(x)) for x in (q, k, v))
+            + (tuple(ops.zeros_like(w) for w in weights),),
             parallel_iterations=_QUERY_PARALLEL,
         )
         grads = tuple(loops.stack_blocks(g) for g in grads)
-        if len(inputs) == 3:
-            return grads
-        # d sink[h] = -sum over rows of p_sink * delta (the sink's value is 0).
-        sink = ops.reshape(inputs[3], (1, 1, num_kv_heads, groups, 1))
-        d_sink = -ops.sum(ops.exp(sink - lse) * delta, axis=(0, 1, 4))
-        return grads + (ops.reshape(d_sink, (num_heads,)),)
+        if sink_inputs:
+            # d sink[h] = -sum over rows of p_sink * delta (the sink's value is 0).
+            sink = ops.reshape(inputs[3], (1, 1, num_kv_heads, groups, 1))
+            d_sink = -ops.sum(ops.exp(sink - lse) * delta, axis=(0, 1, 4))
+            grads += (ops.reshape(d_sink, (num_heads,)),)
+        return grads + tuple(d_weights)
 
     attend = online_softmax.recomputing_gradient(forward, backward)
-    sinks = None if scores is None else scores.sinks()
-    out = attend(q, k, v) if sinks is None else attend(q, k, v, sinks)
+    sink_inputs = sinks
+    out = attend(q, k, v, *sinks, *score_weights)
     return ops.cast(_from_query_blocks(out, q_len), dtype)

@@ -68,11 +68,24 @@ class ScoreModifier:
             bias `-slope * |q_pos - k_pos|`, or None.
         sink_logits: `(H,)` tensor (a learned weight) of per-head sink
             logits counted in the softmax denominator, or None.
-        score_mod: `score_mod(score, batch, head, q_idx, k_idx) -> score`,
-            `keras.ops` only, or None.
+        score_mod: `score_mod(score, batch, head, q_idx, k_idx, *weights)
+            -> score`, `keras.ops` only, or None.
+        score_mod_weights: tensors the `score_mod` reads (a learned table,
+            such as T5's relative position bias), passed to it after the
+            indices. Kernels that differentiate by hand (the blockwise one)
+            return their gradients; a `score_mod` must not read trainable
+            weights any other way there.
     """
 
-    def __init__(self, *, soft_cap=None, alibi_slopes=None, sink_logits=None, score_mod=None):
+    def __init__(
+        self,
+        *,
+        soft_cap=None,
+        alibi_slopes=None,
+        sink_logits=None,
+        score_mod=None,
+        score_mod_weights=(),
+    ):
         owner = "ScoreModifier"
         if soft_cap is not None:
             if isinstance(soft_cap, bool) or not isinstance(soft_cap, (int, float)):
@@ -92,6 +105,14 @@ class ScoreModifier:
                 "`(score, batch, head, q_idx, k_idx) -> score` or None. "
                 f"Received: score_mod={score_mod!r}"
             )
+        if not isinstance(score_mod_weights, (list, tuple)) or (
+            score_mod_weights and score_mod is None
+        ):
+            raise ValueError(
+                f"{owner}: `score_mod_weights` are the tensors a `score_mod` reads: a "
+                "list or tuple, with a `score_mod`. Received: "
+                f"score_mod_weights={score_mod_weights!r}, score_mod={score_mod!r}"
+            )
         self.soft_cap = soft_cap
         for name, value in (("alibi_slopes", alibi_slopes), ("sink_logits", sink_logits)):
             if value is not None and len(getattr(value, "shape", np.shape(value))) != 1:
@@ -104,6 +125,7 @@ class ScoreModifier:
         self.alibi_slopes = alibi_slopes
         self.sink_logits = sink_logits
         self.score_mod = score_mod
+        self.score_mod_weights = tuple(score_mod_weights)
 
     @property
     def changes_logits(self):
@@ -120,77 +142,108 @@ class ScoreModifier:
         """The sink logits as a `(H,)` tensor of `dtype`, or None."""
         if self.sink_logits is None:
             return None
-        return ops.cast(ops.convert_to_tensor(self.sink_logits), dtype)
+        return ops.cast(_read(self.sink_logits), dtype)
+
+    def weights(self):
+        """The `score_mod`'s weights as tensors (a kernel's explicit inputs)."""
+        return tuple(_read(w) for w in self.score_mod_weights)
 
     # ----------------------------------------------------------- forward
-    def _before_cap(self, logits, batch, head, rows, cols):
+    def _before_cap(self, logits, batch, head, rows, cols, weights=None):
         if self.alibi_slopes is not None:
             distance = ops.cast(ops.abs(rows - cols), logits.dtype)
             slope = ops.cast(ops.take(self.alibi_slopes, head), logits.dtype)
             logits = logits - slope * distance
         if self.score_mod is not None:
-            logits = self.score_mod(logits, batch, head, rows, cols)
+            weights = self.score_mod_weights if weights is None else weights
+            logits = self.score_mod(logits, batch, head, rows, cols, *weights)
         return logits
 
-    def apply(self, logits, batch, head, rows, cols):
-        """`logits` changed; the index tensors broadcast against them."""
+    def apply(self, logits, batch, head, rows, cols, weights=None):
+        """`logits` changed; the index tensors broadcast against them.
+        `weights` replace `score_mod_weights` (a kernel's own inputs)."""
         if not self.changes_logits:
             return logits
-        logits = self._before_cap(logits, batch, head, rows, cols)
+        logits = self._before_cap(logits, batch, head, rows, cols, weights)
         if self.soft_cap is not None:
             logits = self.soft_cap * ops.tanh(logits / self.soft_cap)
         return logits
 
     # ---------------------------------------------------------- backward
-    def gradient(self, logits, batch, head, rows, cols, d_modified):
-        """The gradient with respect to the unmodified `logits`, given the
-        gradient `d_modified` with respect to `apply(logits, ...)`."""
+    def gradient(self, logits, batch, head, rows, cols, d_modified, weights=None):
+        """`(d logits, d weights)`: the gradients with respect to the
+        unmodified `logits` and the `score_mod`'s weights (a tuple, one per
+        weight), given the gradient `d_modified` with respect to
+        `apply(logits, ...)`."""
+        weights = self.score_mod_weights if weights is None else tuple(weights)
         if not self.changes_logits:
-            return d_modified
+            return d_modified, ()
         if self.score_mod is None:
             before = logits
             if self.alibi_slopes is not None:  # additive: derivative 1
                 before = self._before_cap(logits, batch, head, rows, cols)
         else:
-            before, d_before = _vjp(lambda s: self._before_cap(s, batch, head, rows, cols), logits)
+            before, pullback = _vjp(
+                lambda s, *w: self._before_cap(s, batch, head, rows, cols, w),
+                (logits,) + weights,
+            )
         if self.soft_cap is not None:
             capped = ops.tanh(before / self.soft_cap)
             d_modified = d_modified * (1.0 - capped * capped)
-        if self.score_mod is not None:
-            d_modified = d_before(d_modified)
-        return d_modified
+        if self.score_mod is None:
+            return d_modified, ()
+        grads = pullback(d_modified)
+        return grads[0], tuple(grads[1:])
 
 
-def _vjp(function, primal):
-    """`(function(primal), pullback)` with the backend's autodiff."""
+def _read(value):
+    """A tensor holding `value` (a variable is read: TensorFlow's custom
+    gradient refuses a function that touches variables, so the kernels take
+    their values as inputs)."""
+    return ops.copy(ops.convert_to_tensor(value))
+
+
+def _vjp(function, primals):
+    """`(function(*primals), pullback)` with the backend's autodiff; the
+    pullback returns one gradient per primal (zeros where none flows)."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
-        out, pull = jax.vjp(function, primal)
-        return out, lambda g: pull(g)[0]
+        out, pull = jax.vjp(function, *primals)
+        return out, pull
     if backend == "tensorflow":
         import tensorflow as tf
 
         with tf.GradientTape() as tape:
-            tape.watch(primal)
-            out = function(primal)
+            for primal in primals:
+                tape.watch(primal)
+            out = function(*primals)
 
         def pullback(g):
-            grad = tape.gradient(out, primal, output_gradients=g)
-            return ops.zeros_like(primal) if grad is None else grad
+            return tuple(
+                tape.gradient(
+                    out,
+                    list(primals),
+                    output_gradients=g,
+                    unconnected_gradients=tf.UnconnectedGradients.ZERO,
+                )
+            )
 
         return out, pullback
     if backend == "torch":
         import torch
 
-        leaf = primal.detach().requires_grad_(True)
+        leaves = [p.detach().requires_grad_(True) for p in primals]
         with torch.enable_grad():
-            out = function(leaf)
+            out = function(*leaves)
 
         def pullback(g):
-            (grad,) = torch.autograd.grad(out, leaf, grad_outputs=g, allow_unused=True)
-            return torch.zeros_like(leaf) if grad is None else grad
+            grads = torch.autograd.grad(out, leaves, grad_outputs=g, allow_unused=True)
+            return tuple(
+                torch.zeros_like(leaf) if grad is None else grad
+                for leaf, grad in zip(leaves, grads, strict=True)
+            )
 
         return out.detach(), pullback
     raise NotImplementedError(f"score_mod gradients on the {backend} backend")

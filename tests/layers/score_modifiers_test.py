@@ -164,3 +164,32 @@ def test_a_lambda_score_mod_is_refused_under_safe_mode(tmp_path):
 def test_bad_modifier_arguments_are_refused_by_name(kwargs, error, message):
     with pytest.raises(error, match=f"^MultiHeadAttention.*{message}"):
         MultiHeadAttention(2, 4, **kwargs)
+
+
+def test_learned_sinks_train_on_the_blockwise_kernel_as_on_the_dense_one(monkeypatch):
+    """The sink logits are a weight: the blockwise kernel's hand-written
+    backward gives them (and every other weight) autodiff's gradients."""
+    from tests.gradients import layer_gradients
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 11, 8)).astype("float32")
+    cotangent = rng.normal(size=(2, 11, 8)).astype("float32")
+    results = {}
+    for kernel, options in (
+        ("blockwise", dict(memory_efficient=True, block_size=4)),
+        ("dense", dict(memory_efficient=False)),
+    ):
+        layer = MultiHeadAttention(4, 4, num_key_value_heads=2, attention_sinks=True, **options)
+        layer.build(x.shape, x.shape)
+        layer.set_weights(
+            [np.random.default_rng(4).normal(scale=0.5, size=w.shape) for w in layer.get_weights()]
+        )
+        ran = spy_kernels(monkeypatch)
+        results[kernel] = layer_gradients(layer, [x], cotangent, use_causal_mask=True)
+        assert ran == [Kernel.BLOCKWISE if kernel == "blockwise" else Kernel.DENSE]
+        names = [v.path.split("/")[-1] for v in layer.trainable_variables]
+    sinks = names.index("sinks")
+    assert np.abs(results["dense"][2][sinks]).max() > 1e-3
+    np.testing.assert_allclose(results["blockwise"][0], results["dense"][0], rtol=1e-5, atol=1e-5)
+    for got, want in zip(results["blockwise"][2], results["dense"][2], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max())

@@ -37,6 +37,13 @@ def user_score_mod(score, batch, head, q_idx, k_idx):
     return score * (1.0 + 0.1 * keras.ops.cast(batch, score.dtype)) + 0.3 * wave
 
 
+def table_score_mod(score, batch, head, q_idx, k_idx, table):
+    """A `score_mod` with a weight: `table[min(|i - j|, 3), h]` added (T5-like)."""
+    bucket = keras.ops.minimum(keras.ops.abs(q_idx - k_idx), 3)
+    flat = keras.ops.reshape(table, (-1,))
+    return score + keras.ops.take(flat, bucket * table.shape[1] + head)
+
+
 def user_mask_mod(batch, head, q_idx, k_idx):
     return keras.ops.not_equal((q_idx + 2 * k_idx + head + batch) % 4, 0)
 
@@ -59,6 +66,7 @@ MASKS = {
     "mask_mod": ((11, 11), 2, ("causal", "mask_mod")),
 }
 MODIFIERS = ("soft_cap", "alibi", "sinks", "score_mod")
+TABLE_SHAPE = (4, H)  # the weighted `score_mod`'s table: (buckets, heads)
 
 
 def _case(name, seed=0):
@@ -70,6 +78,7 @@ def _case(name, seed=0):
     v = rng.normal(size=(B, k_len, kv_heads, DV))
     cotangent = rng.normal(size=(B, q_len, H, DV))
     sinks = rng.normal(size=(H,))
+    table = rng.normal(size=TABLE_SHAPE)
     offset = 8 if "offset" in parts else 0
     rows = (np.arange(q_len) + offset)[:, None]
     cols = np.arange(k_len)[None, :]
@@ -118,24 +127,30 @@ def _case(name, seed=0):
     if "mask_mod" in parts:
         fields["mask_mod"] = user_mask_mod
         allowed &= (rows[None, None] + 2 * cols[None, None] + head + batch) % 4 != 0
-    arrays = dict(q=q, k=k, v=v, cotangent=cotangent, sinks=sinks)
+    arrays = dict(q=q, k=k, v=v, cotangent=cotangent, sinks=sinks, table=table)
     return arrays, attention_mask.AttentionMask(**fields), allowed, offset
 
 
-def _scores(modifiers, sinks):
+def _scores(modifiers, sinks, table=None):
+    score_mod, weights = None, ()
+    if "score_mod" in modifiers:
+        score_mod = user_score_mod
+    elif "table" in modifiers:
+        score_mod, weights = table_score_mod, (table,)
     return score_modifier.ScoreModifier(
         soft_cap=CAP if "soft_cap" in modifiers else None,
         alibi_slopes=score_modifier.alibi_slopes(H) if "alibi" in modifiers else None,
         sink_logits=sinks if "sinks" in modifiers else None,
-        score_mod=user_score_mod if "score_mod" in modifiers else None,
+        score_mod=score_mod,
+        score_mod_weights=weights,
     )
 
 
 # ------------------------------------------------------------ reference
 def numpy_attention(arrays, allowed, modifiers, offset):
-    """`(output, weights, dq, dk, dv, dsinks)` in float64, by hand."""
-    q, k, v, cotangent, sinks = (
-        arrays[n].astype(np.float64) for n in ("q", "k", "v", "cotangent", "sinks")
+    """`(output, weights, dq, dk, dv, dsinks, dtable)` in float64, by hand."""
+    q, k, v, cotangent, sinks, table = (
+        arrays[n].astype(np.float64) for n in ("q", "k", "v", "cotangent", "sinks", "table")
     )
     groups = H // k.shape[2]
     kk, vv = np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
@@ -151,8 +166,12 @@ def numpy_attention(arrays, allowed, modifiers, offset):
     if "score_mod" in modifiers:
         chain = 1.0 + 0.1 * b
         logits = logits * chain + 0.3 * np.sin(i + 2 * j - h)
+    bucket = np.minimum(np.abs(i - j), 3) + 0 * b  # (B, 1, Tq, Tk)
+    if "table" in modifiers:
+        logits = logits + table[bucket, h]
+    cap_chain = 1.0
     if "soft_cap" in modifiers:
-        chain = chain * (1.0 - np.tanh(logits / CAP) ** 2)
+        cap_chain = 1.0 - np.tanh(logits / CAP) ** 2
         logits = CAP * np.tanh(logits / CAP)
     logits = np.where(allowed, logits, -np.inf)
     peak = logits.max(-1, keepdims=True)
@@ -167,7 +186,8 @@ def numpy_attention(arrays, allowed, modifiers, offset):
     out = np.einsum("bhqk,bkhd->bqhd", probs, vv)
     d_probs = np.einsum("bqhd,bkhd->bhqk", cotangent, vv)
     delta = np.einsum("bqhd,bqhd->bhq", cotangent, out)[..., None]
-    d_logits = probs * (d_probs - delta) * chain
+    d_before_cap = probs * (d_probs - delta) * cap_chain
+    d_logits = d_before_cap * chain
     dq = np.einsum("bhqk,bkhd->bqhd", d_logits, kk) * scale
     dk = np.einsum("bhqk,bqhd->bkhd", d_logits, q) * scale
     dv = np.einsum("bhqk,bqhd->bkhd", probs, cotangent)
@@ -177,7 +197,11 @@ def numpy_attention(arrays, allowed, modifiers, offset):
     if with_sinks:
         p_sink = np.where(total > 0, sink_exp / np.where(total > 0, total, 1.0), 0.0)
         d_sinks = -(p_sink * delta).sum(axis=(0, 2, 3))
-    return out, probs, dq, dk, dv, d_sinks
+    d_table = np.zeros(TABLE_SHAPE)
+    if "table" in modifiers:
+        heads = np.broadcast_to(h, d_before_cap.shape)
+        np.add.at(d_table, (np.broadcast_to(bucket, d_before_cap.shape), heads), d_before_cap)
+    return out, probs, dq, dk, dv, d_sinks, d_table
 
 
 # -------------------------------------------------------------- running
@@ -212,39 +236,41 @@ def _compiled(fn):
 
 
 def output_and_gradients(run, arrays, modifiers, compiled=False, dtype="float32"):
-    """Output and the gradients w.r.t. q, k, v and the sink logits."""
+    """Output and the gradients w.r.t. q, k, v, the sink logits and the
+    weighted `score_mod`'s table."""
     inputs = [np.asarray(arrays[n], dtype) for n in ("q", "k", "v")]
-    sinks = np.asarray(arrays["sinks"], "float32")
+    extra = [np.asarray(arrays[n], "float32") for n in ("sinks", "table")]
     cotangent = np.asarray(arrays["cotangent"], "float32")
     if BACKEND == "jax":
         import jax
 
-        def loss(q, k, v, s):
-            out = run(q, k, v, _scores(modifiers, s))
+        def loss(q, k, v, s, t):
+            out = run(q, k, v, _scores(modifiers, s, t))
             return (out.astype("float32") * cotangent).sum(), out
 
-        grad = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)
-        (_, out), grads = (jax.jit(grad) if compiled else grad)(*inputs, sinks)
+        grad = jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)
+        (_, out), grads = (jax.jit(grad) if compiled else grad)(*inputs, *extra)
         return [to_numpy(x) for x in (out, *grads)]
     import tensorflow as tf
 
-    def step(q, k, v, s):
+    def step(q, k, v, s, t):
         with tf.GradientTape() as tape:
-            tape.watch([q, k, v, s])
-            out = run(q, k, v, _scores(modifiers, s))
+            tape.watch([q, k, v, s, t])
+            out = run(q, k, v, _scores(modifiers, s, t))
             loss = tf.reduce_sum(tf.cast(out, "float32") * cotangent)
-        zero = tf.UnconnectedGradients.ZERO  # the sinks, when unused
-        return (out, *tape.gradient(loss, [q, k, v, s], unconnected_gradients=zero))
+        zero = tf.UnconnectedGradients.ZERO  # the sinks and table, when unused
+        return (out, *tape.gradient(loss, [q, k, v, s, t], unconnected_gradients=zero))
 
     step = _compiled(step) if compiled else step
-    return [to_numpy(x) for x in step(*[tf.constant(a) for a in inputs], tf.constant(sinks))]
+    tensors = [tf.constant(a) for a in inputs + extra]
+    return [to_numpy(x) for x in step(*tensors)]
 
 
 def _check(kernel, mask_name, modifiers, compiled=False):
     arrays, mask, allowed, offset = _case(mask_name)
     expected = numpy_attention(arrays, allowed, modifiers, offset)
     got = output_and_gradients(_kernel(kernel, mask), arrays, modifiers, compiled)
-    names = ("output", "dq", "dk", "dv", "dsinks")
+    names = ("output", "dq", "dk", "dv", "dsinks", "dtable")
     for name, value, want in zip(names, got, expected[:1] + expected[2:], strict=True):
         np.testing.assert_allclose(value, want, atol=2e-5, rtol=1e-4, err_msg=name)
     # A row with nothing to see: zero output and zero query gradient.
@@ -260,7 +286,7 @@ def test_every_mask_on_every_kernel(kernel, mask_name):
     _check(kernel, mask_name, ())
 
 
-@pytest.mark.parametrize("modifier", MODIFIERS + ("all",))
+@pytest.mark.parametrize("modifier", MODIFIERS + ("table", "all"))
 @pytest.mark.parametrize("kernel", ["dense", "shifted", "blockwise"])
 def test_every_score_modifier_on_every_kernel(kernel, modifier):
     modifiers = MODIFIERS if modifier == "all" else (modifier,)
@@ -272,7 +298,7 @@ def test_rules_and_modifiers_together_compiled(kernel):
     """XLA (TF) / `jax.jit`: the blockwise kernel's tile skipping and the
     `score_mod`'s autodiff inside the loops, under packed documents."""
     _check(kernel, "packed documents", MODIFIERS, compiled=True)
-    _check(kernel, "sink tokens beside a window", ("soft_cap", "sinks"), compiled=True)
+    _check(kernel, "sink tokens beside a window", ("soft_cap", "sinks", "table"), compiled=True)
 
 
 @pytest.mark.parametrize("kernel", ["dense", "shifted", "blockwise"])
