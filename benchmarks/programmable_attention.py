@@ -37,8 +37,11 @@ from keras_attention.ops.memory_efficient import memory_efficient_attention
 HEADS, HEAD_DIM, BLOCK = 8, 64, 512
 
 
+XLA = False  # --xla: every step compiled with `jit_compile=True`
+
+
 def _step(mask, scores=None):
-    @tf.function
+    @tf.function(jit_compile=XLA)
     def step(q, k, v):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
@@ -119,7 +122,7 @@ def modifiers(length, repeats):
     times = _median_times(steps, _inputs(length), repeats)
     plain = times["plain"]
     print(
-        f"modifiers L={length} causal: plain {plain:.2f} s; "
+        f"modifiers L={length} causal{' (XLA)' if XLA else ''}: plain {plain:.2f} s; "
         + ", ".join(
             f"{name} {t:.2f} s ({t / plain:.3f}x)" for name, t in times.items() if name != "plain"
         )
@@ -183,7 +186,10 @@ def main():
     parser.add_argument("--skip-modifiers", action="store_true")
     parser.add_argument("--gemma2", action="store_true")
     parser.add_argument("--gemma2-length", type=int, default=16384)
+    parser.add_argument("--xla", action="store_true")
     args = parser.parse_args()
+    global XLA
+    XLA = args.xla
     if not args.skip_packed:
         packed(args.length, args.documents, args.repeats)
     if not args.skip_modifiers:

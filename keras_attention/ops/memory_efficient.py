@@ -222,6 +222,24 @@ def memory_efficient_attention(
 
     if scores is not None and scores.is_empty:
         scores = None
+    # ALiBi under the causal rule (every visible key at or before its query):
+    # `-slope (i - j) = -slope (i - i0) + slope (j - i0)`, with `i0` the query
+    # block's first position, is folded into each tile's matmul as two more
+    # features, `[q, -slope r, slope] . [k, 1, j - i0]` (`r = i - i0`), so
+    # the tile takes no elementwise pass for it; both terms stay small where
+    # the bias is (no cancellation of large numbers). Otherwise the bias is
+    # added per tile by the description.
+    alibi_slopes = None
+    if (
+        scores is not None
+        and scores.alibi_slopes is not None
+        and mask.causal
+        and mask.prefix_length is None
+    ):
+        alibi_slopes = ops.reshape(scores.alibi_slopes, (num_kv_heads, groups))
+        scores = scores.without_alibi()
+        if scores.is_empty:
+            scores = None
     modify = scores is not None and scores.changes_logits
     head_index = ops.reshape(ops.arange(num_heads, dtype="int32"), (1, num_kv_heads, groups, 1, 1))
 
@@ -232,8 +250,32 @@ def memory_efficient_attention(
         cols = ops.reshape(j * k_block + ops.arange(k_block, dtype="int32"), (1, 1, 1, 1, k_block))
         return batch, head_index, rows, cols
 
+    def with_alibi_queries(queries):
+        """`(nq, B, Hkv, G, bq, D)` queries with the fold's two features."""
+        if alibi_slopes is None:
+            return queries
+        rows = ops.arange(q_block, dtype="float32")
+        slope = alibi_slopes[None, None, :, :, None]
+        shape = ops.shape(queries)[:-1]
+        first = ops.broadcast_to(-slope * rows, shape)
+        second = ops.broadcast_to(slope, shape)
+        return ops.concatenate([queries, first[..., None], second[..., None]], axis=-1)
+
+    def with_alibi_keys(k_tile, i, j):
+        """Tile (i, j)'s `(B, Hkv, bk, D)` keys with the fold's features."""
+        if alibi_slopes is None:
+            return k_tile
+        offset = mask.query_offset
+        if not isinstance(offset, int):
+            offset = ops.cast(offset, "int32")
+        relative = j * k_block + ops.arange(k_block, dtype="int32") - (offset + i * q_block)
+        shape = ops.shape(k_tile)[:-1]
+        relative = ops.broadcast_to(ops.cast(relative, "float32"), shape)
+        ones = ops.ones_like(relative)
+        return ops.concatenate([k_tile, ones[..., None], relative[..., None]], axis=-1)
+
     def masked_logits(q_tile, k_tile, i, j, weights=()):
-        logits = ops.einsum("bhgqd,bhkd->bhgqk", q_tile, k_tile)
+        logits = ops.einsum("bhgqd,bhkd->bhgqk", q_tile, with_alibi_keys(k_tile, i, j))
         if modify:
             logits = scores.apply(logits, *tile_indices(i, j), weights=weights)
         return online_softmax.mask_logits(logits, tile_mask(i, j))
@@ -283,7 +325,9 @@ def memory_efficient_attention(
         # [q, -shift] . [k, 1], and each tile costs exp and sum only. A query
         # block takes that path when all its rows qualify (NaN/inf inputs
         # never do).
-        if scores is None:
+        running_max_only = scores is not None or alibi_slopes is not None
+        q_alibi = with_alibi_queries(q)
+        if not running_max_only:
             shift = online_softmax.logit_bound(q, ops.expand_dims(k, 3), key_axis=(0, 4))
             q_shift = online_softmax.append_column(q, -shift)
             k_one = online_softmax.append_column(k, ops.ones_like(k[..., 0]))
@@ -309,9 +353,9 @@ def memory_efficient_attention(
 
                 return over_key_ranges(i, key_step, init)
 
-            if scores is not None:  # changed logits or a sink: no bound holds
+            if running_max_only:  # changed logits or a sink: no bound holds
                 init = initial_state(row_shape, value_dim, sinks)
-                state = key_loop(online_softmax.update, q_tile, k, init)
+                state = key_loop(online_softmax.update, _take(q_alibi, i), k, init)
             else:
                 state = ops.cond(
                     _take(bounded, i),
@@ -351,7 +395,8 @@ def memory_efficient_attention(
         # One extra feature folds the row terms into the matmuls:
         # [q, -lse] . [k, 1] = logits - lse and [dO, -delta] . [v, 1] = dP - delta,
         # saving two elementwise passes over every tile.
-        q_lse = online_softmax.append_column(q, -lse)
+        q_alibi = with_alibi_queries(q)
+        q_lse = online_softmax.append_column(q_alibi, -lse)
         d_out_delta = online_softmax.append_column(d_out, -delta)
         k_one = online_softmax.append_column(k, ops.ones_like(k[..., 0]))
         v_one = online_softmax.append_column(v, ops.ones_like(v[..., 0]))
@@ -359,24 +404,32 @@ def memory_efficient_attention(
         def query_step(i, buffers):
             dq_buffer, dk_buffer, dv_buffer, d_weights = buffers
             q_tile, d_out_tile = _take(q, i), _take(d_out, i)
+            q_alibi_tile = _take(q_alibi, i)
             q_lse_tile, d_out_delta_tile = _take(q_lse, i), _take(d_out_delta, i)
 
             def key_step(j, state):
                 dq, dk_buffer, dv_buffer, d_weights = state
                 k_tile = _take(k, j)
                 if modify:  # the change comes between the matmul and the lse
-                    raw = ops.einsum("bhgqd,bhkd->bhgqk", q_tile, k_tile)
-                    changed = scores.apply(raw, *tile_indices(i, j), weights=weights)
-                    changed = online_softmax.mask_logits(changed, tile_mask(i, j))
+                    raw = ops.einsum(
+                        "bhgqd,bhkd->bhgqk", q_alibi_tile, with_alibi_keys(k_tile, i, j)
+                    )
+                    applied = scores.apply(raw, *tile_indices(i, j), weights=weights)
+                    changed = online_softmax.mask_logits(applied, tile_mask(i, j))
                     probs = ops.exp(changed - ops.expand_dims(_take(lse, i), -1))
-                else:
+                elif alibi_slopes is None:
                     probs = ops.exp(masked_logits(q_lse_tile, _take(k_one, j), i, j))
+                else:  # [q, -slope r, slope, -lse] . [k, 1, j - i0, 1]
+                    keys = with_alibi_keys(k_tile, i, j)
+                    keys = online_softmax.append_column(keys, ops.ones_like(keys[..., 0]))
+                    logits = ops.einsum("bhgqd,bhkd->bhgqk", q_lse_tile, keys)
+                    probs = ops.exp(online_softmax.mask_logits(logits, tile_mask(i, j)))
                 d_logits = probs * ops.einsum(
                     "bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j)
                 )
                 if modify:
                     d_logits, tile_d_weights = scores.gradient(
-                        raw, *tile_indices(i, j), d_logits, weights=weights
+                        raw, *tile_indices(i, j), d_logits, weights=weights, applied=applied
                     )
                     d_weights = tuple(a + b for a, b in zip(d_weights, tile_d_weights, strict=True))
                 dq = dq + ops.einsum("bhgqk,bhkd->bhgqd", d_logits, k_tile)

@@ -144,6 +144,15 @@ class ScoreModifier:
             return None
         return ops.cast(_read(self.sink_logits), dtype)
 
+    def without_alibi(self):
+        """The same changes but ALiBi (a kernel that applies it itself)."""
+        return ScoreModifier(
+            soft_cap=self.soft_cap,
+            sink_logits=self.sink_logits,
+            score_mod=self.score_mod,
+            score_mod_weights=self.score_mod_weights,
+        )
+
     def weights(self):
         """The `score_mod`'s weights as tensors (a kernel's explicit inputs)."""
         return tuple(_read(w) for w in self.score_mod_weights)
@@ -170,25 +179,28 @@ class ScoreModifier:
         return logits
 
     # ---------------------------------------------------------- backward
-    def gradient(self, logits, batch, head, rows, cols, d_modified, weights=None):
+    def gradient(self, logits, batch, head, rows, cols, d_modified, weights=None, applied=None):
         """`(d logits, d weights)`: the gradients with respect to the
         unmodified `logits` and the `score_mod`'s weights (a tuple, one per
         weight), given the gradient `d_modified` with respect to
-        `apply(logits, ...)`."""
+        `apply(logits, ...)`; `applied`, that result when the caller has it
+        (the soft cap's derivative is read from it, not recomputed)."""
         weights = self.score_mod_weights if weights is None else tuple(weights)
         if not self.changes_logits:
             return d_modified, ()
-        if self.score_mod is None:
-            before = logits
-            if self.alibi_slopes is not None:  # additive: derivative 1
-                before = self._before_cap(logits, batch, head, rows, cols)
-        else:
+        before = logits
+        if self.score_mod is not None:
             before, pullback = _vjp(
                 lambda s, *w: self._before_cap(s, batch, head, rows, cols, w),
                 (logits,) + weights,
             )
+        elif self.alibi_slopes is not None and applied is None and self.soft_cap is not None:
+            before = self._before_cap(logits, batch, head, rows, cols)  # additive: derivative 1
         if self.soft_cap is not None:
-            capped = ops.tanh(before / self.soft_cap)
+            if applied is not None:  # c tanh(x / c): the derivative is 1 - (applied / c)^2
+                capped = applied * (1.0 / self.soft_cap)
+            else:
+                capped = ops.tanh(before / self.soft_cap)
             d_modified = d_modified * (1.0 - capped * capped)
         if self.score_mod is None:
             return d_modified, ()

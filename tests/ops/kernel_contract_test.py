@@ -293,6 +293,14 @@ def test_every_score_modifier_on_every_kernel(kernel, modifier):
     _check(kernel, "causal window, row without keys", modifiers)
 
 
+@pytest.mark.parametrize("mask_name", ["decoding offset", "key padding", "prefix per example"])
+@pytest.mark.parametrize("kernel", ["dense", "shifted", "blockwise"])
+def test_alibi_at_an_offset_without_the_causal_rule_and_under_a_prefix(kernel, mask_name):
+    """The blockwise kernel folds causal ALiBi into its matmuls (tile-relative
+    positions, the cache offset included) and adds it per tile otherwise."""
+    _check(kernel, mask_name, ("alibi", "soft_cap"))
+
+
 @pytest.mark.parametrize("kernel", ["dense", "shifted", "blockwise"])
 def test_rules_and_modifiers_together_compiled(kernel):
     """XLA (TF) / `jax.jit`: the blockwise kernel's tile skipping and the
