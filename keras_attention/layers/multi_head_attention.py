@@ -339,18 +339,6 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 f"{owner}: `score_mod` has {score_mod.num_heads} heads, the layer "
                 f"{num_heads}. Received: score_mod={score_mod!r}, num_heads={num_heads!r}"
             )
-        if sequence_parallel is not None and mask_mod is not None:
-            raise ValueError(
-                f"{owner}: `sequence_parallel` (ring attention) does not "
-                "support `mask_mod`. Received: "
-                f"sequence_parallel={sequence_parallel!r}, mask_mod={mask_mod!r}"
-            )
-        if sequence_parallel is not None and attention_sinks:
-            raise ValueError(
-                f"{owner}: `sequence_parallel` (ring attention) does not "
-                "support `attention_sinks`. Received: "
-                f"sequence_parallel={sequence_parallel!r}, attention_sinks=True"
-            )
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         super().build(query_shape, value_shape, key_shape)

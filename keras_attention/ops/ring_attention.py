@@ -35,27 +35,35 @@ from keras_attention.ops import online_softmax
 from keras_attention.ops.score_modifier import ScoreModifier
 
 
-def _block_update(state, q, k, v, key_mask, rows, cols, mask, scores=None):
+def _block_update(state, q, k, v, key_mask, rows, cols, mask, scores=None, extra=None):
     """One key/value block folded into the running softmax of a query block.
 
     `q`: `(B, bq, H, D)` (scaled), `k`/`v`: `(B, bk, H, D|Dv)`, `key_mask`:
     `(B, bk)` boolean or None; `rows`/`cols`: the blocks' absolute positions,
-    for the positional rules of the `AttentionMask` `mask` and the
-    `ScoreModifier` `scores` (batch indices are the device's own).
+    for the rules of the `AttentionMask` `mask` and the `ScoreModifier`
+    `scores`. `extra`: `{"batch": (B,) global example indices, "query_ids" /
+    "key_ids": the blocks' segment ids, "weights": the score_mod's weights}`.
     """
+    extra = extra or {}
+    batch = extra.get("batch")
+    if batch is None:
+        batch = ops.arange(q.shape[0], dtype="int32")
+    batch = ops.reshape(batch, (-1, 1, 1, 1))
+    head = ops.reshape(ops.arange(q.shape[2], dtype="int32"), (1, -1, 1, 1))
+    row_index, col_index = ops.reshape(rows, (1, 1, -1, 1)), ops.reshape(cols, (1, 1, 1, -1))
     logits = ops.einsum("bqhd,bkhd->bhqk", q, k)
     if scores is not None and scores.changes_logits:
         logits = scores.apply(
-            logits,
-            ops.reshape(ops.arange(q.shape[0], dtype="int32"), (-1, 1, 1, 1)),
-            ops.reshape(ops.arange(q.shape[2], dtype="int32"), (1, -1, 1, 1)),
-            ops.reshape(rows, (1, 1, -1, 1)),
-            ops.reshape(cols, (1, 1, 1, -1)),
+            logits, batch, head, row_index, col_index, weights=extra.get("weights")
         )
     allowed = None if key_mask is None else key_mask[:, None, None, :]
-    positional = mask.positional(rows, cols) if mask.has_positional else None
-    if positional is not None:
-        allowed = masking.merge_masks(allowed, positional[None, None])
+    if mask.has_rules:
+        allowed = masking.merge_masks(allowed, mask.rules(batch, head, row_index, col_index))
+    if extra.get("query_ids") is not None:
+        same = mask.segments(
+            extra["query_ids"][:, None, :, None], extra["key_ids"][:, None, None, :]
+        )
+        allowed = masking.merge_masks(allowed, same)
     return online_softmax.update(
         state,
         online_softmax.mask_logits(logits, allowed),
@@ -81,12 +89,31 @@ def _block_positions(index, block, parts, num_devices):
     ]
 
 
-def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts, scores=None):
+def _ring(
+    q,
+    k,
+    v,
+    key_mask,
+    query_mask,
+    *,
+    axis,
+    num_devices,
+    mask,
+    parts,
+    scores=None,
+    batch_axis=None,
+    query_ids=None,
+    key_ids=None,
+    sinks=None,
+    weights=(),
+):
     """The per-device program: `q`/`k`/`v` are this device's blocks.
 
     With `parts=2` (zigzag), each block is two half-blocks far apart in the
     sequence; every (query half, key half) tile is folded in on its own and
-    skipped when the description hides it whole.
+    skipped when the description hides it whole. Key segment ids travel
+    round the ring with the keys; sinks and the score_mod's weights are the
+    same on every device.
     """
     import jax
     import jax.numpy as jnp
@@ -99,12 +126,36 @@ def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts, scor
     offset = mask.query_offset
     rows = [offset + r for r in _block_positions(index, q_block, parts, num_devices)]
     q_parts = [q[:, p * q_size : (p + 1) * q_size] for p in range(parts)]
-    states = [online_softmax.initial_state((batch, heads, q_size), value_dim) for _ in range(parts)]
+    id_parts = [
+        None if query_ids is None else query_ids[:, p * q_size : (p + 1) * q_size]
+        for p in range(parts)
+    ]
+    # The examples' global indices (a `mask_mod`, a prefix per example).
+    examples = jnp.arange(batch, dtype=jnp.int32)
+    if batch_axis is not None:
+        examples = examples + lax.axis_index(batch_axis) * batch
+    row_shape = (batch, heads, q_size)
+    states = []
+    for _ in range(parts):
+        state = online_softmax.initial_state(row_shape, value_dim)
+        if sinks is not None:  # a key with logit sink[h] and a zero value
+            sink = jnp.broadcast_to(jnp.reshape(sinks, (1, heads, 1)), row_shape)
+            state = (sink, jnp.ones(row_shape, jnp.float32), state[2])
+        states.append(state)
     # Device i sends to i + 1: at step s, device i holds the block of i - s.
     permutation = [(i, (i + 1) % num_devices) for i in range(num_devices)]
     update = jax.checkpoint(
-        lambda state, q, k, v, m, rows, cols: _block_update(
-            state, q, k, v, m, rows, cols, mask, scores
+        lambda state, q, k, v, m, rows, cols, q_ids, k_ids, w: _block_update(
+            state,
+            q,
+            k,
+            v,
+            m,
+            rows,
+            cols,
+            mask,
+            scores,
+            extra={"batch": examples, "query_ids": q_ids, "key_ids": k_ids, "weights": w},
         ),
     )
 
@@ -122,7 +173,19 @@ def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts, scor
                 piece = (slice(None), slice(kp * k_size, (kp + 1) * k_size))
                 k_part, v_part = k[piece], v[piece]
                 m_part = None if key_mask is None else key_mask[piece]
-                operands = (states[qp], q_parts[qp], k_part, v_part, m_part, rows[qp], cols[kp])
+                ids_part = None if key_ids is None else key_ids[piece]
+                operands = (
+                    states[qp],
+                    q_parts[qp],
+                    k_part,
+                    v_part,
+                    m_part,
+                    rows[qp],
+                    cols[kp],
+                    id_parts[qp],
+                    ids_part,
+                    tuple(weights),
+                )
                 if mask.has_positional:
                     states[qp] = lax.cond(
                         visible(rows[qp], cols[kp]),
@@ -136,6 +199,8 @@ def _ring(q, k, v, key_mask, query_mask, *, axis, num_devices, mask, parts, scor
             k, v = lax.ppermute((k, v), axis, permutation)
             if key_mask is not None:
                 key_mask = lax.ppermute(key_mask, axis, permutation)
+            if key_ids is not None:
+                key_ids = lax.ppermute(key_ids, axis, permutation)
     out = jnp.concatenate([online_softmax.finish(state)[0] for state in states], axis=2)
     out = jnp.transpose(out, (0, 2, 1, 3))  # (B, bq, H, Dv)
     if query_mask is not None:
@@ -158,13 +223,7 @@ def _check_arguments(query, key, value, mesh, sequence_axis, batch_axis, scale, 
             f"{owner}: `mask` must be an AttentionMask (see AttentionMask.from_tensors) "
             f"or None. Received: mask={mask!r}"
         )
-    if mask is not None and (mask.has_segments or mask.batch_dependent_rules):
-        raise ValueError(
-            f"{owner}: the ring takes query and key masks and the positional rules "
-            "that are the same in every example; segment ids, a `mask_mod` and "
-            "per-example prefix lengths are not supported. Received: an AttentionMask "
-            f"with segment ids={mask.has_segments}, mask_mod={mask.mask_mod is not None}"
-        )
+
     for name, x in (("query", query), ("key", key), ("value", value)):
         checks.tensor(owner, name, x, rank=4)
     checks.same_size(owner, ("query", query, -1, "head size"), ("key", key, -1, None))
@@ -245,10 +304,11 @@ def ring_attention(
         batch_axis: a mesh axis the batch is split over, or None.
         scale: multiplies the logits; defaults to `1 / sqrt(D)`.
         mask: an `AttentionMask` (`AttentionMask.from_tensors` builds one
-            from Keras' spellings) with query/key masks and positional rules
-            (causal, sliding window, sink tokens, a prefix length for every
-            example) but no pair mask, segment ids or `mask_mod`; or None.
-            Query rows its query mask hides get zero output.
+            from Keras' spellings) with any rule but a pair mask (which
+            would be whole on every device): query/key masks, segment ids
+            (the keys' travel round the ring), positional rules, a prefix
+            per example and a `mask_mod` (its batch index is the global
+            one); or None. Query rows its query mask hides get zero output.
         balance: `"auto"` (zigzag under the causal rule for self-attention
             whose length `2N` divides, else contiguous), `"zigzag"` or
             `"contiguous"`. Zigzag gives device `i` the half-blocks `i` and
@@ -256,10 +316,9 @@ def ring_attention(
             device computes the same number of tiles under the causal rule
             (`2N + 1` half-tiles each); contiguous blocks give device `i`
             `i + 1` tiles.
-        scores: a `ScoreModifier` without sinks (soft cap, ALiBi, a
-            `score_mod`, applied to each tile at its absolute positions; a
-            `score_mod`'s batch index is the device's own when `batch_axis`
-            is set), or None.
+        scores: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a
+            `score_mod` and its weights, applied to each tile at its
+            absolute positions and global example indices), or None.
 
     Returns:
         `(B, Tq, H, Dv)` in the dtype of `query`; rows with no allowed key
@@ -282,11 +341,6 @@ def ring_attention(
         raise TypeError(
             f"ring_attention: `scores` must be a ScoreModifier or None. Received: scores={scores!r}"
         )
-    if scores is not None and scores.sink_logits is not None:
-        raise ValueError(
-            "ring_attention: learned sinks (`scores.sink_logits`) are not "
-            "supported by ring attention. Received: a ScoreModifier with sinks"
-        )
     num_devices = mesh.shape[sequence_axis]
     dtype = query.dtype
     if scale is None:
@@ -296,11 +350,35 @@ def ring_attention(
     v = jnp.asarray(value, jnp.float32)
     sequences = P(batch_axis, sequence_axis)
     blocks = P(batch_axis, sequence_axis, None, None)
-    masks = [None if m is None else jnp.asarray(m, bool) for m in (mask.key_mask, mask.query_mask)]
-    present = [m is not None for m in masks]
-    # The per-device program sees its own blocks of the masks; the
-    # positional rules travel as the description without them.
-    positional = mask.replace(query_mask=None, key_mask=None)
+    # The per-device program sees its own blocks of the masks and segment
+    # ids; the rules travel as the description without them (a per-example
+    # prefix as an input the same on every device).
+    sequence_inputs = {
+        "key_mask": mask.key_mask,
+        "query_mask": mask.query_mask,
+        "key_ids": mask.key_segment_ids,
+        "query_ids": mask.query_segment_ids,
+    }
+    sequence_inputs = {
+        name: jnp.asarray(x, bool if name.endswith("mask") else jnp.int32)
+        for name, x in sequence_inputs.items()
+        if x is not None
+    }
+    if sequence_inputs.keys() & {"key_ids", "query_ids"}:
+        for name in ("key_ids", "query_ids"):  # one per example, like the inputs
+            ids = sequence_inputs[name]
+            sequence_inputs[name] = jnp.broadcast_to(ids, (q.shape[0],) + ids.shape[1:])
+    prefix = mask.prefix_length
+    shared_inputs = {}
+    if prefix is not None and not isinstance(prefix, int):
+        shared_inputs["prefix"] = jnp.asarray(prefix, jnp.int32)
+    sinks = None if scores is None else scores.sinks()
+    if sinks is not None:
+        shared_inputs["sinks"] = jnp.asarray(sinks, jnp.float32)
+    weights = () if scores is None else scores.weights()
+    positional = mask.replace(
+        query_mask=None, key_mask=None, query_segment_ids=None, key_segment_ids=None
+    )
 
     # Zigzag placement balances the causal rule's work over the devices (a
     # contiguous split gives the last device N times the first's tiles).
@@ -313,32 +391,56 @@ def ring_attention(
     if parts == 2:
         order = zigzag_order(q.shape[1], num_devices)
         q, k, v = (jnp.take(x, order, axis=1) for x in (q, k, v))
-        masks = [None if m is None else jnp.take(m, order, axis=1) for m in masks]
+        sequence_inputs = {name: jnp.take(x, order, axis=1) for name, x in sequence_inputs.items()}
+    names = sorted(sequence_inputs)
+    shared = sorted(shared_inputs)
 
-    def per_device(q, k, v, *given):
-        given = iter(given)
-        key_mask, query_mask = (next(given) if p else None for p in present)
+    def per_device(q, k, v, sequence_values, shared_values, weights):
+        given = dict(zip(names, sequence_values, strict=True))
+        common = dict(zip(shared, shared_values, strict=True))
+        rules = positional
+        if "prefix" in common:
+            rules = rules.replace(prefix_length=common["prefix"])
         return _ring(
             q,
             k,
             v,
-            key_mask,
-            query_mask,
+            given.get("key_mask"),
+            given.get("query_mask"),
             axis=sequence_axis,
             num_devices=num_devices,
-            mask=positional,
+            mask=rules,
             parts=parts,
             scores=scores,
+            batch_axis=batch_axis,
+            query_ids=given.get("query_ids"),
+            key_ids=given.get("key_ids"),
+            sinks=common.get("sinks"),
+            weights=weights,
         )
 
     program = jax.shard_map(
         per_device,
         mesh=mesh,
-        in_specs=(blocks, blocks, blocks) + (sequences,) * sum(present),
+        in_specs=(
+            blocks,
+            blocks,
+            blocks,
+            tuple(sequences for _ in names),
+            tuple(P() for _ in shared),
+            tuple(P() for _ in weights),
+        ),
         out_specs=blocks,
         check_vma=False,
     )
-    out = program(q, k, v, *(m for m in masks if m is not None))
+    out = program(
+        q,
+        k,
+        v,
+        tuple(sequence_inputs[n] for n in names),
+        tuple(shared_inputs[n] for n in shared),
+        tuple(weights),
+    )
     if order is not None:
         out = jnp.take(out, np.argsort(order), axis=1)
     return out.astype(dtype)

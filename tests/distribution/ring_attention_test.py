@@ -75,10 +75,13 @@ def test_multi_head_attention_sequence_parallel_matches_exact(results):
 
 
 @pytest.mark.slow
-def test_score_modifiers_on_the_ring_match_the_float64_reference(results):
-    """Soft cap, ALiBi and a `score_mod` applied per ring tile (#36)."""
-    modified = results["layer"]["modified"]
+@pytest.mark.parametrize("call", ["documents", "prefix"])
+def test_rules_and_modifiers_on_the_ring_match_the_float64_reference(results, call):
+    """Soft cap, ALiBi, a `score_mod`, learned sinks and a `mask_mod`, with
+    packed documents or a prefix per example, per ring tile (#36)."""
+    modified = results["layer"]["modified"][call]
     assert modified["kernel"] == "ring"
+    assert modified["finite"]
     assert modified["output"] < TOLERANCE, modified
 
 

@@ -158,11 +158,11 @@ def blocks_computed(mesh):
     original = ring._block_update
     devices = mesh.shape["sequence"]
 
-    def counted(state, q, k, v, key_mask, rows, cols, *rest):
+    def counted(state, q, k, v, key_mask, rows, cols, *rest, **named):
         jax.debug.callback(
             lambda first, size: calls.append((int(first), int(size))), rows[0], rows.shape[0]
         )
-        return original(state, q, k, v, key_mask, rows, cols, *rest)
+        return original(state, q, k, v, key_mask, rows, cols, *rest, **named)
 
     ring._block_update = counted
     try:
@@ -259,40 +259,72 @@ def layer_checks():
 
 
 def modified_checks(mesh, distribution, x, mask, cotangent):
-    """#36: soft cap, ALiBi and a `score_mod` on the ring, against the
-    float64 NumPy reference of the same layer (random weights and biases)."""
+    """#36: every score modifier (learned sinks too) and the call-level rules
+    (packed documents, a prefix per example, a `mask_mod`) on the ring,
+    against the float64 NumPy reference of the same layer (random weights)."""
     from tests.attention_reference import SOFT_CAP
+    from tests.attention_reference import mask_mod
+    from tests.attention_reference import positional
     from tests.attention_reference import reference
     from tests.attention_reference import score_mod
 
-    options = dict(logit_soft_cap=SOFT_CAP, alibi=True, score_mod=score_mod)
-    layer_kwargs = dict(num_key_value_heads=2, bias_initializer="random_normal", **options)
+    options = dict(
+        logit_soft_cap=SOFT_CAP,
+        alibi=True,
+        score_mod=score_mod,
+        attention_sinks=True,
+        mask_mod=mask_mod,
+        num_key_value_heads=2,
+    )
+    length = x.shape[1]
+    documents = np.array([[0] * 5 + [1] * 11, [0] * 9 + [1] * 7], "int32")
+    prefix = np.array([3, 6], "int32")
+    calls = {
+        "documents": dict(segment_ids=documents, use_causal_mask=True),
+        "prefix": dict(prefix_length=prefix),
+    }
+    report = {}
     with distribution.scope():
-        layer = ka.MultiHeadAttention(4, 4, sequence_parallel="sequence", **layer_kwargs)
+        layer = ka.MultiHeadAttention(4, 4, sequence_parallel="sequence", **options)
         layer.build(x.shape, x.shape)
         rng = np.random.default_rng(2)
         layer.set_weights([rng.normal(scale=0.7, size=w.shape) for w in layer.get_weights()])
-        ran = []
-        original = ring.ring_attention
+        weights = {w.path.split("/", 1)[1]: np.asarray(w.value, np.float64) for w in layer.weights}
+        for name, call in calls.items():
+            ran = []
+            original = ring.ring_attention
 
-        def spy(*args, **kwargs):
-            ran.append("ring")
-            return original(*args, **kwargs)
+            def spy(*args, _original=original, _ran=ran, **kwargs):
+                _ran.append("ring")
+                return _original(*args, **kwargs)
 
-        ring.ring_attention = spy
-        try:
-            got = layer_gradients(
-                layer, [x, x], cotangent, jit=True, query_mask=mask, use_causal_mask=True
+            ring.ring_attention = spy
+            try:
+                got = layer_gradients(layer, [x], cotangent, jit=True, query_mask=mask, **call)
+            finally:
+                ring.ring_attention = original
+            rows = np.arange(length)
+            allowed = positional(
+                rows,
+                rows,
+                True,
+                None,
+                prefix=prefix if name == "prefix" else None,
+                mask_mod=True,
+                batch=x.shape[0],
+                heads=4,
             )
-        finally:
-            ring.ring_attention = original
-    weights = {w.path.split("/", 1)[1]: np.asarray(w.value, np.float64) for w in layer.weights}
-    length = x.shape[1]
-    allowed = np.tril(np.ones((length, length), bool))[None, None] & mask[:, None, :, None]
-    x64 = x.astype(np.float64)
-    modifiers = ("soft_cap", "alibi", "score_mod")
-    want, _ = reference(weights, x64, x64, allowed, 4, 2, False, modifiers)
-    return {"kernel": ran[0] if ran else None, "output": float(np.max(np.abs(got[0] - want)))}
+            allowed = allowed & mask[:, None, :, None] & mask[:, None, None, :]
+            if name == "documents":
+                allowed = allowed & (documents[:, None, :, None] == documents[:, None, None, :])
+            x64 = x.astype(np.float64)
+            want, _ = reference(weights, x64, x64, allowed, 4, 2, False, "all")
+            report[name] = {
+                "kernel": ran[0] if ran else None,
+                "output": float(np.max(np.abs(got[0] - want))),
+                "finite": bool(all(np.isfinite(g).all() for g in got[1] + got[2])),
+            }
+    return report
 
 
 def main():

@@ -154,11 +154,6 @@ def test_a_lambda_score_mod_is_refused_under_safe_mode(tmp_path):
         (dict(alibi="paper"), TypeError, r"alibi='paper'"),
         (dict(attention_sinks="yes"), TypeError, r"attention_sinks='yes'"),
         (dict(score_mod=3), TypeError, r"score_mod=3"),
-        (
-            dict(attention_sinks=True, sequence_parallel="sequence"),
-            ValueError,
-            r"does not support `attention_sinks`",
-        ),
     ],
 )
 def test_bad_modifier_arguments_are_refused_by_name(kwargs, error, message):
