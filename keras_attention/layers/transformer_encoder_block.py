@@ -52,6 +52,11 @@ class TransformerEncoderBlock(TransformerBlockBase):
             attend to key `j`; combined with `padding_mask`.
         return_attention_scores: also return the attention weights.
         training: whether dropout is active.
+        segment_ids: `(B, T)` integers, documents packed into one sequence
+            (a token attends to its own document only); for an attention
+            that takes them (`MultiHeadAttention`). Score modifiers and other
+            rules come with the `attention` prototype, e.g.
+            `attention=MultiHeadAttention(..., logit_soft_cap=50.0)`.
 
     Returns:
         `(B, T, d)`, and with `return_attention_scores=True` also the
@@ -92,11 +97,15 @@ class TransformerEncoderBlock(TransformerBlockBase):
         attention_mask=None,
         return_attention_scores=False,
         training=None,
+        segment_ids=None,
     ):
         check_sequence_shape(self, "inputs", inputs.shape)
         batch, length = inputs.shape[0], inputs.shape[1]
         check_mask(self, "padding_mask", padding_mask, (batch, length))
         check_mask(self, "attention_mask", attention_mask, (batch, length, length))
+        # Packed documents (#36): passed only when given, so that an
+        # attention prototype without the argument keeps working.
+        rules = {} if segment_ids is None else {"segment_ids": segment_ids}
         if padding_mask is None:
             padding_mask = keras_mask_of(inputs)
         inputs = utils.cast_to_compute_dtype(self, inputs)  # after its mask
@@ -109,6 +118,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
                 attention_mask=attention_mask,
                 return_attention_scores=return_attention_scores,
                 training=training,
+                **rules,
             )
             return result if return_attention_scores else (result, None)
 
@@ -132,6 +142,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
         attention_mask=None,
         return_attention_scores=False,
         training=None,
+        segment_ids=None,
     ):
         check_sequence_shape(self, "inputs", inputs.shape)
         batch, length = inputs.shape[0], inputs.shape[1]

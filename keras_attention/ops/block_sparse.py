@@ -517,11 +517,13 @@ def block_sparse_attention(
         mask: an `AttentionMask` (`AttentionMask.from_tensors` builds one
             from Keras' spellings), or None. Its key mask, its pair mask (one
             for every head; itself `O(Tq * Tv)`) and its positional rules
-            (causal, window, sink tokens, a prefix length for all examples)
+            (causal, window, sink tokens)
             mask keys inside the pattern, and the pattern looks backwards
             when it is causal. Masked query rows still get weights (the
-            caller zeroes them); they do not change other rows. Segment ids,
-            a `mask_mod` and per-example prefix lengths are refused.
+            caller zeroes them); they do not change other rows. Segment ids
+            and a `mask_mod` (one for every head) join the pair mask, which
+            the pattern cannot skip by; a prefix length is refused (the
+            causal pattern never holds the blocks it would open).
         scale: score multiplier; default `1 / sqrt(D)`.
         dropout: callable applied to the attention weights before they
             multiply the values (e.g. a `Dropout` layer), or `None`.
@@ -575,13 +577,32 @@ def block_sparse_attention(
             f"{owner}: `mask` must be an AttentionMask (see AttentionMask.from_tensors) "
             f"or None. Received: mask={mask!r}"
         )
-    if mask.has_segments or mask.batch_dependent_rules or mask.per_head:
+    if mask.prefix_length is not None or mask.per_head:
         raise ValueError(
-            f"{owner}: the block-sparse pattern takes one mask for every head and "
-            "rules that are the same in every example; segment ids, a `mask_mod`, "
-            "per-example prefix lengths and per-head masks are not supported. "
-            f"Received: an AttentionMask with segment ids={mask.has_segments}, "
-            f"mask_mod={mask.mask_mod is not None}, per-head={mask.per_head}"
+            f"{owner}: the block-sparse pattern takes one mask for every head, and its "
+            "causal pattern never holds the blocks a prefix would open ahead of a "
+            "query: prefix lengths and per-head masks are not supported. Received: an "
+            f"AttentionMask with prefix_length={mask.prefix_length!r}, "
+            f"per-head={mask.per_head}"
+        )
+    if mask.has_segments or mask.mask_mod is not None:
+        # Packed documents and a `mask_mod` join the explicit pair mask (so
+        # the general, O(Tq * Tv) path runs): the pattern cannot skip by them.
+        extra = attention_masks.AttentionMask(
+            query_segment_ids=mask.query_segment_ids,
+            key_segment_ids=mask.key_segment_ids,
+            mask_mod=mask.mask_mod,
+            query_offset=mask.query_offset,
+        ).dense(_length(query, 1), _length(key, 1), ops.shape(query)[0], query.shape[2])
+        if extra.shape[1] != 1:
+            raise ValueError(
+                f"{owner}: a `mask_mod` that depends on the head gives a per-head mask, "
+                "which the block-sparse pattern does not take. Received: a mask_mod "
+                f"whose mask has shape {tuple(extra.shape)}"
+            )
+        pair = extra if mask.pair_mask is None else ops.logical_and(mask.pair_mask, extra)
+        mask = mask.replace(
+            pair_mask=pair, query_segment_ids=None, key_segment_ids=None, mask_mod=None
         )
     key_mask = mask.key_mask
     attention_mask = None if mask.pair_mask is None else mask.pair_mask[:, 0]

@@ -189,3 +189,21 @@ def test_rejects_bad_call_inputs():
         block(inputs, attention_mask=np.ones((2, 4), bool))
     with pytest.raises(ValueError, match="output_shape"):
         make_block(attention=MultiHeadAttention(num_heads=2, key_dim=4, output_shape=6))(inputs)
+
+
+def test_packed_documents_equal_each_document_alone_and_prototypes_carry_modifiers():
+    """#36: `segment_ids` reach the self-attention, so each packed document's
+    tokens get what the block gives that document alone; a prototype's score
+    modifiers (here Gemma 2's soft cap) come with the block's attention."""
+    block = make_block(attention=MultiHeadAttention(2, 4, logit_soft_cap=5.0))
+    inputs = random_inputs((1, 9, 8))
+    documents = np.array([[0, 0, 0, 0, 1, 1, 1, 1, 1]], "int32")
+    packed = ops.convert_to_numpy(block(inputs, segment_ids=documents))
+    first = ops.convert_to_numpy(block(inputs[:, :4]))
+    second = ops.convert_to_numpy(block(inputs[:, 4:]))
+    np.testing.assert_allclose(packed, np.concatenate([first, second], axis=1), atol=1e-5)
+    assert not np.allclose(packed, ops.convert_to_numpy(block(inputs)), atol=1e-3)
+    assert block.self_attention.logit_soft_cap == 5.0
+    rebuilt = TransformerEncoderBlock.from_config(block.get_config())
+    rebuilt.build((1, 9, 8))
+    assert rebuilt.self_attention.logit_soft_cap == 5.0

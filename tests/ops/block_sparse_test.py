@@ -122,6 +122,49 @@ def test_cross_attention_with_different_lengths_and_attention_mask():
     np.testing.assert_allclose(output, expected, atol=1e-5)
 
 
+def test_packed_documents_and_a_mask_mod_join_the_pattern():
+    """Segment ids and a `mask_mod` (#36) restrict the pattern's keys further,
+    against the NumPy reference of the pattern AND the rules."""
+    batch, length, bs = 2, 21, 4
+    query, key, value = _inputs(batch, length, length, seed=3)
+    plan = np.array([[4, 1]] * 6)
+    ids = np.array([[0] * 8 + [1] * 13, [0] * 15 + [1] * 6], "int32")
+    rows, cols = np.arange(length)[:, None], np.arange(length)[None]
+
+    def mask_mod(batch, head, q_idx, k_idx):
+        return keras.ops.not_equal((q_idx + k_idx + batch) % 5, 0)
+
+    allowed = (
+        reference_pattern(length, length, bs, 3, 1, plan, (9,), causal=True)
+        & (ids[:, :, None] == ids[:, None, :])
+        & ((rows + cols + np.arange(batch)[:, None, None]) % 5 != 0)
+    )
+    expected, _ = reference_attention(query, key, value, allowed)
+    output = _run(
+        query,
+        key,
+        value,
+        block_size=bs,
+        window_blocks=3,
+        global_blocks=1,
+        random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
+        global_tokens=(9,),
+        mask=AttentionMask(
+            causal=True, query_segment_ids=ids, key_segment_ids=ids, mask_mod=mask_mod
+        ),
+    )
+    np.testing.assert_allclose(output, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="prefix lengths and per-head masks are not supported"):
+        _run(
+            query,
+            key,
+            value,
+            block_size=bs,
+            window_blocks=1,
+            mask=AttentionMask(causal=True, prefix_length=3),
+        )
+
+
 def test_fully_masked_rows_are_zero_not_nan():
     query, key, value = _inputs(1, 9, 9)
     key_mask = np.zeros((1, 9), bool)
