@@ -237,6 +237,19 @@ def layer_cases():
         ],
         "LowRankAttention": [_cross_case(lambda **kw: L.LowRankAttention(rank=8, **kw))],
         "MultiHeadAttention": mha,
+        # T5's bias as a `score_mod` (#36): the blockwise kernel against the dense one.
+        "RelativePositionBias": [
+            _cross_case(
+                lambda **kw: L.MultiHeadAttention(
+                    2,
+                    64,
+                    score_mod=L.RelativePositionBias(2),
+                    **{"memory_efficient": True, "block_size": 32, **kw},
+                ),
+                "blockwise",
+                dense,
+            )
+        ],
         "PerformerAttention": [
             _self_case(lambda **kw: L.PerformerAttention(2, 32, num_features=32, seed=0, **kw))
         ],
