@@ -133,6 +133,23 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             sequence lengths. Query, key and causal masks are supported;
             `attention_mask`, `sliding_window`, dropout and returned or
             captured weights are not (ValueError).
+        logit_soft_cap: (keyword-only) `c`: logits become `c * tanh(logit / c)`
+            (Gemma 2 and 3), or None.
+        alibi: (keyword-only) None, True (ALiBi with the paper's slopes) or
+            one slope per head: `-slope * |q - k|` added to the logits.
+        attention_sinks: (keyword-only) a learned logit per head (weight
+            `sinks`) in every row's softmax denominator (GPT-OSS); the
+            weights returned are the keys', so a row may sum to less than 1.
+        score_mod: (keyword-only) `score_mod(score, batch, head, q_idx,
+            k_idx) -> score` written with `keras.ops` (register it to save
+            the model), or a layer with weights such as
+            `RelativePositionBias`.
+        sink_tokens: (keyword-only) with `sliding_window`: the first keys
+            stay visible to every query (StreamingLLM).
+        mask_mod: (keyword-only) `mask_mod(batch, head, q_idx, k_idx) ->
+            bool`, what each query may see besides the other masks.
+            The modifiers and rules run on every exact kernel; see the
+            programmable-attention guide.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -170,6 +187,13 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             (inside `tf.function` / `jax.jit`, e.g. a compiled decoding loop)
             cannot be checked: an index beyond the cache is clamped to
             `T_max - Tq` by the dynamic update slice, as XLA does.
+        segment_ids: (keyword-only) `(B, Tq)` integers: documents packed
+            into one sequence; a query sees the keys of its own document.
+        key_segment_ids: (keyword-only) `(B, Tv)` (or `(B, T_max)` with a
+            cache); defaults to `segment_ids` when the keys are the queries.
+        prefix_length: (keyword-only) an int or `(B,)` ints: a prefix LM,
+            bidirectional inside the prefix and causal after it (implies
+            the causal rule).
 
     Returns:
         `(B, Tq, *output_shape)`; with `return_attention_scores=True` also the
