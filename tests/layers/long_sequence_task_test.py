@@ -43,7 +43,9 @@ def train_and_score(make_attention):
         optimizer=keras.optimizers.Adam(3e-3),
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
-        jit_compile=True,
+        # TensorFlow's graph (oneDNN) path: 36 s for the three models here, against
+        # 153 s compiled by XLA at `make test`'s LLVM level 0 (measured 2026-12-05).
+        jit_compile=False,
     )
     x, y = retrieval_data(2048, seed=0)
     model.fit(x, y, batch_size=64, epochs=7, verbose=0)
@@ -54,7 +56,7 @@ def train_and_score(make_attention):
 @pytest.mark.slow
 @pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
-    reason="a modelling check (~70 s), run once, on TensorFlow: the layers match "
+    reason="a modelling check (~40 s), run once, on TensorFlow: the layers match "
     "NumPy and train under jax.jit in tests/layers and tests/ops on every backend",
 )
 def test_sparse_and_performer_learn_long_range_retrieval_like_exact_attention():
