@@ -483,14 +483,19 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             )
         return prefix if isinstance(prefix, keras.KerasTensor) else ops.convert_to_tensor(prefix)
 
-    def _score_modifier(self):
-        """The layer's `ScoreModifier`, or None when no score is changed."""
-        if not (
+    @property
+    def _modifies_scores(self):
+        """Whether any score modifier is set (the selector's question)."""
+        return (
             self.logit_soft_cap is not None
             or self.alibi is not None
             or self.attention_sinks
             or self.score_mod is not None
-        ):
+        )
+
+    def _score_modifier(self):
+        """The layer's `ScoreModifier`, or None when no score is changed."""
+        if not self._modifies_scores:
             return None
         slopes = None
         if self.alibi is not None:
@@ -635,7 +640,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             blockwise_faster_from=(
                 kernel_selector.blockwise_crossover() if self.memory_efficient == "auto" else None
             ),
-            scores_modified=self._score_modifier() is not None,
+            scores_modified=self._modifies_scores,
         )
 
     def _weights_needed(self, training, return_attention_scores):

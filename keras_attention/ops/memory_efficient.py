@@ -241,6 +241,19 @@ def memory_efficient_attention(
         if scores.is_empty:
             scores = None
     modify = scores is not None and scores.changes_logits
+    # A soft cap (Gemma 2's configuration; with causal ALiBi folded into the
+    # matmul too) keeps the fixed-shift step: capped logits are bounded, so
+    # the running maximum is not needed, and `1 / c` is folded into the
+    # queries, so a tile costs tanh and one multiply more than the plain
+    # kernel's exp and sum.
+    cap_only = (
+        modify
+        and scores.soft_cap is not None
+        and scores.soft_cap <= online_softmax.SOFT_CAP_FIXED_MAX
+        and scores.alibi_slopes is None
+        and scores.score_mod is None
+        and scores.sink_logits is None
+    )
     head_index = ops.reshape(ops.arange(num_heads, dtype="int32"), (1, num_kv_heads, groups, 1, 1))
 
     def tile_indices(i, j):
@@ -280,10 +293,17 @@ def memory_efficient_attention(
             logits = scores.apply(logits, *tile_indices(i, j), weights=weights)
         return online_softmax.mask_logits(logits, tile_mask(i, j))
 
+    def capped_logits(q_over_cap, k_tile, i, j):
+        """`c tanh(q k / c)` from queries already divided by `c` (a folded
+        ALiBi's features included: the cap applies to the biased logits)."""
+        logits = ops.einsum("bhgqd,bhkd->bhgqk", q_over_cap, with_alibi_keys(k_tile, i, j))
+        logits = scores.soft_cap * ops.tanh(logits)
+        return online_softmax.mask_logits(logits, tile_mask(i, j))
+
     # The kernel's inputs after (q, k, v): the sink logits, then the
     # `score_mod`'s weights (explicit, so that the backward returns their
     # gradients).
-    sinks = () if scores is None or scores.sink_logits is None else (scores.sinks(),)
+    sink_inputs = () if scores is None or scores.sink_logits is None else (scores.sinks(),)
     score_weights = () if scores is None else scores.weights()
 
     def key_ranges(i):
@@ -339,7 +359,7 @@ def memory_efficient_attention(
             out_buffer, lse_buffer = buffers
             q_tile = _take(q, i)
 
-            def key_loop(update, queries, keys, init):
+            def key_loop(update, queries, keys, init, logits=masked_logits):
                 """The key blocks folded into `init` by `update` (the
                 online softmax's running-max or fixed-shift step)."""
 
@@ -347,13 +367,21 @@ def memory_efficient_attention(
                     v_tile = _take(v, j)
                     return update(
                         state,
-                        masked_logits(queries, _take(keys, j), i, j, weights),
+                        logits(queries, _take(keys, j), i, j, weights),
                         lambda probs: ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile),
                     )
 
                 return over_key_ranges(i, key_step, init)
 
-            if running_max_only:  # changed logits or a sink: no bound holds
+            if cap_only:  # bounded by the cap: shift 0, no running maximum
+                state = key_loop(
+                    online_softmax.update_fixed_shift,
+                    _take(q_alibi, i) * (1.0 / scores.soft_cap),
+                    k,
+                    online_softmax.fixed_shift_state(ops.zeros(row_shape), value_dim),
+                    logits=lambda queries, k_tile, i, j, _: capped_logits(queries, k_tile, i, j),
+                )
+            elif running_max_only:  # changed logits or a sink: no bound holds
                 init = initial_state(row_shape, value_dim, sinks)
                 state = key_loop(online_softmax.update, _take(q_alibi, i), k, init)
             else:
@@ -468,6 +496,5 @@ def memory_efficient_attention(
         return grads + tuple(d_weights)
 
     attend = online_softmax.recomputing_gradient(forward, backward)
-    sink_inputs = sinks
-    out = attend(q, k, v, *sinks, *score_weights)
+    out = attend(q, k, v, *sink_inputs, *score_weights)
     return ops.cast(_from_query_blocks(out, q_len), dtype)

@@ -96,6 +96,12 @@ def update(state, logits, weighted_sum):
 # matters underflows.
 FIXED_SHIFT_MAX = 30.0
 
+# A soft cap `c` bounds every logit to [-c, c] whatever the inputs, so a capped
+# row may skip the running maximum with no shift at all: its terms lie in
+# [exp(-c), exp(c)], normal float32 numbers for c <= 60 (>= 8.7e-27), and a
+# row's sum stays finite below 3e12 keys (exp(60) = 1.1e26).
+SOFT_CAP_FIXED_MAX = 2 * FIXED_SHIFT_MAX
+
 
 def logit_bound(queries, keys, query_axis=-2, key_axis=-2):
     """Per query row, `|q| * max_j |k_j|` >= every `|q . k_j|` (Cauchy-Schwarz).

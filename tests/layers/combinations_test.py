@@ -127,12 +127,12 @@ def cases(draw):
         case["prefill"] = draw(st.integers(1, length))
         case["extra_slots"] = draw(st.integers(0, 2))
     case["modifier"] = draw(st.sampled_from(MODIFIERS))
-    # The mask rules of #36: sink tokens beside a window, a `mask_mod`, and
-    # (without a cache) packed documents and a prefix length per example.
+    # The mask rules of #36: sink tokens beside a window, a `mask_mod`, packed
+    # documents and a prefix length per example (through a cache too: every
+    # rule is on absolute positions).
     rules = ("none",)
     if layout == "sequence":
-        rules += ("none", "sink_tokens", "mask_mod")
-        rules += () if case["cache"] else ("segments", "prefix")
+        rules += ("none", "sink_tokens", "mask_mod", "segments", "prefix")
     case["rule"] = draw(st.sampled_from(rules))
     if case["rule"] == "sink_tokens":
         case["window"] = case["window"] or 1
@@ -512,9 +512,18 @@ def _run_cache(case, layer, weights, x, rng, run, cast, select):
     outputs, expected = [], []
     returns_weights = case["weights"] != "none"
     chunks = [(0, case["prefill"])] + [(t, t + 1) for t in range(case["prefill"], length)]
+    rule_kwargs, prefix = _rule_inputs(case, rng, batch, length, length)
+    causal = case["causal"] or prefix is not None  # a prefix implies the causal rule
+    ids = rule_kwargs.get("segment_ids")
+    if ids is not None:  # the cache's keys: ids for every slot (unwritten ones stay hidden)
+        key_ids = np.concatenate([ids, np.repeat(ids[:, -1:], max_length - length, 1)], 1)
 
-    def fn(q, cache, index, *mask):
-        kw = {} if key_mask is None else {"value_mask": mask[0]}
+    names = ["value_mask"] if key_mask is not None else []
+    names += ["prefix_length"] if prefix is not None else []
+    names += ["segment_ids", "key_segment_ids"] if ids is not None else []
+
+    def fn(q, cache, index, *extra):
+        kw = dict(zip(names, extra, strict=True))
         return layer(
             q,
             cache=cache,
@@ -526,18 +535,27 @@ def _run_cache(case, layer, weights, x, rng, run, cast, select):
         )
 
     for start, stop in chunks:
-        extra = () if key_mask is None else (keras.ops.convert_to_tensor(key_mask),)
+        extra = () if key_mask is None else (key_mask,)
+        if prefix is not None:
+            extra += (prefix,)
+        if ids is not None:
+            extra += (ids[:, start:stop], key_ids)
         result = run(
-            fn, cast(x[:, start:stop]), cache, keras.ops.convert_to_tensor(np.int32(start)), *extra
+            fn,
+            cast(x[:, start:stop]),
+            cache,
+            keras.ops.convert_to_tensor(np.int32(start)),
+            *[keras.ops.convert_to_tensor(e) for e in extra],
         )
         out, cache = result[0], result[-1]
         # Query rows at absolute positions start..stop-1 see written keys only.
         seen = positional(
             np.arange(start, stop),
             np.arange(max_length),
-            case["causal"],
+            causal,
             case["window"],
-            key_length=None if case["causal"] else stop,
+            key_length=None if causal else stop,
+            prefix=prefix,
             sink_tokens=case.get("sink_tokens"),
             mask_mod=case["rule"] == "mask_mod",
             batch=batch,
@@ -546,6 +564,8 @@ def _run_cache(case, layer, weights, x, rng, run, cast, select):
         seen = seen & np.ones((batch, heads, 1, 1), bool)
         if key_mask is not None:
             seen = seen & (key_mask[:, None, None, :] > 0)
+        if ids is not None:
+            seen = seen & (ids[:, None, start:stop, None] == key_ids[:, None, None, :])
         padded = np.zeros((batch, max_length, x.shape[-1]))
         padded[:, :length] = xq
         want, want_scores = reference(

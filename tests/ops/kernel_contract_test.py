@@ -15,6 +15,8 @@ precision is computed in float32. Ring attention runs the same reference
 on 4 devices (tests/distribution/ring_worker.py).
 """
 
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -316,15 +318,20 @@ def test_rules_and_modifiers_together_compiled(kernel):
     _check(kernel, "sink tokens beside a window", ("soft_cap", "sinks", "table"), compiled=True)
 
 
+@pytest.mark.parametrize("cap", [None, 50.0, 2.0])
 @pytest.mark.parametrize("kernel", ["dense", "shifted", "blockwise"])
-def test_large_logits_keep_their_precision(kernel):
+def test_large_logits_keep_their_precision(kernel, cap, monkeypatch):
     """Logits up to ~100 (an unshifted exp overflows; the blockwise kernel's
-    fixed-shift path must fall back to the running maximum)."""
+    fixed-shift path must fall back to the running maximum). Under Gemma 2's
+    soft cap of 50 (or a small one) the blockwise kernel keeps the fixed
+    shift, unshifted: capped terms lie in [exp(-50), exp(50)]."""
     arrays, mask, allowed, offset = _case("causal, padding, grouped")
     arrays["q"] = arrays["q"] * 30
     arrays["q"][:, :4] /= 30  # one query block bounded, the others not
-    expected = numpy_attention(arrays, allowed, (), offset)
-    got = output_and_gradients(_kernel(kernel, mask), arrays, ())
+    modifiers = () if cap is None else ("soft_cap",)
+    monkeypatch.setattr(sys.modules[__name__], "CAP", cap)
+    expected = numpy_attention(arrays, allowed, modifiers, offset)
+    got = output_and_gradients(_kernel(kernel, mask), arrays, modifiers)
     for value, want in zip(got[:4], expected[:1] + expected[2:5], strict=True):
         np.testing.assert_allclose(value, want, atol=5e-4, rtol=1e-4)
 
