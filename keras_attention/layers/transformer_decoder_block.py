@@ -78,6 +78,19 @@ class TransformerDecoderBlock(TransformerBlockBase):
             positions masked by `encoder_padding_mask` keep their raw score
             (their weight is 0): drop them before reading.
         training: whether dropout is active.
+        segment_ids: `(B, T)` integers, documents packed into one sequence: a
+            token attends to the earlier tokens of its own document only.
+            With `self_attention_cache`, `(B, T_max)`: the ids of every cache
+            slot (this step's rows are read at `cache_update_index`).
+        encoder_segment_ids: `(B, S)` integers, the encoder's packed
+            documents: a token's cross-attention sees the encoder tokens of
+            its own document only (needs `segment_ids`).
+        prefix_length: an int or `(B,)` ints: a prefix LM, the first
+            `prefix_length` positions attend to each other both ways, the
+            rest causally.
+            These three need an attention that takes them
+            (`MultiHeadAttention`); score modifiers come with the `attention`
+            prototype, e.g. `attention=MultiHeadAttention(..., alibi=True)`.
 
     Returns:
         `outputs (B, T, d)`; with `return_attention_scores=True` also
@@ -294,6 +307,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
         return_attention_scores=False,
         return_cross_attention_logits=False,
         training=None,
+        segment_ids=None,
+        encoder_segment_ids=None,
+        prefix_length=None,
     ):
         self._validate_call(
             inputs,
@@ -304,6 +320,14 @@ class TransformerDecoderBlock(TransformerBlockBase):
             self_attention_cache,
             cache_update_index,
             cross_attention_cache,
+        )
+        self_rules, cross_rules = self._rules(
+            inputs,
+            segment_ids,
+            encoder_segment_ids,
+            prefix_length,
+            self_attention_cache,
+            cache_update_index,
         )
         if decoder_padding_mask is None:
             decoder_padding_mask = keras_mask_of(inputs)
@@ -330,6 +354,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 return_attention_scores=return_attention_scores,
                 training=training,
                 **extra,
+                **self_rules,
             )
             if self_attention_cache is not None:
                 *result, cache = result
@@ -350,6 +375,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                     value_mask=encoder_padding_mask,
                     return_attention_scores=return_attention_scores,
                     training=training,
+                    **cross_rules,
                 )
             else:
                 result = self.cross_attention(
@@ -360,6 +386,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                     cache_update_index=None,
                     return_attention_scores=return_attention_scores,
                     training=training,
+                    **cross_rules,
                 )[:-1]  # the read-only cache comes back unchanged
                 result = result[0] if len(result) == 1 else result
             return result if return_attention_scores else (result, None)
@@ -405,6 +432,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
         return_attention_scores=False,
         return_cross_attention_logits=False,
         training=None,
+        segment_ids=None,
+        encoder_segment_ids=None,
+        prefix_length=None,
     ):
         self_length, encoder_length = self._validate_call(
             inputs,
@@ -446,6 +476,70 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 keras.KerasTensor(self_attention_cache.shape, dtype=self_attention_cache.dtype),
             )
         return results[0] if len(results) == 1 else results
+
+    def _rules(
+        self,
+        inputs,
+        segment_ids,
+        encoder_segment_ids,
+        prefix_length,
+        self_attention_cache,
+        cache_update_index,
+    ):
+        """The call-level mask rules for the self- and cross-attention (#36):
+        passed only when given, so that an attention prototype without them
+        keeps working."""
+        self_rules, cross_rules = {}, {}
+        if encoder_segment_ids is not None and segment_ids is None:
+            raise ValueError(
+                self._error(
+                    "`encoder_segment_ids` needs `segment_ids` (the decoder "
+                    "tokens' documents). Received: segment_ids=None"
+                )
+            )
+        if encoder_segment_ids is not None and not self.has_cross_attention and self.built:
+            raise ValueError(
+                self._error(
+                    "`encoder_segment_ids` needs a block with cross-attention. "
+                    f"Received: encoder_segment_ids with shape "
+                    f"{_shape_of(encoder_segment_ids)}"
+                )
+            )
+        if prefix_length is not None:
+            self_rules["prefix_length"] = prefix_length
+        if segment_ids is not None:
+            rows = segment_ids
+            if self_attention_cache is not None:
+                # One id per cache slot; this step's rows start at the index.
+                slots = self_attention_cache.shape[2]
+                if len(segment_ids.shape) != 2 or segment_ids.shape[1] not in (None, slots):
+                    raise ValueError(
+                        self._error(
+                            "with `self_attention_cache`, `segment_ids` holds one id "
+                            f"per cache slot, shape (batch, {slots}). Received: "
+                            f"segment_ids with shape {_shape_of(segment_ids)}"
+                        )
+                    )
+                positions = ops.arange(inputs.shape[1], dtype="int32")
+                index = ops.cast(cache_update_index, "int32")
+                rows = ops.take(segment_ids, index + positions, axis=1)
+                self_rules["key_segment_ids"] = segment_ids
+            self_rules["segment_ids"] = rows
+            if encoder_segment_ids is not None:
+                cross_rules.update(segment_ids=rows, key_segment_ids=encoder_segment_ids)
+        for name, layer, rules in (
+            ("self_attention", getattr(self, "self_attention", None), self_rules),
+            ("cross_attention", getattr(self, "cross_attention", None), cross_rules),
+        ):
+            if rules and layer is not None and not isinstance(layer, MultiHeadAttention):
+                raise ValueError(
+                    self._error(
+                        f"{', '.join(f'`{n}`' for n in sorted(rules))} need a "
+                        f"{name} of the MultiHeadAttention kind. Received: "
+                        f"{type(layer).__name__}"
+                    )
+                )
+        return self_rules, cross_rules
 
     def _check_cross_logits(self):
         layer = getattr(self, "cross_attention", None) if self.has_cross_attention else None

@@ -6,6 +6,7 @@ import pytest
 from keras import ops
 
 from keras_attention.layers import MultiHeadAttention
+from keras_attention.layers import PerformerAttention
 from keras_attention.layers import TransformerDecoderBlock
 from tests import transformer_reference as reference
 from tests.testing import assert_config_covers_init
@@ -111,6 +112,61 @@ def test_decoder_only_block_without_encoder():
     full = ops.convert_to_numpy(block(target, use_causal_mask=False))
     expected_full, _, _ = reference.decoder_block(block, target, causal=False)
     np.testing.assert_allclose(full, expected_full, atol=1e-5)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_packed_documents_decode_as_separate_sequences(cached):
+    """Two documents packed into one row (decoder and encoder side): with
+    `segment_ids`/`encoder_segment_ids` each token sees its own document only,
+    so the packed row equals the float64 NumPy block run on each document
+    alone; through the cache too, where the ids cover every cache slot."""
+    block = make_block(attention=MultiHeadAttention(num_heads=2, key_dim=4, num_key_value_heads=1))
+    lengths, source_lengths = (3, 4), (2, 5)
+    target, source = random_inputs((1, 7, 8), seed=1), random_inputs((1, 7, 10), seed=2)
+    ids = np.repeat([0, 1], lengths)[None].astype("int32")
+    source_ids = np.repeat([0, 1], source_lengths)[None].astype("int32")
+    block(target, source)  # built on the whole row
+    expected = np.concatenate(
+        [
+            reference.decoder_block(block, target[:, a:b], source[:, c:d])[0]
+            for (a, b), (c, d) in [((0, 3), (0, 2)), ((3, 7), (2, 7))]
+        ],
+        axis=1,
+    )
+    if not cached:
+        got = block(target, source, segment_ids=ids, encoder_segment_ids=source_ids)
+    else:
+        cache = block.initial_self_attention_cache(batch_size=1, max_length=7)
+        cross_cache = block.precompute_cross_attention_cache(source)
+        steps = []
+        for start, stop in [(0, 2), (2, 3), (3, 6), (6, 7)]:  # a prefill, then chunks
+            step, cache = block(
+                target[:, start:stop],
+                self_attention_cache=cache,
+                cache_update_index=start,
+                cross_attention_cache=cross_cache,
+                segment_ids=ids,
+                encoder_segment_ids=source_ids,
+            )
+            steps.append(ops.convert_to_numpy(step))
+        got = np.concatenate(steps, axis=1)
+    np.testing.assert_allclose(ops.convert_to_numpy(got), expected, atol=1e-5)
+
+
+def test_packed_rules_are_checked():
+    block = make_block()
+    target, source = random_inputs((1, 4, 8), seed=1), random_inputs((1, 5, 10), seed=2)
+    ids = np.zeros((1, 4), "int32")
+    with pytest.raises(ValueError, match="`encoder_segment_ids` needs `segment_ids`"):
+        block(target, source, encoder_segment_ids=np.zeros((1, 5), "int32"))
+    cache = block.initial_self_attention_cache(batch_size=1, max_length=6)
+    with pytest.raises(ValueError, match=r"one id per cache slot, shape \(batch, 6\)"):
+        block(
+            target[:, :1], source, self_attention_cache=cache, cache_update_index=0, segment_ids=ids
+        )
+    performer = make_block(attention=PerformerAttention(num_heads=2, key_dim=4))
+    with pytest.raises(ValueError, match="`segment_ids` need a self_attention of the Multi"):
+        performer(target, source, segment_ids=ids)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
