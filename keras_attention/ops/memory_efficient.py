@@ -318,11 +318,32 @@ def memory_efficient_attention(
             bounds = (_take(segment_bounds[0], i), _take(segment_bounds[1], i))
         return mask.key_block_ranges(first, first + q_block - 1, k_block, num_k_blocks, bounds)
 
+    def live_key_blocks(i):
+        """With a `mask_mod`: `(nk,)`, whether each key block holds a key
+        some row of query block `i` may see by the rules, or None. The rules
+        are evaluated once over the block's rows and every key (booleans,
+        no matmul), like FlexAttention's block mask; each tile of a block
+        found empty is skipped."""
+        if mask.mask_mod is None:
+            return None
+        batch, head, rows, _ = tile_indices(i, 0)
+        cols = ops.reshape(ops.arange(num_k_blocks * k_block, dtype="int32"), (1, 1, 1, 1, -1))
+        allowed = mask.rules(batch if mask.batch_dependent_rules else None, head, rows, cols)
+        seen = ops.any(ops.reshape(allowed, (-1, num_k_blocks * k_block)), axis=0)
+        return ops.any(ops.reshape(seen, (num_k_blocks, k_block)), axis=1)
+
     def over_key_ranges(i, step, state):
         """`step(j, state)` folded over the key blocks query block `i` sees."""
+        live = live_key_blocks(i)
+        body = step
+        if live is not None:
+
+            def body(j, state):
+                return ops.cond(_take(live, j), lambda: step(j, state), lambda: state)
+
         for start, stop in key_ranges(i):
             state = sequential_fori_loop(
-                start, stop, step, state, parallel_iterations=_KEY_PARALLEL
+                start, stop, body, state, parallel_iterations=_KEY_PARALLEL
             )
         return state
 

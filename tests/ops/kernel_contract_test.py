@@ -50,6 +50,11 @@ def user_mask_mod(batch, head, q_idx, k_idx):
     return keras.ops.not_equal((q_idx + 2 * k_idx + head + batch) % 4, 0)
 
 
+def document_mask_mod(batch, head, q_idx, k_idx):
+    """Documents of 6 positions as a function (whole tiles fall outside)."""
+    return keras.ops.equal(q_idx // 6, k_idx // 6)
+
+
 # ---------------------------------------------------------------- cases
 # name -> (lengths (Tq, Tk), key/value heads, what the mask holds)
 MASKS = {
@@ -66,6 +71,7 @@ MASKS = {
     "prefix per example": ((11, 11), 4, ("causal", "prefix")),
     "sink tokens beside a window": ((13, 13), 2, ("causal", "window", "sink_tokens")),
     "mask_mod": ((11, 11), 2, ("causal", "mask_mod")),
+    "documents by mask_mod": ((11, 11), 2, ("documents_mask_mod",)),
 }
 MODIFIERS = ("soft_cap", "alibi", "sinks", "score_mod")
 TABLE_SHAPE = (4, H)  # the weighted `score_mod`'s table: (buckets, heads)
@@ -129,6 +135,9 @@ def _case(name, seed=0):
     if "mask_mod" in parts:
         fields["mask_mod"] = user_mask_mod
         allowed &= (rows[None, None] + 2 * cols[None, None] + head + batch) % 4 != 0
+    if "documents_mask_mod" in parts:
+        fields["mask_mod"] = document_mask_mod
+        allowed &= (rows // 6 == cols // 6)[None, None]
     arrays = dict(q=q, k=k, v=v, cotangent=cotangent, sinks=sinks, table=table)
     return arrays, attention_mask.AttentionMask(**fields), allowed, offset
 
@@ -316,6 +325,7 @@ def test_rules_and_modifiers_together_compiled(kernel):
     `score_mod`'s autodiff inside the loops, under packed documents."""
     _check(kernel, "packed documents", MODIFIERS, compiled=True)
     _check(kernel, "sink tokens beside a window", ("soft_cap", "sinks", "table"), compiled=True)
+    _check(kernel, "documents by mask_mod", ("alibi",), compiled=True)  # tiles skipped by cond
 
 
 @pytest.mark.parametrize("cap", [None, 50.0, 2.0])
@@ -370,6 +380,32 @@ def test_dense_weights_are_the_keys_share_and_rows_with_sinks_sum_below_one():
         q, k, mask, scale=D**-0.5, num_heads=H, heads=[3, 1], rows=(4, 9), scores=scores
     )
     np.testing.assert_allclose(to_numpy(some), expected[:, [3, 1], 4:9], atol=2e-6)
+
+
+@pytest.mark.tf_only
+def test_the_blockwise_kernel_skips_the_tiles_a_mask_mod_rules_out(monkeypatch):
+    """A `mask_mod` is evaluated once per query block over every key
+    (booleans); the tiles it leaves empty are not computed. Counted from the
+    online softmax's tile updates (TF eager runs the loops in Python)."""
+    from keras_attention.ops import online_softmax
+
+    computed = []
+    for name in ("update", "update_fixed_shift"):
+        original = getattr(online_softmax, name)
+
+        def counting(state, logits, weighted_sum, original=original):
+            computed.append(tuple(logits.shape))
+            return original(state, logits, weighted_sum)
+
+        monkeypatch.setattr(online_softmax, name, counting)
+    arrays, mask, allowed, _ = _case("documents by mask_mod")
+    q, k, v = (arrays[n].astype("float32") for n in ("q", "k", "v"))
+    out = memory_efficient_attention(q, k, v, mask=mask, block_size=4, key_block_size=3)
+    expected = numpy_attention(arrays, allowed, (), 0)[0]
+    np.testing.assert_allclose(to_numpy(out), expected, atol=2e-5, rtol=1e-4)
+    # Query blocks of rows 0-3, 4-7, 8-10 against key blocks 0-2, 3-5, 6-8,
+    # 9-10 under documents 0-5 and 6-11: 2 + 4 + 2 of the 12 tiles hold a pair.
+    assert len(computed) == 8, computed
 
 
 @pytest.mark.tf_only
