@@ -346,9 +346,16 @@ def _run_serving_process(command, scratch, report_path, timeout):
 
 def run_feeds_in_serving_process(path, feeds, timeout=600, signature="serving_default"):
     """Runs several requests (dicts of numpy arrays) in one fresh serving
-    process; returns `(report dict, [outputs dict or error string])`."""
+    process; returns `(report dict, [outputs dict or error string])`.
+    `signature`: one name for every request, or a list of one per request."""
     import numpy as np
 
+    names = [signature] * len(feeds) if isinstance(signature, str) else list(signature)
+    if len(names) != len(feeds):
+        raise ValueError(
+            "run_feeds_in_serving_process: `signature` must be a name or one name per "
+            f"feed ({len(feeds)}). Received: signature={signature!r}"
+        )
     with tempfile.TemporaryDirectory() as scratch:
         report_path = os.path.join(scratch, "report.json")
         command = [sys.executable, serving_process.__file__, os.path.abspath(path), report_path]
@@ -356,7 +363,8 @@ def run_feeds_in_serving_process(path, feeds, timeout=600, signature="serving_de
             feed_path = os.path.join(scratch, f"feed{index}.npz")
             np.savez(feed_path, **feed)
             command += ["--feed", feed_path, "--fetch", os.path.join(scratch, f"fetch{index}.npz")]
-        command += ["--signature", signature]
+        for name in names:
+            command += ["--signature", name]
         result = _run_serving_process(command, scratch, report_path, timeout)
         answers = []
         for index, error in enumerate(

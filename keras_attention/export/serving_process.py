@@ -171,9 +171,11 @@ def main(argv):
     # `--feed A --fetch B` may repeat: each pair is one request.
     feed_paths = [options[i + 1] for i, o in enumerate(options) if o == "--feed"]
     fetch_paths = [options[i + 1] for i, o in enumerate(options) if o == "--fetch"]
-    signature_name = "serving_default"
-    if "--signature" in options:
-        signature_name = options[options.index("--signature") + 1]
+    # `--signature NAME` once for every request, or once per request.
+    signature_names = [options[i + 1] for i, o in enumerate(options) if o == "--signature"]
+    signature_name = signature_names[0] if signature_names else "serving_default"
+    if len(signature_names) != len(feed_paths):
+        signature_names = [signature_name] * len(feed_paths)
 
     report = {"keras_attention_importable": True}
     try:
@@ -228,10 +230,12 @@ def main(argv):
             elif feed_paths:
                 # Several requests: each one's error is reported on its own.
                 report["feed_errors"] = []
-                for feed_path, fetch_path in zip(feed_paths, fetch_paths, strict=False):
+                for feed_path, fetch_path, name in zip(
+                    feed_paths, fetch_paths, signature_names, strict=False
+                ):
                     arrays = dict(np.load(feed_path, allow_pickle=True))
                     try:
-                        outputs = _run_signature(session, signatures[signature_name], arrays)
+                        outputs = _run_signature(session, signatures[name], arrays)
                     except Exception as error:
                         report["feed_errors"].append(f"{type(error).__name__}: {error}")
                         continue

@@ -99,14 +99,19 @@ def test_checker_flags_text_ops_tf_serving_does_not_link(exported, monkeypatch):
     assert "CaseFoldUTF8" in problem and "ops_lib" in problem
 
 
-def _served(path, texts, signature="serving_default", **inputs):
-    from keras_attention.export.check import run_in_serving_process
+def _served(path, requests):
+    """`requests`: `(signature, texts, extra inputs)`; the outputs of each,
+    answered by one fresh serving process (a process costs ~8 s to start)."""
+    from keras_attention.export.check import run_feeds_in_serving_process
 
-    feed = {"text": np.array(texts, dtype=object), **inputs}
-    result, outputs = run_in_serving_process(path, feed=feed, signature=signature)
+    feeds = [{"text": np.array(texts, dtype=object), **inputs} for _, texts, inputs in requests]
+    result, answers = run_feeds_in_serving_process(
+        path, feeds, signature=[signature for signature, _, _ in requests]
+    )
     assert result["keras_attention_importable"] is False
-    assert result["loaded"] and outputs is not None, result.get("load_error")
-    return outputs
+    for answer in answers:
+        assert result["loaded"] and isinstance(answer, dict), answer
+    return answers
 
 
 def _assert_same(outputs, expected, layout):
@@ -134,12 +139,12 @@ def test_fresh_process_without_keras_attention_gives_the_same_outputs(trained_tr
     def same(alignment):
         return alignment
 
-    _assert_same(_served(exported, TEXTS), trained_translator.translate(TEXTS), same)
-    _assert_same(
-        _served(exported, TEXTS, "beam_search", beam_width=np.int32(3)),
-        trained_translator.translate(TEXTS, beam_width=3),
-        same,
+    default, beam = _served(
+        exported,
+        [("serving_default", TEXTS, {}), ("beam_search", TEXTS, {"beam_width": np.int32(3)})],
     )
+    _assert_same(default, trained_translator.translate(TEXTS), same)
+    _assert_same(beam, trained_translator.translate(TEXTS, beam_width=3), same)
 
 
 def test_served_transformer_matches_translate_per_mode(trained_transformer, exported_transformer):
@@ -148,20 +153,17 @@ def test_served_transformer_matches_translate_per_mode(trained_transformer, expo
     def layout(alignment):
         return np.transpose(alignment, (2, 0, 1, 3))
 
-    _assert_same(
-        _served(exported_transformer, TEXTS),
-        trained_transformer.translate(TEXTS, beam_width=4),
-        layout,
+    default, greedy = _served(
+        exported_transformer, [("serving_default", TEXTS, {}), ("greedy", TEXTS, {})]
     )
-    _assert_same(
-        _served(exported_transformer, TEXTS, "greedy"), trained_transformer.translate(TEXTS), layout
-    )
+    _assert_same(default, trained_transformer.translate(TEXTS, beam_width=4), layout)
+    _assert_same(greedy, trained_transformer.translate(TEXTS), layout)
 
 
 def test_signatures_refuse_bad_requests(exported):
     import tensorflow_text  # noqa: F401  (a Python consumer must import it)
 
-    from keras_attention.export.check import run_in_serving_process
+    from keras_attention.export.check import run_feeds_in_serving_process
 
     loaded = tf.saved_model.load(exported)
     with pytest.raises(tf.errors.InvalidArgumentError, match="string"):
@@ -187,17 +189,17 @@ def test_signatures_refuse_bad_requests(exported):
                 text=tf.constant(["one"]), beam_width=tf.constant(width)
             )
     # TF Serving's path: the v1 session loader in a process without us.
-    result, outputs = run_in_serving_process(
+    result, (too_wide, not_text) = run_feeds_in_serving_process(
         exported,
-        signature="beam_search",
-        feed={"text": np.array(["one"], dtype=object), "beam_width": np.int32(9)},
+        [
+            {"text": np.array(["one"], dtype=object), "beam_width": np.int32(9)},
+            {"text": np.array([1, 2], dtype=np.int32)},
+        ],
+        signature=["beam_search", "serving_default"],
     )
-    assert outputs is None and "must be at most 4" in result["load_error"]
-    result, outputs = run_in_serving_process(
-        exported, feed={"text": np.array([1, 2], dtype=np.int32)}
-    )
-    assert outputs is None
-    assert "'text' expects string but int32 is provided" in result["load_error"]
+    assert result["loaded"] and result["keras_attention_importable"] is False
+    assert "must be at most 4" in too_wide
+    assert "'text' expects string but int32 is provided" in not_text
 
 
 def _rest_feed(body):
@@ -242,20 +244,25 @@ def test_served_signatures_refuse_a_text_batch_that_is_not_1d(trained_translator
     good = _rest_feed('{"instances": ["three one", "four", ""]}')
     # TF Serving's loader, in a process without keras_attention: the graph's
     # own check is all that stands between the request and the model (the
-    # feed bypasses session.run's Python shape check). One process per
-    # signature answers every request.
-    for name, extra in [("serving_default", {}), ("beam_search", {"beam_width": np.int32(2)})]:
-        feeds = [{**_rest_feed(body), **extra} for body, _ in cases]
-        result, answers = run_feeds_in_serving_process(
-            exported, feeds + [{**good, **extra}], signature=name
-        )
-        assert result["keras_attention_importable"] is False and result["loaded"]
-        # One answer per refused case, then the good feed's (checked below).
-        for (body, shape), answer in zip(cases, answers[:-1], strict=True):
+    # feed bypasses session.run's Python shape check). One process answers
+    # every request of both signatures.
+    signatures = [("serving_default", {}), ("beam_search", {"beam_width": np.int32(2)})]
+    feeds = [
+        {**feed, **extra}
+        for _, extra in signatures
+        for feed in [_rest_feed(body) for body, _ in cases] + [good]
+    ]
+    names = [name for name, _ in signatures for _ in range(len(cases) + 1)]
+    result, answers = run_feeds_in_serving_process(exported, feeds, signature=names)
+    assert result["keras_attention_importable"] is False and result["loaded"]
+    for index, (name, extra) in enumerate(signatures):
+        served = answers[index * (len(cases) + 1) : (index + 1) * (len(cases) + 1)]
+        # One answer per refused case, then the good feed's.
+        for (body, shape), answer in zip(cases, served[:-1], strict=True):
             assert isinstance(answer, str), (name, body)
             assert re.search(TEXT_RANK.format(shape=shape), answer), answer
         expected = trained_translator.translate(texts, beam_width=1 if not extra else 2)
-        assert [t.decode() for t in answers[-1]["translation"]] == [t.text for t in expected]
+        assert [t.decode() for t in served[-1]["translation"]] == [t.text for t in expected]
     # A SavedModel loaded in Python (TF 2): the same check.
     loaded = tf.saved_model.load(exported)
     for body, shape in cases:
