@@ -56,42 +56,39 @@ def _is_layer_detail(item):
 
 
 # Test files whose tests take longest in all (seconds, setup included: the
-# 2026-12-05 clean-clone `make test-tf` on 2 cores, from `--durations=0`). They
-# are collected first, so that with `--dist loadfile --no-loadscope-reorder`
-# (the Makefile's) one worker starts each while the other works through the
-# short files, instead of one starting last with the other idle; xdist's own
-# reorder (by number of tests) put the browser tests, ~30 tests in ~10 minutes,
-# near the end. Files not listed keep their collection order after these.
+# 2026-12-05 clean-clone `.ci/run` on 2 cores after #35's speed-ups, from
+# `--durations=0`; the export figure before its requests shared one serving
+# process). They are collected first, so that with `--dist loadfile
+# --no-loadscope-reorder` (the Makefile's) one worker starts each while the
+# other works through the short files, instead of one starting last with the
+# other idle; xdist's own reorder (by number of tests) put the browser tests,
+# ~30 tests in ~5 minutes, near the end. Files not listed keep their
+# collection order after these.
 LONG_FILES = [
-    "tests/widgets/frontends_test.py",  # 327
-    "tests/export/export_test.py",  # 235
-    "tests/layers/long_sequence_task_test.py",  # 153
-    "tests/packaging/wheel_test.py",  # 99
-    "tests/distribution/tf_distribution_test.py",  # 81
-    "tests/layers/precision_training_test.py",  # 76, JAX ~114
-    "tests/layers/hostile_inputs_test.py",  # 73, JAX 140
-    "tests/widgets/notebooks_test.py",  # 65
-    "tests/distribution/jax_distribution_test.py",  # 65
-    "tests/models/seq2seq_translator_test.py",  # 60
-    "tests/models/translator_inputs_test.py",  # 58
-    "tests/docs/readme_test.py",  # 49
-    "tests/models/keras_saving_test.py",  # 41
-    "tests/packaging/quiet_startup_test.py",  # 41
-    "tests/examples/phrase_translation_test.py",  # 39
-    "tests/examples/distributed_training_test.py",  # 34 (54 the day before)
-    # The longest of `make test-jax` (its clean run, the same day), long on
-    # TensorFlow too.
-    "tests/layers/hidden_nonfinite_test.py",  # JAX 102
-    "tests/layers/multi_head_attention_test.py",  # JAX 93
-    "tests/keras_ported/keras_multi_head_attention_test.py",  # JAX 92
-    "tests/layers/fuzz_test.py",  # JAX 84
-    "tests/ops/block_sparse_test.py",  # JAX 75
-    "tests/layers/base_attention_test.py",  # JAX 73
-    "tests/layers/performer_attention_test.py",  # JAX 69
-    "tests/layers/sparse_attention_test.py",  # JAX 67
-    "tests/layers/wrapped_call_test.py",  # JAX 66
-    "tests/ops/kernel_contract_test.py",  # 2026-12-05, -n 2: TF 67, JAX 61 (#36)
-    "tests/keras_hub/keras_hub_substitution_test.py",  # JAX 63
+    "tests/export/export_test.py",  # 344
+    "tests/widgets/frontends_test.py",  # 311
+    "tests/packaging/wheel_test.py",  # 141
+    "tests/distribution/tf_distribution_test.py",  # 98
+    "tests/layers/long_sequence_task_test.py",  # 73
+    "tests/widgets/notebooks_test.py",  # 70
+    "tests/layers/precision_training_test.py",  # 67, JAX 31
+    "tests/examples/phrase_translation_test.py",  # 54
+    "tests/packaging/quiet_startup_test.py",  # 52
+    "tests/models/seq2seq_translator_test.py",  # 49
+    "tests/examples/distributed_training_test.py",  # 46
+    "tests/models/keras_saving_test.py",  # 39
+    "tests/docs/readme_test.py",  # 38
+    "tests/distribution/jax_distribution_test.py",  # 34
+    # The longest of `make test-jax` (the same run), long on TensorFlow too.
+    "tests/layers/sparse_attention_test.py",  # JAX 47
+    "tests/layers/combinations_test.py",  # JAX 46
+    "tests/layers/fuzz_test.py",  # JAX 44, TF 31
+    "tests/layers/multi_head_attention_test.py",  # JAX 43
+    "tests/ops/block_sparse_test.py",  # JAX 42
+    "tests/keras_hub/keras_hub_substitution_test.py",  # JAX 37
+    "tests/keras_ported/keras_multi_head_attention_test.py",  # JAX 29
+    "tests/layers/wrapped_call_test.py",  # JAX 26
+    "tests/ops/kernel_contract_test.py",  # JAX 24, TF 27
 ]
 
 

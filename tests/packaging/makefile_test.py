@@ -89,7 +89,7 @@ def test_make_test_compiles_fast_and_test_compat_at_xla_defaults():
 
 def test_make_test_lints_before_any_test():
     # ruff takes seconds; a lint finding should stop `make test` before the
-    # 45-minute suite, so `ruff check` and `ruff format --check` run first.
+    # 25-minute suite, so `ruff check` and `ruff format --check` run first.
     commands = [line for line in dry_run("test").splitlines() if "pip" not in line]
     ruff = [i for i, line in enumerate(commands) if "/ruff " in line]
     tests = [i for i, line in enumerate(commands) if "-m pytest" in line]
