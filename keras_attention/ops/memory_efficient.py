@@ -454,12 +454,25 @@ def memory_efficient_attention(
             dq_buffer, dk_buffer, dv_buffer, d_weights = buffers
             q_tile, d_out_tile = _take(q, i), _take(d_out, i)
             q_alibi_tile = _take(q_alibi, i)
+            q_cap_tile = _take(q_alibi, i) * (1.0 / scores.soft_cap) if cap_only else None
             q_lse_tile, d_out_delta_tile = _take(q_lse, i), _take(d_out_delta, i)
+            if cap_only:
+                # P = exp(c t) * exp(-lse): the row factor (<= exp(c); 0 for a
+                # row without keys) joins dO and delta, so a tile takes no
+                # pass for `- lse` (dV = exp(c t)^T (r dO), dS = exp(c t) r (dP - delta)).
+                row = ops.expand_dims(ops.exp(-_take(lse, i)), -1)
+                d_out_tile, d_out_delta_tile = d_out_tile * row, d_out_delta_tile * row
 
             def key_step(j, state):
                 dq, dk_buffer, dv_buffer, d_weights = state
                 k_tile = _take(k, j)
-                if modify:  # the change comes between the matmul and the lse
+                if cap_only:  # tanh(logits / c) from queries divided by c
+                    capped = ops.tanh(
+                        ops.einsum("bhgqd,bhkd->bhgqk", q_cap_tile, with_alibi_keys(k_tile, i, j))
+                    )
+                    changed = online_softmax.mask_logits(scores.soft_cap * capped, tile_mask(i, j))
+                    probs = ops.exp(changed)  # times the row factor, folded into dO
+                elif modify:  # the change comes between the matmul and the lse
                     raw = ops.einsum(
                         "bhgqd,bhkd->bhgqk", q_alibi_tile, with_alibi_keys(k_tile, i, j)
                     )
@@ -476,7 +489,9 @@ def memory_efficient_attention(
                 d_logits = probs * ops.einsum(
                     "bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j)
                 )
-                if modify:
+                if cap_only:  # d c tanh(x / c) / dx = 1 - tanh(x / c)^2
+                    d_logits = d_logits * (1.0 - capped * capped)
+                elif modify:
                     d_logits, tile_d_weights = scores.gradient(
                         raw, *tile_indices(i, j), d_logits, weights=weights, applied=applied
                     )
