@@ -79,7 +79,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
             (their weight is 0): drop them before reading.
         training: whether dropout is active.
         segment_ids: `(B, T)` integers, documents packed into one sequence: a
-            token attends to the earlier tokens of its own document only.
+            token attends to the tokens of its own document only (the earlier
+            ones under the causal mask).
             With `self_attention_cache`, `(B, T_max)`: the ids of every cache
             slot (this step's rows are read at `cache_update_index`).
         encoder_segment_ids: `(B, S)` integers, the encoder's packed
@@ -497,7 +498,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                     "tokens' documents). Received: segment_ids=None"
                 )
             )
-        if encoder_segment_ids is not None and not self.has_cross_attention and self.built:
+        if encoder_segment_ids is not None and not self.has_cross_attention:
             raise ValueError(
                 self._error(
                     "`encoder_segment_ids` needs a block with cross-attention. "

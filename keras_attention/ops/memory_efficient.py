@@ -293,12 +293,20 @@ def memory_efficient_attention(
             logits = scores.apply(logits, *tile_indices(i, j), weights=weights)
         return online_softmax.mask_logits(logits, tile_mask(i, j))
 
-    def capped_logits(q_over_cap, k_tile, i, j):
-        """`c tanh(q k / c)` from queries already divided by `c` (a folded
-        ALiBi's features included: the cap applies to the biased logits)."""
-        logits = ops.einsum("bhgqd,bhkd->bhgqk", q_over_cap, with_alibi_keys(k_tile, i, j))
-        logits = scores.soft_cap * ops.tanh(logits)
-        return online_softmax.mask_logits(logits, tile_mask(i, j))
+    def queries_over_cap(q_alibi, i):
+        """Query block `i` divided by the cap (a folded ALiBi's features too)."""
+        return _take(q_alibi, i) * (1.0 / scores.soft_cap)
+
+    def cap_tanh(q_over_cap, k_tile, i, j):
+        """`tanh(logits / c)` of tile (i, j) from queries already divided by
+        `c` (a folded ALiBi's features included: the cap applies to the
+        biased logits)."""
+        return ops.tanh(ops.einsum("bhgqd,bhkd->bhgqk", q_over_cap, with_alibi_keys(k_tile, i, j)))
+
+    def capped_logits(q_over_cap, k_tile, i, j, weights=()):
+        """`c tanh(logits / c)`, masked (`masked_logits` for the cap-only path)."""
+        capped = scores.soft_cap * cap_tanh(q_over_cap, k_tile, i, j)
+        return online_softmax.mask_logits(capped, tile_mask(i, j))
 
     # The kernel's inputs after (q, k, v): the sink logits, then the
     # `score_mod`'s weights (explicit, so that the backward returns their
@@ -397,10 +405,10 @@ def memory_efficient_attention(
             if cap_only:  # bounded by the cap: shift 0, no running maximum
                 state = key_loop(
                     online_softmax.update_fixed_shift,
-                    _take(q_alibi, i) * (1.0 / scores.soft_cap),
+                    queries_over_cap(q_alibi, i),
                     k,
                     online_softmax.fixed_shift_state(ops.zeros(row_shape), value_dim),
-                    logits=lambda queries, k_tile, i, j, _: capped_logits(queries, k_tile, i, j),
+                    logits=capped_logits,
                 )
             elif running_max_only:  # changed logits or a sink: no bound holds
                 init = initial_state(row_shape, value_dim, sinks)
@@ -454,7 +462,7 @@ def memory_efficient_attention(
             dq_buffer, dk_buffer, dv_buffer, d_weights = buffers
             q_tile, d_out_tile = _take(q, i), _take(d_out, i)
             q_alibi_tile = _take(q_alibi, i)
-            q_cap_tile = _take(q_alibi, i) * (1.0 / scores.soft_cap) if cap_only else None
+            q_cap_tile = queries_over_cap(q_alibi, i) if cap_only else None
             q_lse_tile, d_out_delta_tile = _take(q_lse, i), _take(d_out_delta, i)
             if cap_only:
                 # P = exp(c t) * exp(-lse): the row factor (<= exp(c); 0 for a
@@ -466,10 +474,8 @@ def memory_efficient_attention(
             def key_step(j, state):
                 dq, dk_buffer, dv_buffer, d_weights = state
                 k_tile = _take(k, j)
-                if cap_only:  # tanh(logits / c) from queries divided by c
-                    capped = ops.tanh(
-                        ops.einsum("bhgqd,bhkd->bhgqk", q_cap_tile, with_alibi_keys(k_tile, i, j))
-                    )
+                if cap_only:  # the derivative below reads tanh(logits / c) again
+                    capped = cap_tanh(q_cap_tile, k_tile, i, j)
                     changed = online_softmax.mask_logits(scores.soft_cap * capped, tile_mask(i, j))
                     probs = ops.exp(changed)  # times the row factor, folded into dO
                 elif modify:  # the change comes between the matmul and the lse
