@@ -27,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PUBLIC_MODULES = (
     "keras_attention",
     "keras_attention.ops",
+    "keras_attention.layers.keras_hub_conversion",
     "keras_attention.distribution",
     "keras_attention.models",
     "keras_attention.models.alignment_chart",
@@ -58,6 +59,7 @@ GUIDES_DIR = os.path.join(ROOT, "docs", "guides")
 GUIDE_ORDER = (
     "long-sequences.md",
     "programmable-attention.md",
+    "modern-attention.md",
     "decoding-and-serving.md",
     "distribution.md",
     "widgets.md",
@@ -179,6 +181,7 @@ def on_page_markdown(markdown, page, config, files):
 # The API pages, grouped as the package is (module: label in the navigation).
 API_GROUPS = {
     "keras_attention": "layers (keras_attention)",
+    "keras_attention.layers.keras_hub_conversion": "layers.keras_hub_conversion",
     "keras_attention.ops": "ops",
     "keras_attention.models": "models",
     "keras_attention.models.alignment_chart": "models.alignment_chart",

@@ -25,11 +25,26 @@ import pytest
 
 import keras_attention
 import keras_attention as ka
+from keras_attention.layers.keras_hub_conversion import from_keras_hub_cache
+from keras_attention.layers.keras_hub_conversion import replace_keras_hub_attention
+from keras_attention.layers.keras_hub_conversion import to_keras_hub_cache
 
 pytestmark = pytest.mark.tf_only  # the translators and export import TensorFlow
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "widgets"))  # the widgets' fake translator
+
+
+def _keras_hub_layer():
+    """A KerasHub attention layer, or a stand-in of the same class name
+    where KerasHub is not installed (the functions read class names only)."""
+    try:
+        from keras_hub.src.models.llama.llama_attention import LlamaAttention
+    except ImportError:  # pragma: no cover - KerasHub is in the dev set
+        LlamaAttention = type(
+            "LlamaAttention", (keras.layers.Layer,), {"__module__": "keras_hub.x"}
+        )
+    return LlamaAttention(2, 1)
 
 
 def public_callables():
@@ -116,6 +131,18 @@ CASES = {
         ("prefix_length", lambda: ka.ops.AttentionMask(prefix_length=3)),
         ("key_segment_ids", lambda: ka.ops.AttentionMask(query_segment_ids=x(1, 2, dtype="int32"))),
         ("mask_mod", lambda: ka.ops.AttentionMask(mask_mod="causal")),
+    ],
+    "keras_attention.layers.keras_hub_conversion.to_keras_hub_cache": [
+        ("layer", lambda: to_keras_hub_cache(x(1, 2, 3, 1, 2), keras.layers.Dense(2))),
+        ("cache", lambda: to_keras_hub_cache(x(1, 2, 3), _keras_hub_layer())),
+    ],
+    "keras_attention.layers.keras_hub_conversion.from_keras_hub_cache": [
+        ("layer", lambda: from_keras_hub_cache(x(1, 2, 3, 1, 2), "LlamaAttention")),
+        ("cache", lambda: from_keras_hub_cache(x(1, 3, 3, 1, 2), _keras_hub_layer())),
+    ],
+    "keras_attention.layers.keras_hub_conversion.replace_keras_hub_attention": [
+        ("backbone", lambda: replace_keras_hub_attention("llama")),
+        ("backbone", lambda: replace_keras_hub_attention(keras.Sequential())),
     ],
     "keras_attention.ops.masking.causal_mask": [
         ("query_length", lambda: ka.ops.causal_mask("3", 3)),

@@ -1341,6 +1341,38 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         new.set_weights(layer.get_weights())
         return new
 
+    @classmethod
+    def from_keras_hub(cls, layer, **kwargs):
+        """Builds ours from a built KerasHub attention layer, with its
+        weights: `LlamaAttention`, `CachedMistralAttention`,
+        `CachedGemmaAttention`, `CachedGemma3Attention`, `GptOssAttention`,
+        `FalconAttention`, `BloomAttention`, `QwenAttention` or
+        `Qwen3Attention` (KerasHub 0.32; subclasses too).
+
+        The configuration is read from the instance (rotary wavelength and
+        scaling, grouped heads, QK-norm, query scale, biases, soft cap,
+        window, sinks, ALiBi) and a configuration ours cannot compute is
+        refused naming the class and the attribute. Called as
+        `ours(x, attention_mask=mask)` (or with `cache=` and
+        `cache_update_index=`), with the causal and padding mask KerasHub's
+        decoder gives its layer, ours returns what theirs returns;
+        `keras_attention.layers.keras_hub_conversion.to_keras_hub_cache` /
+        `from_keras_hub_cache` convert a cache between the two, and
+        `replace_keras_hub_attention(backbone)` swaps every attention layer
+        of a backbone for ours. KerasHub itself is not imported. `kwargs`
+        override constructor arguments (e.g. `memory_efficient=True`).
+        """
+        from keras_attention.layers import keras_hub_conversion
+
+        family, args, weights = keras_hub_conversion.configuration(layer)
+        args.setdefault("dtype", layer.dtype_policy)
+        args.setdefault("name", f"{layer.name}_keras_attention")
+        args.update(kwargs)
+        new = cls(**args)
+        new.build((None, None, weights["query/kernel"].shape[0]))
+        keras_hub_conversion.assign(new, weights)
+        return new
+
     def get_config(self):
         config = super().get_config()
         config.update(

@@ -1,0 +1,510 @@
+"""KerasHub's per-family attention layers as configurations of ours (#37).
+
+`from_keras_hub(cls, layer)` reads a built KerasHub attention layer's
+configuration from the instance, builds our `MultiHeadAttention` with the same
+computation and copies its weights; `to_keras_hub_cache` /
+`from_keras_hub_cache` convert a decoding cache between the two layouts;
+`KerasHubAttention` wraps ours with a KerasHub decoder's call signature and
+`replace_keras_hub_attention(backbone)` swaps every attention layer of a built
+backbone for it.
+
+KerasHub is never imported here: layers are recognised by their class names,
+so `keras_attention` works without it.
+
+What each family computes (KerasHub 0.32, read from its code):
+
+| class | ours |
+| --- | --- |
+| `LlamaAttention` | rotary (Llama 3.1's scaling when set), GQA, no biases |
+| `CachedMistralAttention` | rotary (linear); its window is in the decoder's mask |
+| `CachedGemmaAttention` | rotary (keys cached in Gemma's interleaved order), soft cap, window |
+| `CachedGemma3Attention` | + QK-norm (`1 + scale`), its rotary wavelength and scaling |
+| `GptOssAttention` | rotary (YaRN), learned sinks, biases, a window of `W + 1` keys |
+| `FalconAttention` | ALiBi added before the scale (slopes / sqrt(D)), biases |
+| `BloomAttention` | ALiBi after the scale, biases |
+| `QwenAttention` | rotary, biases on query, key and value only, window |
+| `Qwen3Attention` | rotary, QK-norm, window |
+
+The decoders give these layers a causal (and padding) `attention_mask`; the
+windows and ALiBi above are measured under it. ALiBi as KerasHub writes it
+(`slope * key_position`) differs from ours (`-slope * |q - k|`) by a constant
+per row where keys precede queries, so the two agree under the causal mask.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention.layers.rotary_embedding import RotaryEmbedding
+
+__all__ = ["from_keras_hub_cache", "replace_keras_hub_attention", "to_keras_hub_cache"]
+
+FAMILIES = (
+    "LlamaAttention",
+    "CachedMistralAttention",
+    "CachedGemmaAttention",
+    "CachedGemma3Attention",
+    "GptOssAttention",
+    "FalconAttention",
+    "BloomAttention",
+    "QwenAttention",
+    "Qwen3Attention",
+)
+
+# Where each decoder block keeps its attention layer.
+ATTENTION_ATTRIBUTES = (
+    "_self_attention_layer",
+    "self_attention_layer",
+    "attention",
+    "attention_layer",
+)
+
+
+def family_of(layer, owner="MultiHeadAttention.from_keras_hub"):
+    """The KerasHub class name `layer` is (or derives from), else TypeError."""
+    for klass in type(layer).__mro__:
+        if klass.__name__ in FAMILIES and klass.__module__.startswith("keras_hub"):
+            return klass.__name__
+    raise TypeError(
+        f"{owner}: `layer` must be one of KerasHub's attention layers "
+        f"({', '.join(FAMILIES)}). Received: layer of type {type(layer).__name__}"
+    )
+
+
+def _refuse(owner, family, attribute, value, why):
+    raise ValueError(
+        f"{owner}: {family}.{attribute}={value!r} is not supported ({why}). "
+        f"Received: a {family} with {attribute}={value!r}"
+    )
+
+
+def _array(variable):
+    return np.asarray(ops.convert_to_numpy(variable))
+
+
+def _paper_slopes(num_heads, max_bias=8.0):
+    """ALiBi's slopes `2 ** (-max_bias i / n)` (the paper's code, as
+    KerasHub's `AlibiBias(alibi_bias_max=...)`)."""
+
+    def power_of_two(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - math.log2(max_bias))))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return power_of_two(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(closest) + _paper_slopes(2 * closest, max_bias)[0::2][: num_heads - closest]
+
+
+def _linear_rotary(wavelength, factor):
+    scaling = None if float(factor) == 1.0 else "linear"
+    return RotaryEmbedding(
+        max_wavelength=float(wavelength), scaling=scaling, scaling_factor=float(factor)
+    )
+
+
+def configuration(layer, owner="MultiHeadAttention.from_keras_hub"):
+    """`(family, constructor arguments of ours, weights)`, where `weights`
+    maps our sublayer names to arrays in our layouts."""
+    family = family_of(layer, owner)
+    if not layer.built:
+        raise ValueError(
+            f"{owner}: `layer` must be built (call it once or `build` it). "
+            f"Received: an unbuilt {family}"
+        )
+    read = _READERS[family]
+    return (family,) + read(layer, owner, family)
+
+
+def _einsum_weights(query, key, value, output, heads_first=False):
+    """Our `query`/`key`/`value`/`attention_output` weights from KerasHub's
+    EinsumDense sublayers (Gemma's kernels put heads first)."""
+    weights = {}
+    for name, dense in (("query", query), ("key", key), ("value", value), ("output", output)):
+        kernel = _array(dense.kernel)
+        if heads_first and name != "output":  # (H, M, D) -> (M, H, D)
+            kernel = np.transpose(kernel, (1, 0, 2))
+        weights[f"{name}/kernel"] = kernel
+        bias = getattr(dense, "bias", None)
+        if bias is not None:
+            weights[f"{name}/bias"] = _array(bias)
+    return weights
+
+
+def _check_dropout(owner, family, attribute, rate, on_probabilities):
+    """KerasHub drops the attention output in some families, ours the
+    weights: a nonzero rate carries over only where both drop the weights."""
+    if rate and not on_probabilities:
+        _refuse(
+            owner,
+            family,
+            attribute,
+            rate,
+            "it drops the attention output, ours the attention weights",
+        )
+    return float(rate or 0.0)
+
+
+def _llama_like(layer, owner, family):
+    """Llama, Mistral, Qwen, Qwen 3: `_query_dense` ... `_output_dense`."""
+    heads = layer.num_query_heads if family != "CachedMistralAttention" else layer._num_query_heads
+    kv_heads = (
+        layer.num_key_value_heads
+        if family != "CachedMistralAttention"
+        else layer._num_key_value_heads
+    )
+    kernel = _array(layer._query_dense.kernel)  # (M, H, D)
+    head_dim = kernel.shape[-1]
+    dropout = layer.dropout if family != "CachedMistralAttention" else layer._dropout
+    args = dict(
+        num_heads=heads,
+        key_dim=head_dim,
+        num_key_value_heads=kv_heads,
+        dropout=_check_dropout(owner, family, "dropout", dropout, False),
+        use_bias=False,
+    )
+    if family == "LlamaAttention":
+        rotary = dict(max_wavelength=float(layer.rope_max_wavelength))
+        if layer.rope_low_freq_factor is not None:
+            # Llama 3.1's bands; KerasHub's `rope_position_scaling_factor` is
+            # not read by its Llama rotary layer, so it changes nothing there.
+            rotary.update(
+                scaling="llama3",
+                scaling_factor=float(layer.rope_frequency_adjustment_factor),
+                low_freq_factor=float(layer.rope_low_freq_factor),
+                high_freq_factor=float(layer.rope_high_freq_factor),
+                original_max_length=int(layer.rope_pretraining_sequence_length),
+            )
+        args["rotary"] = RotaryEmbedding(**rotary)
+    elif family == "CachedMistralAttention":
+        # Mistral's window is in the mask its decoder builds, not the layer.
+        args["rotary"] = _linear_rotary(layer._rope_max_wavelength, layer._rope_scaling_factor)
+    else:
+        args["rotary"] = _linear_rotary(layer.rope_max_wavelength, layer.rope_scaling_factor)
+    if family == "QwenAttention":
+        args["use_bias"] = ("query", "key", "value")
+        if layer.use_sliding_window_attention:
+            args["sliding_window"] = int(layer.sliding_window_size)
+    if family == "Qwen3Attention":
+        args.update(qk_norm=True, qk_norm_epsilon=float(layer.layer_norm_epsilon))
+        if layer.sliding_window_size:
+            args["sliding_window"] = int(layer.sliding_window_size)
+    weights = _einsum_weights(
+        layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense
+    )
+    if family == "Qwen3Attention":
+        weights["query_norm/scale"] = _array(layer._query_dense_layer_norm.scale)
+        weights["key_norm/scale"] = _array(layer._key_dense_layer_norm.scale)
+    return args, weights
+
+
+def _gemma(layer, owner, family):
+    """Gemma and Gemma 3: heads-first kernels, the query scaled before the
+    scores, a soft cap, a window, and (Gemma 3) QK-norm with `1 + scale`."""
+    query = _array(layer.query_dense.kernel)  # (H, M, D)
+    hidden = query.shape[1]
+    scale = 1.0 / math.sqrt(
+        layer.head_dim if layer.query_head_dim_normalize else hidden // layer.num_query_heads
+    )
+    args = dict(
+        num_heads=layer.num_query_heads,
+        key_dim=layer.head_dim,
+        num_key_value_heads=layer.num_key_value_heads,
+        dropout=_check_dropout(owner, family, "dropout", layer.dropout, True),
+        use_bias=False,
+        query_scale=scale,
+    )
+    if layer.logit_soft_cap:
+        args["logit_soft_cap"] = float(layer.logit_soft_cap)
+    if layer.use_sliding_window_attention:
+        args["sliding_window"] = int(layer.sliding_window_size)
+    weights = _einsum_weights(
+        layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense, heads_first=True
+    )
+    if family == "CachedGemmaAttention":
+        args["rotary"] = RotaryEmbedding(max_wavelength=10000.0)
+        return args, weights
+    if layer.use_bidirectional_attention:
+        _refuse(
+            owner,
+            family,
+            "use_bidirectional_attention",
+            True,
+            "its centred window has no counterpart in ours yet",
+        )
+    args["rotary"] = _linear_rotary(layer.rope_wavelength, layer.rope_scaling_factor)
+    if layer.use_query_key_norm:
+        args.update(qk_norm=True, qk_norm_epsilon=float(layer.layer_norm_epsilon))
+        # Gemma's RMSNorm multiplies by `1 + scale`; ours by `scale`.
+        weights["query_norm/scale"] = 1.0 + _array(layer.query_norm.scale)
+        weights["key_norm/scale"] = 1.0 + _array(layer.key_norm.scale)
+    return args, weights
+
+
+def _gpt_oss(layer, owner, family):
+    """GPT-OSS: biases everywhere, YaRN rotary, learned sinks, and a window
+    that keeps `W + 1` keys (`j >= i - W`)."""
+    head_dim = _array(layer.query_dense.kernel).shape[-1]
+    factor = float(layer.rope_scaling_factor)
+    rotary = dict(max_wavelength=float(layer.rope_max_wavelength))
+    if factor != 1.0:
+        rotary.update(
+            scaling="yarn",
+            scaling_factor=factor,
+            original_max_length=4096,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            yarn_truncate=False,
+        )
+    args = dict(
+        num_heads=layer.num_query_heads,
+        key_dim=head_dim,
+        num_key_value_heads=layer.num_key_value_heads,
+        dropout=_check_dropout(owner, family, "dropout", layer.dropout, False),
+        use_bias=True,
+        rotary=RotaryEmbedding(**rotary),
+        attention_sinks=True,
+    )
+    if layer.sliding_window is not None and layer.sliding_window > 0:
+        args["sliding_window"] = int(layer.sliding_window) + 1
+    weights = _einsum_weights(
+        layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense
+    )
+    weights["sinks"] = _array(layer.sinks)
+    return args, weights
+
+
+def _alibi_family(layer, owner, family):
+    """Falcon and BLOOM: plain multi-head attention with ALiBi; the output
+    projection is a `Dense` over the concatenated heads."""
+    if family == "FalconAttention":
+        dense = (layer.query_dense, layer.key_dense, layer.value_dense)
+        output, rate = layer.output_dense, layer.attention_dropout_rate
+        dropout = _check_dropout(owner, family, "attention_dropout_rate", rate, True)
+    else:
+        dense = (layer._query_dense, layer._key_dense, layer._value_dense)
+        output = layer._output_dense
+        # BLOOM drops the weights and the layer's output with one rate.
+        dropout = _check_dropout(owner, family, "dropout", layer.dropout, False)
+    heads = layer.num_heads
+    head_dim = _array(dense[0].kernel).shape[-1]
+    if family == "FalconAttention":
+        # Falcon adds the bias before the 1 / sqrt(D) scale.
+        slopes = [s / math.sqrt(head_dim) for s in _paper_slopes(heads)]
+    else:
+        slopes = _paper_slopes(heads, float(layer._alibi_layer.alibi_bias_max))
+    args = dict(
+        num_heads=heads,
+        key_dim=head_dim,
+        dropout=dropout,
+        use_bias=True,
+        alibi=slopes,
+    )
+    weights = {}
+    for name, sublayer in zip(("query", "key", "value"), dense, strict=True):
+        weights[f"{name}/kernel"] = _array(sublayer.kernel)
+        weights[f"{name}/bias"] = _array(sublayer.bias)
+    kernel = _array(output.kernel)  # (H D, M) -> (H, D, M)
+    weights["output/kernel"] = kernel.reshape(heads, head_dim, kernel.shape[-1])
+    weights["output/bias"] = _array(output.bias)
+    return args, weights
+
+
+_READERS = {
+    "LlamaAttention": _llama_like,
+    "CachedMistralAttention": _llama_like,
+    "QwenAttention": _llama_like,
+    "Qwen3Attention": _llama_like,
+    "CachedGemmaAttention": _gemma,
+    "CachedGemma3Attention": _gemma,
+    "GptOssAttention": _gpt_oss,
+    "FalconAttention": _alibi_family,
+    "BloomAttention": _alibi_family,
+}
+
+
+def assign(ours, weights):
+    """Copies `weights` (our sublayer names) into a built `ours`."""
+    sublayers = {
+        "query": ours._query_dense,
+        "key": ours._key_dense,
+        "value": ours._value_dense,
+        "output": ours._output_dense,
+    }
+    for name, value in weights.items():
+        if name == "sinks":
+            ours.sinks.assign(value)
+            continue
+        sublayer, variable = name.split("/")
+        if sublayer in ("query_norm", "key_norm"):
+            getattr(ours, f"_{sublayer}").scale.assign(value)
+            continue
+        getattr(sublayers[sublayer], variable).assign(
+            np.reshape(value, getattr(sublayers[sublayer], variable).shape)
+        )
+
+
+# ----------------------------------------------------------------- caches
+def _gemma_permutation(head_dim):
+    """Gemma interleaves the rotated halves (`x[:d/2], x[d/2:]` -> pairs) of
+    what it caches: KerasHub's feature `2i` is our `i`, `2i + 1` ours
+    `i + d/2`."""
+    half = head_dim // 2
+    order = np.empty(head_dim, "int64")
+    order[0::2] = np.arange(half)
+    order[1::2] = np.arange(half) + half
+    return order
+
+
+def to_keras_hub_cache(cache, layer):
+    """Our `(B, 2, T_max, Hkv, D)` cache in `layer`'s layout (a KerasHub
+    attention layer): the same tensor for most families, Gemma's keys in
+    its interleaved feature order, Gemma 3's `(keys, values)` tuple."""
+    family = family_of(layer, "to_keras_hub_cache")
+    _check_cache_shape("to_keras_hub_cache", cache)
+    if family == "CachedGemma3Attention":
+        return cache[:, 0], cache[:, 1]
+    if family == "CachedGemmaAttention":
+        keys = ops.take(cache[:, 0], _gemma_permutation(cache.shape[-1]), axis=-1)
+        return ops.stack([keys, cache[:, 1]], axis=1)
+    return cache
+
+
+def from_keras_hub_cache(cache, layer):
+    """A cache made by `layer` (a KerasHub attention layer) in our
+    `(B, 2, T_max, Hkv, D)` layout (see `to_keras_hub_cache`)."""
+    family = family_of(layer, "from_keras_hub_cache")
+    if family == "CachedGemma3Attention":
+        if not isinstance(cache, (tuple, list)) or len(cache) != 2:
+            raise TypeError(
+                "from_keras_hub_cache: a CachedGemma3Attention cache is a "
+                f"(keys, values) pair. Received: cache={type(cache).__name__}"
+            )
+        cache = ops.stack(list(cache), axis=1)
+    _check_cache_shape("from_keras_hub_cache", cache)
+    if family == "CachedGemmaAttention":
+        inverse = np.argsort(_gemma_permutation(cache.shape[-1]))
+        keys = ops.take(cache[:, 0], inverse, axis=-1)
+        return ops.stack([keys, cache[:, 1]], axis=1)
+    return cache
+
+
+def _check_cache_shape(owner, cache):
+    shape = tuple(getattr(cache, "shape", ()))
+    if len(shape) != 5 or shape[1] != 2:
+        raise ValueError(
+            f"{owner}: `cache` must be (batch, 2, max_length, heads, head_dim). "
+            f"Received: cache with shape {shape}"
+        )
+
+
+# ------------------------------------------------------- in a backbone
+class KerasHubAttention(keras.layers.Layer):
+    """Our `MultiHeadAttention` behind a KerasHub decoder's call signature
+    (`hidden_states` or `x`, `attention_mask`, `cache`, `cache_update_index`,
+    Gemma 3's `cache_update_mask`), with its cache layout, so a decoder
+    block calls it as its own attention layer (`replace_keras_hub_attention`).
+    """
+
+    def __init__(self, attention, family, **kwargs):
+        super().__init__(**kwargs)
+        self.attention = attention
+        self.family = family
+
+    def build(self, input_shape=None):
+        self.built = True
+
+    def call(
+        self,
+        hidden_states,
+        attention_mask=None,
+        cache=None,
+        cache_update_index=None,
+        cache_update_mask=None,
+        training=None,
+    ):
+        # Gemma 3's decoder passes index 0 for its uncached call's default.
+        if cache is None:
+            return self.attention(hidden_states, attention_mask=attention_mask, training=training)
+        ours = self._to_ours(cache)
+        out, new = self.attention(
+            hidden_states,
+            attention_mask=attention_mask,
+            cache=ours,
+            cache_update_index=cache_update_index,
+            training=training,
+        )
+        if cache_update_mask is not None and cache_update_index is not None:
+            # Gemma 3: rows whose mask is False keep their old cache entries.
+            length = ops.shape(hidden_states)[1]
+            start = [0, 0, cache_update_index, 0, 0]
+            size = list(ops.shape(new)[:2]) + [length] + list(ops.shape(new)[3:])
+            written = ops.slice(new, start, size)
+            kept = ops.slice(ours, start, size)
+            keep = ops.reshape(ops.cast(cache_update_mask, "bool"), (-1, 1, length, 1, 1))
+            new = ops.slice_update(new, start, ops.where(keep, written, kept))
+        return out, self._from_ours(new)
+
+    def _to_ours(self, cache):
+        if self.family == "CachedGemma3Attention":
+            return ops.stack(list(cache), axis=1)
+        if self.family == "CachedGemmaAttention":
+            inverse = np.argsort(_gemma_permutation(self.attention.key_dim))
+            return ops.stack([ops.take(cache[:, 0], inverse, axis=-1), cache[:, 1]], axis=1)
+        return cache
+
+    def _from_ours(self, cache):
+        if self.family == "CachedGemma3Attention":
+            return cache[:, 0], cache[:, 1]
+        if self.family == "CachedGemmaAttention":
+            order = _gemma_permutation(self.attention.key_dim)
+            return ops.stack([ops.take(cache[:, 0], order, axis=-1), cache[:, 1]], axis=1)
+        return cache
+
+
+def replace_keras_hub_attention(backbone, **overrides):
+    """Swaps the attention layer of every decoder block of a built KerasHub
+    backbone for ours (`MultiHeadAttention.from_keras_hub`, weights copied),
+    in place; returns the number of layers replaced.
+
+    Decoder blocks read their attention layer when called, so the backbone's
+    functional graph and its causal LM's cached `generate` run ours. The
+    Llama, Mistral, Qwen, Qwen 3, Gemma, Gemma 3 and GPT-OSS families are
+    supported (Falcon's decoder passes an ALiBi tensor ours does not take).
+    `overrides` go to our constructor (e.g. `memory_efficient=True`).
+    """
+    from keras_attention.layers.multi_head_attention import MultiHeadAttention
+
+    owner = "replace_keras_hub_attention"
+    blocks = getattr(backbone, "transformer_layers", None)
+    if not isinstance(blocks, (list, tuple)) or not blocks:
+        raise TypeError(
+            f"{owner}: `backbone` must be a built KerasHub backbone with "
+            f"`transformer_layers`. Received: {type(backbone).__name__}"
+        )
+    replaced = 0
+    for block in blocks:
+        for attribute in ATTENTION_ATTRIBUTES:
+            old = getattr(block, attribute, None)
+            if old is None or isinstance(old, KerasHubAttention):
+                continue
+            family = family_of(old, owner)
+            if family == "FalconAttention":
+                raise ValueError(
+                    f"{owner}: Falcon's decoder passes an ALiBi tensor to its "
+                    "attention; convert its layers with "
+                    "MultiHeadAttention.from_keras_hub and call them directly. "
+                    f"Received: a {type(backbone).__name__}"
+                )
+            ours = MultiHeadAttention.from_keras_hub(old, **overrides)
+            new = KerasHubAttention(ours, family, name=f"{old.name}_keras_attention")
+            new.build()
+            block._tracker.unlock()
+            block._tracker.untrack(old)
+            setattr(block, attribute, new)
+            block._tracker.lock()
+            replaced += 1
+            break
+    return replaced

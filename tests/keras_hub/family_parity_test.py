@@ -1,0 +1,322 @@
+"""KerasHub's per-family attention layers reproduced by ours, weight for weight (#37).
+
+For each family KerasHub 0.32 ships, its attention layer is built from a small
+configuration with every weight random (biases, norm scales and sinks too),
+`MultiHeadAttention.from_keras_hub` builds ours from it, and both are called
+as the family's decoder calls its layer: a prefill with a causal and padding
+mask, then cached decoding steps, the caches compared in each other's layout.
+Then the stronger check: Llama, Gemma 3 and GPT-OSS backbones with every
+attention layer replaced by ours give the same hidden states, uncached and
+through their causal LM's cached decoding.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attention import MultiHeadAttention
+from keras_attention.layers import keras_hub_conversion as conversion
+
+keras_hub = pytest.importorskip("keras_hub")
+BACKEND = keras.backend.backend()
+TOLERANCE = 1e-5
+B, T, T_MAX, HIDDEN = 2, 5, 8, 32
+
+
+def _families():
+    """name -> (constructor, call style). Windows of 3 keys bite at 5 tokens;
+    KerasHub's Qwen layers skip their window on JAX's fused path (its bug),
+    so theirs are windowless there."""
+    from keras_hub.src.models.bloom.bloom_attention import BloomAttention
+    from keras_hub.src.models.falcon.falcon_attention import FalconAttention
+    from keras_hub.src.models.gemma.gemma_attention import CachedGemmaAttention
+    from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
+    from keras_hub.src.models.gpt_oss.gpt_oss_attention import GptOssAttention
+    from keras_hub.src.models.llama.llama_attention import LlamaAttention
+    from keras_hub.src.models.mistral.mistral_attention import CachedMistralAttention
+    from keras_hub.src.models.qwen.qwen_attention import QwenAttention
+    from keras_hub.src.models.qwen3.qwen3_attention import Qwen3Attention
+
+    qwen_window = BACKEND == "tensorflow"
+    return {
+        "llama": (lambda: LlamaAttention(4, 2, rope_max_wavelength=100), "hidden_states"),
+        "llama3": (
+            lambda: LlamaAttention(
+                4,
+                2,
+                rope_max_wavelength=500,
+                rope_frequency_adjustment_factor=8.0,
+                rope_low_freq_factor=1.0,
+                rope_high_freq_factor=4.0,
+                rope_pretraining_sequence_length=16,
+            ),
+            "hidden_states",
+        ),
+        "mistral": (
+            lambda: CachedMistralAttention(4, 2, rope_max_wavelength=100, rope_scaling_factor=2.0),
+            "hidden_states",
+        ),
+        "gemma": (
+            lambda: CachedGemmaAttention(
+                head_dim=8,
+                num_query_heads=4,
+                num_key_value_heads=2,
+                logit_soft_cap=1.5,
+                use_sliding_window_attention=True,
+                sliding_window_size=3,
+            ),
+            "x",
+        ),
+        "gemma3": (
+            lambda: CachedGemma3Attention(
+                head_dim=8,
+                num_query_heads=4,
+                num_key_value_heads=2,
+                logit_soft_cap=1.5,
+                use_sliding_window_attention=True,
+                sliding_window_size=3,
+                use_query_key_norm=True,
+                rope_wavelength=1000.0,
+                rope_scaling_factor=4.0,
+                query_head_dim_normalize=False,
+            ),
+            "x",
+        ),
+        "gpt_oss": (
+            lambda: GptOssAttention(
+                4, 2, head_dim=8, sliding_window=2, rope_max_wavelength=100, rope_scaling_factor=4.0
+            ),
+            "hidden_states",
+        ),
+        "falcon": (lambda: FalconAttention(4, 0.0), "falcon"),
+        "bloom": (lambda: BloomAttention(4), "hidden_states"),
+        "qwen": (
+            lambda: QwenAttention(
+                4,
+                2,
+                rope_max_wavelength=100,
+                use_sliding_window_attention=qwen_window,
+                sliding_window_size=3,
+            ),
+            "hidden_states",
+        ),
+        "qwen3": (
+            lambda: Qwen3Attention(
+                4,
+                2,
+                head_dim=8,
+                rope_max_wavelength=100,
+                sliding_window_size=3 if qwen_window else None,
+            ),
+            "hidden_states",
+        ),
+    }
+
+
+FAMILIES = (
+    "llama",
+    "llama3",
+    "mistral",
+    "gemma",
+    "gemma3",
+    "gpt_oss",
+    "falcon",
+    "bloom",
+    "qwen",
+    "qwen3",
+)
+
+
+def _randomise(layer, rng, scale=0.3):
+    layer.set_weights([rng.normal(scale=scale, size=w.shape) for w in layer.get_weights()])
+
+
+def _masks(rng):
+    """Right padding (generation's), causal: `(B, T, T)` and, for the cache,
+    `(B, T_MAX, T_MAX)` rows (row `t` for query position `t`)."""
+    valid = np.ones((B, T_MAX), "int32")
+    valid[1, 3:] = 0
+    if rng.random() < 0.5:  # a padded row in the prefill too
+        valid[0, 4:] = 0
+    causal = np.tril(np.ones((T_MAX, T_MAX), "int32"))
+    full = np.minimum(valid[:, None, :], causal[None])
+    return full[:, :T, :T], full
+
+
+def _theirs(layer, style, x, mask, cache=None, index=None, family=""):
+    kwargs = dict(attention_mask=keras.ops.convert_to_tensor(mask))
+    if cache is not None:
+        kwargs.update(cache=cache, cache_update_index=index)
+    if style == "falcon":
+        from keras_hub.src.models.falcon.falcon_transformer_decoder import FalconTransformerDecoder
+
+        ones = np.ones((B, mask.shape[-1]), "int32")
+        alibi = FalconTransformerDecoder(num_attention_heads=4, intermediate_dim=8)
+        return layer(
+            inputs=x,
+            alibi=alibi._build_alibi_tensor(4, keras.ops.convert_to_tensor(ones)),
+            **kwargs,
+        )
+    if style == "x":
+        return layer(x, **kwargs)
+    return layer(hidden_states=x, **kwargs)
+
+
+def _empty_cache(family, kv_heads, head_dim):
+    zeros = keras.ops.zeros((B, 2, T_MAX, kv_heads, head_dim))
+    if family == "gemma3":
+        return zeros[:, 0], zeros[:, 1]
+    return zeros
+
+
+def _numpy(x):
+    return keras.ops.convert_to_numpy(x).astype("float64")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_prefill_and_cached_steps_match_keras_hub(family):
+    """Theirs and ours on one input: the uncached call, a prefill of 3
+    tokens at index 0 and single steps after it, every output and the cache
+    after each step (ours converted to theirs) to 1e-5 in float32."""
+    rng = np.random.default_rng(FAMILIES.index(family))
+    make, style = _families()[family]
+    theirs = make()
+    theirs.build((B, T_MAX, HIDDEN))
+    _randomise(theirs, rng)
+    ours = MultiHeadAttention.from_keras_hub(theirs)
+    x = rng.normal(size=(B, T_MAX, HIDDEN)).astype("float32")
+    uncached_mask, rows = _masks(rng)
+
+    want = _numpy(_theirs(theirs, style, x[:, :T], uncached_mask))
+    got = _numpy(ours(x[:, :T], attention_mask=uncached_mask))
+    np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=TOLERANCE)
+
+    kv_heads, head_dim = ours.num_key_value_heads, ours.key_dim
+    their_cache = _empty_cache(family, kv_heads, head_dim)
+    our_cache = keras.ops.zeros((B, 2, T_MAX, kv_heads, head_dim))
+    for start, stop in ((0, 3), (3, 4), (4, 5)):
+        mask = rows[:, start:stop]
+        want, their_cache = _theirs(theirs, style, x[:, start:stop], mask, their_cache, start)
+        got, our_cache = ours(
+            x[:, start:stop], attention_mask=mask, cache=our_cache, cache_update_index=start
+        )
+        np.testing.assert_allclose(_numpy(got), _numpy(want), atol=TOLERANCE, rtol=TOLERANCE)
+        converted = conversion.to_keras_hub_cache(our_cache, theirs)
+        for a, b in zip(
+            converted if isinstance(converted, tuple) else (converted,),
+            their_cache if isinstance(their_cache, tuple) else (their_cache,),
+            strict=True,
+        ):
+            np.testing.assert_allclose(_numpy(a), _numpy(b), atol=TOLERANCE, rtol=TOLERANCE)
+    # And back: their cache in our layout is ours.
+    np.testing.assert_allclose(
+        _numpy(conversion.from_keras_hub_cache(their_cache, theirs)),
+        _numpy(our_cache),
+        atol=TOLERANCE,
+        rtol=TOLERANCE,
+    )
+
+
+def _backbones():
+    models = keras_hub.models
+    common = dict(
+        vocabulary_size=50,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=32,
+        intermediate_dim=32,
+    )
+    return {
+        "llama": (lambda: models.LlamaBackbone(**common), models.LlamaCausalLM),
+        "gemma3": (
+            lambda: models.Gemma3Backbone(
+                image_size=16,
+                head_dim=8,
+                use_sliding_window_attention=True,
+                sliding_window_size=3,
+                vision_encoder=None,
+                **common,
+            ),
+            models.Gemma3CausalLM,
+        ),
+        "gpt_oss": (
+            lambda: models.GptOssBackbone(
+                num_experts=2, top_k=2, head_dim=8, sliding_window=2, **common
+            ),
+            models.GptOssCausalLM,
+        ),
+    }
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt_oss"])
+def test_backbone_with_our_attention_matches_keras_hub(family):
+    """Every attention layer of a small backbone replaced by ours: the same
+    hidden states, uncached (with padding) and through cached decoding."""
+    rng = np.random.default_rng(11)
+    make, causal_lm = _backbones()[family]
+    backbone = make()
+    _randomise(backbone, rng, scale=0.2)
+    ids = rng.integers(1, 50, size=(B, 6)).astype("int32")
+    padding = np.ones((B, 6), "int32")
+    padding[1, 4:] = 0
+    inputs = {"token_ids": ids, "padding_mask": padding}
+    lm = causal_lm(backbone=backbone, preprocessor=None)
+    want = _numpy(backbone(inputs))
+    want_steps = _cached_steps(lm, family, ids)
+
+    replaced = conversion.replace_keras_hub_attention(backbone)
+    assert replaced == 2
+    blocks = backbone.transformer_layers
+    assert all(
+        any(
+            isinstance(getattr(b, a, None), conversion.KerasHubAttention)
+            for a in conversion.ATTENTION_ATTRIBUTES
+        )
+        for b in blocks
+    )
+    got = _numpy(backbone(inputs))
+    np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=TOLERANCE)
+    np.testing.assert_allclose(
+        _cached_steps(lm, family, ids), want_steps, atol=TOLERANCE, rtol=TOLERANCE
+    )
+
+
+def _cached_steps(lm, family, ids):
+    """Logits of a cached prefill (at `T_MAX`) then single steps."""
+    padding = np.ones(ids.shape, "int32")
+    if family == "gemma3":
+        hidden, cache = lm._build_cache(ids, None, None, padding, None)
+    else:
+        hidden, cache = lm._build_cache(ids)
+    outputs = [_numpy(hidden)]
+    for t in (3, 4):  # rewrite positions 3 and 4 from the cache
+        if family == "gemma3":
+            logits, _, cache = lm.call_with_cache(
+                ids[:, t : t + 1], cache, t, cache_update_mask=keras.ops.ones((B, 1), "bool")
+            )
+        else:
+            logits, _, cache = lm.call_with_cache(ids[:, t : t + 1], cache, t)
+        outputs.append(_numpy(logits))
+    return np.concatenate([o.reshape(B, -1) for o in outputs], axis=1)
+
+
+def test_from_keras_hub_refuses_what_it_cannot_compute():
+    from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
+    from keras_hub.src.models.llama.llama_attention import LlamaAttention
+
+    with pytest.raises(TypeError, match=r"from_keras_hub: `layer` must be one of KerasHub"):
+        MultiHeadAttention.from_keras_hub(keras.layers.MultiHeadAttention(2, 4))
+    unbuilt = LlamaAttention(4, 2)
+    with pytest.raises(ValueError, match=r"must be built"):
+        MultiHeadAttention.from_keras_hub(unbuilt)
+    dropping = LlamaAttention(4, 2, dropout=0.1)
+    dropping.build((B, T, HIDDEN))
+    with pytest.raises(ValueError, match=r"LlamaAttention\.dropout=0\.1"):
+        MultiHeadAttention.from_keras_hub(dropping)
+    centred = CachedGemma3Attention(
+        head_dim=8, num_query_heads=4, num_key_value_heads=2, use_bidirectional_attention=True
+    )
+    centred.build((B, T, HIDDEN))
+    with pytest.raises(ValueError, match=r"CachedGemma3Attention\.use_bidirectional_attention"):
+        MultiHeadAttention.from_keras_hub(centred)
