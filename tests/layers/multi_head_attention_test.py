@@ -552,8 +552,19 @@ def test_bad_cache_shape_and_index_are_rejected():
     [
         dict(dropout=0.1, seed=3),
         dict(num_key_value_heads=1, use_gate=True, memory_efficient=True, block_size=3),
+        dict(
+            rotary={
+                "max_wavelength": 100.0,
+                "scaling": "yarn",
+                "scaling_factor": 2.0,
+                "original_max_length": 8,
+            },
+            qk_norm=True,
+            query_scale=0.4,
+            use_bias=("query", "key", "value"),
+        ),
     ],
-    ids=["dropout", "grouped_gate_memory_efficient"],
+    ids=["dropout", "grouped_gate_memory_efficient", "rotary_qk_norm_scale_biases"],
 )
 def test_layer_contract(tmp_path, options):
     run_layer_contract_test(
