@@ -73,7 +73,16 @@ def modified_logits(logits, modifier, rows, weights):
 
 
 def reference(
-    weights, query, key_value, allowed, num_heads, num_kv_heads, gate, modifier=None, rows=None
+    weights,
+    query,
+    key_value,
+    allowed,
+    num_heads,
+    num_kv_heads,
+    gate,
+    modifier=None,
+    rows=None,
+    head_mask=None,
 ):
     """`(output (B, Tq, F), weights (B, H, Tq, Tk))` in float64.
 
@@ -82,7 +91,9 @@ def reference(
     the logits (at absolute query positions `rows`, default `0..Tq-1`), and
     with sinks one more logit per head joins each row's denominator. A row
     with nothing allowed has zero weights and a zero context: its output is
-    the output projection's bias.
+    the output projection's bias. `head_mask` (`(H,)` or `(B, H)`) scales
+    each head's context before the output projection (the weights returned
+    are unscaled).
     """
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     q = np.einsum("btf,fhd->bthd", query, w["query/kernel"]) + w["query/bias"]
@@ -108,6 +119,11 @@ def reference(
     if gate:
         context = context * sigmoid(
             np.einsum("btf,fhd->bthd", query, w["gate/kernel"]) + w["gate/bias"]
+        )
+    if head_mask is not None:
+        scale = np.asarray(head_mask, np.float64)
+        context = context * (
+            scale[None, None, :, None] if scale.ndim == 1 else scale[:, None, :, None]
         )
     output = np.einsum("bqhd,hdo->bqo", context, w["attention_output/kernel"])
     return output + w["attention_output/bias"], probs
