@@ -27,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PUBLIC_MODULES = (
     "keras_attention",
     "keras_attention.ops",
+    "keras_attention.analysis",
     "keras_attention.distribution",
     "keras_attention.models",
     "keras_attention.models.alignment_chart",
@@ -180,6 +181,7 @@ def on_page_markdown(markdown, page, config, files):
 API_GROUPS = {
     "keras_attention": "layers (keras_attention)",
     "keras_attention.ops": "ops",
+    "keras_attention.analysis": "analysis",
     "keras_attention.models": "models",
     "keras_attention.models.alignment_chart": "models.alignment_chart",
     "keras_attention.export": "export",
