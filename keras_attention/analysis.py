@@ -122,31 +122,25 @@ def attention_flow(weights, heads=None, residual_weight=0.5):
             # Edges from above layer k (boundary k + 1) down to below it.
             above, below = (k + 1) * length, k * length
             capacity[above : above + length, below : below + length] = matrix[b]
-        # Residual edges run both ways along every edge of the graph.
-        linked = (capacity > 0) | (capacity.T > 0)
-        neighbours = [np.flatnonzero(row) for row in linked]
         top = num_layers * length
         for i in range(length):
             for j in range(length):
-                flows[b, i, j] = _max_flow(capacity, neighbours, top + i, j)
+                flows[b, i, j] = _max_flow(capacity, top + i, j)
     totals = flows.sum(axis=-1, keepdims=True)
     return np.where(totals > 0, flows / np.where(totals > 0, totals, 1.0), 0.0)
 
 
-def _max_flow(capacity, neighbours, source, sink):
-    """Maximum flow from `source` to `sink` of a dense capacity matrix (Dinic);
-    `neighbours[u]`: the nodes joined to `u` by an edge either way."""
+def _max_flow(capacity, source, sink):
+    """Maximum flow from `source` to `sink` of a dense capacity matrix (Dinic)."""
     residual = capacity.copy()
     total = 0.0
     while True:
-        level = _levels(residual, neighbours, source)
+        level = _levels(residual, source)
         if level[sink] < 0:
             return total
-        pointer = [0] * len(neighbours)
-        while True:
-            path = _augmenting_path(residual, neighbours, level, pointer, source, sink)
-            if path is None:
-                break
+        # Nodes as deep as the sink, but the sink, lead nowhere in this phase.
+        level[(level >= level[sink]) & (np.arange(len(level)) != sink)] = -1
+        while (path := _augmenting_path(residual, level, source, sink)) is not None:
             starts, ends = path[:-1], path[1:]
             pushed = residual[starts, ends].min()
             residual[starts, ends] -= pushed
@@ -154,41 +148,32 @@ def _max_flow(capacity, neighbours, source, sink):
             total += pushed
 
 
-def _levels(residual, neighbours, source):
+def _levels(residual, source):
     """Breadth-first distance from `source` along residual edges (-1: none)."""
-    level = np.full(len(neighbours), -1)
+    level = np.full(len(residual), -1)
     level[source] = 0
-    frontier = [source]
-    while frontier:
-        following = []
-        for u in frontier:
-            for v in neighbours[u]:
-                if level[v] < 0 and residual[u, v] > _FLOW_TOLERANCE:
-                    level[v] = level[u] + 1
-                    following.append(v)
-        frontier = following
+    frontier, depth = np.array([source]), 0
+    while frontier.size:
+        depth += 1
+        frontier = np.flatnonzero((residual[frontier] > _FLOW_TOLERANCE).any(axis=0) & (level < 0))
+        level[frontier] = depth
     return level
 
 
-def _augmenting_path(residual, neighbours, level, pointer, source, sink):
+def _augmenting_path(residual, level, source, sink):
     """A path of the level graph from `source` to `sink` as an index array,
-    or None; `pointer` skips the edges already found dead (Dinic's)."""
+    or None. A dead end leaves the level graph (`level` -1) for the phase."""
     path = [source]
     while path:
         u = path[-1]
         if u == sink:
             return np.asarray(path)
-        edges = neighbours[u]
-        while pointer[u] < len(edges):
-            v = edges[pointer[u]]
-            if level[v] == level[u] + 1 and residual[u, v] > _FLOW_TOLERANCE:
-                path.append(v)
-                break
-            pointer[u] += 1
-        else:  # a dead end: never enter it again in this phase
+        onward = np.flatnonzero((level == level[u] + 1) & (residual[u] > _FLOW_TOLERANCE))
+        if onward.size:
+            path.append(onward[0])
+        else:
+            level[u] = -1
             path.pop()
-            if path:
-                pointer[path[-1]] += 1
     return None
 
 

@@ -115,7 +115,13 @@ def _networkx_flow(weights, residual_weight=0.5):
 
 @pytest.mark.parametrize(
     "seed, layers, causal, residual_weight",
-    [(0, 3, False, 0.5), (1, 2, True, 0.5), (2, 4, False, 0.2), (3, 3, True, 0.0)],
+    [
+        (0, 3, False, 0.5),
+        (1, 2, True, 0.5),
+        (2, 4, False, 0.2),
+        (3, 3, True, 0.0),
+        (4, 4, False, 0.5),
+    ],
 )
 def test_flow_matches_networkx_maximum_flow_on_random_graphs(seed, layers, causal, residual_weight):
     rng = np.random.default_rng(seed)
