@@ -39,11 +39,14 @@ def active_head_mask(layer):
     return None if masks is None else masks.get(id(layer))
 
 
-def check_head_mask(layer, head_mask, batch):
-    """`head_mask` as a tensor of shape `(H,)` or `(batch, H)`, or None;
-    our TypeError / ValueError naming `layer` otherwise."""
+def check_head_mask(layer, head_mask, query=None):
+    """`head_mask` as a tensor of shape `(H,)` or `(batch, H)` (the batch of
+    `query` when it has one), or None; our TypeError / ValueError naming
+    `layer` otherwise."""
     if head_mask is None:
         return None
+    query_shape = tuple(getattr(query, "shape", ()))
+    batch = query_shape[0] if query_shape else None
     if isinstance(head_mask, (list, tuple, float, int)) and not isinstance(head_mask, bool):
         head_mask = np.asarray(head_mask)
     if not (hasattr(head_mask, "shape") and hasattr(head_mask, "dtype")):

@@ -962,7 +962,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
     # ------------------------------------------------------------------- call
     def __call__(self, *args, **kwargs):
         # Before Keras converts it: JAX's conversion of a text array fails first.
-        head_masks.check_head_mask(self, kwargs.get("head_mask"), None)
+        head_masks.check_head_mask(self, kwargs.get("head_mask"))
         return super().__call__(*args, **kwargs)
 
     @utils.follows_contract
@@ -995,7 +995,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         use_causal_mask = validation.validate_call_flag(self, "use_causal_mask", use_causal_mask)
         if head_mask is None:  # a mask set for this layer by `analysis.masking_heads`
             head_mask = head_masks.active_head_mask(self)
-        head_mask = head_masks.check_head_mask(self, head_mask, query.shape[0])
+        head_mask = head_masks.check_head_mask(self, head_mask, query)
         selection = self._selection(
             query, return_attention_scores, attention_scores_heads, attention_scores_query_range
         )
@@ -1108,7 +1108,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         prefix_length=None,
         head_mask=None,
     ):
-        head_masks.check_head_mask(self, head_mask, query.shape[0])
+        head_masks.check_head_mask(self, head_mask, query)
         selection = self._selection(
             query, return_attention_scores, attention_scores_heads, attention_scores_query_range
         )
