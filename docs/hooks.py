@@ -61,6 +61,7 @@ GUIDE_ORDER = (
     "programmable-attention.md",
     "decoding-and-serving.md",
     "distribution.md",
+    "analysis.md",
     "widgets.md",
     "migration.md",
     "supported-versions.md",
