@@ -334,6 +334,15 @@ def test_masking_heads_ends_with_its_block():
         masked = to_numpy(model(x))
     np.testing.assert_allclose(to_numpy(model(x)), before)
     assert np.abs(masked - before).max() > 1e-4
+    # Nested blocks: the inner one adds its layers' masks to the outer one's.
+    both = {"block_0/self_attention": np.zeros(2), "block_1/self_attention": np.zeros(2)}
+    with analysis.masking_heads(model, both):
+        expected = to_numpy(model(x))
+    with analysis.masking_heads(model, {"block_0/self_attention": np.zeros(2, "float32")}):
+        with analysis.masking_heads(model, {"block_1/self_attention": np.zeros(2, "float32")}):
+            nested = to_numpy(model(x))
+        np.testing.assert_allclose(to_numpy(model(x)), masked)
+    np.testing.assert_allclose(nested, expected, atol=1e-6)
     # A call's own head_mask wins over the context's.
     layer = model.get_layer("block_0").self_attention
     hidden = np.ones((1, 5, 8), "float32")

@@ -25,8 +25,11 @@ _model_masks = contextvars.ContextVar("keras_attention_head_masks", default=None
 @contextlib.contextmanager
 def model_masks(masks_by_layer):
     """Inside, each layer of `{layer: mask}` uses its mask when its call
-    gives none (package-internal: `keras_attention.analysis.masking_heads`)."""
-    token = _model_masks.set({id(layer): mask for layer, mask in masks_by_layer.items()})
+    gives none (package-internal: `keras_attention.analysis.masking_heads`);
+    an enclosing block's masks of other layers stay in force."""
+    masks = dict(_model_masks.get() or {})
+    masks.update({id(layer): mask for layer, mask in masks_by_layer.items()})
+    token = _model_masks.set(masks)
     try:
         yield
     finally:
