@@ -72,6 +72,65 @@ def modified_logits(logits, modifier, rows, weights):
     return logits
 
 
+def rotary_frequencies(spec, head_dim):
+    """`(rotated features d, (d/2,) angles per position)` of a rotary
+    embedding spec (`RotaryEmbedding`'s arguments), from the papers: RoPE,
+    position interpolation, NTK-aware base, YaRN's ramp, Llama 3.1's bands."""
+    d = int(head_dim * spec.get("rotary_fraction", 1.0))
+    d -= d % 2
+    base = float(spec.get("max_wavelength", 10000.0))
+    kind, factor = spec.get("scaling"), float(spec.get("scaling_factor", 1.0))
+    if kind == "dynamic":
+        base *= factor ** (d / (d - 2))
+    inverse = base ** (-np.arange(0, d, 2) / d)
+    if kind == "linear":
+        inverse = inverse / factor
+    elif kind == "yarn":
+        trained = spec["original_max_length"]
+
+        def dimension(rotations):  # the feature pair that turns `rotations` times
+            return d * np.log(trained / (rotations * 2 * np.pi)) / (2 * np.log(base))
+
+        low = max(np.floor(dimension(spec.get("beta_fast", 32.0))), 0)
+        high = min(np.ceil(dimension(spec.get("beta_slow", 1.0))), d - 1)
+        interpolated = np.clip((np.arange(d // 2) - low) / max(high - low, 1e-3), 0, 1)
+        inverse = interpolated * inverse / factor + (1 - interpolated) * inverse
+    elif kind == "llama3":
+        trained = spec["original_max_length"]
+        low, high = spec.get("low_freq_factor", 1.0), spec.get("high_freq_factor", 4.0)
+        wavelength = 2 * np.pi / inverse
+        smooth = (trained / wavelength - low) / (high - low)
+        inverse = np.where(
+            wavelength < trained / high,
+            inverse,
+            np.where(
+                wavelength > trained / low,
+                inverse / factor,
+                (1 - smooth) * inverse / factor + smooth * inverse,
+            ),
+        )
+    return d, inverse
+
+
+def rotate(x, positions, spec):
+    """`x (B, T, H, D)` with each pair `(x[i], x[i + d/2])` turned by
+    `position * theta_i` (`positions`: `(T,)` or `(B, T)`)."""
+    d, inverse = rotary_frequencies(spec, x.shape[-1])
+    angles = np.reshape(np.asarray(positions, np.float64), (-1, x.shape[1]))[..., None] * inverse
+    cos, sin = np.cos(angles)[:, :, None], np.sin(angles)[:, :, None]
+    if spec.get("scaling") == "yarn":  # the temperature, on both rotations
+        temperature = 0.1 * np.log(spec.get("scaling_factor", 1.0)) + 1
+        cos, sin = cos * temperature, sin * temperature
+    first, second = x[..., : d // 2], x[..., d // 2 : d]
+    turned_first = first * cos - second * sin
+    turned_second = second * cos + first * sin
+    return np.concatenate([turned_first, turned_second, x[..., d:]], axis=-1)
+
+
+def rms_norm(x, scale, epsilon):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + epsilon) * scale
+
+
 def reference(
     weights,
     query,
@@ -82,6 +141,9 @@ def reference(
     gate,
     modifier=None,
     rows=None,
+    projection=None,
+    query_positions=None,
+    key_positions=None,
     head_mask=None,
 ):
     """`(output (B, Tq, F), weights (B, H, Tq, Tk))` in float64.
@@ -91,18 +153,43 @@ def reference(
     the logits (at absolute query positions `rows`, default `0..Tq-1`), and
     with sinks one more logit per head joins each row's denominator. A row
     with nothing allowed has zero weights and a zero context: its output is
-    the output projection's bias. `head_mask` (`(H,)` or `(B, H)`) scales
-    each head's context before the output projection (the weights returned
-    are unscaled).
+    the output projection's bias. `projection` (#37): a dict with `rotary`
+    (a `RotaryEmbedding` spec; queries at `query_positions`, default
+    `rows`, keys at `key_positions`, default `0..Tk-1`), `qk_norm` (the
+    epsilon), `query_scale` and `use_bias` (a bool or the names of the
+    projections with one; a bias in `weights` that it does not name fails).
+    `head_mask` (`(H,)` or `(B, H)`) scales each head's context before the
+    output projection (the weights returned are unscaled).
     """
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
-    q = np.einsum("btf,fhd->bthd", query, w["query/kernel"]) + w["query/bias"]
-    k = np.einsum("btf,fhd->bthd", key_value, w["key/kernel"]) + w["key/bias"]
-    v = np.einsum("btf,fhd->bthd", key_value, w["value/kernel"]) + w["value/bias"]
+    projection = projection or {}
+    use_bias = projection.get("use_bias", True)
+
+    def bias(name):
+        named = (
+            use_bias if isinstance(use_bias, bool) else name.replace("attention_", "") in use_bias
+        )
+        if not named:
+            assert f"{name}/bias" not in w, f"{name} has a bias it was not given"
+            return 0.0
+        return w[f"{name}/bias"]
+
+    def project(x, name):
+        return np.einsum("btf,fhd->bthd", x, w[f"{name}/kernel"]) + bias(name)
+
+    q, k, v = project(query, "query"), project(key_value, "key"), project(key_value, "value")
+    rows = np.arange(query.shape[1]) if rows is None else rows
+    if projection.get("qk_norm") is not None:
+        q = rms_norm(q, w["query_norm/scale"], projection["qk_norm"])
+        k = rms_norm(k, w["key_norm/scale"], projection["qk_norm"])
+    if projection.get("rotary") is not None:
+        spec = projection["rotary"]
+        q = rotate(q, rows if query_positions is None else query_positions, spec)
+        k = rotate(k, np.arange(k.shape[1]) if key_positions is None else key_positions, spec)
     groups = num_heads // num_kv_heads
     k, v = np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
-    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
-    rows = np.arange(query.shape[1]) if rows is None else rows
+    scale = projection.get("query_scale") or 1.0 / np.sqrt(q.shape[-1])
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
     logits = modified_logits(logits, modifier, rows, w)
     logits = np.where(allowed, logits, -np.inf)
     peak = np.max(logits, axis=-1, keepdims=True)
@@ -117,16 +204,16 @@ def reference(
     probs = np.where(total > 0, exp / np.where(total > 0, total, 1.0), 0.0)
     context = np.einsum("bhqk,bkhd->bqhd", probs, v)
     if gate:
-        context = context * sigmoid(
-            np.einsum("btf,fhd->bthd", query, w["gate/kernel"]) + w["gate/bias"]
-        )
+        context = context * sigmoid(project(query, "gate"))
     if head_mask is not None:
-        scale = np.asarray(head_mask, np.float64)
+        head_scale = np.asarray(head_mask, np.float64)
         context = context * (
-            scale[None, None, :, None] if scale.ndim == 1 else scale[:, None, :, None]
+            head_scale[None, None, :, None]
+            if head_scale.ndim == 1
+            else head_scale[:, None, :, None]
         )
     output = np.einsum("bqhd,hdo->bqo", context, w["attention_output/kernel"])
-    return output + w["attention_output/bias"], probs
+    return output + bias("attention_output"), probs
 
 
 def positional(

@@ -501,6 +501,11 @@ LAYER_CASES = {
     "MultiHeadAttention": [
         ("num_heads", {"num_heads": "2", "key_dim": 2}),
         ("key_dim", {"num_heads": 2, "key_dim": -2}),
+        ("rotary", {"num_heads": 2, "key_dim": 2, "rotary": "rope"}),
+        ("rotary_fraction", {"num_heads": 2, "key_dim": 2, "rotary": {"rotary_fraction": 0.4}}),
+        ("qk_norm", {"num_heads": 2, "key_dim": 2, "qk_norm": "rms"}),
+        ("query_scale", {"num_heads": 2, "key_dim": 2, "query_scale": 0}),
+        ("use_bias", {"num_heads": 2, "key_dim": 2, "use_bias": ["query", "outputs"]}),
     ],
     "PerformerAttention": [
         ("kernel", {"num_heads": 2, "key_dim": 2, "kernel": 3}),
@@ -513,6 +518,12 @@ LAYER_CASES = {
     "RelativePositionBias": [
         ("num_heads", {"num_heads": "2"}),
         ("num_buckets", {"num_heads": 2, "num_buckets": 2}),
+    ],
+    "RotaryEmbedding": [
+        ("max_wavelength", {"max_wavelength": "1e4"}),
+        ("scaling", {"scaling": "ntk"}),
+        ("original_max_length", {"scaling": "yarn"}),
+        ("rotary_fraction", {"rotary_fraction": 1.5}),
     ],
     "SinusoidalPositionEncoding": [
         ("max_wavelength", {"max_wavelength": "1e4"}),

@@ -29,6 +29,7 @@ from keras_attention.layers.position_embedding import PositionEmbedding as Posit
 from keras_attention.layers.relative_position_bias import (
     RelativePositionBias as RelativePositionBias,
 )
+from keras_attention.layers.rotary_embedding import RotaryEmbedding as RotaryEmbedding
 from keras_attention.layers.score_attention import ScoreAttention as ScoreAttention
 from keras_attention.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding as SinusoidalPositionEncoding,

@@ -58,7 +58,9 @@ class BaseMultiHeadAttention(BaseAttention):
         key_dim: size `D` of each query/key head.
         value_dim: size `Dv` of each value head; defaults to `key_dim`.
         dropout: fraction of attention weights dropped during training.
-        use_bias: whether the projections have biases.
+        use_bias: whether the projections have biases: a bool, or the
+            names of those that have one among "query", "key", "value",
+            "output" and "gate" (e.g. Qwen 2's `("query", "key", "value")`).
         output_shape: output feature shape (int or tuple) besides batch and
             time; defaults to the query's last dimension.
         kernel_initializer, bias_initializer, kernel_regularizer,
@@ -111,7 +113,7 @@ class BaseMultiHeadAttention(BaseAttention):
                 f"({num_heads}). Received: num_key_value_heads="
                 f"{num_key_value_heads!r}"
             )
-        use_bias = validation.validate_bool(owner, "use_bias", use_bias)
+        use_bias = _validate_use_bias(owner, use_bias)
         use_gate = validation.validate_bool(owner, "use_gate", use_gate)
         output_shape = self._standardize_output_shape(output_shape)
         super().__init__(dropout=dropout, seed=seed, **kwargs)
@@ -285,11 +287,17 @@ class BaseMultiHeadAttention(BaseAttention):
             dtype=self.dtype_policy,
         )
 
+    def _has_bias(self, name):
+        """Whether projection `name` (a sublayer name) has a bias."""
+        if isinstance(self._use_bias, bool):
+            return self._use_bias
+        return _BIAS_NAMES.get(name, name) in self._use_bias
+
     def _dense(self, output_shape, bias_axes, name, equation="abc,cde->abde", activation=None):
         return keras.layers.EinsumDense(
             equation,
             output_shape=output_shape,
-            bias_axes=bias_axes if self._use_bias else None,
+            bias_axes=bias_axes if self._has_bias(name) else None,
             activation=activation,
             name=name,
             **self._get_common_kwargs_for_sublayer(),
@@ -873,7 +881,9 @@ class BaseMultiHeadAttention(BaseAttention):
                 "num_heads": self._num_heads,
                 "key_dim": self._key_dim,
                 "value_dim": self._value_dim,
-                "use_bias": self._use_bias,
+                "use_bias": (
+                    self._use_bias if isinstance(self._use_bias, bool) else list(self._use_bias)
+                ),
                 "output_shape": self._output_shape,
                 "use_gate": self._use_gate,
                 "num_key_value_heads": self._num_key_value_heads,
@@ -887,6 +897,27 @@ class BaseMultiHeadAttention(BaseAttention):
             }
         )
         return config
+
+
+# `use_bias` may name the projections with a bias; "output" is the sublayer
+# `attention_output`.
+_BIAS_NAMES = {"attention_output": "output"}
+PROJECTIONS = ("query", "key", "value", "output", "gate")
+
+
+def _validate_use_bias(owner, use_bias):
+    """`use_bias`: a bool (every projection), or the names of the
+    projections that have one (Qwen 2: query, key and value only)."""
+    if isinstance(use_bias, (list, tuple, set, frozenset)):
+        names = tuple(use_bias)
+        unknown = [n for n in names if n not in PROJECTIONS]
+        if unknown or len(set(names)) != len(names):
+            raise ValueError(
+                f"{owner}: `use_bias` must be a bool or names among {PROJECTIONS}, "
+                f"each once. Received: use_bias={use_bias!r}"
+            )
+        return tuple(n for n in PROJECTIONS if n in names)
+    return validation.validate_bool(owner, "use_bias", use_bias)
 
 
 class _Call:

@@ -14,6 +14,7 @@ from keras_attention.layers import scores_selection
 from keras_attention.layers import utils
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.kernel_selector import Kernel
+from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.ops import dense_attention
 from keras_attention.ops import masking
 from keras_attention.ops import multi_head
@@ -91,7 +92,9 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         key_dim: size `D` of each query/key head.
         value_dim: size `Dv` of each value head; defaults to `key_dim`.
         dropout: fraction of attention weights dropped during training.
-        use_bias: whether the projections have biases.
+        use_bias: whether the projections have biases: a bool, or the
+            names of those that have one among "query", "key", "value",
+            "output" and "gate" (e.g. Qwen 2's `("query", "key", "value")`).
         output_shape: output feature shape (int or tuple) besides batch and
             time; defaults to the query's last dimension.
         attention_axes: axes over which attention is applied (`None`: every
@@ -151,6 +154,19 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             bool`, what each query may see besides the other masks.
             The modifiers and rules run on every exact kernel; see the
             programmable-attention guide.
+        rotary: (keyword-only) rotary position embedding of the projected
+            queries and keys at their absolute positions (a cache holds
+            rotated keys): None, True (RoPE with `max_wavelength=10000`), a
+            dict of `RotaryEmbedding` arguments (scaling: linear, dynamic
+            NTK, YaRN, Llama 3; partial rotation) or a `RotaryEmbedding`.
+            Rank-3 inputs only.
+        qk_norm: (keyword-only) RMS-normalise each head's query and key
+            before the rotary embedding and the scores, each with a learned
+            per-feature scale (sublayers `query_norm`, `key_norm`; Gemma 3,
+            Qwen 3).
+        qk_norm_epsilon: (keyword-only) the norms' epsilon.
+        query_scale: (keyword-only) the logits' scale instead of
+            `1 / sqrt(key_dim)` (Gemma's `query_pre_attn_scalar ** -0.5`).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -194,7 +210,13 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             cache); defaults to `segment_ids` when the keys are the queries.
         prefix_length: (keyword-only) an int or `(B,)` ints: a prefix LM,
             bidirectional inside the prefix and causal after it (implies
-            the causal rule).
+            the causal rule). With a cache, a query sees the prefix's keys
+            once written: prefill the whole prefix to match the full pass.
+        position_ids: (keyword-only) with `rotary`, `(B, Tq)` or `(Tq,)`
+            integer positions of the queries (and of self-attention's keys,
+            or of the keys written into a cache) instead of `0 .. Tq - 1`
+            (or `cache_update_index + t` with a cache): packed documents
+            whose positions restart per document.
         head_mask: (keyword-only) `(H,)` or `(B, H)`, 0/1 or soft values:
             each head's attention result is multiplied by its value before
             the output projection (Michel et al., 2019), on every kernel, so
@@ -255,9 +277,22 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         score_mod=None,
         sink_tokens=None,
         mask_mod=None,
+        rotary=None,
+        qk_norm=False,
+        qk_norm_epsilon=1e-6,
+        query_scale=None,
         **kwargs,
     ):
         owner = type(self).__name__
+        rotary = _validate_rotary(owner, rotary, key_dim)
+        qk_norm = validation.validate_bool(owner, "qk_norm", qk_norm)
+        qk_norm_epsilon = validation.validate_real(
+            owner, "qk_norm_epsilon", qk_norm_epsilon, low=0.0, include_low=False
+        )
+        if query_scale is not None:
+            query_scale = validation.validate_real(
+                owner, "query_scale", query_scale, low=0.0, include_low=False
+            )
         if logit_soft_cap is not None:
             logit_soft_cap = validation.validate_real(
                 owner, "logit_soft_cap", logit_soft_cap, low=0.0, include_low=False
@@ -358,6 +393,12 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         self.score_mod = score_mod
         self.sink_tokens = sink_tokens
         self.mask_mod = mask_mod
+        self.rotary = rotary
+        self.qk_norm = qk_norm
+        self.qk_norm_epsilon = qk_norm_epsilon
+        self.query_scale = query_scale
+        if query_scale is not None:  # the logits' scale (Keras' `_scale`)
+            self._inverse_sqrt_key_dim = query_scale
         if isinstance(score_mod, keras.layers.Layer) and not (
             hasattr(score_mod, "modify_scores") and hasattr(type(score_mod), "score_weights")
         ):
@@ -381,6 +422,64 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             self.sinks = self.add_weight(
                 name="sinks", shape=(self._num_heads,), initializer="zeros", trainable=True
             )
+        if self.qk_norm:
+            # RMSNorm of each head's query and key, one learned scale per
+            # feature shared by the heads (Gemma 3, Qwen 3, OLMo 2).
+            for name, heads in (
+                ("query_norm", self._num_heads),
+                ("key_norm", self._num_key_value_heads),
+            ):
+                norm = keras.layers.RMSNormalization(
+                    epsilon=self.qk_norm_epsilon, name=name, dtype=self.dtype_policy
+                )
+                norm.build((None, None, heads, self._key_dim))
+                setattr(self, f"_{name}", norm)
+
+    def _position_heads(self, heads, which, positions):
+        """Projected `(B, T, H, D)` queries or keys after QK-norm and the
+        rotary embedding at `positions` (`None`: `0 .. T - 1`)."""
+        if self.qk_norm:
+            heads = (self._query_norm if which == "query" else self._key_norm)(heads)
+        if self.rotary is not None:
+            if positions is None:
+                positions = ops.arange(ops.shape(heads)[1], dtype="int32")
+            heads = self.rotary.rotate(heads, positions)
+        return heads
+
+    def _project_query(self, call):
+        query, gate = super()._project_query(call)
+        return self._position_heads(query, "query", getattr(call, "positions", None)), gate
+
+    def _project_key_value(self, key, value, positions=None):
+        key, value = super()._project_key_value(key, value)
+        return self._position_heads(key, "key", positions), value
+
+    def _check_position_ids(self, position_ids, layout, query_shape):
+        """`position_ids` checked: `(B, Tq)` or `(Tq,)` integers, with
+        `rotary`, on rank-3 inputs."""
+        if self.rotary is not None and layout is not None and not getattr(layout, "trivial", True):
+            raise ValueError(
+                self._error(
+                    "`rotary` rotates by the position along one sequence axis: it "
+                    "needs rank-3 inputs (batch, time, features). Received: query "
+                    f"with shape {query_shape}"
+                )
+            )
+        if position_ids is None:
+            return None
+        if self.rotary is None:
+            raise ValueError(
+                self._error(
+                    "`position_ids` are the rotary embedding's positions: the layer "
+                    "has no `rotary`. Received: position_ids with rotary=None"
+                )
+            )
+        if isinstance(position_ids, (list, tuple)):
+            position_ids = np.asarray(position_ids)
+        shape = tuple(getattr(position_ids, "shape", ()))
+        if len(shape) == 1:
+            return self._check_ids("position_ids", position_ids[None, :], (1, query_shape[1]))
+        return self._check_ids("position_ids", position_ids, (query_shape[0], query_shape[1]))
 
     def _attention_mask(self, *args, **kwargs):
         """The base's `AttentionMask`, with this layer's sink tokens and
@@ -921,16 +1020,21 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         use_causal_mask,
         cache,
         cache_update_index,
+        position_ids=None,
     ):
         """`(call, projected query, gate, key, value, new cache)` of a call
         with a cache: the query's keys/values are written at
-        `cache_update_index` and the queries sit at that absolute position."""
+        `cache_update_index` and the queries sit at that absolute position
+        (the rotary embedding's too, unless `position_ids` say otherwise)."""
         query = self._to_compute_dtype(query)
         layout = self._layout(3)
         positions = {}
+        rotary_positions = position_ids
         if cache_update_index is not None:
             index = ops.cast(cache_update_index, "int32")
-            step = ops.stack(self._project_key_value(query, query), axis=1)
+            if rotary_positions is None and self.rotary is not None:
+                rotary_positions = index + ops.arange(ops.shape(query)[1], dtype="int32")
+            step = ops.stack(self._project_key_value(query, query, rotary_positions), axis=1)
             cache = update_cache(cache, step, index)  # (B, 2, T_max, Hkv, D)
             positions["query_offset"] = (
                 scores_selection.static_int(cache_update_index)
@@ -956,6 +1060,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         key = masking.zero_masked(key, spec.key_mask)
         value = masking.zero_masked(value, spec.key_mask)
         call = _CachedCall(query, spec, layout, tuple(ops.shape(cache[:, 0]))[:2] + (None,))
+        call.positions = rotary_positions
         projected_query, gate = self._project_query(call)
         return call, projected_query, gate, key, value, cache
 
@@ -987,6 +1092,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         segment_ids=None,
         key_segment_ids=None,
         prefix_length=None,
+        position_ids=None,
         head_mask=None,
     ):
         return_attention_scores = validation.validate_call_flag(
@@ -1018,8 +1124,15 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 use_causal_mask,
                 mask,
             )
+            call.positions = self._check_position_ids(
+                position_ids, call.layout, tuple(call.flat_query.shape)
+            )
             projected_query, gate = self._project_query(call)
-            projected_key, projected_value = self._project_key_value(call.flat_key, call.flat_value)
+            # Self-attention's keys sit at the queries' positions.
+            self_attention = value is None or value is query
+            projected_key, projected_value = self._project_key_value(
+                call.flat_key, call.flat_value, call.positions if self_attention else None
+            )
         else:
             query, query_mask = self._prepare_cached(
                 query,
@@ -1043,6 +1156,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 use_causal_mask,
                 cache,
                 cache_update_index,
+                self._check_position_ids(position_ids, None, tuple(query.shape)),
             )
         call.mask = self._with_call_rules(
             call.mask,
@@ -1054,6 +1168,12 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             key_segment_ids,
             prefix_length,
         )
+        if prefix_length is not None and cache_update_index is not None:
+            # The prefix sees forward, but only as far as the cache is
+            # written: prefill the whole prefix to match the full pass.
+            call.mask = call.mask.replace(
+                key_length=ops.cast(cache_update_index, "int32") + ops.shape(query)[1]
+            )
         results = self._attend_and_project(
             call,
             projected_query,
@@ -1106,9 +1226,16 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         segment_ids=None,
         key_segment_ids=None,
         prefix_length=None,
+        position_ids=None,
         head_mask=None,
     ):
         head_masks.check_head_mask(self, head_mask, query)
+        if self.rotary is not None or position_ids is not None:
+            self._check_position_ids(
+                position_ids,
+                self._layout(len(query.shape)) if len(query.shape) > 3 else None,
+                tuple(query.shape),
+            )
         selection = self._selection(
             query, return_attention_scores, attention_scores_heads, attention_scores_query_range
         )
@@ -1260,6 +1387,14 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                     if self.mask_mod is None
                     else keras.saving.serialize_keras_object(self.mask_mod)
                 ),
+                "rotary": (
+                    None
+                    if self.rotary is None
+                    else keras.saving.serialize_keras_object(self.rotary)
+                ),
+                "qk_norm": self.qk_norm,
+                "qk_norm_epsilon": self.qk_norm_epsilon,
+                "query_scale": self.query_scale,
             }
         )
         return config
@@ -1276,6 +1411,36 @@ def _user_function(owner, argument, function, signature):
             f"Received: {argument}={function!r}"
         )
     return function
+
+
+def _validate_rotary(owner, rotary, key_dim):
+    """`rotary`: None/False, True (the paper's RoPE), a dict of
+    `RotaryEmbedding` arguments (or its saved config) or a `RotaryEmbedding`."""
+    if rotary is None or rotary is False:
+        return None
+    if rotary is True:
+        rotary = RotaryEmbedding()
+    elif isinstance(rotary, dict):
+        if "class_name" in rotary:
+            rotary = keras.saving.deserialize_keras_object(rotary)
+        else:
+            try:
+                rotary = RotaryEmbedding(**rotary)
+            except TypeError as error:
+                raise TypeError(
+                    f"{owner}: `rotary` as a dict takes RotaryEmbedding's arguments. "
+                    f"Received: rotary={rotary!r} ({error})"
+                ) from None
+    if not isinstance(rotary, RotaryEmbedding):
+        raise TypeError(
+            f"{owner}: `rotary` must be None, True, a dict of RotaryEmbedding "
+            f"arguments or a keras_attention.RotaryEmbedding. Received: rotary={rotary!r}"
+        )
+    try:
+        rotary.rotary_dim(key_dim)
+    except ValueError as error:
+        raise ValueError(f"{owner}: {error} (key_dim={key_dim!r})") from None
+    return rotary
 
 
 def _validate_alibi(owner, alibi, num_heads):
