@@ -61,14 +61,14 @@ format: install
 	$(BIN)/ruff check --fix .
 
 # Lint first (seconds), then the whole suite on the TensorFlow backend, then the
-# layers, ops and the ported Keras attention tests on JAX.
+# layers, ops, analysis and the ported Keras attention tests on JAX.
 test: lint test-tf test-jax
 
 test-tf: install
 	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not benchmark" tests
 
 test-jax: install
-	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not tf_only" tests/layers tests/ops tests/keras_ported tests/keras_hub
+	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not tf_only" tests/layers tests/ops tests/keras_ported tests/keras_hub tests/analysis_test.py
 
 # The smoke runs of the benchmark scripts (benchmarks/: serving, the GPU check's CPU
 # configuration, mha_benchmark, blockwise_profile): developer tools that no user

@@ -12,6 +12,7 @@ _warn_if_shadowed()  # the unrelated 2019 `keras-attention` shares our import na
 
 # Only for our own entry points (examples, CLI): see keras_attention/_quiet.py.
 with _quiet_startup():
+    from keras_attention import analysis
     from keras_attention import distribution
     from keras_attention import layers
     from keras_attention import ops
@@ -23,4 +24,4 @@ del _register, _warn_if_shadowed, _quiet_startup
 
 __version__ = "0.2.0"
 
-__all__ = list(layers.__all__) + ["distribution", "layers", "ops"]
+__all__ = list(layers.__all__) + ["analysis", "distribution", "layers", "ops"]

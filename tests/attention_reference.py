@@ -144,6 +144,7 @@ def reference(
     projection=None,
     query_positions=None,
     key_positions=None,
+    head_mask=None,
 ):
     """`(output (B, Tq, F), weights (B, H, Tq, Tk))` in float64.
 
@@ -157,6 +158,8 @@ def reference(
     `rows`, keys at `key_positions`, default `0..Tk-1`), `qk_norm` (the
     epsilon), `query_scale` and `use_bias` (a bool or the names of the
     projections with one; a bias in `weights` that it does not name fails).
+    `head_mask` (`(H,)` or `(B, H)`) scales each head's context before the
+    output projection (the weights returned are unscaled).
     """
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     projection = projection or {}
@@ -202,6 +205,13 @@ def reference(
     context = np.einsum("bhqk,bkhd->bqhd", probs, v)
     if gate:
         context = context * sigmoid(project(query, "gate"))
+    if head_mask is not None:
+        head_scale = np.asarray(head_mask, np.float64)
+        context = context * (
+            head_scale[None, None, :, None]
+            if head_scale.ndim == 1
+            else head_scale[:, None, :, None]
+        )
     output = np.einsum("bqhd,hdo->bqo", context, w["attention_output/kernel"])
     return output + bias("attention_output"), probs
 

@@ -113,6 +113,19 @@ def _model():
     return keras.Model(inputs, ka.LuongAttention()([inputs, inputs]))
 
 
+def _mha_model():
+    inputs = keras.Input((3, 4))
+    return keras.Model(inputs, ka.MultiHeadAttention(2, 2, name="mha")(inputs, inputs))
+
+
+def _batches():
+    return [(x(1, 3, 4), x(1, 3, 4))]
+
+
+def _mse(y_true, y_pred):
+    return keras.ops.mean((y_true - y_pred) ** 2)
+
+
 def _device_mesh(axis="batch"):
     devices = keras.distribution.list_devices()[:1]
     return keras.distribution.DeviceMesh((1,), (axis,), devices)
@@ -296,6 +309,55 @@ CASES = {
         ("balance", lambda: _ring(balance="ZIGZAG")),
         # A length the mesh does not divide: JAX's raw shard_map error before.
         ("sequence_axis", lambda: _ring(mesh=_mesh(2), length=3)),
+    ],
+    # ------------------------------------------------------ analysis
+    "keras_attention.analysis.attention_rollout": [
+        ("weights", lambda: ka.analysis.attention_rollout("weights")),
+        ("weights[0]", lambda: ka.analysis.attention_rollout([x(1, 2, 3, 4)])),
+        ("heads", lambda: ka.analysis.attention_rollout([x(1, 2, 3, 3)], heads=5)),
+        ("all_layers", lambda: ka.analysis.attention_rollout([x(1, 3, 3)], all_layers="yes")),
+    ],
+    "keras_attention.analysis.attention_flow": [
+        ("heads", lambda: ka.analysis.attention_flow([x(1, 2, 3, 3)], heads="first")),
+        ("weights[1]", lambda: ka.analysis.attention_flow([x(1, 3, 3), x(1, 4, 4)])),
+        ("residual_weight", lambda: ka.analysis.attention_flow([x(1, 3, 3)], residual_weight=-1)),
+    ],
+    "keras_attention.analysis.model_attention_rollout": [
+        ("model", lambda: ka.analysis.model_attention_rollout("model", x(1, 3, 4))),
+        ("layers", lambda: ka.analysis.model_attention_rollout(_model(), x(1, 3, 4), layers="a")),
+        ("layers", lambda: ka.analysis.model_attention_rollout(_model(), x(1, 3, 4), layers=["b"])),
+    ],
+    "keras_attention.analysis.model_attention_flow": [
+        ("model", lambda: ka.analysis.model_attention_flow(None, x(1, 3, 4))),
+        ("model", lambda: ka.analysis.model_attention_flow(keras.layers.Dense(2), x(1, 3, 4))),
+    ],
+    "keras_attention.analysis.masking_heads": [
+        ("head_masks_by_layer", lambda: ka.analysis.masking_heads(_mha_model(), [1.0, 0.0])),
+        ("head_masks_by_layer", lambda: ka.analysis.masking_heads(_mha_model(), {"b": [1.0]})),
+        ("head_masks_by_layer", lambda: ka.analysis.masking_heads(_mha_model(), {"mha": [1.0]})),
+    ],
+    "keras_attention.analysis.head_importance": [
+        ("loss_fn", lambda: ka.analysis.head_importance(_mha_model(), _batches(), "mse")),
+        ("batches", lambda: ka.analysis.head_importance(_mha_model(), [x(1, 3, 4)], _mse)),
+        ("model", lambda: ka.analysis.head_importance(_model(), _batches(), _mse)),
+    ],
+    "keras_attention.analysis.mask_least_important_heads": [
+        (
+            "importance",
+            lambda: ka.analysis.mask_least_important_heads(_mha_model(), [0.1], 1, [], _mse),
+        ),
+        (
+            "k",
+            lambda: ka.analysis.mask_least_important_heads(
+                _mha_model(), {"mha": [0.1, 0.2]}, 3, _batches(), _mse
+            ),
+        ),
+        (
+            "importance",
+            lambda: ka.analysis.mask_least_important_heads(
+                _mha_model(), {"mha": [0.1]}, 1, _batches(), _mse
+            ),
+        ),
     ],
     # ------------------------------------------------------ distribution
     "keras_attention.distribution.get_layout_map": [
@@ -544,6 +606,9 @@ EXEMPT = {
         "the record check_servable returns (a dataclass), not built from user input"
     ),
     "keras_attention.export.check.NotASavedModelError": "an exception class",
+    "keras_attention.analysis.HeadMaskingResult": (
+        "the record mask_least_important_heads returns (a dataclass), not built from user input"
+    ),
 }
 
 
@@ -636,6 +701,7 @@ def _group(path):
 
 GROUPS = [
     "keras_attention.ops",
+    "keras_attention.analysis",
     "keras_attention.layers",
     "keras_attention.distribution",
     "keras_attention.models",

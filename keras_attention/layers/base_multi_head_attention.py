@@ -19,6 +19,7 @@ from keras_attention import distribution
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import attention_layout
+from keras_attention.layers import head_mask as head_masks
 from keras_attention.layers import utils
 from keras_attention.layers.base_attention import BaseAttention
 from keras_attention.ops import attention_mask as attention_masks
@@ -698,8 +699,10 @@ class BaseMultiHeadAttention(BaseAttention):
         training,
         return_attention_scores,
         weights_requested=None,
+        head_mask=None,
     ):
-        """Kernel, gate, output projection and result tuple of a call."""
+        """Kernel, gate, output projection and result tuple of a call;
+        `head_mask` (checked) scales each head's result before the projection."""
         if weights_requested is None:
             weights_requested = return_attention_scores
         if masking.is_statically_empty(query, key):
@@ -723,6 +726,8 @@ class BaseMultiHeadAttention(BaseAttention):
         # A masked query row's attention result is zero on every kernel, so
         # its output is the output projection's bias, as a row with no key.
         output = masking.zero_masked(output, call.mask.query_mask)
+        # After the kernel, so every kernel honours it; the weights stay unmasked.
+        output = head_masks.apply_head_mask(output, head_mask)
         if gate is not None:
             output = output * gate
         output = self._output_dense(output)

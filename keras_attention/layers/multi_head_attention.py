@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers import head_mask as head_masks
 from keras_attention.layers import kernel_selector
 from keras_attention.layers import memory_budget
 from keras_attention.layers import scores_selection
@@ -216,6 +217,13 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             or of the keys written into a cache) instead of `0 .. Tq - 1`
             (or `cache_update_index + t` with a cache): packed documents
             whose positions restart per document.
+        head_mask: (keyword-only) `(H,)` or `(B, H)`, 0/1 or soft values:
+            each head's attention result is multiplied by its value before
+            the output projection (Michel et al., 2019), on every kernel, so
+            a head masked with 0 contributes nothing to the output. Returned
+            and captured weights are the unmasked ones. Inside
+            `keras_attention.analysis.masking_heads` a call without one uses
+            the mask set there for this layer.
 
     Returns:
         `(B, Tq, *output_shape)`; with `return_attention_scores=True` also the
@@ -1057,6 +1065,11 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         return call, projected_query, gate, key, value, cache
 
     # ------------------------------------------------------------------- call
+    def __call__(self, *args, **kwargs):
+        # Before Keras converts it: JAX's conversion of a text array fails first.
+        head_masks.check_head_mask(self, kwargs.get("head_mask"))
+        return super().__call__(*args, **kwargs)
+
     @utils.follows_contract
     def call(
         self,
@@ -1080,11 +1093,15 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         key_segment_ids=None,
         prefix_length=None,
         position_ids=None,
+        head_mask=None,
     ):
         return_attention_scores = validation.validate_call_flag(
             self, "return_attention_scores", return_attention_scores
         )
         use_causal_mask = validation.validate_call_flag(self, "use_causal_mask", use_causal_mask)
+        if head_mask is None:  # a mask set for this layer by `analysis.masking_heads`
+            head_mask = head_masks.active_head_mask(self)
+        head_mask = head_masks.check_head_mask(self, head_mask, query)
         selection = self._selection(
             query, return_attention_scores, attention_scores_heads, attention_scores_query_range
         )
@@ -1166,6 +1183,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             training,
             return_attention_scores,
             weights_requested=return_attention_scores and selection is None,
+            head_mask=head_mask,
         )
         if selection is not None:
             # A step after the kernel: the exact weights of the selection only.
@@ -1209,7 +1227,9 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         key_segment_ids=None,
         prefix_length=None,
         position_ids=None,
+        head_mask=None,
     ):
+        head_masks.check_head_mask(self, head_mask, query)
         if self.rotary is not None or position_ids is not None:
             self._check_position_ids(
                 position_ids,

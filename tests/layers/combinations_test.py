@@ -170,6 +170,11 @@ def cases(draw):
     case["qk_norm"] = draw(st.booleans())
     case["query_scale"] = draw(st.sampled_from((None, None, 0.7)))
     case["use_bias"] = draw(st.sampled_from((True, True, False, ("query", "key", "value"))))
+    # #38: a head mask per head or per example, 0/1 or soft (the cache path
+    # has its own test in head_mask_test.py).
+    case["head_mask"] = None
+    if not case["cache"]:
+        case["head_mask"] = draw(st.sampled_from((None, None, "per_head", "per_example")))
     return case
 
 
@@ -480,6 +485,7 @@ def check(case):
                 heads=heads,
             )
             allowed = allowed & positions
+            head_mask = _head_mask(case, rng, query.shape[0], heads)
             expected, expected_scores = reference(
                 weights,
                 _cast_like(flat_q, dtype),
@@ -492,9 +498,17 @@ def check(case):
                 projection=_projection(case),
                 query_positions=query_positions,
                 key_positions=key_positions,
+                # The layout folds other axes into the batch, batch-major.
+                head_mask=(
+                    head_mask
+                    if head_mask is None or head_mask.ndim == 1
+                    else np.repeat(head_mask, batch // head_mask.shape[0], axis=0)
+                ),
             )
             call_masks = _layout_masks(case, mask_kwargs, query.shape, key_value.shape)
             call_masks.update(rule_kwargs)
+            if head_mask is not None:
+                call_masks["head_mask"] = head_mask
             names = sorted(call_masks)
             value = None if case["self_attention"] else cast(key_value)
 
@@ -531,6 +545,17 @@ def check(case):
         np.testing.assert_allclose(scores, expected_scores, atol=tol, rtol=tol)
     # The kernel that ran is the one the options ask for (proof, not trust).
     assert ran and set(ran) <= _expected_kernels(case), (ran, case)
+
+
+def _head_mask(case, rng, batch, heads):
+    """`(H,)` 0/1 or `(B, H)` soft values in quarters (exact in half
+    precision), or None."""
+    kind = case.get("head_mask")  # hand-made cases (the rotary pins) have none
+    if kind is None:
+        return None
+    if kind == "per_head":
+        return rng.integers(0, 2, size=(heads,)).astype("float32")
+    return rng.integers(0, 5, size=(batch, heads)).astype("float32") / 4
 
 
 def _rule_inputs(case, rng, batch, q_len, k_len):
