@@ -1105,6 +1105,8 @@ def head_view(detail_figure, *, width=300, height=420):
         text_baseline="middle",
         source=token_source,
         text_font_size="9pt",
+        # Bokeh's text grey, not the glyph's default black: the page theme swaps it in dark.
+        text_color="#444444",
         nonselection_text_alpha=1.0,
     )
     view.select_one({"type": TapTool}).update(renderers=[boxes], mode="replace")

@@ -1016,6 +1016,8 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
             by_translator(opened.page.evaluate(READ_STEPPERS))["seq2seq"], 4, False
         )
         assert_backgrounds(opened.page, dark=bool(theme))
+        if theme:
+            bokeh_page.assert_text_contrasts(opened.page)
         assert_panels_sized(opened.page, wide=False)
         save_stepper_figures(opened, theme)
         # The same page widened to 1920 px: the panels follow the cell, and stay legible.
@@ -1115,8 +1117,10 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, wid
             assert view["height"] / (high - low) >= 12, (view["height"], view["y"])
             # ... and every line starts and ends inside the panel.
             assert all(low < v < high for v in view["rows"] + view["cols"])
-        # Every explorer panel (detail heatmap, head view, model view) legible as painted.
+        # Every explorer panel (detail heatmap, head view, model view) legible as painted ...
         text_boxes.assert_legible(opened.page, minimum_axes=10)
+        if theme:  # ... and its labels readable on the dark background (WCAG 3:1)
+            bokeh_page.assert_text_contrasts(opened.page)
         screenshot = opened.page.locator(".widget-vbox").nth(1)
         screenshot.scroll_into_view_if_needed()
         screenshot.screenshot(path=str(opened.directory / f"{opened.name}_long.png"))
