@@ -523,7 +523,8 @@ def candidate_bars(
 ):
     """Horizontal bars of the top-k `(token, probability)` candidates, best on top.
 
-    The `chosen` token's bar is drawn in a strong colour. A tap tool is
+    The `chosen` token's bar is drawn in a strong colour, and its row tinted
+    (a forced candidate's bar may be too short to see). A tap tool is
     active: selecting a bar sets `source.selected.indices` (the stepper
     forces the tapped candidate).
     """
@@ -556,11 +557,14 @@ def candidate_bars(
         right=1.0,
         height=0.9,
         source=source,
-        fill_alpha=0.0,
+        fill_color="color",
+        fill_alpha="row_alpha",
         line_alpha=0.0,
-        selection_fill_alpha=0.0,
+        selection_fill_color="color",
+        selection_fill_alpha="row_alpha",
         selection_line_alpha=0.0,
-        nonselection_fill_alpha=0.0,
+        nonselection_fill_color="color",
+        nonselection_fill_alpha="row_alpha",
         nonselection_line_alpha=0.0,
         name="candidate_rows",
     )
@@ -618,15 +622,18 @@ def _candidates(name, candidates):
 def candidate_data(candidates, chosen=None):
     """The ColumnDataSource columns of `candidate_bars` (`color` marks `chosen`)."""
     tokens = [str(token) for token, _ in candidates]
+    is_chosen = [chosen is not None and t == str(chosen) for t in tokens]
     return {
         "rank": list(range(len(candidates))),
         "token": tokens,
         "probability": [float(p) for _, p in candidates],
-        "color": [
-            CHOSEN_COLOR if chosen is not None and t == str(chosen) else CANDIDATE_COLOR
-            for t in tokens
-        ],
+        "color": [CHOSEN_COLOR if c else CANDIDATE_COLOR for c in is_chosen],
+        # The chosen token's whole row is tinted: a forced candidate of p ~ 0 has no bar to see.
+        "row_alpha": [CHOSEN_ROW_ALPHA if c else 0.0 for c in is_chosen],
     }
+
+
+CHOSEN_ROW_ALPHA = 0.18
 
 
 def weighted_sum(

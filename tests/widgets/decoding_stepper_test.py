@@ -210,6 +210,9 @@ def test_the_chosen_token_is_marked_in_the_prediction(fake_comm):
     colors = stepper.candidate_source.data["color"]
     assert [i for i, color in enumerate(colors) if color == CHOSEN_COLOR] == [2]
     assert "(forced)" in stepper.candidate_figure.title.text
+    # Its whole row is tinted, however short its bar (#42: p ~ 0 drew nothing to see).
+    alphas = stepper.candidate_source.data["row_alpha"]
+    assert [i for i, alpha in enumerate(alphas) if alpha > 0] == [2]
 
 
 def test_tapping_a_candidate_bar_forces_it_once(fake_comm):
