@@ -163,6 +163,7 @@ class AttentionExplorer(Component):
         self.head_view_figure, self.token_source = panels.head_view_figure, panels.token_source
         self.bars_figure = panels.bars_figure
         self.detail_widget = BokehModel(panels.layout)
+        figures.redraw_head_view_when_ready(panels.layout.document)
         self.overview_box = ipywidgets.Box()
         self.overview_figure = None
         self.window_source = None

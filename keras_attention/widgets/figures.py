@@ -970,13 +970,15 @@ const rows = get("row"), cols = get("col"), weights = get("weight"),
 const num_rows = rows.length ? Math.max(...rows) + 1 : 0,
   num_cols = cols.length ? Math.max(...cols) + 1 : 0;
 const chosen = hovered.length ? hovered : tokens.selected.indices;
-const focus = chosen.length ? chosen[0] : -1;
-const key = focus + "/" + weights.length + "/" + weights[0] + "/" + weights[weights.length - 1];
-if (hovered.length && tokens._ka_last === key) return;  // the same token hovered again: nothing new
-tokens._ka_last = key;
 const tdata = tokens.data;
 const sides = Array.from(tdata instanceof Map ? tdata.get("side") : tdata["side"]);
 const positions = Array.from(tdata instanceof Map ? tdata.get("position") : tdata["position"]);
+// Nothing hovered or clicked: the bars preview the first query, nothing is dimmed.
+const preview = !chosen.length;
+const focus = preview ? sides.indexOf("query") : chosen[0];
+const key = focus + "/" + weights.length + "/" + weights[0] + "/" + weights[weights.length - 1];
+if (hovered.length && tokens._ka_last === key) return;  // the same token hovered again: nothing new
+tokens._ka_last = key;
 if (focus < 0 || focus >= sides.length) {
   detail.selected.indices = [];
   bars.data = {position: [], weight: [], token: []};
@@ -988,7 +990,7 @@ const picked = [];
 for (let i = 0; i < weights.length; i++) {
   if ((is_query ? rows[i] : cols[i]) === at) picked.push(i);
 }
-detail.selected.indices = picked;
+detail.selected.indices = preview ? [] : picked;
 const position = picked.map((i) => is_query ? cols[i] : rows[i]);
 const labels = picked.map((i) => is_query ? x_tokens[i] : y_tokens[i]);
 bars.data = {position, weight: picked.map((i) => weights[i]), token: labels};
@@ -1145,7 +1147,11 @@ def head_view(detail_figure, *, width=300, height=420):
         bars_figure=bars_figure,
         bars_axis=bars_figure.xaxis[0],
     )
-    on_change = CustomJS(args=arguments, code="const hovered = [];\n" + HEAD_VIEW_JS)
+    # Named: a document shown before its first change runs it at document_ready
+    # (`redraw_head_view_when_ready`), so the bars are there before any hover.
+    on_change = CustomJS(
+        args=arguments, code="const hovered = [];\n" + HEAD_VIEW_JS, name=HEAD_VIEW_REDRAW
+    )
     on_hover = CustomJS(
         args=arguments, code="const hovered = cb_data.index.indices;\n" + HEAD_VIEW_JS
     )
@@ -1156,6 +1162,21 @@ def head_view(detail_figure, *, width=300, height=420):
         source.js_on_change("data", on_change)
         source.js_on_change("patching", on_change)
     return view, bars_figure, token_source
+
+
+HEAD_VIEW_REDRAW = "head_view_redraw"
+
+
+def redraw_head_view_when_ready(document):
+    """Draw the head views of `document` (their bars) when the page has drawn it.
+
+    The views redraw on every change of their data; a document whose data was
+    set before it was shown (a live widget's first frame) has no change to
+    react to, and its bar panel stayed empty until the first hover.
+    """
+    for root in document.roots:
+        for callback in root.select({"type": CustomJS, "name": HEAD_VIEW_REDRAW}):
+            document.js_on_event("document_ready", callback)
 
 
 # Pixels per token row of the head view (bertviz grows the view the same way),

@@ -235,6 +235,14 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
 
     with offline_export(tmp_path, explorer, "explorer") as page:
         page.wait_for_function(shows(weights["mha"].mean(axis=0)))
+        # Before any hover the bars preview the first query (they were empty, #42).
+        page.wait_for_function(f"{read_source('head_view_bars', 'weight')}.length === 5")
+        np.testing.assert_allclose(
+            bokeh_page.column(page, "head_view_bars", "weight"),
+            weights["mha"].mean(axis=0)[0],
+            rtol=1e-6,
+        )
+        assert bokeh_page.selected(page, "detail_source") == []  # nothing dimmed
         selects = page.locator("select")
         selects.nth(1).select_option("3")
         page.wait_for_function(shows(weights["mha"][3]))

@@ -705,6 +705,8 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
 
     opened.wait(shows("mha, head 2", weights["mha"][2]))
     opened.record(render_s=time.perf_counter() - opened.started)
+    # The bars preview the first query before any hover (the panel was empty, #42).
+    opened.wait("(" + bokeh_page.MODEL + ")('head_view_bars').get_length() === 5", timeout_s=30)
     detail = opened.page.evaluate(READ_DETAIL)
     tokens = ["a", "b", MALICIOUS, "d", "e"]
     assert detail["x_token"][:5] == tokens and detail["x_labels"] == tokens
