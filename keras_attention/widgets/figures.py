@@ -1207,6 +1207,7 @@ def head_view_tokens(query_tokens, key_tokens):
         "position": list(range(len(query_tokens))) + list(range(len(key_tokens))),
         "token": [shorten(t, 10) for t in query_tokens + key_tokens],
         "x": [-0.55] * len(query_tokens) + [1.55] * len(key_tokens),
-        "text_x": [-0.05] * len(query_tokens) + [1.05] * len(key_tokens),
+        # A gap between labels and lines: 3-4 digit labels ran into the line block.
+        "text_x": [-0.15] * len(query_tokens) + [1.15] * len(key_tokens),
         "align": ["right"] * len(query_tokens) + ["left"] * len(key_tokens),
     }

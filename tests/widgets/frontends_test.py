@@ -1089,6 +1089,25 @@ READ_HEAD_VIEWS = """
 """
 
 
+# Every overview drawn: [name, drawn width, designed width, right edge, its widget's right edge].
+READ_OVERVIEW_FIT = """
+() => {
+  const widget = (el) => {  // the explorer's box, across BokehJS' shadow roots
+    for (let e = el; e; e = e.parentElement ?? e.getRootNode()?.host) {
+      if (e.classList?.contains("widget-vbox")) return e;
+    }
+    return document.body;
+  };
+  return [...Bokeh.index.all_views()]
+    .filter((v) => String(v.model.name).startsWith("overview") && v.model.visible
+      && v.el.getBoundingClientRect().width > 0)
+    .map((v) => { const r = v.el.getBoundingClientRect();
+      return [v.model.name, r.width, v.model.width, r.right,
+              widget(v.el).getBoundingClientRect().right]; });
+}
+"""
+
+
 @pytest.mark.parametrize(("front_end", "width", "theme"), LAYOUTS)
 def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, width, theme):
     opened = open_in_layout(run, "head_view", front_end, width, theme)
@@ -1126,6 +1145,12 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, wid
         screenshot = opened.page.locator(".widget-vbox").nth(1)
         screenshot.scroll_into_view_if_needed()
         screenshot.screenshot(path=str(opened.directory / f"{opened.name}_long.png"))
+        # The long explorer's overview keeps its width and stays inside the widget's box
+        # (it was squeezed to 55 px and cut at the right beside the file browser, #42).
+        opened.wait(f"({READ_OVERVIEW_FIT})().length === 1", timeout_s=30)
+        overviews = opened.page.evaluate(READ_OVERVIEW_FIT)
+        for _name, drawn, designed, right, box_right in overviews:
+            assert drawn >= designed - 1 and right <= box_right + 1, overviews
     finally:
         if theme:
             restore_light_theme(opened)
