@@ -657,9 +657,21 @@ def assert_painted(page, rows, num_source):
     assert len(bars) >= 2 and all(len(g["bars"]) == g["length"] > 0 for g in bars), bars
 
 
-@pytest.mark.parametrize("front_end", FRONT_ENDS)
-def test_stepper_paints_every_row_after_reset_and_back(run, front_end):
-    opened = run("walk", front_end)
+@pytest.mark.parametrize(
+    ("front_end", "theme"), [(f, None) for f in FRONT_ENDS] + [("lab", "JupyterLab Dark")]
+)
+def test_stepper_paints_every_row_after_reset_and_back(run, front_end, theme):
+    opened = open_in_layout(run, "walk", front_end, 1280, theme)
+    try:
+        walk_reset_next_back_next(opened)
+        if theme:  # every label readable on the dark background (WCAG 3:1)
+            bokeh_page.assert_text_contrasts(opened.page)
+    finally:
+        if theme:
+            restore_light_theme(opened)
+
+
+def walk_reset_next_back_next(opened):
     kernel = opened.kernel_state()
     num_source, page = kernel["num_source"], opened.page
     assert kernel["tokens"][:2] == ["he", "hit"] and len(kernel["tokens"]) == 3  # 3rd forced
