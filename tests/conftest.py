@@ -1,3 +1,4 @@
+import collections
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -25,6 +26,39 @@ def _reset_keras_state():
     # TensorFlow 1182 s of 2850, JAX 905 of 1810). Python's own collector still
     # frees the cycles; a worker's peak memory was the same (1.07 GB) either way.
     keras.backend.clear_session(free_memory=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _watch_browser_pages():
+    """Every browser page any test opens (module fixtures' too) records its errors."""
+    try:
+        from playwright.sync_api import Browser
+        from playwright.sync_api import BrowserContext
+    except ImportError:
+        yield
+        return
+    from tests import page_errors
+
+    with pytest.MonkeyPatch.context() as patch:
+        for owner in (Browser, BrowserContext):
+
+            def new_page(self, *args, _original=owner.new_page, **kwargs):
+                return page_errors.watch(_original(self, *args, **kwargs))
+
+            patch.setattr(owner, "new_page", new_page)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_page_errors(_watch_browser_pages):
+    """A test fails on any page error or BokehJS error of a page open while it ran."""
+    yield
+    from tests import page_errors
+
+    errors = collections.Counter(page_errors.take())
+    if errors:
+        lines = [f"{count} x {error}" for error, count in errors.most_common(20)]
+        pytest.fail("errors in the browser page:\n" + "\n".join(lines), pytrace=False)
 
 
 @pytest.fixture(scope="module")

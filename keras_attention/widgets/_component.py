@@ -7,6 +7,7 @@ from bokeh.core.serialization import Deserializer
 from bokeh.core.serialization import Serialized
 from bokeh.document import Document
 from bokeh.events import DocumentReady
+from bokeh.models import ColumnarDataSource
 from jupyter_bokeh.widgets import BokehModel
 
 from keras_attention.widgets import _theme
@@ -86,6 +87,8 @@ class FreshBokehModel(BokehModel):
         super()._document_patched(event)
 
     def _sync_model(self, widget, content, buffers):
+        if content.get("event") == "jsevent" and self._is_data_echo(content):
+            return
         # jupyter_bokeh applies a property change made in the page with the
         # setter (which runs the `on_change` callbacks) and then runs the
         # callbacks a second time; a tap on a bar would act twice.
@@ -98,6 +101,26 @@ class FreshBokehModel(BokehModel):
             model.lookup(name).set_from_json(model, event["new"], setter=self)
             return
         super()._sync_model(widget, content, buffers)
+
+    def _is_data_echo(self, content):
+        """True for a page event that changes a data source's columns.
+
+        jupyter_bokeh's view sends every change it applies back to the
+        kernel, the kernel's own included (it queues the events of a patch
+        and sends them once the patch is applied). The echo of a stream
+        appended its rows a second time to the kernel's copy, which then
+        patched rows the page never had: BokehJS drew a stale subset of
+        the rows ("Size mismatch") and the alignment stayed blank after
+        Back or Reset. Only the kernel writes the columns it later diffs
+        against (`_frames.set_data`), so the page's copies are never read.
+        """
+        kind = content.get("kind")
+        if kind in ("ColumnsStreamed", "ColumnsPatched", "ColumnDataChanged"):
+            return True
+        if kind != "ModelChanged" or content.get("attr") != "data":
+            return False
+        model = self._document.get_model_by_id(content.get("model", {}).get("id"))
+        return isinstance(model, ColumnarDataSource)
 
     def _on_view_drawn(self, _event):
         if self._changes != self._changes_serialised:

@@ -11,7 +11,9 @@ glyphs left at Bokeh's default grey) the theme's colours, taken from
 JupyterLab's CSS variables where the page has them. Only properties still at
 Bokeh's light default change, and the original values come back in the light
 theme, so colours a figure set on purpose (the palettes, the bars) stay. A
-theme switched later repaints (a `MutationObserver` on `<body>`).
+theme switched later repaints (a `MutationObserver` on `<body>`). In dark,
+outlines take the background's colour: thin grey frames around panels of
+different widths read as boxes of uneven size.
 """
 
 from bokeh.models import CustomJS
@@ -27,7 +29,7 @@ const apply = () => {
   const on = dark(), back = css("--jp-layout-color0", "#111111"),
     text = css("--jp-ui-font-color1", "#d4d4d4");
   const colours = {background_fill_color: ["#ffffff", back], border_fill_color: ["#ffffff", back],
-    outline_line_color: ["#e5e5e5", "#3a3a3a"], grid_line_color: ["#e5e5e5", "#2e2e2e"],
+    outline_line_color: ["#e5e5e5", back], grid_line_color: ["#e5e5e5", "#2e2e2e"],
     axis_line_color: ["black", "#9a9a9a"], major_tick_line_color: ["black", "#9a9a9a"],
     minor_tick_line_color: ["black", "#9a9a9a"], major_label_text_color: ["#444444", text],
     axis_label_text_color: ["#444444", text], title_text_color: ["#444444", text],

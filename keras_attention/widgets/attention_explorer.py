@@ -163,7 +163,10 @@ class AttentionExplorer(Component):
         self.head_view_figure, self.token_source = panels.head_view_figure, panels.token_source
         self.bars_figure = panels.bars_figure
         self.detail_widget = BokehModel(panels.layout)
-        self.overview_box = ipywidgets.Box()
+        # Wider than a narrow column: it scrolls inside the output instead of being cut.
+        self.detail_widget.layout = ipywidgets.Layout(max_width="100%", overflow="auto")
+        figures.redraw_head_view_when_ready(panels.layout.document)
+        self.overview_box = ipywidgets.Box(layout=ipywidgets.Layout(flex="0 0 auto"))
         self.overview_figure = None
         self.window_source = None
         self.model_view_figure = self._model_view()
@@ -185,7 +188,12 @@ class AttentionExplorer(Component):
                 ipywidgets.HBox([self.layer_choice, self.head_choice]),
                 ipywidgets.HBox([self.query_start, self.key_start]),
                 self.info_html,
-                ipywidgets.HBox([self.detail_widget, self.overview_box]),
+                # Wraps: beside a narrow notebook column (a side panel open) the overview
+                # goes below the detail instead of being squeezed to a sliver.
+                ipywidgets.HBox(
+                    [self.detail_widget, self.overview_box],
+                    layout=ipywidgets.Layout(flex_flow="row wrap", max_width="100%"),
+                ),
                 self.model_view_widget,
             ]
         )
@@ -291,6 +299,7 @@ class AttentionExplorer(Component):
         fig = figures.image_heatmap(
             overview, title=f"{layer}: overview", max_size=size, full_shape=(num_queries, num_keys)
         )
+        fig.name = "overview"  # found by name in the browser (the export numbers them)
         window_source = ColumnDataSource(
             self._window_data(num_queries, num_keys), name="window_source"
         )

@@ -523,7 +523,8 @@ def candidate_bars(
 ):
     """Horizontal bars of the top-k `(token, probability)` candidates, best on top.
 
-    The `chosen` token's bar is drawn in a strong colour. A tap tool is
+    The `chosen` token's bar is drawn in a strong colour, and its row tinted
+    (a forced candidate's bar may be too short to see). A tap tool is
     active: selecting a bar sets `source.selected.indices` (the stepper
     forces the tapped candidate).
     """
@@ -556,11 +557,14 @@ def candidate_bars(
         right=1.0,
         height=0.9,
         source=source,
-        fill_alpha=0.0,
+        fill_color="color",
+        fill_alpha="row_alpha",
         line_alpha=0.0,
-        selection_fill_alpha=0.0,
+        selection_fill_color="color",
+        selection_fill_alpha="row_alpha",
         selection_line_alpha=0.0,
-        nonselection_fill_alpha=0.0,
+        nonselection_fill_color="color",
+        nonselection_fill_alpha="row_alpha",
         nonselection_line_alpha=0.0,
         name="candidate_rows",
     )
@@ -618,15 +622,18 @@ def _candidates(name, candidates):
 def candidate_data(candidates, chosen=None):
     """The ColumnDataSource columns of `candidate_bars` (`color` marks `chosen`)."""
     tokens = [str(token) for token, _ in candidates]
+    is_chosen = [chosen is not None and t == str(chosen) for t in tokens]
     return {
         "rank": list(range(len(candidates))),
         "token": tokens,
         "probability": [float(p) for _, p in candidates],
-        "color": [
-            CHOSEN_COLOR if chosen is not None and t == str(chosen) else CANDIDATE_COLOR
-            for t in tokens
-        ],
+        "color": [CHOSEN_COLOR if c else CANDIDATE_COLOR for c in is_chosen],
+        # The chosen token's whole row is tinted: a forced candidate of p ~ 0 has no bar to see.
+        "row_alpha": [CHOSEN_ROW_ALPHA if c else 0.0 for c in is_chosen],
     }
+
+
+CHOSEN_ROW_ALPHA = 0.18
 
 
 def weighted_sum(
@@ -963,13 +970,15 @@ const rows = get("row"), cols = get("col"), weights = get("weight"),
 const num_rows = rows.length ? Math.max(...rows) + 1 : 0,
   num_cols = cols.length ? Math.max(...cols) + 1 : 0;
 const chosen = hovered.length ? hovered : tokens.selected.indices;
-const focus = chosen.length ? chosen[0] : -1;
-const key = focus + "/" + weights.length + "/" + weights[0] + "/" + weights[weights.length - 1];
-if (hovered.length && tokens._ka_last === key) return;  // the same token hovered again: nothing new
-tokens._ka_last = key;
 const tdata = tokens.data;
 const sides = Array.from(tdata instanceof Map ? tdata.get("side") : tdata["side"]);
 const positions = Array.from(tdata instanceof Map ? tdata.get("position") : tdata["position"]);
+// Nothing hovered or clicked: the bars preview the first query, nothing is dimmed.
+const preview = !chosen.length;
+const focus = preview ? sides.indexOf("query") : chosen[0];
+const key = focus + "/" + weights.length + "/" + weights[0] + "/" + weights[weights.length - 1];
+if (hovered.length && tokens._ka_last === key) return;  // the same token hovered again: nothing new
+tokens._ka_last = key;
 if (focus < 0 || focus >= sides.length) {
   detail.selected.indices = [];
   bars.data = {position: [], weight: [], token: []};
@@ -981,7 +990,7 @@ const picked = [];
 for (let i = 0; i < weights.length; i++) {
   if ((is_query ? rows[i] : cols[i]) === at) picked.push(i);
 }
-detail.selected.indices = picked;
+detail.selected.indices = preview ? [] : picked;
 const position = picked.map((i) => is_query ? cols[i] : rows[i]);
 const labels = picked.map((i) => is_query ? x_tokens[i] : y_tokens[i]);
 bars.data = {position, weight: picked.map((i) => weights[i]), token: labels};
@@ -1105,6 +1114,8 @@ def head_view(detail_figure, *, width=300, height=420):
         text_baseline="middle",
         source=token_source,
         text_font_size="9pt",
+        # Bokeh's text grey, not the glyph's default black: the page theme swaps it in dark.
+        text_color="#444444",
         nonselection_text_alpha=1.0,
     )
     view.select_one({"type": TapTool}).update(renderers=[boxes], mode="replace")
@@ -1136,7 +1147,11 @@ def head_view(detail_figure, *, width=300, height=420):
         bars_figure=bars_figure,
         bars_axis=bars_figure.xaxis[0],
     )
-    on_change = CustomJS(args=arguments, code="const hovered = [];\n" + HEAD_VIEW_JS)
+    # Named: a document shown before its first change runs it at document_ready
+    # (`redraw_head_view_when_ready`), so the bars are there before any hover.
+    on_change = CustomJS(
+        args=arguments, code="const hovered = [];\n" + HEAD_VIEW_JS, name=HEAD_VIEW_REDRAW
+    )
     on_hover = CustomJS(
         args=arguments, code="const hovered = cb_data.index.indices;\n" + HEAD_VIEW_JS
     )
@@ -1147,6 +1162,21 @@ def head_view(detail_figure, *, width=300, height=420):
         source.js_on_change("data", on_change)
         source.js_on_change("patching", on_change)
     return view, bars_figure, token_source
+
+
+HEAD_VIEW_REDRAW = "head_view_redraw"
+
+
+def redraw_head_view_when_ready(document):
+    """Draw the head views of `document` (their bars) when the page has drawn it.
+
+    The views redraw on every change of their data; a document whose data was
+    set before it was shown (a live widget's first frame) has no change to
+    react to, and its bar panel stayed empty until the first hover.
+    """
+    for root in document.roots:
+        for callback in root.select({"type": CustomJS, "name": HEAD_VIEW_REDRAW}):
+            document.js_on_event("document_ready", callback)
 
 
 # Pixels per token row of the head view (bertviz grows the view the same way),
@@ -1177,6 +1207,7 @@ def head_view_tokens(query_tokens, key_tokens):
         "position": list(range(len(query_tokens))) + list(range(len(key_tokens))),
         "token": [shorten(t, 10) for t in query_tokens + key_tokens],
         "x": [-0.55] * len(query_tokens) + [1.55] * len(key_tokens),
-        "text_x": [-0.05] * len(query_tokens) + [1.05] * len(key_tokens),
+        # A gap between labels and lines: 3-4 digit labels ran into the line block.
+        "text_x": [-0.15] * len(query_tokens) + [1.15] * len(key_tokens),
         "align": ["right"] * len(query_tokens) + ["left"] * len(key_tokens),
     }

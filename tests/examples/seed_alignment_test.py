@@ -76,3 +76,30 @@ def test_the_shipped_translator_is_the_cells_result_and_aligns_the_seed_example(
     translator = run_training_cell(NOTEBOOKS, monkeypatch)
     assert isinstance(translator, Seq2SeqTranslator)
     assert_seed_alignment(translator)
+
+
+@pytest.mark.tf_only
+def test_the_stepper_notebook_ends_showing_the_greedy_translation(monkeypatch):
+    """Run All (and Voila, where no one clicks) shows the stepper as its code cells leave
+    it: the cells that force a candidate and step back must end at the greedy translation,
+    or the first picture a reader sees is a forced, wrong one ("he hit you", #42)."""
+    import contextlib
+    import io
+
+    monkeypatch.chdir(NOTEBOOKS)
+    with open("decoding_stepper.ipynb", encoding="utf-8") as handle:
+        cells = json.load(handle)["cells"]
+    namespace = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        for cell in cells:
+            source = "".join(cell["source"])
+            if cell["cell_type"] == "code" and "TransformerTranslator" not in source:
+                exec(compile(source, "decoding_stepper.ipynb", "exec"), namespace)
+    stepper = namespace["stepper"]
+    tokens = ["he", "hit", "me", "with", "a", "pie", "<end>"]
+    assert [s.token for s in stepper.history] == tokens and stepper.position == len(tokens)
+    assert stepper.heatmap_source.data["y_token"][:: len(stepper.source_tokens)] == tokens
+    assert "(forced)" not in stepper.candidate_figure.title.text
+    source = stepper.source_tokens
+    peaks = {s.token: source[int(np.argmax(s.attention))] for s in stepper.history}
+    assert {token: peaks[token] for token in EXPECTED} == EXPECTED

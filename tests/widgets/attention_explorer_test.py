@@ -104,6 +104,10 @@ def test_the_head_view_lists_the_windows_tokens_and_reads_the_detail(fake_comm):
     )
     with pytest.raises(ValueError, match="no query token at window position 7"):
         explorer.focus_token(7)
+    # Its data is set before the page draws it (no change to react to): the bars are drawn
+    # when the page is ready, not at the first hover (#42).
+    ready = explorer.detail_widget._document.callbacks.js_event_callbacks["document_ready"]
+    assert figures.HEAD_VIEW_REDRAW in [callback.name for callback in ready]
 
 
 def test_long_sequences_get_an_overview_and_a_window(fake_comm):

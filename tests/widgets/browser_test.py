@@ -30,7 +30,7 @@ pytestmark = [
 
 
 @contextlib.contextmanager
-def browser_page(tmp_path):
+def browser_page(tmp_path, color_scheme="light"):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -38,7 +38,9 @@ def browser_page(tmp_path):
             executable_path=CHROMIUM, args=list(CHROMIUM_ARGS), headless=True
         )
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(
+                viewport={"width": 1400, "height": 1000}, color_scheme=color_scheme
+            )
             page.alerts = []
             page.on("dialog", lambda dialog: (page.alerts.append(dialog.message), dialog.dismiss()))
             try:
@@ -100,10 +102,10 @@ def read_source(name, column):
 
 
 @contextlib.contextmanager
-def offline_export(tmp_path, widget, name):
+def offline_export(tmp_path, widget, name, color_scheme="light"):
     """The widget exported and opened from disk; asserts nothing was fetched."""
     path = export_html(widget, str(tmp_path / f"{name}.html"))
-    with browser_page(tmp_path) as page:
+    with browser_page(tmp_path, color_scheme) as page:
         requests = []
         page.on("request", lambda request: requests.append(request.url))
         page.goto("file://" + path)
@@ -233,6 +235,14 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
 
     with offline_export(tmp_path, explorer, "explorer") as page:
         page.wait_for_function(shows(weights["mha"].mean(axis=0)))
+        # Before any hover the bars preview the first query (they were empty, #42).
+        page.wait_for_function(f"{read_source('head_view_bars', 'weight')}.length === 5")
+        np.testing.assert_allclose(
+            bokeh_page.column(page, "head_view_bars", "weight"),
+            weights["mha"].mean(axis=0)[0],
+            rtol=1e-6,
+        )
+        assert bokeh_page.selected(page, "detail_source") == []  # nothing dimmed
         selects = page.locator("select")
         selects.nth(1).select_option("3")
         page.wait_for_function(shows(weights["mha"][3]))
@@ -270,6 +280,33 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
         np.testing.assert_allclose(
             bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][0][:, 3], rtol=1e-6
         )
+
+
+def test_dark_theme_labels_contrast_with_their_background(tmp_path, fake_comm):
+    # The head view's token labels were painted black on the dark background (#42).
+    import keras
+
+    import keras_attention
+    from keras_attention.widgets import AttentionExplorer
+    from keras_attention.widgets import DecodingStepper
+    from tests.widgets.fake_translator import FakeTranslator
+
+    inputs = keras.Input((4, 8))
+    model = keras.Model(inputs, keras_attention.MultiHeadAttention(2, 2, name="mha")(inputs))
+    x = np.random.default_rng(0).normal(size=(1, 4, 8)).astype("float32")
+    explorer = AttentionExplorer(model, x, query_tokens=["il", "a", "m'", "entarté"])
+    stepper = DecodingStepper(FakeTranslator(), "il a m' entarté")
+    stepper.next_token()
+    for name, widget in (("explorer", explorer), ("stepper", stepper)):
+        with offline_export(tmp_path, widget, f"{name}_dark", color_scheme="dark") as page:
+            page.wait_for_function(  # the theme callback has run
+                "[...Bokeh.documents[0].all_models].some((m) => m.background_fill_color"
+                " !== undefined && String(m.background_fill_color) !== '#ffffff')"
+            )
+            page.wait_for_timeout(300)
+            texts = bokeh_page.assert_text_contrasts(page)
+            if name == "explorer":
+                assert any(t[:2] == ["head_view_figure", "text glyph"] for t in texts), texts
 
 
 def test_exported_long_explorer_shows_each_long_layers_overview(tmp_path, fake_comm):

@@ -46,6 +46,38 @@ def test_next_uses_stream_so_only_the_new_row_goes_over_the_comm(fake_comm):
     assert not any("ModelChanged" in p and '"attr":"data"' in p for p in payloads), "no full resend"
 
 
+def echo_to_kernel(widget, events):
+    """What jupyter_bokeh's page does with each change the kernel sends: applies it, then
+    sends it back to the kernel as if the page had made it."""
+    from bokeh.core.serialization import Serializer
+
+    serializer = Serializer(references=set(widget._document.models))
+    sent = [event for event in events if event.setter is not widget]  # not the echoes' own
+    events.clear()
+    for event in sent:
+        widget._sync_model(widget, {**serializer.encode(event), "event": "jsevent"}, [])
+
+
+def test_the_pages_echo_of_a_change_leaves_the_kernels_sources_as_drawn(fake_comm):
+    # The echo of a stream appended its rows again in the kernel, whose next frame then
+    # patched rows the page never had: blank alignment rows after Reset or Back (#42).
+    stepper = DecodingStepper(FakeTranslator(max_length=6), SOURCE)
+    events = []
+    stepper.bokeh_widget._document.on_change(lambda event: events.append(event))
+    view = DecodingStepper(FakeTranslator(max_length=6), SOURCE)  # the same steps, no page
+    actions = [("reset",), *[("next_token",)] * 6, ("back",), ("next_token",), ("back",)]
+    actions += [("go_to", 1), ("force", "pie"), ("go_to", 5)]
+    for name, *arguments in actions:
+        getattr(stepper, name)(*arguments)
+        getattr(view, name)(*arguments)
+        echo_to_kernel(stepper.bokeh_widget, events)
+        for source in ("heatmap_source", "distribution_source", "candidate_source"):
+            drawn, expected = getattr(stepper, source).data, getattr(view, source).data
+            assert {k: list(v) for k, v in drawn.items()} == {
+                k: list(v) for k, v in expected.items()
+            }, (name, arguments, source)
+
+
 def test_back_and_reset_restore_earlier_states(fake_comm):
     stepper = DecodingStepper(FakeTranslator(), SOURCE)
     stepper.next_token()
@@ -178,6 +210,9 @@ def test_the_chosen_token_is_marked_in_the_prediction(fake_comm):
     colors = stepper.candidate_source.data["color"]
     assert [i for i, color in enumerate(colors) if color == CHOSEN_COLOR] == [2]
     assert "(forced)" in stepper.candidate_figure.title.text
+    # Its whole row is tinted, however short its bar (#42: p ~ 0 drew nothing to see).
+    alphas = stepper.candidate_source.data["row_alpha"]
+    assert [i for i, alpha in enumerate(alphas) if alpha > 0] == [2]
 
 
 def test_tapping_a_candidate_bar_forces_it_once(fake_comm):

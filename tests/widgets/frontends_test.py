@@ -211,6 +211,28 @@ print("fit done")
 """,
 ]
 
+# The lecture's sentence and the notebook's pretrained translator, stepped as the shipped
+# notebook does while the widget is shown: Python steps (each streamed to the page), then a
+# forced alternative and Back (the alignment made shorter, then grown again).
+WALK_CELLS = [
+    f"""
+import keras
+from keras_attention.widgets import DecodingStepper
+translator = keras.models.load_model(
+    {os.path.join(ROOT, "examples", "notebooks", "pretrained", "seed_seq2seq.keras")!r})
+stepper = DecodingStepper(translator, "il a m' entarté", top_k=4)
+stepper.widget
+""",
+    """
+for _ in range(3):
+    stepper.next_token()
+stepper.force(stepper.history[-1].candidates[1][0])
+stepper.next_token()
+stepper.back()
+dump(tokens=[s.token for s in stepper.history], num_source=len(stepper.source_tokens))
+""",
+]
+
 NOTEBOOKS = {
     "stepper": STEPPER_CELLS,
     "explorer": EXPLORER_CELLS,
@@ -218,6 +240,7 @@ NOTEBOOKS = {
     "panels": PANELS_CELLS,
     "head_view": HEAD_VIEW_CELLS,
     "progressive_live": PROGRESSIVE_LIVE_CELLS,
+    "walk": WALK_CELLS,
 }
 
 
@@ -603,6 +626,82 @@ def test_stepper_draws_the_steps_of_its_creating_cell_then_each_next(run, front_
     assert_no_script_ran(opened.page)
 
 
+# Every glyph of the newest stepper document as BokehJS last set it (`data_size`, the
+# rows of the cells, the bars' values) and placed it on screen (`sy`, `stop`, `sright`).
+READ_PAINTED = """
+() => {
+  const docs = window.Bokeh?.documents ?? [];
+  const doc = [...docs].reverse().find((d) => d.get_model_by_name("alignment_source"));
+  if (!doc) return null;
+  const finite = (a) => a === undefined || Array.from(a).every(Number.isFinite);
+  return [...Bokeh.index.all_views()]
+    .filter((v) => v.glyph && v.model.data_source && v.model.document === doc && v.model.visible)
+    .map((v) => ({source: v.model.data_source.name, length: v.model.data_source.get_length(),
+                  drawn: v.glyph.data_size, rows: Array.from(v.glyph.y ?? []),
+                  bars: Array.from(v.glyph.top ?? v.glyph.right ?? []),
+                  on_screen: [v.glyph.sy, v.glyph.stop, v.glyph.sright].every(finite)}));
+}
+"""
+
+
+def assert_painted(page, rows, num_source):
+    """Every alignment row and every bar is drawn from the source's current rows."""
+    glyphs = page.evaluate(READ_PAINTED)
+    assert glyphs, "no stepper glyph in the page"
+    for glyph in glyphs:
+        assert glyph["drawn"] == glyph["length"] and glyph["on_screen"], glyph
+    alignment = [g for g in glyphs if g["source"] == "alignment_source"]
+    assert len(alignment) == 1 and alignment[0]["length"] == rows * num_source, alignment
+    assert sorted(set(alignment[0]["rows"])) == list(range(rows)), alignment[0]["rows"]
+    bars = [g for g in glyphs if g["source"] in ("distribution_source", "candidate_source")]
+    assert len(bars) >= 2 and all(len(g["bars"]) == g["length"] > 0 for g in bars), bars
+
+
+@pytest.mark.parametrize(
+    ("front_end", "theme"), [(f, None) for f in FRONT_ENDS] + [("lab", "JupyterLab Dark")]
+)
+def test_stepper_paints_every_row_after_reset_and_back(run, front_end, theme):
+    opened = open_in_layout(run, "walk", front_end, 1280, theme)
+    try:
+        walk_reset_next_back_next(opened)
+        if theme:  # every label readable on the dark background (WCAG 3:1)
+            bokeh_page.assert_text_contrasts(opened.page)
+    finally:
+        if theme:
+            restore_light_theme(opened)
+
+
+def walk_reset_next_back_next(opened):
+    kernel = opened.kernel_state()
+    num_source, page = kernel["num_source"], opened.page
+    assert kernel["tokens"][:2] == ["he", "hit"] and len(kernel["tokens"]) == 3  # 3rd forced
+    rows_are = f"(() => {{ const d = ({READ_ALIGNMENT})(); return d !== null && d.row.length === "
+
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    def click_and_check(name, rows):
+        page.get_by_role("button", name=name).click()
+        with contextlib.suppress(PlaywrightTimeout):  # assert_painted says what was drawn
+            opened.wait(f"{rows_are}{rows * num_source}; }})()", timeout_s=30)
+        page.wait_for_timeout(300)  # BokehJS paints on the next frame
+        assert_painted(page, rows, num_source)
+
+    opened.wait(f"{rows_are}{3 * num_source}; }})()")
+    assert_painted(page, 3, num_source)
+    click_and_check("Reset", 0)
+    rows, next_button = 0, page.get_by_role("button", name="Next token")
+    while not next_button.is_disabled():
+        rows += 1
+        click_and_check("Next token", rows)
+        assert rows <= 10
+    # The greedy translation of the lecture's sentence, every row coloured.
+    drawn = opened.page.evaluate(READ_ALIGNMENT)
+    assert drawn["y_token"][::num_source] == ["he", "hit", "me", "with", "a", "pie", "<end>"]
+    click_and_check("Back", rows - 1)
+    click_and_check("Next token", rows)
+    opened.screenshot("_walk")
+
+
 @pytest.mark.parametrize("front_end", FRONT_ENDS)
 def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(run, front_end):
     opened = run("explorer", front_end)
@@ -618,6 +717,8 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
 
     opened.wait(shows("mha, head 2", weights["mha"][2]))
     opened.record(render_s=time.perf_counter() - opened.started)
+    # The bars preview the first query before any hover (the panel was empty, #42).
+    opened.wait("(" + bokeh_page.MODEL + ")('head_view_bars').get_length() === 5", timeout_s=30)
     detail = opened.page.evaluate(READ_DETAIL)
     tokens = ["a", "b", MALICIOUS, "d", "e"]
     assert detail["x_token"][:5] == tokens and detail["x_labels"] == tokens
@@ -929,6 +1030,8 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
             by_translator(opened.page.evaluate(READ_STEPPERS))["seq2seq"], 4, False
         )
         assert_backgrounds(opened.page, dark=bool(theme))
+        if theme:
+            bokeh_page.assert_text_contrasts(opened.page)
         assert_panels_sized(opened.page, wide=False)
         save_stepper_figures(opened, theme)
         # The same page widened to 1920 px: the panels follow the cell, and stay legible.
@@ -998,6 +1101,25 @@ READ_HEAD_VIEWS = """
 """
 
 
+# Every overview drawn: [name, drawn width, designed width, right edge, its widget's right edge].
+READ_OVERVIEW_FIT = """
+() => {
+  const widget = (el) => {  // the explorer's box, across BokehJS' shadow roots
+    for (let e = el; e; e = e.parentElement ?? e.getRootNode()?.host) {
+      if (e.classList?.contains("widget-vbox")) return e;
+    }
+    return document.body;
+  };
+  return [...Bokeh.index.all_views()]
+    .filter((v) => String(v.model.name).startsWith("overview") && v.model.visible
+      && v.el.getBoundingClientRect().width > 0)
+    .map((v) => { const r = v.el.getBoundingClientRect();
+      return [v.model.name, r.width, v.model.width, r.right,
+              widget(v.el).getBoundingClientRect().right]; });
+}
+"""
+
+
 @pytest.mark.parametrize(("front_end", "width", "theme"), LAYOUTS)
 def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, width, theme):
     opened = open_in_layout(run, "head_view", front_end, width, theme)
@@ -1028,11 +1150,19 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, wid
             assert view["height"] / (high - low) >= 12, (view["height"], view["y"])
             # ... and every line starts and ends inside the panel.
             assert all(low < v < high for v in view["rows"] + view["cols"])
-        # Every explorer panel (detail heatmap, head view, model view) legible as painted.
+        # Every explorer panel (detail heatmap, head view, model view) legible as painted ...
         text_boxes.assert_legible(opened.page, minimum_axes=10)
+        if theme:  # ... and its labels readable on the dark background (WCAG 3:1)
+            bokeh_page.assert_text_contrasts(opened.page)
         screenshot = opened.page.locator(".widget-vbox").nth(1)
         screenshot.scroll_into_view_if_needed()
         screenshot.screenshot(path=str(opened.directory / f"{opened.name}_long.png"))
+        # The long explorer's overview keeps its width and stays inside the widget's box
+        # (it was squeezed to 55 px and cut at the right beside the file browser, #42).
+        opened.wait(f"({READ_OVERVIEW_FIT})().length === 1", timeout_s=30)
+        overviews = opened.page.evaluate(READ_OVERVIEW_FIT)
+        for _name, drawn, designed, right, box_right in overviews:
+            assert drawn >= designed - 1 and right <= box_right + 1, overviews
     finally:
         if theme:
             restore_light_theme(opened)
