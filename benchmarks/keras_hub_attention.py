@@ -9,7 +9,8 @@ float32, on this machine's CPU:
   `--lengths`; TF graph (`tf.function`) or JAX (`jax.jit`) by KERAS_BACKEND.
   Theirs is called as its decoder calls it (a dense causal `attention_mask`);
   ours as a Keras user calls it (`use_causal_mask=True`) and, for the record,
-  with their dense mask too. Peak memory of each at each length comes from
+  with their dense mask too, and with the blockwise kernel forced
+  (`memory_efficient=True`). Peak memory of each at each length comes from
   fresh processes (`--memory`): the step's peak RSS above the process's RSS
   before it.
 - `--long L`: Gemma 3's configuration (QK-norm, soft cap none, local window
@@ -46,8 +47,9 @@ def _rss_mib():
     return 0.0
 
 
-def build(family, window=None):
-    """`(theirs, ours)` with the same random weights."""
+def build(family, window=None, **overrides):
+    """`(theirs, ours)` with the same random weights (`overrides` go to
+    ours, e.g. `memory_efficient=True`)."""
     from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
     from keras_hub.src.models.llama.llama_attention import LlamaAttention
 
@@ -67,7 +69,7 @@ def build(family, window=None):
     theirs.build((1, 16, HIDDEN))
     rng = np.random.default_rng(0)
     theirs.set_weights([rng.normal(scale=0.05, size=w.shape) for w in theirs.get_weights()])
-    return theirs, ka.MultiHeadAttention.from_keras_hub(theirs)
+    return theirs, ka.MultiHeadAttention.from_keras_hub(theirs, **overrides)
 
 
 def _arguments(kind, layer, x, mask):
@@ -126,6 +128,7 @@ def timing(lengths, repeats):
     rows = []
     for family in ("llama", "gemma3"):
         theirs, ours = build(family)
+        blockwise = build(family, memory_efficient=True)[1]
         for length in lengths:
             x = keras.ops.convert_to_tensor(
                 np.random.default_rng(1).normal(size=(1, length, HIDDEN)).astype("float32")
@@ -134,6 +137,7 @@ def timing(lengths, repeats):
                 "theirs": training_step("theirs", theirs, length),
                 "ours": training_step("ours", ours, length),
                 "ours_dense_mask": training_step("ours_dense_mask", ours, length),
+                "ours_blockwise": training_step("ours", blockwise, length),
             }
             times = {k: [] for k in steps}
             for step in steps.values():
@@ -152,6 +156,7 @@ def timing(lengths, repeats):
                 **{f"{k}_s": round(v, 4) for k, v in median.items()},
                 ratio=round(median["ours"] / median["theirs"], 3),
                 ratio_dense_mask=round(median["ours_dense_mask"] / median["theirs"], 3),
+                ratio_blockwise=round(median["ours_blockwise"] / median["theirs"], 3),
             )
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -159,8 +164,12 @@ def timing(lengths, repeats):
 
 
 def memory_child(kind, family, length, window):
-    theirs, ours = build(family, window)
+    # "ours_blockwise": ours with the blockwise kernel forced.
+    theirs, ours = build(
+        family, window, memory_efficient=True if kind == "ours_blockwise" else "auto"
+    )
     layer = theirs if kind == "theirs" else ours
+    kind = "ours" if kind == "ours_blockwise" else kind
     x = keras.ops.convert_to_tensor(
         np.random.default_rng(1).normal(size=(1, length, HIDDEN)).astype("float32")
     )
@@ -199,6 +208,7 @@ def memory_child(kind, family, length, window):
 def in_child(kind, family, length, window=None, cap_gib=None):
     """The `memory_child` figures from a fresh process, or the reason it died."""
     args = [sys.executable, __file__, "--child", kind, family, str(length), str(window or 0)]
+    label = kind
 
     def limit():
         if cap_gib:
@@ -208,7 +218,7 @@ def in_child(kind, family, length, window=None, cap_gib=None):
     done = subprocess.run(args, capture_output=True, text=True, preexec_fn=limit, env=os.environ)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
+            return dict(json.loads(line[len("RESULT ") :]), kind=label)
     tail = (done.stderr.strip().splitlines() or ["?"])[-1][:160]
     return dict(kind=kind, family=family, length=length, failed=f"rc {done.returncode}: {tail}")
 
@@ -235,7 +245,7 @@ def main():
     if args.memory:
         for family in ("llama", "gemma3"):
             for length in lengths:
-                for kind in ("theirs", "ours"):
+                for kind in ("theirs", "ours", "ours_blockwise"):
                     print(json.dumps(in_child(kind, family, length)), flush=True)
     if args.long:
         window = args.window or None

@@ -19,7 +19,7 @@ match wins (a test checks this table against the code):
 | forced-blockwise | `memory_efficient=True` | BLOCKWISE |
 | single-query | one query row (a decoding step) | MATERIALISED |
 | length-threshold | `memory_efficient_threshold` set: key length at or above it | BLOCKWISE |
-| faster-blockwise | key length at or above the backend's measured crossover (JAX on CPU: 1024) | BLOCKWISE |
+| faster-blockwise | key length at or above the backend's measured crossover (JAX on CPU: 1024; TensorFlow on CPU, causal calls: 1024) | BLOCKWISE |
 | unknown-batch | the batch is unknown and keys are `UNKNOWN_BATCH_KEY_LENGTH` or longer | BLOCKWISE |
 | over-budget | the dense working set exceeds the memory budget (unknown batch: one example) | BLOCKWISE |
 | fits | otherwise | MATERIALISED |
@@ -43,9 +43,13 @@ one on the backend and device at hand, measured (benchmarks/RESULTS.md, #26):
 on JAX's CPU backend, forward + backward of 8 heads x 64, the blockwise kernel
 took 0.67x Keras' time at 1024 and 0.39x at 2048, while the materialised
 kernel ran at Keras' speed (XLA:CPU forms and walks the `(B, H, L, L)`
-tensors at a small fraction of its matmul speed). Elsewhere (TensorFlow graph
-mode, where the materialised kernel runs at the matmul's pace, and
-accelerators) there is none, and only memory sends a call blockwise.
+tensors at a small fraction of its matmul speed). In TensorFlow graph mode on
+a CPU the materialised kernel runs at the matmul's pace, so without a causal
+mask there is none; with one the blockwise kernel skips the tiles above the
+diagonal and a training step takes 0.88x the materialised kernel's time at
+1024 and 0.66x at 4096 (#37), so causal calls cross at 1024. Elsewhere
+(TensorFlow's XLA, accelerators) there is none, and only memory sends a call
+blockwise.
 
 The dense working set is what forward + backward keep of the
 `(B, H, Tq, Tk)` logits: `DENSE_WORKING_SET_TENSORS` float32 tensors of that
@@ -83,6 +87,12 @@ UNKNOWN_BATCH_KEY_LENGTH = 8192
 # Key length from which the blockwise kernel beats the materialised one on
 # JAX's CPU backend (see the module docstring).
 JAX_CPU_BLOCKWISE_LENGTH = 1024
+# Key length from which TensorFlow's blockwise kernel beats the materialised
+# (composite) one on a CPU for causal calls, graph mode: a training step of 8
+# heads of 64 (4 key/value heads), blockwise / materialised 1.07 at 512,
+# 0.88 at 1024, 0.73 at 2048, 0.66 at 4096 (without the causal mask 1.07-1.10
+# at every length, so never), measured 2026-12-05 on the 2-core CPU.
+TF_CPU_CAUSAL_BLOCKWISE_LENGTH = 1024
 
 
 class Kernel(enum.Enum):
@@ -191,11 +201,20 @@ def decide(request):
     return "fits", _materialised(r)
 
 
-def blockwise_crossover():
+def blockwise_crossover(causal=False):
     """The key length from which the blockwise kernel is faster than the
-    materialised one on the current backend and default device (None: never)."""
+    materialised one on the current backend and default device (None: never).
+
+    `causal`: the call's mask is causal, so the blockwise kernel skips the
+    tiles above the diagonal (about half) and wins earlier."""
     import keras
 
+    if keras.backend.backend() == "tensorflow":
+        if not causal:
+            return None
+        import tensorflow as tf
+
+        return None if tf.config.list_logical_devices("GPU") else TF_CPU_CAUSAL_BLOCKWISE_LENGTH
     if keras.backend.backend() != "jax":
         return None
     import jax

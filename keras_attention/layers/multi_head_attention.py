@@ -634,7 +634,13 @@ class MultiHeadAttention(BaseMultiHeadAttention):
 
     # ------------------------------------------------------ kernel selection
     def kernel_for(
-        self, query_shape, key_shape=None, *, training=False, return_attention_scores=False
+        self,
+        query_shape,
+        key_shape=None,
+        *,
+        training=False,
+        return_attention_scores=False,
+        use_causal_mask=False,
     ):
         """The `Kernel` a call on inputs of these shapes would run.
 
@@ -642,8 +648,10 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         `query_shape` / `key_shape` are the inputs' shapes (`key_shape`
         defaults to `query_shape`, self-attention), `training` whether
         dropout would act, `return_attention_scores` whether all weights are
-        asked for. Inside a TensorFlow XLA trace the answer can differ (see
-        the selector's table).
+        asked for, `use_causal_mask` whether the call is causal (the
+        blockwise kernel skips half the tiles then, and is chosen from
+        shorter lengths). Inside a TensorFlow XLA trace the answer can differ
+        (see the selector's table).
         """
         owner = f"{type(self).__name__}.kernel_for (layer '{self.name}')"
         query_shape = self._kernel_for_shape(owner, "query_shape", query_shape)
@@ -665,6 +673,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         return_attention_scores = validation.validate_call_flag(
             owner, "return_attention_scores", return_attention_scores
         )
+        use_causal_mask = validation.validate_call_flag(owner, "use_causal_mask", use_causal_mask)
         layout = self._layout(len(query_shape))
 
         def length(shape):
@@ -675,7 +684,11 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         batch = None if None in batch_dims else math.prod(batch_dims)
         shapes = (batch, length(query_shape)), (batch, length(key_shape))
         return kernel_selector.select_kernel(
-            self._kernel_request(*shapes, self._weights_needed(training, return_attention_scores))
+            self._kernel_request(
+                *shapes,
+                self._weights_needed(training, return_attention_scores),
+                causal=use_causal_mask,
+            )
         )
 
     @staticmethod
@@ -720,9 +733,10 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             )
         return tuple(None if d is None else int(d) for d in dims)
 
-    def _kernel_request(self, query, key, weights_needed):
+    def _kernel_request(self, query, key, weights_needed, causal=False):
         """The `KernelRequest` of a call (see `kernel_selector`); `query` and
-        `key` are the projected heads or their `(batch, length)` shapes."""
+        `key` are the projected heads or their `(batch, length)` shapes;
+        `causal` whether the call's mask is causal."""
         # Sizes as they are: `KernelRequest` makes the unknown ones None.
         query = tuple(query.shape) if hasattr(query, "shape") else query
         key = tuple(key.shape) if hasattr(key, "shape") else key
@@ -745,7 +759,9 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             xla=tensorflow_xla_trace(),
             memory_budget=budget,
             blockwise_faster_from=(
-                kernel_selector.blockwise_crossover() if self.memory_efficient == "auto" else None
+                kernel_selector.blockwise_crossover(causal)
+                if self.memory_efficient == "auto" and not tensorflow_xla_trace()
+                else None
             ),
             scores_modified=self._modifies_scores,
         )
@@ -781,7 +797,10 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         mask = self._as_attention_mask(attention_mask, use_causal_mask)
         kernel = kernel_selector.select_kernel(
             self._kernel_request(
-                query, key, self._weights_needed(training, return_attention_scores)
+                query,
+                key,
+                self._weights_needed(training, return_attention_scores),
+                causal=bool(mask.causal),
             )
         )
         scale = self._inverse_sqrt_key_dim

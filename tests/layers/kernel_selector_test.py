@@ -143,7 +143,8 @@ def test_a_default_layer_runs_blockwise_from_the_crossover_on_jax_cpu_and_matche
     monkeypatch,
 ):
     """At L = 1024 the default layer runs blockwise on JAX's CPU backend (faster
-    there, benchmarks/RESULTS.md) and materialises elsewhere, with Keras' output."""
+    there, benchmarks/RESULTS.md) and materialises elsewhere, with Keras' output;
+    a causal call runs blockwise from 1024 on TensorFlow's CPU too."""
     import keras
     import numpy as np
 
@@ -163,6 +164,16 @@ def test_a_default_layer_runs_blockwise_from_the_crossover_on_jax_cpu_and_matche
     ran.clear()
     MultiHeadAttention.from_keras(reference, memory_efficient=False)(x, x)
     assert ran == [Kernel.COMPOSITE]
+    # A causal call skips half the blockwise tiles: blockwise from 1024 on
+    # TensorFlow's CPU too (benchmarks/RESULTS.md, #37), still Keras' output.
+    ran.clear()
+    expected = keras.ops.convert_to_numpy(reference(x, x, use_causal_mask=True))
+    got = keras.ops.convert_to_numpy(ours(x, x, use_causal_mask=True))
+    assert ran == [Kernel.BLOCKWISE]
+    assert ours.kernel_for(x.shape, use_causal_mask=True) is Kernel.BLOCKWISE
+    np.testing.assert_allclose(got, expected, atol=2e-5)
+    short = x[:, :512]
+    assert ours.kernel_for(short.shape, use_causal_mask=True) is not Kernel.BLOCKWISE
 
 
 def test_working_set_counts_logits_shaped_float32_tensors():
