@@ -1472,8 +1472,10 @@ def _validate_rotary(owner, rotary, key_dim):
     if rotary is True:
         rotary = RotaryEmbedding()
     elif isinstance(rotary, dict):
-        if "class_name" in rotary:
-            rotary = keras.saving.deserialize_keras_object(rotary)
+        if "class_name" in rotary:  # a `.keras` file's config
+            rotary = validation.deserialize_layer(
+                owner, "rotary", rotary, RotaryEmbedding, "a keras_attention.RotaryEmbedding"
+            )
         else:
             try:
                 rotary = RotaryEmbedding(**rotary)
