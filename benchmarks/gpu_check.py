@@ -253,6 +253,9 @@ def layer_cases():
         "PerformerAttention": [
             _self_case(lambda **kw: L.PerformerAttention(2, 32, num_features=32, seed=0, **kw))
         ],
+        "RotaryEmbedding": [
+            _plain_case(lambda **kw: L.RotaryEmbedding(max_wavelength=100.0, **kw), (2, 64, 32))
+        ],
         "SinusoidalPositionEncoding": [
             _plain_case(lambda **kw: L.SinusoidalPositionEncoding(**kw), (2, 64, 32))
         ],

@@ -36,6 +36,7 @@ PUBLIC_LAYERS = {
     "TransformerDecoderBlock": "decoder",
     "PositionEmbedding": "sequence",
     "SinusoidalPositionEncoding": "sequence",
+    "RotaryEmbedding": "sequence",
 }
 
 # The other names of `keras_attention.layers.__all__`: the family bases (for

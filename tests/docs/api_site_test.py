@@ -139,6 +139,16 @@ def test_pages_fit_a_1280_px_window_and_show_signatures(site, tmp_path_factory):
 
     site_dir = site.directory
     shots = tmp_path_factory.mktemp("screenshots")
+    # Served as a site is (the search plugin's worker cannot load from
+    # file://, a page error), from this machine only.
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=site_dir)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=chromium, headless=True, args=list(widgets_export.CHROMIUM_ARGS)
@@ -146,7 +156,7 @@ def test_pages_fit_a_1280_px_window_and_show_signatures(site, tmp_path_factory):
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             for name in CHROMIUM_PAGES:
-                page.goto("file://" + os.path.join(site_dir, name))
+                page.goto(base + name)
                 page.screenshot(path=str(shots / (name.replace("/", "_") + ".png")), full_page=True)
                 widths = page.evaluate(
                     "[document.documentElement.scrollWidth, document.body.scrollWidth,"
@@ -174,3 +184,5 @@ def test_pages_fit_a_1280_px_window_and_show_signatures(site, tmp_path_factory):
                     assert overflowing == 0, overflowing
         finally:
             browser.close()
+            server.shutdown()
+            server.server_close()

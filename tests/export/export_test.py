@@ -521,6 +521,7 @@ def _attention_layers():
         ("encoder_block", lambda: ka.TransformerEncoderBlock(2, 3, 8), "self"),
         ("decoder_block", lambda: ka.TransformerDecoderBlock(2, 3, 8), "cross"),
         ("sinusoidal", lambda: ka.SinusoidalPositionEncoding(), "plain"),
+        ("rotary", lambda: ka.RotaryEmbedding(max_wavelength=100.0, rotary_fraction=0.5), "plain"),
         ("position_embedding", lambda: ka.PositionEmbedding(sequence_length=7), "plain"),
         ("squeeze_excitation", lambda: ka.SqueezeExcitation(ratio=4), "image"),
         ("cbam", lambda: ka.CBAM(ratio=4, kernel_size=3), "image"),

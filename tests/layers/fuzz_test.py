@@ -80,6 +80,7 @@ FACTORIES = {
     "TransformerDecoderBlock": lambda d: ka.TransformerDecoderBlock(2, 4, 8, seed=0, dtype=d),
     "PositionEmbedding": lambda d: ka.PositionEmbedding(4, dtype=d),
     "SinusoidalPositionEncoding": lambda d: ka.SinusoidalPositionEncoding(dtype=d),
+    "RotaryEmbedding": lambda d: ka.RotaryEmbedding(max_wavelength=100.0, dtype=d),
 }
 LAYERS = {name: (make, PUBLIC_LAYERS[name.split("-")[0]]) for name, make in FACTORIES.items()}
 WEIGHTLESS = {"PerformerAttention"}  # returns approximate, unmasked-normalised

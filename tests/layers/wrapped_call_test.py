@@ -122,6 +122,7 @@ CASES = {
     "cbam": (lambda: ka.CBAM(ratio=1), _one, [(4, 4, 6)], False),
     "position_embedding": (lambda: ka.PositionEmbedding(8), _one, [(5, 6)], False),
     "sinusoidal": (lambda: ka.SinusoidalPositionEncoding(), _one, [(5, 6)], True),
+    "rotary": (lambda: ka.RotaryEmbedding(max_wavelength=100.0), _one, [(5, 6)], True),
     "encoder_block": (lambda: ka.TransformerEncoderBlock(2, 4, 8), _one, [(6, 8)], True),
     "decoder_block": (
         lambda: ka.TransformerDecoderBlock(2, 4, 8),
