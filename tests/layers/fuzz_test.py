@@ -27,6 +27,7 @@ import keras
 import numpy as np
 import pytest
 from hypothesis import HealthCheck
+from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -346,7 +347,32 @@ def _fuzz_settings(max_examples):
     )
 
 
+def _every_layer(test):
+    """One general example per layer besides the drawn ones: every layer is
+    fuzzed whatever the derandomised draws hit (they moved when a layer was
+    added and missed one)."""
+    for name in sorted(LAYERS, reverse=True):
+        test = example(
+            dict(
+                layer=name,
+                batch=2,
+                query_length=3,
+                key_length=3,
+                query_mask="random",
+                value_mask="random",
+                policy=POLICIES[0],
+                nan="unmasked",
+                per_query="none",
+                scores=False,
+                seed=0,
+                corrupt="none",
+            )
+        )(test)
+    return test
+
+
 @_fuzz_settings(MAX_EXAMPLES)
+@_every_layer
 @given(cases())
 def test_every_public_layer_survives_hostile_inputs(case):
     EXAMPLES_RUN.append(case)
