@@ -152,7 +152,9 @@ def timing(lengths, repeats):
                 backend=BACKEND,
                 family=family,
                 length=length,
-                kernel=ours.kernel_for((1, length, HIDDEN), training=True, use_causal_mask=True).value,
+                kernel=ours.kernel_for(
+                    (1, length, HIDDEN), training=True, use_causal_mask=True
+                ).value,
                 **{f"{k}_s": round(v, 4) for k, v in median.items()},
                 ratio=round(median["ours"] / median["theirs"], 3),
                 ratio_dense_mask=round(median["ours_dense_mask"] / median["theirs"], 3),
