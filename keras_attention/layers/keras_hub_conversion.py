@@ -358,12 +358,8 @@ def _gemma_permutation(head_dim):
     return order
 
 
-def to_keras_hub_cache(cache, layer):
-    """Our `(B, 2, T_max, Hkv, D)` cache in `layer`'s layout (a KerasHub
-    attention layer): the same tensor for most families, Gemma's keys in
-    its interleaved feature order, Gemma 3's `(keys, values)` tuple."""
-    family = family_of(layer, "to_keras_hub_cache")
-    _check_cache_shape("to_keras_hub_cache", cache)
+def _theirs_from_ours(cache, family):
+    """Our `(B, 2, T_max, Hkv, D)` cache in `family`'s layout."""
     if family == "CachedGemma3Attention":
         return cache[:, 0], cache[:, 1]
     if family == "CachedGemmaAttention":
@@ -372,23 +368,39 @@ def to_keras_hub_cache(cache, layer):
     return cache
 
 
+def _ours_from_theirs(cache, family):
+    """`family`'s cache in our `(B, 2, T_max, Hkv, D)` layout."""
+    if family == "CachedGemma3Attention":
+        cache = ops.stack(list(cache), axis=1)
+    if family == "CachedGemmaAttention":
+        inverse = np.argsort(_gemma_permutation(cache.shape[-1]))
+        return ops.stack([ops.take(cache[:, 0], inverse, axis=-1), cache[:, 1]], axis=1)
+    return cache
+
+
+def to_keras_hub_cache(cache, layer):
+    """Our `(B, 2, T_max, Hkv, D)` cache in `layer`'s layout (a KerasHub
+    attention layer): the same tensor for most families, Gemma's keys in
+    its interleaved feature order, Gemma 3's `(keys, values)` tuple."""
+    family = family_of(layer, "to_keras_hub_cache")
+    _check_cache_shape("to_keras_hub_cache", cache)
+    return _theirs_from_ours(cache, family)
+
+
 def from_keras_hub_cache(cache, layer):
     """A cache made by `layer` (a KerasHub attention layer) in our
     `(B, 2, T_max, Hkv, D)` layout (see `to_keras_hub_cache`)."""
     family = family_of(layer, "from_keras_hub_cache")
-    if family == "CachedGemma3Attention":
-        if not isinstance(cache, (tuple, list)) or len(cache) != 2:
-            raise TypeError(
-                "from_keras_hub_cache: a CachedGemma3Attention cache is a "
-                f"(keys, values) pair. Received: cache={type(cache).__name__}"
-            )
-        cache = ops.stack(list(cache), axis=1)
-    _check_cache_shape("from_keras_hub_cache", cache)
-    if family == "CachedGemmaAttention":
-        inverse = np.argsort(_gemma_permutation(cache.shape[-1]))
-        keys = ops.take(cache[:, 0], inverse, axis=-1)
-        return ops.stack([keys, cache[:, 1]], axis=1)
-    return cache
+    if family == "CachedGemma3Attention" and (
+        not isinstance(cache, (tuple, list)) or len(cache) != 2
+    ):
+        raise TypeError(
+            "from_keras_hub_cache: a CachedGemma3Attention cache is a "
+            f"(keys, values) pair. Received: cache={type(cache).__name__}"
+        )
+    if family != "CachedGemma3Attention":
+        _check_cache_shape("from_keras_hub_cache", cache)
+    return _ours_from_theirs(cache, family)
 
 
 def _check_cache_shape(owner, cache):
@@ -428,7 +440,7 @@ class KerasHubAttention(keras.layers.Layer):
         # Gemma 3's decoder passes index 0 for its uncached call's default.
         if cache is None:
             return self.attention(hidden_states, attention_mask=attention_mask, training=training)
-        ours = self._to_ours(cache)
+        ours = _ours_from_theirs(cache, self.family)
         out, new = self.attention(
             hidden_states,
             attention_mask=attention_mask,
@@ -445,23 +457,7 @@ class KerasHubAttention(keras.layers.Layer):
             kept = ops.slice(ours, start, size)
             keep = ops.reshape(ops.cast(cache_update_mask, "bool"), (-1, 1, length, 1, 1))
             new = ops.slice_update(new, start, ops.where(keep, written, kept))
-        return out, self._from_ours(new)
-
-    def _to_ours(self, cache):
-        if self.family == "CachedGemma3Attention":
-            return ops.stack(list(cache), axis=1)
-        if self.family == "CachedGemmaAttention":
-            inverse = np.argsort(_gemma_permutation(self.attention.key_dim))
-            return ops.stack([ops.take(cache[:, 0], inverse, axis=-1), cache[:, 1]], axis=1)
-        return cache
-
-    def _from_ours(self, cache):
-        if self.family == "CachedGemma3Attention":
-            return cache[:, 0], cache[:, 1]
-        if self.family == "CachedGemmaAttention":
-            order = _gemma_permutation(self.attention.key_dim)
-            return ops.stack([ops.take(cache[:, 0], order, axis=-1), cache[:, 1]], axis=1)
-        return cache
+        return out, _theirs_from_ours(new, self.family)
 
 
 def replace_keras_hub_attention(backbone, **overrides):
