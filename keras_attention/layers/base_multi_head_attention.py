@@ -11,8 +11,10 @@ cache, selected weights, kernel choice) live in that family's class.
 
 import inspect
 import math
+import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention import distribution
@@ -497,6 +499,108 @@ class BaseMultiHeadAttention(BaseAttention):
                 )
             )
 
+    # ----------------------------------------------- call-level mask rules
+    def _with_call_rules(
+        self, mask, layout, query_shape, key_length, cached, segment_ids, key_segment_ids, prefix
+    ):
+        """`mask` with the call's segment ids and prefix length."""
+        changes = self._call_rule_changes(
+            layout, query_shape, key_length, cached, segment_ids, key_segment_ids, prefix
+        )
+        return mask.replace(**changes) if changes else mask
+
+    def _call_rule_changes(
+        self, layout, query_shape, key_length, cached, segment_ids, key_segment_ids, prefix
+    ):
+        """The `AttentionMask` fields of `segment_ids`, `key_segment_ids` and
+        `prefix_length`, checked (also on symbolic inputs)."""
+        if segment_ids is None and key_segment_ids is None and prefix is None:
+            return {}
+        if layout is not None and not getattr(layout, "trivial", True):
+            raise ValueError(
+                self._error(
+                    "`segment_ids` and `prefix_length` are positions along one "
+                    "sequence axis: they need rank-3 inputs (batch, time, features). "
+                    f"Received: query with shape {query_shape}"
+                )
+            )
+        batch, length = query_shape[0], query_shape[1]
+        changes = {}
+        if key_segment_ids is not None and segment_ids is None:
+            raise ValueError(
+                self._error(
+                    "`key_segment_ids` needs `segment_ids` (the queries'). "
+                    "Received: segment_ids=None"
+                )
+            )
+        if segment_ids is not None:
+            segment_ids = self._check_ids("segment_ids", segment_ids, (batch, length))
+            if key_segment_ids is None:
+                if cached or key_length != length:
+                    raise ValueError(
+                        self._error(
+                            "`key_segment_ids` are needed when the keys are not "
+                            "the queries (cross-attention or a cache). Received: "
+                            f"{length} queries, {key_length} keys, key_segment_ids=None"
+                        )
+                    )
+                key_segment_ids = segment_ids
+            key_segment_ids = self._check_ids(
+                "key_segment_ids", key_segment_ids, (batch, key_length)
+            )
+            changes.update(query_segment_ids=segment_ids, key_segment_ids=key_segment_ids)
+        if prefix is not None:
+            changes.update(prefix_length=self._check_prefix(prefix, batch), causal=True)
+        return changes
+
+    def _check_ids(self, name, ids, expected):
+        if isinstance(ids, (list, tuple)):
+            ids = np.asarray(ids)
+        self._check_tensor(name, ids)
+        shape = tuple(ids.shape)
+        dtype = str(getattr(ids.dtype, "name", ids.dtype))
+        fits = len(shape) == 2 and all(
+            e is None or d is None or e == d for d, e in zip(shape, expected, strict=True)
+        )
+        if not fits or "int" not in dtype:
+            raise ValueError(
+                self._error(
+                    f"`{name}` must be integers shaped (batch, length) = {expected}. "
+                    f"Received: {name} with shape {shape} and dtype {dtype}"
+                )
+            )
+        return ids if isinstance(ids, keras.KerasTensor) else ops.convert_to_tensor(ids)
+
+    def _check_prefix(self, prefix, batch):
+        if isinstance(prefix, numbers.Integral) and not isinstance(prefix, bool):
+            if prefix < 0:
+                raise ValueError(
+                    self._error(f"`prefix_length` must be >= 0. Received: prefix_length={prefix}")
+                )
+            return int(prefix)
+        if isinstance(prefix, (list, tuple)):
+            prefix = np.asarray(prefix)
+        if not hasattr(prefix, "shape") or "int" not in str(
+            getattr(prefix.dtype, "name", prefix.dtype)
+        ):
+            raise TypeError(
+                self._error(
+                    "`prefix_length` must be an int or one int per example, shape "
+                    f"(batch,). Received: prefix_length={utils.describe(prefix)}"
+                )
+            )
+        shape = tuple(prefix.shape)
+        if shape == ():
+            return self._check_prefix(int(np.asarray(prefix)), batch)
+        if len(shape) != 1 or None not in (shape[0], batch) and shape[0] != batch:
+            raise ValueError(
+                self._error(
+                    f"`prefix_length` must be one int per example, shape ({batch},). "
+                    f"Received: prefix_length with shape {shape}"
+                )
+            )
+        return prefix if isinstance(prefix, keras.KerasTensor) else ops.convert_to_tensor(prefix)
+
     # ------------------------------------------------------------------- call
     def _prepare(
         self,
@@ -791,6 +895,10 @@ class BaseMultiHeadAttention(BaseAttention):
             use_causal_mask,
             mask,
         )
+        return self._project_and_attend(call, training, return_attention_scores)
+
+    def _project_and_attend(self, call, training, return_attention_scores):
+        """The rest of `call` once its inputs and mask are resolved."""
         projected_query, gate = self._project_query(call)
         projected_key, projected_value = self._project_key_value(call.flat_key, call.flat_value)
         results = self._attend_and_project(

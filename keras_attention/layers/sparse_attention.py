@@ -1,7 +1,9 @@
 import keras
 import numpy as np
 
+from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers import utils
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.utils import validate_non_negative_int
 from keras_attention.layers.utils import validate_positive_int
@@ -208,6 +210,108 @@ class SparseAttention(BaseMultiHeadAttention):
             output, weights = result
             return output, keras.ops.cast(weights, query.dtype)
         return result
+
+    @utils.follows_contract
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        *,
+        mask=None,
+        segment_ids=None,
+        key_segment_ids=None,
+    ):
+        """Keras' `MultiHeadAttention.call`, plus packed documents.
+
+        Args:
+            segment_ids: (keyword-only) `(B, Tq)` integers: documents packed
+                into one sequence; a query sees only the keys of its own
+                document (inside the block pattern). On the memory-linear
+                path the ids are compared per gathered block, without a
+                `(Tq, Tv)` mask.
+            key_segment_ids: (keyword-only) `(B, Tv)`; defaults to
+                `segment_ids` when the keys are the queries.
+
+        A prefix length (`MultiHeadAttention`'s `prefix_length`) is not
+        offered: the causal block pattern never holds the key blocks a
+        prefix would open ahead of a query.
+        """
+        return_attention_scores = validation.validate_call_flag(
+            self, "return_attention_scores", return_attention_scores
+        )
+        use_causal_mask = validation.validate_call_flag(self, "use_causal_mask", use_causal_mask)
+        call = self._prepare_inputs(
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
+            mask,
+        )
+        call.mask = self._with_call_rules(
+            call.mask,
+            call.layout,
+            tuple(call.flat_query.shape),
+            call.flat_key.shape[1],
+            False,
+            segment_ids,
+            key_segment_ids,
+            None,
+        )
+        return self._project_and_attend(call, training, return_attention_scores)
+
+    def _compute_output_spec(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        *,
+        mask=None,
+        segment_ids=None,
+        key_segment_ids=None,
+    ):
+        if segment_ids is not None or key_segment_ids is not None:
+            keys = query if value is None else value
+            self._call_rule_changes(
+                self._layout(len(query.shape)) if len(query.shape) > 3 else None,
+                tuple(query.shape),
+                keys.shape[1],
+                False,
+                segment_ids,
+                key_segment_ids,
+                None,
+            )
+        return super()._compute_output_spec(
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            return_attention_scores,
+            training,
+            use_causal_mask,
+            mask=mask,
+        )
 
     def get_config(self):
         config = super().get_config()

@@ -178,6 +178,8 @@ def _recomputed_block_rows(
     token_k=None,
     token_v=None,
     token_mask=None,
+    query_segments=None,
+    key_segments=None,
 ):
     """Block rows of block-sparse attention in memory linear in the length.
 
@@ -202,6 +204,9 @@ def _recomputed_block_rows(
         token_k, token_v, token_mask: Longformer global tokens as extra keys
             of every row: `(B, H, G, D)`, `(B, H, G, Dv)` and boolean
             `(B or 1, nq, 1 or block_size, G)`; or all `None`.
+        query_segments, key_segments: int32 `(B, Tqp)` / `(B, Tkp)` document
+            ids (a query sees the gathered keys of its own document), or
+            `None`.
 
     Returns:
         float32 `(B, H, Tqp, Dv)`. Rows with no visible key are zero.
@@ -241,6 +246,11 @@ def _recomputed_block_rows(
         token_mask = ops.transpose(token_mask, (1, 0, 2, 3, 4))
         # (nc, Bm, C, 1 or bs, G)
     block_offsets = ops.arange(bs, dtype="int32")
+    if query_segments is not None:
+        if extra:
+            query_segments = ops.pad(query_segments, ((0, 0), (0, extra * bs)))
+        query_segments = ops.reshape(query_segments, (-1, num_chunks, chunk_blocks, bs))
+        key_segment_blocks = ops.reshape(key_segments, (-1, nk, bs))
 
     def chunk_mask(c, chunk_index):
         """`(Bm, 1, C, 1 or bs, S * bs)` boolean mask of chunk `c`."""
@@ -258,6 +268,14 @@ def _recomputed_block_rows(
             mask = ops.logical_and(
                 mask,
                 rules.allows(query_positions[:, :, None], key_positions[:, None, :])[None],
+            )
+        if query_segments is not None:
+            chunk_queries = ops.take(query_segments, c, axis=1)  # (B, C, bs)
+            chunk_keys = ops.reshape(
+                ops.take(key_segment_blocks, chunk_index, axis=1), (-1, chunk_blocks, keys_per_row)
+            )
+            mask = ops.logical_and(
+                mask, ops.equal(chunk_queries[:, :, :, None], chunk_keys[:, :, None, :])
             )
         return mask[:, None]
 
@@ -521,9 +539,14 @@ def block_sparse_attention(
             mask keys inside the pattern, and the pattern looks backwards
             when it is causal. Masked query rows still get weights (the
             caller zeroes them); they do not change other rows. Segment ids
-            and a `mask_mod` (one for every head) join the pair mask, which
-            the pattern cannot skip by; a prefix length is refused (the
-            causal pattern never holds the blocks it would open).
+            (packed documents) are compared inside each chunk of gathered
+            key blocks on the memory-linear path (no `(Tq, Tv)` mask); the
+            pattern's blocks are fixed, so a block holding only other
+            documents' keys is still computed and masked, not skipped. With
+            a `mask_mod` (one for every head), dropout, dense weights or a
+            pair mask, segment ids join the pair mask. A prefix length is
+            refused (the causal pattern never holds the blocks it would
+            open).
         scale: score multiplier; default `1 / sqrt(D)`.
         dropout: callable applied to the attention weights before they
             multiply the values (e.g. a `Dropout` layer), or `None`.
@@ -585,9 +608,26 @@ def block_sparse_attention(
             f"AttentionMask with prefix_length={mask.prefix_length!r}, "
             f"per-head={mask.per_head}"
         )
+    # Packed documents on the recomputing path (static lengths, no dropout,
+    # no explicit pair mask, no dense weights, no `mask_mod`) are compared
+    # inside each chunk of gathered key blocks: `O(L)` ids, no `(Tq, Tv)` mask.
+    static = isinstance(query.shape[1], int) and isinstance(key.shape[1], int)
+    inline_segments = (
+        mask.has_segments
+        and mask.mask_mod is None
+        and mask.pair_mask is None
+        and static
+        and dropout is None
+        and not return_weights
+    )
+    query_segments = key_segments = None
+    if inline_segments:
+        query_segments = ops.cast(mask.query_segment_ids, "int32")
+        key_segments = ops.cast(mask.key_segment_ids, "int32")
+        mask = mask.replace(query_segment_ids=None, key_segment_ids=None)
     if mask.has_segments or mask.mask_mod is not None:
-        # Packed documents and a `mask_mod` join the explicit pair mask (so
-        # the general, O(Tq * Tv) path runs): the pattern cannot skip by them.
+        # Otherwise packed documents and a `mask_mod` join the explicit pair
+        # mask (the general, O(Tq * Tv) path runs).
         extra = attention_masks.AttentionMask(
             query_segment_ids=mask.query_segment_ids,
             key_segment_ids=mask.key_segment_ids,
@@ -645,6 +685,9 @@ def block_sparse_attention(
             attention_mask, padded_key_length, axis=2, value=False
         )  # (B, Tqp, Tkp)
     query_positions = ops.arange(padded_query_length, dtype="int32")
+    if query_segments is not None:
+        query_segments = _pad_time(query_segments, padded_query_length)  # (B, Tqp)
+        key_segments = _pad_time(key_segments, padded_key_length)  # (B, Tkp)
 
     # ---------------------------------------------------------- block rows
     index, slot_valid = block_plan(
@@ -682,6 +725,14 @@ def block_sparse_attention(
                 token_mask,
                 rules.allows(q_block_positions[:, :, None], token_positions[None, None, :])[None],
             )
+        if query_segments is not None:
+            token_mask = ops.logical_and(
+                token_mask,
+                ops.equal(
+                    ops.reshape(query_segments, (-1, nq, block_size, 1)),
+                    ops.take(key_segments, token_index, axis=1)[:, None, None, :],
+                ),
+            )
         if attention_mask is not None:
             columns = ops.take(attention_mask, token_index, axis=2)  # (B, Tqp, G)
             token_mask = ops.logical_and(
@@ -715,6 +766,8 @@ def block_sparse_attention(
             token_k=as_float(token_k),
             token_v=as_float(token_v),
             token_mask=token_mask,
+            query_segments=query_segments,
+            key_segments=key_segments,
         )
         output = ops.cast(output, dtype)
     else:
@@ -750,6 +803,14 @@ def block_sparse_attention(
                 row_mask,
                 rules.positional(row_positions, ops.arange(padded_key_length, dtype="int32"))[None],
             )
+        if query_segments is not None:
+            row_mask = ops.logical_and(
+                row_mask,
+                ops.equal(
+                    ops.take(query_segments, row_index, axis=1)[:, :, None],
+                    key_segments[:, None, :],
+                ),
+            )  # (B, R, Tkp): linear in the length
         if attention_mask is not None:
             row_mask = ops.logical_and(row_mask, ops.take(attention_mask, row_index, axis=1))
         if recompute:

@@ -230,6 +230,32 @@ def test_both_sides_of_the_dense_switch_match_the_pattern_reference(
     assert layer.covers_every_key(length, length, causal) == (path == "dense")
 
 
+@pytest.mark.parametrize("causal, length, path", [(False, 12, "dense"), (True, 21, "sparse")])
+def test_packed_documents_on_both_sides_of_the_dense_switch(monkeypatch, causal, length, path):
+    """`segment_ids` (#36): a query sees its own document's keys inside the
+    pattern, against the NumPy reference; in a functional model too, and a
+    wrong shape is named."""
+    options = dict(block_size=4, window_blocks=3, global_blocks=1, random_blocks=1)
+    layer = SparseAttention(2, 4, seed=5, bias_initializer="random_normal", **options)
+    query = random_inputs((2, length, 8), seed=3)
+    ids = (np.arange(length)[None, :] >= np.array([[5], [length - 6]])).astype("int32")
+    layer.build(query.shape)
+    ran = _spy_paths(monkeypatch)
+    output = layer(query, use_causal_mask=causal, segment_ids=ids)
+    assert ran == [path]
+    allowed = reference_pattern(
+        length, length, 4, 3, 1, keras.ops.convert_to_numpy(layer.random_plan), (), causal
+    )
+    allowed = allowed[None] & (ids[:, :, None] == ids[:, None, :])
+    expected, _ = _numpy_sparse(layer, query, allowed)
+    np.testing.assert_allclose(to_numpy(output), expected, atol=1e-5)
+    inputs = keras.Input((length, 8)), keras.Input((length,), dtype="int32")
+    model = keras.Model(inputs, layer(inputs[0], use_causal_mask=causal, segment_ids=inputs[1]))
+    np.testing.assert_allclose(to_numpy(model([query, ids])), expected, atol=1e-5)
+    with pytest.raises(ValueError, match="SparseAttention.*segment_ids.*shape"):
+        layer(query, segment_ids=ids[:, :-1])
+
+
 @pytest.mark.parametrize("length", [1, 10, 64, 65, 4096])
 def test_defaults_run_at_every_length(monkeypatch, length):
     layer = SparseAttention(num_heads=2, key_dim=4, seed=0)

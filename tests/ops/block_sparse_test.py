@@ -122,44 +122,72 @@ def test_cross_attention_with_different_lengths_and_attention_mask():
     np.testing.assert_allclose(output, expected, atol=1e-5)
 
 
-def test_packed_documents_and_a_mask_mod_join_the_pattern():
+@pytest.mark.parametrize("with_mask_mod", [False, True], ids=["segments", "segments+mask_mod"])
+def test_packed_documents_and_a_mask_mod_join_the_pattern(with_mask_mod, monkeypatch):
     """Segment ids and a `mask_mod` (#36) restrict the pattern's keys further,
-    against the NumPy reference of the pattern AND the rules."""
+    values and gradients against the NumPy reference of the pattern AND the
+    rules. Segment ids alone are compared inside the recomputing kernel's
+    chunks (no dense `(Tq, Tv)` mask is built: `AttentionMask.dense` is made
+    to fail); with a `mask_mod` both join the dense pair mask."""
     batch, length, bs = 2, 21, 4
     query, key, value = _inputs(batch, length, length, seed=3)
     plan = np.array([[4, 1]] * 6)
-    ids = np.array([[0] * 8 + [1] * 13, [0] * 15 + [1] * 6], "int32")
+    ids = np.array([[0] * 8 + [1] * 13, [0] * 3 + [1] * 12 + [2] * 6], "int32")
     rows, cols = np.arange(length)[:, None], np.arange(length)[None]
 
     def mask_mod(batch, head, q_idx, k_idx):
         return keras.ops.not_equal((q_idx + k_idx + batch) % 5, 0)
 
-    allowed = (
-        reference_pattern(length, length, bs, 3, 1, plan, (9,), causal=True)
-        & (ids[:, :, None] == ids[:, None, :])
-        & ((rows + cols + np.arange(batch)[:, None, None]) % 5 != 0)
+    allowed = reference_pattern(length, length, bs, 3, 1, plan, (9,), causal=True) & (
+        ids[:, :, None] == ids[:, None, :]
     )
+    if with_mask_mod:
+        allowed &= (rows + cols + np.arange(batch)[:, None, None]) % 5 != 0
+    else:
+
+        def no_dense(*args, **kwargs):
+            raise AssertionError("segment ids alone must not build a dense mask")
+
+        monkeypatch.setattr(AttentionMask, "dense", no_dense)
+    mask = AttentionMask(
+        causal=True,
+        query_segment_ids=ids,
+        key_segment_ids=ids,
+        mask_mod=mask_mod if with_mask_mod else None,
+    )
+
+    def attend(q, k, v):
+        return block_sparse.block_sparse_attention(
+            q,
+            k,
+            v,
+            block_size=bs,
+            window_blocks=3,
+            global_blocks=1,
+            random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
+            global_tokens=(9,),
+            mask=mask,
+        )
+
+    cotangent = np.random.default_rng(4).standard_normal(value.shape).astype("float32")
     expected, _ = reference_attention(query, key, value, allowed)
-    output = _run(
-        query,
-        key,
-        value,
-        block_size=bs,
-        window_blocks=3,
-        global_blocks=1,
-        random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
-        global_tokens=(9,),
-        mask=AttentionMask(
-            causal=True, query_segment_ids=ids, key_segment_ids=ids, mask_mod=mask_mod
-        ),
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(attend(query, key, value)), expected, atol=1e-5
     )
-    np.testing.assert_allclose(output, expected, atol=1e-5)
+    grads = input_gradients(attend, [query, key, value], cotangent)
+    expected_grads = reference_gradients(query, key, value, allowed, cotangent)
+    for got, want in zip(grads, expected_grads, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_a_prefix_length_is_refused():
+    query, key, value = _inputs(1, 9, 9)
     with pytest.raises(ValueError, match="prefix lengths and per-head masks are not supported"):
         _run(
             query,
             key,
             value,
-            block_size=bs,
+            block_size=4,
             window_blocks=1,
             mask=AttentionMask(causal=True, prefix_length=3),
         )
