@@ -880,6 +880,37 @@ class BaseMultiHeadAttention(BaseAttention):
         *,
         mask=None,
     ):
+        return self._call_with_rules(
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            return_attention_scores,
+            training,
+            use_causal_mask,
+            mask,
+        )
+
+    def _call_with_rules(
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        return_attention_scores,
+        training,
+        use_causal_mask,
+        mask,
+        **rules,
+    ):
+        """`call`'s body; `rules` are a subclass's call-level mask rules
+        (`segment_ids`, `key_segment_ids`, `prefix_length`)."""
         return_attention_scores = validation.validate_call_flag(
             self, "return_attention_scores", return_attention_scores
         )
@@ -895,10 +926,17 @@ class BaseMultiHeadAttention(BaseAttention):
             use_causal_mask,
             mask,
         )
-        return self._project_and_attend(call, training, return_attention_scores)
-
-    def _project_and_attend(self, call, training, return_attention_scores):
-        """The rest of `call` once its inputs and mask are resolved."""
+        if rules:  # a subclass's call-level rules (`SparseAttention`'s segment ids)
+            call.mask = self._with_call_rules(
+                call.mask,
+                call.layout,
+                tuple(call.flat_query.shape),
+                call.flat_key.shape[1],
+                False,
+                rules.get("segment_ids"),
+                rules.get("key_segment_ids"),
+                rules.get("prefix_length"),
+            )
         projected_query, gate = self._project_query(call)
         projected_key, projected_value = self._project_key_value(call.flat_key, call.flat_value)
         results = self._attend_and_project(

@@ -1,7 +1,6 @@
 import keras
 import numpy as np
 
-from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
@@ -244,11 +243,7 @@ class SparseAttention(BaseMultiHeadAttention):
         offered: the causal block pattern never holds the key blocks a
         prefix would open ahead of a query.
         """
-        return_attention_scores = validation.validate_call_flag(
-            self, "return_attention_scores", return_attention_scores
-        )
-        use_causal_mask = validation.validate_call_flag(self, "use_causal_mask", use_causal_mask)
-        call = self._prepare_inputs(
+        return self._call_with_rules(
             query,
             value,
             key,
@@ -256,20 +251,13 @@ class SparseAttention(BaseMultiHeadAttention):
             value_mask,
             key_mask,
             attention_mask,
+            return_attention_scores,
+            training,
             use_causal_mask,
             mask,
+            segment_ids=segment_ids,
+            key_segment_ids=key_segment_ids,
         )
-        call.mask = self._with_call_rules(
-            call.mask,
-            call.layout,
-            tuple(call.flat_query.shape),
-            call.flat_key.shape[1],
-            False,
-            segment_ids,
-            key_segment_ids,
-            None,
-        )
-        return self._project_and_attend(call, training, return_attention_scores)
 
     def _compute_output_spec(
         self,
