@@ -261,7 +261,12 @@ class AttentionExplorer(Component):
             self.importance_source.selected.on_change("indices", self._on_head_tap)
             grid_widget = BokehModel(self.importance_figure)
             grid_widget.layout = ipywidgets.Layout(max_width="100%", overflow="auto")
-            parts.append(ipywidgets.VBox([grid_widget, self.loss_html]))
+            # A Box, not a VBox: the page finds each explorer as its one `.widget-vbox`.
+            parts.append(
+                ipywidgets.Box(
+                    [grid_widget, self.loss_html], layout=ipywidgets.Layout(flex_flow="column")
+                )
+            )
             self._show_loss()
         self.widget = ipywidgets.VBox(
             [

@@ -1250,7 +1250,8 @@ def head_importance_grid(
     fig = figure(
         title=title,
         width=max(num_cols * size + label_room + 130, label_room + 60 + int(7.5 * len(title))),
-        height=num_rows * size + 80,
+        # Room for the colour bar's ticks beside a grid of one or two layers.
+        height=max(num_rows * size + 80, 170),
         x_range=Range1d(-0.5, num_cols - 0.5),
         y_range=Range1d(num_rows - 0.5, -0.5),
         tools="tap",
@@ -1301,7 +1302,7 @@ def head_importance_grid(
                 formatter=_color_bar_ticks(),
                 color_mapper=mapper,
                 width=8,
-                title="|d loss / d mask|",
+                title="importance",
                 title_text_font_size="8pt",
                 title_text_font_style="normal",
                 name="head_importance_color_bar",
