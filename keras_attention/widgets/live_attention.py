@@ -293,7 +293,8 @@ class LiveAttention(keras.callbacks.Callback, Component):
         }
 
     def compute(self):
-        """`{layer_name: (Tq, Tv)}` attention of the probe example, now."""
+        """`{layer_name: (Tq, Tv)}` attention of the probe example, now
+        (`{"rollout": (L, L)}` with `view="rollout"`)."""
         return self._matrices(_captured.call_and_capture(self.target, self.probe_inputs))
 
     def _matrices(self, captured):
