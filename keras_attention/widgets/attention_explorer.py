@@ -27,6 +27,8 @@ ROLLOUT = "rollout (all layers)"
 FLOW = "flow (all layers)"
 # Flow solves L * L maximum-flow problems: offered up to this many tokens (~1 s at 24).
 FLOW_MAX_TOKENS = 32
+# Rollout multiplies (L, L) matrices, once per head option (an export computes them all).
+ROLLOUT_MAX_TOKENS = 1024
 
 # Key lengths from which `scores_on_demand="auto"` stops capturing full weights.
 ON_DEMAND_FROM = 4096
@@ -79,7 +81,8 @@ class AttentionExplorer(Component):
     **Rollout and flow** (Abnar & Zuidema, 2020; `keras_attention.analysis`):
     when the model has two or more self-attention layers over the same tokens,
     the layer menu also offers `"rollout (all layers)"` and `"flow (all
-    layers)"` (flow up to `FLOW_MAX_TOKENS` = 32 tokens), drawn like a layer:
+    layers)"` (rollout up to `ROLLOUT_MAX_TOKENS` = 1024 tokens, flow up to
+    `FLOW_MAX_TOKENS` = 32), drawn like a layer:
     which input token each output token draws on through the whole stack,
     computed from the captured weights of those layers, taken as stacked in
     the order they were called. The head menu then picks the heads every layer
@@ -287,11 +290,12 @@ class AttentionExplorer(Component):
 
     def _menu(self):
         """The layer menu: every layer, then rollout and flow where they apply."""
-        views = []
-        if self._stacked:
-            views.append(ROLLOUT)
-            if self.shapes[self._stacked[0]][-1] <= FLOW_MAX_TOKENS:
-                views.append(FLOW)
+        length = self.shapes[self._stacked[0]][-1] if self._stacked else 0
+        views = [
+            view
+            for view, longest in ((ROLLOUT, ROLLOUT_MAX_TOKENS), (FLOW, FLOW_MAX_TOKENS))
+            if 0 < length <= longest
+        ]
         return [*self.shapes, *views]
 
     def _head_options(self, name):

@@ -97,6 +97,17 @@ def test_rollout_of_one_head_of_every_layer_and_no_views_without_a_stack(fake_co
     assert list(AttentionExplorer(single, x).layer_choice.options) == ["only"]
 
 
+def test_rollout_and_flow_are_offered_up_to_their_token_limits(fake_comm, monkeypatch):
+    from keras_attention.widgets import attention_explorer
+
+    x = np.zeros((1, 5, 8), "float32")
+    monkeypatch.setattr(attention_explorer, "FLOW_MAX_TOKENS", 4)
+    options = AttentionExplorer(make_model(), x).layer_choice.options
+    assert options[-1] == "rollout (all layers)"
+    monkeypatch.setattr(attention_explorer, "ROLLOUT_MAX_TOKENS", 4)
+    assert "rollout (all layers)" not in AttentionExplorer(make_model(), x).layer_choice.options
+
+
 def stacked_model(num_heads=2):
     keras.utils.set_random_seed(3)
     inputs = keras.Input((5, 8))
