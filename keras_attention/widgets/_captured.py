@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 
+from keras_attention import analysis
 from keras_attention.layers import capture_attention
 
 
@@ -44,3 +45,22 @@ def per_head(weights, example):
 
 def batch_size(weights):
     return int(np.asarray(weights).shape[0])
+
+
+def stacked_self_attention(shapes):
+    """The names of `shapes` (`{name: (..., Tq, Tv)}`) that rollout and flow combine:
+    every self-attention entry (`Tq == Tv`), in capture order (taken as the stacking
+    order), when there are at least two and all attend over the same tokens; `[]`
+    otherwise (cross-attention, or layers over different lengths)."""
+    square = [name for name, shape in shapes.items() if shape[-1] == shape[-2]]
+    lengths = {shapes[name][-1] for name in square}
+    return square if len(square) >= 2 and len(lengths) == 1 else []
+
+
+def combined_attention(kind, per_head_weights, head=None):
+    """`(L, L)` rollout or flow (`kind`) of one example's layers, each `(H, L, L)`,
+    first layer first: of the mean of heads, or of head `head` of every layer."""
+    layers = [np.asarray(w, "float64")[None] for w in per_head_weights]  # (1, H, L, L)
+    heads = None if head is None else [int(head)]
+    combine = analysis.attention_rollout if kind == "rollout" else analysis.attention_flow
+    return combine(layers, heads=heads)[0]

@@ -11,6 +11,7 @@ from bokeh.layouts import row
 from bokeh.models import ColumnDataSource
 from bokeh.models import LinearColorMapper
 
+from keras_attention import analysis
 from keras_attention import validation
 from keras_attention.layers.capture import attention_layers
 from keras_attention.widgets import _captured
@@ -21,13 +22,22 @@ from keras_attention.widgets._component import FreshBokehModel as BokehModel
 from keras_attention.widgets._component import escape
 
 MEAN_OF_HEADS = "mean of heads"
+# The layer menu's entries for attention rollout and flow across the layers.
+ROLLOUT = "rollout (all layers)"
+FLOW = "flow (all layers)"
+# Flow solves L * L maximum-flow problems: offered up to this many tokens (~1 s at 24).
+FLOW_MAX_TOKENS = 32
+# Rollout multiplies (L, L) matrices, once per head option (an export computes them all).
+ROLLOUT_MAX_TOKENS = 1024
 
 # Key lengths from which `scores_on_demand="auto"` stops capturing full weights.
 ON_DEMAND_FROM = 4096
 # Block means per axis of the overview computed with scores on demand.
 SUMMARY_SIZE = 128
-# The detail heatmap's (width, height) in pixels.
+# The detail heatmap's (width, height) in pixels (taller beside a tall head view).
 DETAIL_SIZE = (460, 440)
+# The head view's bar chart, under the detail heatmap.
+BARS_HEIGHT = 200
 
 
 class AttentionExplorer(Component):
@@ -68,9 +78,34 @@ class AttentionExplorer(Component):
     ~`heads x rows_per_call x 16384 x 4` bytes at a time instead of
     `heads x 16384^2 x 4` (8 GiB for 8 heads).
 
+    **Rollout and flow** (Abnar & Zuidema, 2020; `keras_attention.analysis`):
+    when the model has two or more self-attention layers over the same tokens,
+    the layer menu also offers `"rollout (all layers)"` and `"flow (all
+    layers)"` (rollout up to `ROLLOUT_MAX_TOKENS` = 1024 tokens, flow up to
+    `FLOW_MAX_TOKENS` = 32), drawn like a layer:
+    which input token each output token draws on through the whole stack,
+    computed from the captured weights of those layers, taken as stacked in
+    the order they were called. The head menu then picks the heads every layer
+    contributes (their mean, or head `h` of each layer; flow: the mean).
+
+    **Head importance and masking** (Michel et al., 2019): when the model has
+    `keras_attention.MultiHeadAttention` layers, a layer x head grid is shown
+    under the model view. Clicking a head (or `toggle_head(layer, head)`)
+    masks it (crossed out; click again to unmask): the model is called again
+    with those heads masked (`analysis.masking_heads`) and every map, rollout
+    and flow included, shows the masked model's attention. Given `targets`
+    (and a `loss`, or a model compiled with one), the cells are coloured by
+    `analysis.head_importance` on `(inputs, targets)` and the loss of the
+    masked model is shown next to the unmasked one. Without `targets` the
+    cells are grey (importance unknown) and no loss is shown; masking still
+    redraws the maps.
+
     `export_html(explorer, path)` writes every layer and head (the window
-    the sliders show now, for long inputs) to one offline page whose model
-    view, selects and head view work without a kernel.
+    the sliders show now, for long inputs), rollout and flow included, to one
+    offline page whose model view, selects and head view work without a
+    kernel. The importance grid is exported as a static picture of the
+    values at export (the masks then in force, the loss in its title):
+    masking needs the kernel.
 
     Args:
         model: a Keras model (or attention layer) containing keras_attention
@@ -85,6 +120,11 @@ class AttentionExplorer(Component):
         scores_on_demand: `"auto"`, `True` or `False` (see above).
         rows_per_call: query rows per layer call when scores are computed on
             demand.
+        targets: what the model should output for `inputs` (as `y` in
+            `fit`); with it the head grid shows importance and the loss.
+        loss: a Keras loss (name, `keras.losses.Loss` or function
+            `(y_true, y_pred)`); default: the loss the model was compiled
+            with.
 
     Attributes:
         widget: the ipywidgets box to display.
@@ -96,6 +136,13 @@ class AttentionExplorer(Component):
             `selected.indices` is the selected thumbnail).
         token_source: the head view's tokens (`selected.indices` is the
             clicked token).
+        head_masks: `{layer path: (H,) 0/1 array}` of the
+            `MultiHeadAttention` layers (`{}` when there are none).
+        importance: `{layer path: (H,) scores}`, or `None` without `targets`.
+        loss, baseline_loss: the loss with the current masks and without
+            any (`None` without `targets`).
+        importance_source: the head grid's cells (`layer`, `head`,
+            `importance`; a click selects one), or `None` without a grid.
     """
 
     def __init__(
@@ -109,6 +156,8 @@ class AttentionExplorer(Component):
         max_tokens=64,
         scores_on_demand="auto",
         rows_per_call=256,
+        targets=None,
+        loss=None,
     ):
         if not isinstance(model, keras.layers.Layer) or not attention_layers(model):
             raise ValueError(
@@ -134,25 +183,45 @@ class AttentionExplorer(Component):
         key_tokens = validation.validate_tokens("AttentionExplorer", "key_tokens", key_tokens)
         example = validation.validate_non_negative_int("AttentionExplorer", "example", example)
         max_tokens, rows_per_call = int(max_tokens), int(rows_per_call)
+        loss_function = _loss_function(model, targets, loss)
         self.model = model
+        self.inputs = inputs
+        self.targets = targets
         self.example = example
         self.max_tokens = max_tokens
         self.query_tokens = query_tokens
         self.key_tokens = key_tokens if key_tokens is not None else query_tokens
-        if _use_scores_on_demand(model, inputs, scores_on_demand):
+        on_demand = _use_scores_on_demand(model, inputs, scores_on_demand)
+        if on_demand:
             self._source = _OnDemandWeights(model, inputs, example, rows_per_call)
             self.weights = None
         else:
             self._source = _CapturedWeights(model, inputs, example)
             self.weights = self._source.weights
         self.shapes = self._source.shapes
+        # The self-attention layers rollout and flow combine ([] without views).
+        self._stacked = [] if on_demand else _captured.stacked_self_attention(self.shapes)
+        self._views = {}  # (view, head) -> (L, L), computed when first shown
+        self.head_masks = {} if on_demand else _maskable_heads(model)
+        if loss_function is not None and not self.head_masks:
+            raise ValueError(
+                "AttentionExplorer: `targets` and `loss` score the heads of "
+                "keras_attention.MultiHeadAttention layers, and `model` has none"
+                + (" (or its scores are computed on demand)" if on_demand else "")
+                + f". Received: {type(model).__name__} '{model.name}'"
+            )
+        self._loss_function = loss_function
+        self.importance = self.loss = self.baseline_loss = None
+        if loss_function is not None:
+            self.importance = analysis.head_importance(model, [(inputs, targets)], loss_function)
+            self.loss = self.baseline_loss = self._masked_loss()
         self._build()
         self._show()
 
     # ----------------------------------------------------------------- build
 
     def _build(self):
-        names = list(self.shapes)
+        names = self._menu()
         self.layer_choice = ipywidgets.Dropdown(options=names, value=names[0], description="layer")
         self.head_choice = ipywidgets.Dropdown(description="head")
         self.query_start = ipywidgets.IntSlider(min=0, max=0, description="query from")
@@ -183,6 +252,25 @@ class AttentionExplorer(Component):
         self.layer_choice.observe(self._on_layer, names="value")
         for control in (self.head_choice, self.query_start, self.key_start):
             control.observe(lambda _: self._show_detail(), names="value")
+        self.importance_figure = self.importance_source = None
+        self.loss_html = ipywidgets.HTML()
+        parts = [self.model_view_widget]
+        if self.head_masks:
+            self.importance_figure = self._importance_grid()
+            self.importance_source = self.importance_figure.select_one(
+                {"name": "head_importance_source"}
+            )
+            self._mask_marks = self.importance_figure.select_one({"name": "head_mask_source"})
+            self.importance_source.selected.on_change("indices", self._on_head_tap)
+            grid_widget = BokehModel(self.importance_figure)
+            grid_widget.layout = ipywidgets.Layout(max_width="100%", overflow="auto")
+            # A Box, not a VBox: the page finds each explorer as its one `.widget-vbox`.
+            parts.append(
+                ipywidgets.Box(
+                    [grid_widget, self.loss_html], layout=ipywidgets.Layout(flex_flow="column")
+                )
+            )
+            self._show_loss()
         self.widget = ipywidgets.VBox(
             [
                 ipywidgets.HBox([self.layer_choice, self.head_choice]),
@@ -194,12 +282,164 @@ class AttentionExplorer(Component):
                     [self.detail_widget, self.overview_box],
                     layout=ipywidgets.Layout(flex_flow="row wrap", max_width="100%"),
                 ),
-                self.model_view_widget,
+                ipywidgets.HBox(
+                    parts, layout=ipywidgets.Layout(flex_flow="row wrap", max_width="100%")
+                ),
             ]
         )
 
+    def _menu(self):
+        """The layer menu: every layer, then rollout and flow where they apply."""
+        length = self.shapes[self._stacked[0]][-1] if self._stacked else 0
+        views = [
+            view
+            for view, longest in ((ROLLOUT, ROLLOUT_MAX_TOKENS), (FLOW, FLOW_MAX_TOKENS))
+            if 0 < length <= longest
+        ]
+        return [*self.shapes, *views]
+
+    def _head_options(self, name):
+        """The head menu of a layer or a view (the mean of heads first)."""
+        if name == FLOW:
+            return [MEAN_OF_HEADS]
+        if name == ROLLOUT:
+            fewest = min(self.shapes[layer][0] for layer in self._stacked)
+            return [MEAN_OF_HEADS, *range(fewest)] if fewest > 1 else [MEAN_OF_HEADS]
+        num_heads = self.shapes[name][0]
+        return [MEAN_OF_HEADS, *range(num_heads)] if num_heads > 1 else [0]
+
+    def _lengths(self, name):
+        """`(Tq, Tv)` of a layer or a view."""
+        return self.shapes[self._stacked[0] if name in (ROLLOUT, FLOW) else name][1:]
+
+    def _view_matrix(self, name, head):
+        """`(L, L)` rollout or flow of the current weights, computed once."""
+        key = (name, head)
+        if key not in self._views:
+            self._views[key] = _captured.combined_attention(
+                "rollout" if name == ROLLOUT else "flow",
+                [self.weights[layer] for layer in self._stacked],
+                None if head == MEAN_OF_HEADS else head,
+            )
+        return self._views[key]
+
+    def _window(self, name, head, q0, q1, k0, k1):
+        if name in (ROLLOUT, FLOW):
+            return self._view_matrix(name, head)[q0:q1, k0:k1]
+        return self._source.window(name, head, q0, q1, k0, k1)
+
+    def _summary(self, name, max_size):
+        """`(H, r, c)` block means (a view: its mean-of-heads map, H = 1)."""
+        if name in (ROLLOUT, FLOW):
+            return figures.downsample(self._view_matrix(name, MEAN_OF_HEADS), max_size)[0][None]
+        return self._source.summary(name, max_size)
+
+    # --------------------------------------------------------- head masking
+
+    def _grid_rows(self):
+        """`(paths, names)` of the grid's rows: names are paths cut to the layer's name
+        where that is unambiguous."""
+        paths = list(self.head_masks)
+        short = [path.rsplit("/", 1)[-1] for path in paths]
+        return paths, [n if short.count(n) == 1 else p for p, n in zip(paths, short, strict=True)]
+
+    def _grid_values(self):
+        paths, names = self._grid_rows()
+        scores = [
+            np.full(len(self.head_masks[p]), np.nan)
+            if self.importance is None
+            else self.importance[p]
+            for p in paths
+        ]
+        return scores, names, [self.head_masks[p] for p in paths]
+
+    def _importance_grid(self, title=None):
+        scores, names, masks = self._grid_values()
+        if title is None:
+            title = "Head importance: click a head to mask it"
+        return figures.head_importance_grid(scores, names, masks, title=title)
+
+    def toggle_head(self, layer, head):
+        """Mask head `head` of `layer` (a `MultiHeadAttention` path or name), or unmask
+        it if masked (what a click on its grid cell does); every map is recomputed."""
+        paths, names = self._grid_rows()
+        if layer in names:
+            layer = paths[names.index(layer)]
+        if layer not in self.head_masks:
+            raise ValueError(
+                "AttentionExplorer.toggle_head: `layer` must be one of the model's "
+                f"MultiHeadAttention layers ({names}). Received: layer={layer!r}"
+            )
+        mask = self.head_masks[layer]
+        if not validation.is_int(head) or not 0 <= head < len(mask):
+            raise ValueError(
+                f"AttentionExplorer.toggle_head: `head` must be in [0, {len(mask)}) for "
+                f"{layer!r}. Received: head={head!r}"
+            )
+        mask[int(head)] = 1.0 - mask[int(head)]
+        masks = self._active_masks()
+        self._source = _CapturedWeights(self.model, self.inputs, self.example, masks)
+        self.weights = self._source.weights
+        self._views.clear()
+        if self._loss_function is not None:
+            self.loss = self._masked_loss()
+        fresh = self._model_view()
+        images = self.model_view_figure.select_one({"name": "model_view_images"})
+        images.data = dict(fresh.select_one({"name": "model_view_images"}).data)
+        mapper = self.model_view_figure.select_one({"type": LinearColorMapper})
+        mapper.high = fresh.select_one({"type": LinearColorMapper}).high
+        _, marks = figures.head_importance_data(*self._grid_values())
+        self._mask_marks.data = marks
+        self._show_loss()
+        self._show(self.head_choice.value, keep_window=True)
+
+    def _active_masks(self):
+        return {path: mask for path, mask in self.head_masks.items() if not np.all(mask == 1)}
+
+    def _masked_loss(self):
+        """The mean loss on `(inputs, targets)` with the current head masks."""
+        with analysis.masking_heads(self.model, self._active_masks()):
+            predictions = self.model(self.inputs, training=False)
+            value = keras.ops.mean(self._loss_function(self.targets, predictions))
+        return float(keras.ops.convert_to_numpy(value))
+
+    def masked_heads(self):
+        """`[(layer path, head)]` of the heads masked now."""
+        return [
+            (path, int(head))
+            for path, mask in self.head_masks.items()
+            for head in np.flatnonzero(mask == 0)
+        ]
+
+    def _loss_text(self):
+        masked = self.masked_heads()
+        heads = f"{len(masked)} head{'s' if len(masked) != 1 else ''} masked"
+        if self.loss is None:
+            return heads
+        return f"loss {self.loss:.4f} ({heads}; unmasked {self.baseline_loss:.4f})"
+
+    def _show_loss(self):
+        self.loss_html.value = f"<b>{escape(self._loss_text())}</b>" + (
+            ""
+            if self.importance is not None
+            else "<br><small>importance needs `targets` (and a loss)</small>"
+        )
+
+    def _on_head_tap(self, _attr, _old, new):
+        if self._updating or len(new) != 1:
+            return
+        data = self.importance_source.data
+        layer, head = data["layer"][new[0]], int(data["head"][new[0]])
+        self._updating = True
+        try:  # a click on the same cell again must change the selection again
+            self.importance_source.selected.indices = []
+        finally:
+            self._updating = False
+        paths, names = self._grid_rows()
+        self.toggle_head(paths[names.index(layer)], head)
+
     def _model_view(self):
-        names = list(self.shapes)
+        names = list(self.shapes)  # layers only: rollout and flow have no heads
         return figures.model_view([self._source.summary(name, 32) for name in names], names)
 
     # ------------------------------------------------------------- updating
@@ -210,8 +450,8 @@ class AttentionExplorer(Component):
         With scores on demand this computes every row (as much memory as the
         full weights of one head); the explorer itself only asks for windows.
         """
-        _, num_queries, num_keys = self.shapes[layer]
-        return self._source.window(layer, head, 0, num_queries, 0, num_keys)
+        num_queries, num_keys = self._lengths(layer)
+        return self._window(layer, head, 0, num_queries, 0, num_keys)
 
     def _tokens(self, tokens, length):
         return tokens if tokens is not None and len(tokens) == length else None
@@ -231,15 +471,16 @@ class AttentionExplorer(Component):
             self._updating = False
         self._show(head)
 
-    def _show(self, head=None):
-        """Draws the chosen layer with `head` (default: its first head option)."""
+    def _show(self, head=None, keep_window=False):
+        """Draws the chosen layer with `head` (default: its first head option), from the
+        window's start (or, `keep_window`, the window the sliders show)."""
         if self._updating:
             return
         layer = self.layer_choice.value
-        num_heads, num_queries, num_keys = self.shapes[layer]
+        num_queries, num_keys = self._lengths(layer)
         self._updating = True
         try:
-            self.head_choice.options = [MEAN_OF_HEADS, *range(num_heads)] if num_heads > 1 else [0]
+            self.head_choice.options = self._head_options(layer)
             self.head_choice.value = (
                 head if head in self.head_choice.options else self.head_choice.options[0]
             )
@@ -247,8 +488,9 @@ class AttentionExplorer(Component):
             long_keys = num_keys > self.max_tokens
             self.query_start.max = max(0, num_queries - self.max_tokens)
             self.key_start.max = max(0, num_keys - self.max_tokens)
-            self.query_start.value = 0
-            self.key_start.value = 0
+            if not keep_window:
+                self.query_start.value = 0
+                self.key_start.value = 0
             self.query_start.layout.display = None if long_queries else "none"
             self.key_start.layout.display = None if long_keys else "none"
         finally:
@@ -261,8 +503,17 @@ class AttentionExplorer(Component):
         else:
             self.overview_figure = self.window_source = None
             self.overview_box.children = []
+        if layer in (ROLLOUT, FLOW):
+            what = (
+                f"{len(self._stacked)} self-attention layers "
+                f"({escape(', '.join(self._stacked))}) with the residual mixed in "
+                "(Abnar &amp; Zuidema), "
+            )
+        else:
+            what = f"{self.shapes[layer][0]} head(s), "
         self.info_html.value = (
-            f"<b>{escape(layer)}</b>: {num_heads} head(s), {num_queries} queries x {num_keys} keys"
+            f"<b>{escape(layer)}</b>: {what}"
+            f"{num_queries} queries x {num_keys} keys"
             + (
                 f"; detail shows a {self.max_tokens}-token window"
                 if long_queries or long_keys
@@ -276,11 +527,11 @@ class AttentionExplorer(Component):
         if self._updating:
             return
         layer, head = self.layer_choice.value, self.head_choice.value
-        _, num_queries, num_keys = self.shapes[layer]
+        num_queries, num_keys = self._lengths(layer)
         q0, k0 = self.query_start.value, self.key_start.value
         q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
         x_labels, y_labels = self._window_labels(layer, q0, q1, k0, k1)
-        window = self._source.window(layer, head, q0, q1, k0, k1)
+        window = self._window(layer, head, q0, q1, k0, k1)
         frame = _detail_frame(window, x_labels, y_labels, layer, head, self.model_view_source.data)
         if self.window_source is not None:
             self.window_source.data = self._window_data(num_queries, num_keys)
@@ -293,9 +544,9 @@ class AttentionExplorer(Component):
     def _overview(self, layer):
         """The block-mean overview of a long layer (mean of heads) with the detail's window
         outlined: `(figure, window_source)`, in the live widget and the export alike."""
-        _, num_queries, num_keys = self.shapes[layer]
+        num_queries, num_keys = self._lengths(layer)
         size = self.max_tokens * 2
-        overview = self._source.summary(layer, size).mean(axis=0)
+        overview = self._summary(layer, size).mean(axis=0)
         fig = figures.image_heatmap(
             overview, title=f"{layer}: overview", max_size=size, full_shape=(num_queries, num_keys)
         )
@@ -349,8 +600,9 @@ class AttentionExplorer(Component):
 
         Layer and head selects, and clicks on the model view's thumbnails,
         switch the detail heatmap (and the head view) between the embedded
-        matrices (each head and their mean; for long inputs, the window the
-        sliders show now), with BokehJS callbacks.
+        matrices (each head and their mean, rollout and flow; for long inputs,
+        the window the sliders show now), with BokehJS callbacks. The head
+        importance grid is a static picture of the masks and values at export.
         """
         from bokeh.document import Document
         from bokeh.models import CustomJS
@@ -360,30 +612,29 @@ class AttentionExplorer(Component):
         panels = _detail_panels()
         model_view = self._model_view()
         thumbnails = figures.model_view_source(model_view)
-        layer_options = {
-            layer: [MEAN_OF_HEADS, *map(str, range(heads))] if heads > 1 else ["0"]
-            for layer, (heads, _, _) in self.shapes.items()
-        }
+        menu = self._menu()
+        layer_options = {layer: [str(h) for h in self._head_options(layer)] for layer in menu}
         every_head = {option for options in layer_options.values() for option in options}
         # Long layers: their overview beside the detail, the one of the chosen layer shown.
         overviews = {
             layer: self._overview(layer)[0]
-            for layer, (_, num_queries, num_keys) in self.shapes.items()
-            if max(num_queries, num_keys) > self.max_tokens
+            for layer in menu
+            if max(self._lengths(layer)) > self.max_tokens
         }
-        first = next(iter(self.shapes))
+        first = menu[0]
         for index, (layer, overview) in enumerate(overviews.items()):
             overview.name = f"overview_{index}"
             overview.visible = layer == first
         frames = {}
-        for layer, (_num_heads, num_queries, num_keys) in self.shapes.items():
+        for layer in menu:
+            num_queries, num_keys = self._lengths(layer)
             q1, k1 = min(num_queries, q0 + self.max_tokens), min(num_keys, k0 + self.max_tokens)
             x_labels, y_labels = self._window_labels(layer, q0, q1, k0, k1)
             options = layer_options[layer]
             for option in options:
                 head = option if option == MEAN_OF_HEADS else int(option)
                 frame = _detail_frame(
-                    self._source.window(layer, head, q0, q1, k0, k1),
+                    self._window(layer, head, q0, q1, k0, k1),
                     x_labels,
                     y_labels,
                     layer,
@@ -400,9 +651,7 @@ class AttentionExplorer(Component):
                     "data": {},
                     "props": {"head_select": {"options": options, "value": options[0]}},
                 }
-        layer_select = Select(
-            title="layer", value=first, options=list(self.shapes), name="layer_select"
-        )
+        layer_select = Select(title="layer", value=first, options=menu, name="layer_select")
         head_select = Select(
             title="head",
             value=layer_options[first][0],
@@ -431,15 +680,18 @@ class AttentionExplorer(Component):
             row(layer_select, head_select),
             row(panels.layout, *overviews.values()) if overviews else panels.layout,
         ]
-        if len(thumbnails.data["layer"]) > 1:
-            parts.append(model_view)
+        below = [model_view] if len(thumbnails.data["layer"]) > 1 else []
+        if self.head_masks:
+            below.append(self._importance_grid(title=f"Head importance · {self._loss_text()}"))
+        if below:
+            parts.append(row(*below))
         document.add_root(column(*parts))
         document.js_on_event("document_ready", callback)
         return document
 
     def _window_labels(self, layer, q0, q1, k0, k1):
         """Axis labels of a window: tokens where they match the layer, else absolute positions."""
-        _, num_queries, num_keys = self.shapes[layer]
+        num_queries, num_keys = self._lengths(layer)
         query_tokens = self._tokens(self.query_tokens, num_queries)
         key_tokens = self._tokens(self.key_tokens, num_keys)
         y_labels = list(query_tokens[q0:q1]) if query_tokens else [str(i) for i in range(q0, q1)]
@@ -467,8 +719,18 @@ def _detail_panels():
     panels.head_view_figure, panels.bars_figure, panels.token_source = figures.head_view(
         panels.detail_figure
     )
-    panels.layout = row(panels.detail_figure, column(panels.head_view_figure, panels.bars_figure))
+    # The bars under the heatmap, the head view beside both: a long window's tall head
+    # view is matched by a taller heatmap, not by an empty area under it (#42).
+    panels.bars_figure.width = DETAIL_SIZE[0]
+    panels.bars_figure.height = BARS_HEIGHT
+    panels.layout = row(column(panels.detail_figure, panels.bars_figure), panels.head_view_figure)
     return panels
+
+
+def detail_height(head_view_height):
+    """The detail heatmap's height beside a head view this tall: the heatmap and
+    the bars under it end where the head view ends."""
+    return max(DETAIL_SIZE[1], int(head_view_height) - BARS_HEIGHT)
 
 
 def _detail_frame(window, x_labels, y_labels, layer, head, thumbnails):
@@ -481,13 +743,12 @@ def _detail_frame(window, x_labels, y_labels, layer, head, thumbnails):
     x_ticks, x_overrides = figures.tick_labels(
         x_labels, figures.labels_that_fit(DETAIL_SIZE[0] - 150, slanted=True)
     )
-    y_ticks, y_overrides = figures.tick_labels(
-        y_labels, figures.labels_that_fit(DETAIL_SIZE[1] - 110)
-    )
+    head_view = figures.head_view_layout(rows, cols)
+    height = detail_height(head_view["height"])
+    y_ticks, y_overrides = figures.tick_labels(y_labels, figures.labels_that_fit(height - 110))
     # Colours fitted to the shown weights (the colour bar shows the range).
     low = min(0.0, float(np.nanmin(window))) if window.size else 0.0
     high = max(float(np.nanmax(window)), low + 1e-9) if window.size else 1.0
-    head_view = figures.head_view_layout(rows, cols)
     return {
         "data": {
             "detail_source": figures.heatmap_data(window, x_labels, y_labels),
@@ -506,6 +767,7 @@ def _detail_frame(window, x_labels, y_labels, layer, head, thumbnails):
             },
             "head_view_y_range": {"start": head_view["y_range"][0], "end": head_view["y_range"][1]},
             "head_view_figure": {"height": head_view["height"]},
+            "detail_figure": {"height": height},
             "thumbnail_selection": {"indices": _thumbnail_indices(thumbnails, layer, head)},
         },
     }
@@ -527,6 +789,7 @@ def _detail_models(panels, thumbnails):
         "detail_title": detail.title,
         "head_view_y_range": view.y_range,
         "head_view_figure": view,
+        "detail_figure": detail,
         "thumbnail_selection": thumbnails.selected,
     }
 
@@ -584,12 +847,53 @@ def _layer_inputs(inputs):
     return parts[0], parts[1], parts[2]
 
 
-class _CapturedWeights:
-    """Every layer's weights, captured from one call of the model."""
+def _maskable_heads(model):
+    """`{layer path: (H,) ones}` of every `MultiHeadAttention` under `model`."""
+    return {
+        path: np.ones(layer.num_heads, "float32")
+        for path, layer in analysis._head_layers(model).items()
+    }
 
-    def __init__(self, model, inputs, example):
+
+def _loss_function(model, targets, loss):
+    """The loss the head grid reports, or None without `targets`; checked."""
+    if targets is None:
+        if loss is not None:
+            raise ValueError(
+                "AttentionExplorer: `loss` needs `targets` (what the model should output "
+                f"for `inputs`). Received: loss={loss!r}, targets=None"
+            )
+        return None
+    if loss is None:
+        loss = getattr(model, "loss", None)  # as compiled
+        if loss is None:
+            raise ValueError(
+                "AttentionExplorer: `targets` needs a `loss` (or a model compiled with one). "
+                f"Received: loss=None and {type(model).__name__} '{model.name}' not compiled"
+            )
+    if isinstance(loss, str):
         try:
-            captured = _captured.call_and_capture(model, inputs)
+            return keras.losses.get(loss)
+        except ValueError as error:
+            raise ValueError(
+                f"AttentionExplorer: `loss` must name a Keras loss. Received: loss={loss!r}"
+            ) from error
+    if not callable(loss):
+        raise TypeError(
+            "AttentionExplorer: `loss` must be a Keras loss name, a keras.losses.Loss or a "
+            f"function (y_true, y_pred). Received: loss={loss!r}"
+        )
+    return loss
+
+
+class _CapturedWeights:
+    """Every layer's weights, captured from one call of the model (with `head_masks`,
+    `{layer path: (H,)}`, in force)."""
+
+    def __init__(self, model, inputs, example, head_masks=None):
+        try:
+            with analysis.masking_heads(model, head_masks or {}):
+                captured = _captured.call_and_capture(model, inputs)
         except Exception as error:
             raise ValueError(
                 f"AttentionExplorer: calling {type(model).__name__} '{model.name}' "

@@ -1211,3 +1211,126 @@ def head_view_tokens(query_tokens, key_tokens):
         "text_x": [-0.15] * len(query_tokens) + [1.15] * len(key_tokens),
         "align": ["right"] * len(query_tokens) + ["left"] * len(key_tokens),
     }
+
+
+MASKED_HEAD_COLOR = "#ff3030"
+# Cells of heads whose importance is unknown (no loss given).
+UNKNOWN_IMPORTANCE_COLOR = "#9a9a9a"
+
+
+def head_importance_grid(
+    importance, layer_names, masked=None, *, title="Head importance: click a head to mask it"
+):
+    """A layer (rows) x head (columns) grid of head importance; masked heads crossed out.
+
+    Args:
+        importance: one `(H,)` array of scores per layer (heads may differ
+            per layer; NaN: unknown, drawn grey).
+        layer_names: one name per layer (the row labels).
+        masked: one `(H,)` array per layer, 0 where a head is masked (its
+            cell gets a cross); default: none masked.
+        title: figure title.
+
+    A tap selects a cell of `head_importance_source` (columns `layer`,
+    `head`, `x`, `y`, `importance`); the crosses are `head_mask_source`'s
+    (`x`, `y`). `head_importance_data` gives both sources' columns.
+
+    Returns:
+        A Bokeh `figure` named `head_importance_figure`.
+    """
+    if not isinstance(title, str):
+        raise TypeError(
+            f"head_importance_grid: `title` must be a string. Received: title={title!r}"
+        )
+    cells, marks = head_importance_data(importance, layer_names, masked)
+    num_rows = len(layer_names)
+    num_cols = max(len(np.atleast_1d(s)) for s in importance)
+    size = 34
+    label_room = 8 * min(28, max(len(str(n)) for n in layer_names))
+    fig = figure(
+        title=title,
+        width=max(num_cols * size + label_room + 130, label_room + 60 + int(7.5 * len(title))),
+        # Room for the colour bar's ticks beside a grid of one or two layers.
+        height=max(num_rows * size + 80, 170),
+        x_range=Range1d(-0.5, num_cols - 0.5),
+        y_range=Range1d(num_rows - 0.5, -0.5),
+        tools="tap",
+        toolbar_location=None,
+        x_axis_location="above",
+        name="head_importance_figure",
+    )
+    known = [v for v in cells["importance"] if np.isfinite(v)]
+    mapper = LinearColorMapper(
+        palette=Viridis256,
+        low=0.0,
+        high=max(known, default=1.0) or 1.0,
+        nan_color=UNKNOWN_IMPORTANCE_COLOR,
+    )
+    source = ColumnDataSource(cells, name="head_importance_source")
+    rects = fig.rect(
+        x="x",
+        y="y",
+        width=0.92,
+        height=0.92,
+        source=source,
+        fill_color={"field": "importance", "transform": mapper},
+        line_color=None,
+        # A tap selects a cell only to tell the owner; nothing is dimmed.
+        nonselection_fill_alpha=1.0,
+        selection_fill_alpha=1.0,
+        name="head_importance_cells",
+    )
+    fig.select_one({"type": TapTool}).update(renderers=[rects], mode="replace")
+    fig.scatter(
+        x="x",
+        y="y",
+        marker="x",
+        size=int(size * 0.7),
+        line_width=3,
+        line_color=MASKED_HEAD_COLOR,
+        source=ColumnDataSource(marks, name="head_mask_source"),
+    )
+    fig.grid.visible = False
+    fig.xaxis.ticker = FixedTicker(ticks=list(range(num_cols)))
+    fig.xaxis.major_label_overrides = {h: f"head {h}" for h in range(num_cols)}
+    fig.xaxis.major_label_orientation = 0.9 if num_cols > 4 else 0.0
+    fig.yaxis.ticker = FixedTicker(ticks=list(range(num_rows)))
+    fig.yaxis.major_label_overrides = {r: shorten(n, 28) for r, n in enumerate(layer_names)}
+    if known:
+        fig.add_layout(
+            ColorBar(
+                formatter=_color_bar_ticks(),
+                color_mapper=mapper,
+                width=8,
+                title="importance",
+                title_text_font_size="8pt",
+                title_text_font_style="normal",
+                name="head_importance_color_bar",
+            ),
+            "right",
+        )
+    return fig
+
+
+def head_importance_data(importance, layer_names, masked=None):
+    """`(cells, marks)`: the columns of `head_importance_grid`'s two sources."""
+    if not isinstance(importance, (list, tuple)) or len(importance) != len(layer_names):
+        raise ValueError(
+            "head_importance_grid: `importance` must be a list with one array per layer "
+            f"({len(layer_names)}). Received: importance={reprlib.repr(importance)}"
+        )
+    cells = {"layer": [], "head": [], "x": [], "y": [], "importance": []}
+    marks = {"x": [], "y": []}
+    for row, (scores, name) in enumerate(zip(importance, layer_names, strict=True)):
+        scores = np.atleast_1d(_numbers(scores, "head_importance_grid", f"importance[{row}]"))
+        mask = np.ones(len(scores)) if masked is None else np.asarray(masked[row], "float64")
+        for head, score in enumerate(scores):
+            cells["layer"].append(str(name))
+            cells["head"].append(head)
+            cells["x"].append(head)
+            cells["y"].append(row)
+            cells["importance"].append(float(score))
+            if mask[head] == 0:
+                marks["x"].append(head)
+                marks["y"].append(row)
+    return cells, marks

@@ -55,6 +55,14 @@ class LiveAttention(keras.callbacks.Callback, Component):
     the previous one is still being written; the first epoch's and the last
     epoch's are always written.
 
+    `view="rollout"` follows attention rollout (Abnar & Zuidema, 2020;
+    `keras_attention.analysis.attention_rollout`) instead of each layer: one
+    heatmap, `"rollout"`, of how much each of the last layer's tokens draws on
+    each input token through the whole stack, recomputed from the probe's
+    captured weights at every update (the model's self-attention layers, two
+    or more over the same tokens, taken as stacked in the order they are
+    called; `head` picks the head every layer contributes).
+
     An exception inside the callback is reported once (a warning and a line
     in the widget); live updates then stop, and training goes on.
 
@@ -76,6 +84,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
         overhead_budget: largest fraction of training time spent updating
             (and writing snapshots, when they are written).
         max_frames: how many updates the history keeps (>= 1).
+        view: `"layers"` (a heatmap per attention layer) or `"rollout"`.
 
     Attributes:
         widget: ipywidgets box with the heatmaps (built on first access).
@@ -105,8 +114,13 @@ class LiveAttention(keras.callbacks.Callback, Component):
         snapshot_dir=None,
         overhead_budget=0.03,
         max_frames=200,
+        view="layers",
     ):
         super().__init__()
+        if view not in ("layers", "rollout"):
+            raise ValueError(
+                f"LiveAttention: `view` must be 'layers' or 'rollout'. Received: view={view!r}"
+            )
         if not validation.is_int(every_n_batches) or every_n_batches < 1:
             raise ValueError(
                 "LiveAttention: `every_n_batches` must be an integer >= 1. "
@@ -149,6 +163,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self.query_tokens = query_tokens
         self.key_tokens = key_tokens if key_tokens is not None else query_tokens
         self.snapshot_dir = snapshot_dir
+        self.view = view
         self._check_probe_shape()
         try:
             captured = _captured.call_and_capture(self.target, self.probe_inputs)
@@ -159,6 +174,15 @@ class LiveAttention(keras.callbacks.Callback, Component):
                 f"{_shapes(probe_inputs)}"
             ) from error
         self._check_example_and_head(captured)
+        if view == "rollout" and not _captured.stacked_self_attention(
+            {name: np.shape(w)[-2:] for name, w in captured.items()}
+        ):
+            raise ValueError(
+                "LiveAttention: `view='rollout'` needs two or more self-attention layers "
+                "over the same tokens; the probe call recorded "
+                f"{ {name: tuple(np.shape(w)) for name, w in captured.items()} }. "
+                f"Received: view={view!r}"
+            )
         matrices = self._matrices(captured)
         self.figures = {}
         self.sources = {}
@@ -269,15 +293,22 @@ class LiveAttention(keras.callbacks.Callback, Component):
         }
 
     def compute(self):
-        """`{layer_name: (Tq, Tv)}` attention of the probe example, now."""
+        """`{layer_name: (Tq, Tv)}` attention of the probe example, now
+        (`{"rollout": (L, L)}` with `view="rollout"`)."""
         return self._matrices(_captured.call_and_capture(self.target, self.probe_inputs))
 
     def _matrices(self, captured):
-        matrices = {}
-        for name, weights in captured.items():
-            heads = _captured.per_head(weights, self.example)
-            matrices[name] = heads.mean(axis=0) if self.head is None else heads[self.head]
-        return matrices
+        per_head = {name: _captured.per_head(w, self.example) for name, w in captured.items()}
+        if self.view == "rollout":
+            stacked = _captured.stacked_self_attention({n: w.shape for n, w in per_head.items()})
+            rollout = _captured.combined_attention(
+                "rollout", [per_head[name] for name in stacked], self.head
+            )
+            return {"rollout": rollout.astype("float32")}
+        return {
+            name: heads.mean(axis=0) if self.head is None else heads[self.head]
+            for name, heads in per_head.items()
+        }
 
     def update(self, title_suffix=""):
         """Recompute the probe attention and patch every heatmap in place."""

@@ -21,7 +21,13 @@ def test_layer_and_head_choices_switch_the_detail_data(fake_comm):
     x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
     model = make_model()
     explorer = AttentionExplorer(model, x, query_tokens=list("abcde"), example=1)
-    assert list(explorer.layer_choice.options) == ["two_heads", "four_heads", "luong"]
+    assert list(explorer.layer_choice.options) == [
+        "two_heads",
+        "four_heads",
+        "luong",
+        "rollout (all layers)",
+        "flow (all layers)",
+    ]
     expected_two = reference_weights(x, 2)[1]
     np.testing.assert_allclose(explorer.detail_matrix, expected_two.mean(axis=0), rtol=1e-5)
     explorer.head_choice.value = 1
@@ -36,6 +42,192 @@ def test_layer_and_head_choices_switch_the_detail_data(fake_comm):
         explorer.detail_matrix, keras.ops.convert_to_numpy(luong)[1], rtol=1e-5
     )
     assert explorer.detail_source.data["x_token"][:5] == list("abcde")
+
+
+def test_rollout_and_flow_are_views_of_the_captured_weights(fake_comm):
+    from bokeh.models import CustomJS
+
+    from keras_attention import analysis
+
+    x = np.random.default_rng(7).normal(size=(2, 5, 8)).astype("float32")
+    model = make_model()
+    explorer = AttentionExplorer(model, x, query_tokens=list("abcde"), example=1)
+    _, luong = model.get_layer("luong")(x, return_attention_scores=True)
+    # The three layers, first called first, as rollout's stack (example 1 of the batch).
+    layers = [
+        reference_weights(x, 2)[1:],
+        reference_weights(x, 4)[1:],
+        keras.ops.convert_to_numpy(luong)[1:],
+    ]
+    explorer.layer_choice.value = "rollout (all layers)"
+    # Head h of every layer: the fewest heads (luong's one) bound the choice.
+    assert list(explorer.head_choice.options) == ["mean of heads"]
+    np.testing.assert_allclose(
+        explorer.detail_matrix, analysis.attention_rollout(layers)[0], rtol=1e-5
+    )
+    assert explorer.detail_figure.title.text == "rollout (all layers), mean of heads"
+    assert explorer.model_view_source.selected.indices == []  # no thumbnail is the detail
+    explorer.layer_choice.value = "flow (all layers)"
+    flow = analysis.attention_flow(layers)[0]
+    np.testing.assert_allclose(explorer.detail_matrix, flow, rtol=1e-5, atol=1e-7)
+    # The export embeds both, computed at export.
+    frames = explorer.standalone_layout().select_one({"type": CustomJS, "name": "swap_frame"})
+    frames = frames.args["frames"]
+    exported = frames["flow (all layers)|mean of heads"]["data"]["detail_source"]["weight"]
+    np.testing.assert_allclose(np.reshape(exported, (5, 5)), flow, rtol=1e-5, atol=1e-7)
+    assert "rollout (all layers)|mean of heads" in frames
+
+
+def test_rollout_of_one_head_of_every_layer_and_no_views_without_a_stack(fake_comm):
+    from keras_attention import analysis
+
+    x = np.random.default_rng(8).normal(size=(1, 5, 8)).astype("float32")
+    inputs = keras.Input((5, 8))
+    two = SplitHeadsAttention(2, name="first")(inputs)
+    model = keras.Model(inputs, SplitHeadsAttention(2, name="second")(two))
+    explorer = AttentionExplorer(model, x)
+    explorer.layer_choice.value = "rollout (all layers)"
+    assert list(explorer.head_choice.options) == ["mean of heads", 0, 1]
+    explorer.head_choice.value = 1
+    second = reference_weights(keras.ops.convert_to_numpy(model.get_layer("first")(x)), 2)
+    expected = analysis.attention_rollout([reference_weights(x, 2), second], heads=[1])[0]
+    np.testing.assert_allclose(explorer.detail_matrix, expected, rtol=1e-5)
+    # One layer is no stack: no rollout or flow in the menu.
+    single = keras.Model(inputs, SplitHeadsAttention(2, name="only")(inputs))
+    assert list(AttentionExplorer(single, x).layer_choice.options) == ["only"]
+
+
+def test_rollout_and_flow_are_offered_up_to_their_token_limits(fake_comm, monkeypatch):
+    from keras_attention.widgets import attention_explorer
+
+    x = np.zeros((1, 5, 8), "float32")
+    monkeypatch.setattr(attention_explorer, "FLOW_MAX_TOKENS", 4)
+    options = AttentionExplorer(make_model(), x).layer_choice.options
+    assert options[-1] == "rollout (all layers)"
+    monkeypatch.setattr(attention_explorer, "ROLLOUT_MAX_TOKENS", 4)
+    assert "rollout (all layers)" not in AttentionExplorer(make_model(), x).layer_choice.options
+
+
+def stacked_model(num_heads=2):
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((5, 8))
+    hidden = keras_attention.MultiHeadAttention(num_heads, 4, name="mha0")(inputs)
+    hidden = keras_attention.MultiHeadAttention(num_heads, 4, name="mha1")(hidden)
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(3, name="logits")(pooled))
+
+
+def direct_loss_and_weights(model, x, y, masks):
+    """The loss and mha1's weights with `head_mask` passed to each layer's call (not
+    through the explorer's `masking_heads`)."""
+    mha0, mha1 = model.get_layer("mha0"), model.get_layer("mha1")
+    hidden = mha0(x, x, head_mask=masks["mha0"])
+    hidden, weights = mha1(hidden, hidden, head_mask=masks["mha1"], return_attention_scores=True)
+    logits = model.get_layer("logits")(model.get_layer("pool")(hidden))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, logits)
+    return float(keras.ops.convert_to_numpy(loss)), keras.ops.convert_to_numpy(weights)[0]
+
+
+def test_a_click_on_the_head_grid_masks_the_head_and_the_loss_and_maps_follow(fake_comm):
+    from keras_attention import analysis
+
+    model = stacked_model()
+    x = np.random.default_rng(9).normal(size=(4, 5, 8)).astype("float32")
+    y = np.array([0, 1, 2, 1])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    explorer = AttentionExplorer(model, x, targets=y, loss=loss)
+    ones = {"mha0": np.ones(2, "float32"), "mha1": np.ones(2, "float32")}
+    baseline, _ = direct_loss_and_weights(model, x, y, ones)
+    assert explorer.loss == pytest.approx(baseline, rel=1e-5)
+    expected = analysis.head_importance(model, [(x, y)], loss)
+    data = explorer.importance_source.data
+    assert list(zip(data["layer"], data["head"], strict=True)) == [
+        ("mha0", 0),
+        ("mha0", 1),
+        ("mha1", 0),
+        ("mha1", 1),
+    ]
+    np.testing.assert_allclose(
+        data["importance"], np.concatenate([expected["mha0"], expected["mha1"]]), rtol=1e-5
+    )
+    explorer.layer_choice.value = "mha1"
+    before = explorer.detail_matrix
+    explorer.importance_source.selected.indices = [1]  # what a click on (mha0, head 1) sets
+    masked = {"mha0": np.array([1, 0], "float32"), "mha1": np.ones(2, "float32")}
+    loss_masked, weights_masked = direct_loss_and_weights(model, x, y, masked)
+    assert explorer.masked_heads() == [("mha0", 1)]
+    assert explorer.loss == pytest.approx(loss_masked, rel=1e-5)
+    assert abs(explorer.loss - baseline) > 1e-4
+    # The map of the layer above changes with its input, to the masked model's weights.
+    np.testing.assert_allclose(explorer.detail_matrix, weights_masked.mean(axis=0), rtol=1e-4)
+    assert not np.allclose(explorer.detail_matrix, before, rtol=1e-4)
+    assert explorer.importance_source.selected.indices == []  # ready for the next click
+    assert dict(explorer.importance_figure.select_one({"name": "head_mask_source"}).data) == {
+        "x": [1],
+        "y": [0],
+    }
+    assert "loss" in explorer.loss_html.value
+    # A second click unmasks it.
+    explorer.importance_source.selected.indices = [1]
+    assert explorer.masked_heads() == [] and explorer.loss == pytest.approx(baseline, rel=1e-5)
+    np.testing.assert_allclose(explorer.detail_matrix, before, rtol=1e-5)
+    # The export: the grid as it is, the loss in its title.
+    explorer.toggle_head("mha1", 0)
+    document = explorer.standalone_layout()
+    grid = document.select_one({"name": "head_importance_figure"})
+    assert f"loss {explorer.loss:.4f}" in grid.title.text
+    assert dict(grid.select_one({"name": "head_mask_source"}).data) == {"x": [0], "y": [1]}
+
+
+def test_without_targets_the_grid_masks_heads_and_shows_no_loss(fake_comm):
+    x = np.random.default_rng(9).normal(size=(1, 5, 8)).astype("float32")
+    explorer = AttentionExplorer(stacked_model(), x)
+    assert explorer.importance is None and explorer.loss is None
+    assert all(np.isnan(explorer.importance_source.data["importance"]))
+    explorer.toggle_head("mha0", 0)
+    assert explorer.masked_heads() == [("mha0", 0)]
+    assert explorer.loss_html.value.startswith("<b>1 head masked</b>")
+    with pytest.raises(ValueError, match=r"toggle_head: `head` must be in \[0, 2\)"):
+        explorer.toggle_head("mha0", 2)
+    with pytest.raises(ValueError, match=r"toggle_head: `layer`.*Received: layer='nope'"):
+        explorer.toggle_head("nope", 0)
+    # No MultiHeadAttention, no grid.
+    assert AttentionExplorer(make_model(), x).importance_source is None
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"loss": "mse"}, ValueError, r"`loss` needs `targets`.*Received: loss='mse'"),
+        ({"targets": np.zeros(1)}, ValueError, r"`targets` needs a `loss`.*not compiled"),
+        ({"targets": np.zeros(1), "loss": "nonsense"}, ValueError, r"loss='nonsense'"),
+        ({"targets": np.zeros(1), "loss": 3}, TypeError, r"Received: loss=3"),
+    ],
+)
+def test_bad_targets_and_loss_are_refused(fake_comm, options, error, message):
+    x = np.zeros((1, 5, 8), "float32")
+    with pytest.raises(error, match=rf"^AttentionExplorer: .*{message}"):
+        AttentionExplorer(stacked_model(), x, **options)
+
+
+def test_targets_need_heads_to_score(fake_comm):
+    with pytest.raises(ValueError, match="score the heads of.*MultiHeadAttention"):
+        AttentionExplorer(make_model(), np.zeros((1, 5, 8), "float32"), targets=[0], loss="mse")
+
+
+def test_a_long_windows_heatmap_is_as_tall_as_the_head_view_beside_it(fake_comm):
+    from keras_attention.widgets import attention_explorer
+
+    x = np.random.default_rng(2).normal(size=(1, 80, 8)).astype("float32")
+    inputs = keras.Input((80, 8))
+    explorer = AttentionExplorer(
+        keras.Model(inputs, SplitHeadsAttention(2, name="long")(inputs)), x, max_tokens=64
+    )
+    # The bars go under the heatmap; together they end where the head view ends (#42).
+    view_height = explorer.head_view_figure.height
+    assert view_height >= 64 * 15
+    assert explorer.detail_figure.height + attention_explorer.BARS_HEIGHT == view_height
+    assert explorer.bars_figure.width == explorer.detail_figure.width
 
 
 def thumbnail(explorer, layer, head):
@@ -247,7 +439,7 @@ def test_layers_sharing_a_name_are_told_apart_by_path(fake_comm):
     model = keras.Model(inputs, Block(name="block_1")(Block(name="block_0")(inputs)))
     x = np.random.default_rng(4).normal(size=(1, 5, 8)).astype("float32")
     explorer = AttentionExplorer(model, x)
-    assert list(explorer.layer_choice.options) == [
+    assert list(explorer.layer_choice.options)[:2] == [
         "block_0/self_attention",
         "block_1/self_attention",
     ]

@@ -225,8 +225,12 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
     model = keras.Model(inputs, keras_attention.LuongAttention(name="luong")(mixed))
     x = np.random.default_rng(0).normal(size=(1, 5, 8)).astype("float32")
     tokens = ["a", "b", MALICIOUS, "d", "e"]
-    explorer = AttentionExplorer(model, x, query_tokens=tokens)
+    explorer = AttentionExplorer(
+        model, x, query_tokens=tokens, targets=np.zeros((1, 5, 8), "float32"), loss="mse"
+    )
+    explorer.toggle_head("mha", 1)  # exported as masked: every map is the masked model's
     weights = explorer.weights
+    rollout, flow = (explorer.select(f"{view} (all layers)") for view in ("rollout", "flow"))
     detail = read_source("detail_source", "weight")
 
     def shows(matrix):
@@ -280,6 +284,16 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
         np.testing.assert_allclose(
             bokeh_page.column(page, "head_view_bars", "weight"), weights["mha"][0][:, 3], rtol=1e-6
         )
+        # Rollout and flow, computed at export, from the layer select.
+        selects.nth(0).select_option("rollout (all layers)")
+        page.wait_for_function(shows(rollout))
+        assert selects.nth(1).locator("option").all_inner_texts() == ["mean of heads"]
+        selects.nth(0).select_option("flow (all layers)")
+        page.wait_for_function(shows(flow))
+        # The head grid, static: the masked head crossed out, the loss at export in its title.
+        assert bokeh_page.column(page, "head_mask_source", "x") == [1]
+        title = page.evaluate(f"({bokeh_page.MODEL})('head_importance_figure').title.text")
+        assert f"loss {explorer.loss:.4f} (1 head masked" in title
 
 
 def test_dark_theme_labels_contrast_with_their_background(tmp_path, fake_comm):
@@ -336,6 +350,12 @@ def test_exported_long_explorer_shows_each_long_layers_overview(tmp_path, fake_c
         page.wait_for_function(
             f"(() => {{ const s = {shown}; return s.length === 1 && s[0] === 'overview_1'; }})()"
         )
+        # A long rollout: its window and its own overview.
+        page.locator("select").nth(0).select_option("rollout (all layers)")
+        page.wait_for_function(
+            f"(() => {{ const s = {shown}; return s.length === 1 && s[0] === 'overview_2'; }})()"
+        )
+        text_boxes.assert_legible(page, minimum_axes=4)
 
 
 @pytest.mark.tf_only

@@ -99,9 +99,18 @@ mixed = keras_attention.MultiHeadAttention(4, 2, name="mha")(inputs)
 outputs = keras_attention.LuongAttention(name="luong")(mixed)
 model = keras.Model(inputs, outputs)
 x = np.random.default_rng(0).normal(size=(1, 5, 8)).astype("float32")
-explorer = AttentionExplorer(model, x, query_tokens=["a", "b", {MALICIOUS!r}, "d", "e"])
+explorer = AttentionExplorer(model, x, query_tokens=["a", "b", {MALICIOUS!r}, "d", "e"],
+                             targets=np.zeros((1, 5, 8), "float32"), loss="mse")
 explorer.head_choice.value = 2  # chosen in the creating cell
-dump(weights={{name: w.tolist() for name, w in explorer.weights.items()}})
+
+def dump_explorer():
+    dump(weights={{name: w.tolist() for name, w in explorer.weights.items()}},
+         rollout=explorer.select("rollout (all layers)").tolist(),
+         masked=explorer.masked_heads(), loss=explorer.loss)
+
+dump_explorer()
+# After the explorer's own handler: the state a click on the head grid leaves.
+explorer.importance_source.selected.on_change("indices", lambda attr, old, new: dump_explorer())
 explorer.widget
 """,
 ]
@@ -170,13 +179,16 @@ import keras_attention
 from keras_attention.widgets import AttentionExplorer
 
 keras.utils.set_random_seed(0)
-def explorer(length):
+def explorer(length, **options):
+    # Two layers: rollout and flow (10 tokens) in the menu, and a head grid.
     inputs = keras.Input((length, 8))
-    attention = keras_attention.MultiHeadAttention(2, 4, name=f"mha{length}")
-    model = keras.Model(inputs, attention(inputs))
+    hidden = keras_attention.MultiHeadAttention(2, 4, name=f"mha{length}")(inputs)
+    model = keras.Model(inputs, keras_attention.MultiHeadAttention(2, 4, name="top")(hidden))
     x = np.random.default_rng(0).normal(size=(1, length, 8)).astype("float32")
-    return AttentionExplorer(model, x, query_tokens=[f"t{i}" for i in range(length)], max_tokens=64)
-explorers = [explorer(10), explorer(80)]
+    return AttentionExplorer(model, x, query_tokens=[f"t{i}" for i in range(length)],
+                             max_tokens=64, **options)
+# The short one scores its heads (a loss in the grid's title); the long one has no targets.
+explorers = [explorer(10, targets=np.zeros((1, 10, 8), "float32"), loss="mse"), explorer(80)]
 dump(ready=True)
 """,
     "explorers[0].widget",
@@ -771,6 +783,22 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
     )
     opened.wait(same_numbers(read_bars, weights["mha"][0][:, 3]))
     opened.screenshot("_head_view")
+    # Rollout, from the layer menu: the kernel's rollout of the captured weights.
+    rollout = opened.kernel_state()["rollout"]
+    page.get_by_label("layer").select_option("rollout (all layers)")
+    opened.wait(shows("rollout (all layers), mean of heads", rollout))
+    # A click on the head grid's (mha, head 1) masks it in the kernel: the loss, the grid's
+    # cross and the maps (luong's input changed, so the rollout did) follow in the page.
+    opened.dump.unlink()
+    start = time.perf_counter()
+    page.mouse.click(*bokeh_page.point_of(page, "head_importance_figure", 1, 0))
+    kernel = opened.kernel_state(lambda state: state["masked"] == [["mha", 1]])
+    assert not np.allclose(kernel["rollout"], rollout, atol=1e-4)
+    opened.wait(shows("rollout (all layers), mean of heads", kernel["rollout"]))
+    opened.record(head_mask_click_s=time.perf_counter() - start)
+    opened.wait(f"document.body.innerText.includes('loss {kernel['loss']:.4f} (1 head masked')")
+    opened.wait("(" + bokeh_page.MODEL + ")('head_mask_source').get_length() === 1")
+    opened.screenshot("_masked")
     assert_no_script_ran(page)
 
 
@@ -1120,6 +1148,32 @@ READ_OVERVIEW_FIT = """
 """
 
 
+# Every head grid drawn: [layers, heads, masked heads, whether a colour bar (importance) is drawn].
+READ_HEAD_GRIDS = """
+() => [...Bokeh.index.all_views()]
+  .filter((v) => v.model.name === "head_importance_figure"
+    && v.el.getBoundingClientRect().width > 0)
+  .map((v) => { const doc = v.model.document, cells = doc.get_model_by_name(
+      "head_importance_source"), marks = doc.get_model_by_name("head_mask_source");
+    const column = (s, n) => Array.from(s.data instanceof Map ? s.data.get(n) : s.data[n]);
+    return [new Set(column(cells, "layer")).size, new Set(column(cells, "head")).size,
+            marks.get_length(), doc.get_model_by_name("head_importance_color_bar") !== null]; })
+"""
+
+# Per explorer: the bottoms (px) of its detail heatmap, the bars under it and the head
+# view, and the head view's height.
+READ_DETAIL_BOTTOMS = """
+() => {
+  const box = (doc, name) => [...Bokeh.index.all_views()]
+    .filter((v) => v.model.document === doc && v.model.name === name)
+    .map((v) => v.el.getBoundingClientRect())[0];
+  return window.Bokeh.documents.filter((d) => d.get_model_by_name("detail_source"))
+    .map((d) => [box(d, "detail_figure").bottom, box(d, "head_view_bars_figure").bottom,
+                 box(d, "head_view_figure").bottom, box(d, "head_view_figure").height]);
+}
+"""
+
+
 @pytest.mark.parametrize(("front_end", "width", "theme"), LAYOUTS)
 def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, width, theme):
     opened = open_in_layout(run, "head_view", front_end, width, theme)
@@ -1163,6 +1217,28 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, wid
         overviews = opened.page.evaluate(READ_OVERVIEW_FIT)
         for _name, drawn, designed, right, box_right in overviews:
             assert drawn >= designed - 1 and right <= box_right + 1, overviews
+        # The new views of #38, as painted, in the long explorer: its rollout (a window
+        # and an overview), beside the head grids (the short explorer's with its loss).
+        opened.page.get_by_label("layer").nth(1).select_option("rollout (all layers)")
+        opened.wait(
+            f"({READ_DETAIL})()?.title === 'rollout (all layers), mean of heads'", timeout_s=60
+        )
+        opened.wait(f"({READ_OVERVIEW_FIT})().length === 1", timeout_s=30)
+        opened.page.wait_for_timeout(500)
+        grids = opened.page.evaluate(READ_HEAD_GRIDS)
+        assert sorted(grids) == [[2, 2, 0, False], [2, 2, 0, True]], grids
+        assert "loss " in opened.page.inner_text("body")
+        text_boxes.assert_legible(opened.page, minimum_axes=14)
+        if theme:
+            bokeh_page.assert_text_contrasts(opened.page)
+        # No empty area under the long window's heatmap: with the bars under it, it ends
+        # where the tall head view beside it ends (#42).
+        bottoms = opened.page.evaluate(READ_DETAIL_BOTTOMS)
+        tall = [b for b in bottoms if b[3] >= 64 * 15]
+        assert len(tall) == 1, bottoms
+        for detail, bars, view, _height in tall:
+            assert detail < bars and abs(bars - view) <= 4, bottoms
+        opened.screenshot("_rollout")
     finally:
         if theme:
             restore_light_theme(opened)

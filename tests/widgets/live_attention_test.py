@@ -341,3 +341,45 @@ def test_a_head_of_a_multi_head_layer_is_drawn(fake_comm):
     np.testing.assert_allclose(cells, keras.ops.convert_to_numpy(expected)[1, 1], rtol=1e-5)
     with pytest.raises(ValueError, match=r"^LiveAttention: `head` must be None or in \[0, 2\)"):
         LiveAttention(layer, (query, query), head=2)
+
+
+def test_rollout_is_followed_during_fit(fake_comm, no_snapshots):
+    from keras_attention import analysis
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((6, 4)),
+            keras_attention.MultiHeadAttention(2, 2, name="mha0"),
+            keras_attention.MultiHeadAttention(2, 2, name="mha1"),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    x, y = data()
+
+    def expected_rollout():
+        """Rollout of the two layers' own weights (not through capture_attention)."""
+        first, second = model.get_layer("mha0"), model.get_layer("mha1")
+        hidden, weights0 = first(x[:1], x[:1], return_attention_scores=True)
+        _, weights1 = second(hidden, hidden, return_attention_scores=True)
+        return analysis.attention_rollout([weights0, weights1])[0]
+
+    callback = LiveAttention(
+        model, x[:1], every_n_batches=4, min_interval_s=0, overhead_budget=1.0, view="rollout"
+    )
+    assert list(callback.sources) == ["rollout"]
+    np.testing.assert_allclose(callback.frames[0][1]["rollout"], expected_rollout(), rtol=1e-5)
+    model.fit(x, y, batch_size=4, epochs=1, callbacks=[callback], verbose=0)
+    assert callback.updates >= 2 and callback.figures["rollout"].title.text.startswith(
+        "rollout · epoch 1 end"
+    )
+    drawn = np.reshape(callback.sources["rollout"].data["weight"], (6, 6))
+    np.testing.assert_allclose(drawn, expected_rollout(), rtol=1e-5)
+    assert not np.allclose(callback.frames[0][1]["rollout"], drawn, atol=1e-4)  # it followed
+    with pytest.raises(ValueError, match=r"^LiveAttention: `view` must be .*view='flow'"):
+        LiveAttention(model, x[:1], view="flow")
+    # One layer is no stack to roll out.
+    with pytest.raises(ValueError, match=r"view='rollout'. needs two or more self-attention"):
+        LiveAttention(make_model(), x[:1], view="rollout")
