@@ -20,12 +20,18 @@ process; calls alternate and each figure is the median of `--repeats`:
 
     KERAS_BACKEND=tensorflow python benchmarks/programmable_attention.py \
         --length 8192 --documents 8 --repeats 3 [--gemma2 --gemma2-length 16384]
+    KERAS_BACKEND=jax python benchmarks/programmable_attention.py --skip-packed
+
+`--xla` compiles the TensorFlow steps with `jit_compile=True`; on JAX the
+modifiers' steps are `jax.jit(jax.grad(...))`. `--cpu-time` times by the
+process's CPU time, for a machine shared with other work.
 """
 
 import argparse
 import resource
 import time
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -40,7 +46,24 @@ HEADS, HEAD_DIM, BLOCK = 8, 64, 512
 XLA = False  # --xla: every step compiled with `jit_compile=True`
 
 
+CPU_TIME = False  # --cpu-time: the process's CPU time instead of wall time
+
+
+def _jax_step(mask, scores=None):
+    import jax
+    import jax.numpy as jnp
+
+    def loss(q, k, v):
+        out = memory_efficient_attention(q, k, v, mask=mask, scores=scores, block_size=BLOCK)
+        return jnp.sum(out * out)
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
 def _step(mask, scores=None):
+    if keras.backend.backend() == "jax":
+        return _jax_step(mask, scores)
+
     @tf.function(jit_compile=XLA)
     def step(q, k, v):
         with tf.GradientTape() as tape:
@@ -54,21 +77,25 @@ def _step(mask, scores=None):
 
 def _median_times(steps, inputs, repeats):
     """Alternating runs of each step (one warm-up each): median seconds."""
+    clock = time.process_time if CPU_TIME else time.perf_counter
     for step in steps.values():
-        step(*inputs)[0].numpy()
+        keras.ops.convert_to_numpy(step(*inputs)[0])
     times = {name: [] for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():
-            start = time.perf_counter()
-            step(*inputs)[0].numpy()
-            times[name].append(time.perf_counter() - start)
+            start = clock()
+            keras.ops.convert_to_numpy(step(*inputs)[0])
+            times[name].append(clock() - start)
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def _inputs(length):
     rng = np.random.default_rng(0)
     return [
-        tf.constant(rng.standard_normal((1, length, HEADS, HEAD_DIM)), tf.float32) for _ in range(3)
+        keras.ops.convert_to_tensor(
+            rng.standard_normal((1, length, HEADS, HEAD_DIM)).astype("float32")
+        )
+        for _ in range(3)
     ]
 
 
@@ -120,7 +147,7 @@ def visited_tiles(mask, length):
 
 def modifiers(length, repeats):
     causal = AttentionMask(causal=True)
-    sinks = tf.Variable(np.zeros(HEADS, "float32"))
+    sinks = keras.Variable(np.zeros(HEADS, "float32"))
     steps = {
         "plain": _step(causal),
         "soft_cap": _step(causal, ScoreModifier(soft_cap=50.0)),
@@ -129,8 +156,10 @@ def modifiers(length, repeats):
     }
     times = _median_times(steps, _inputs(length), repeats)
     plain = times["plain"]
+    mode = "JAX jit" if keras.backend.backend() == "jax" else ("TF XLA" if XLA else "TF graph")
+    clock = "CPU" if CPU_TIME else "wall"
     print(
-        f"modifiers L={length} causal{' (XLA)' if XLA else ''}: plain {plain:.2f} s; "
+        f"modifiers L={length} causal, {mode}, {clock} time: plain {plain:.2f} s; "
         + ", ".join(
             f"{name} {t:.2f} s ({t / plain:.3f}x)" for name, t in times.items() if name != "plain"
         )
@@ -195,9 +224,16 @@ def main():
     parser.add_argument("--gemma2", action="store_true")
     parser.add_argument("--gemma2-length", type=int, default=16384)
     parser.add_argument("--xla", action="store_true")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time by the process's CPU time (a machine shared with other work)",
+    )
     args = parser.parse_args()
-    global XLA
-    XLA = args.xla
+    global XLA, CPU_TIME
+    XLA, CPU_TIME = args.xla, args.cpu_time
+    if keras.backend.backend() == "jax" and (not args.skip_packed or args.gemma2):
+        parser.error("on JAX only the modifiers run: pass --skip-packed, without --gemma2")
     if not args.skip_packed:
         packed(args.length, args.documents, args.repeats)
     if not args.skip_modifiers:

@@ -43,6 +43,7 @@ from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
 from keras_attention.ops.loops import sequential_fori_loop
 from keras_attention.ops.loops import to_time_blocks
+from keras_attention.ops.xla import under_xla
 
 # TF graph mode only: query blocks run one after the other (their tiles are
 # what costs memory); two key steps may overlap so that the next tile's
@@ -457,6 +458,24 @@ def memory_efficient_attention(
         d_out_delta = online_softmax.append_column(d_out, -delta)
         k_one = online_softmax.append_column(k, ops.ones_like(k[..., 0]))
         v_one = online_softmax.append_column(v, ops.ones_like(v[..., 0]))
+        keys_last = under_xla()
+
+        def keys_gradient(tile, rows):
+            """`tile^T rows` summed over the groups: a tile's `dK` (from `dS`)
+            or `dV` (from `P`). Under XLA the product is formed as
+            `(rows^T tile)^T`: XLA:CPU lays a dot's operands out with the
+            contracted axis where its GEMM wants it, and contracting the
+            tile's query axis as the left operand copied the whole
+            `(bq, bk)` tile transposed, in a fusion that recomputed `dS`
+            from its inputs (3 reads with a soft cap's derivative, 2
+            without). Transposing the `(D, bk)` result instead: the same
+            sums, 0.90x the plain kernel's time and a soft cap 1.09x over
+            it instead of 1.66x (TF XLA and JAX, 8192 tokens,
+            benchmarks/RESULTS.md). TensorFlow's graph path is left as it
+            was (no difference there)."""
+            if keys_last:
+                return ops.swapaxes(ops.einsum("bhgqd,bhgqk->bhdk", rows, tile), -1, -2)
+            return ops.einsum("bhgqk,bhgqd->bhkd", tile, rows)
 
         def query_step(i, buffers):
             dq_buffer, dk_buffer, dv_buffer, d_weights = buffers
@@ -503,12 +522,8 @@ def memory_efficient_attention(
                     )
                     d_weights = tuple(a + b for a, b in zip(d_weights, tile_d_weights, strict=True))
                 dq = dq + ops.einsum("bhgqk,bhkd->bhgqd", d_logits, k_tile)
-                dk = loops.read_block(dk_buffer, j) + ops.einsum(
-                    "bhgqk,bhgqd->bhkd", d_logits, q_tile
-                )
-                dv = loops.read_block(dv_buffer, j) + ops.einsum(
-                    "bhgqk,bhgqd->bhkd", probs, d_out_tile
-                )
+                dk = loops.read_block(dk_buffer, j) + keys_gradient(d_logits, q_tile)
+                dv = loops.read_block(dv_buffer, j) + keys_gradient(probs, d_out_tile)
                 return (
                     dq,
                     loops.write_block(dk_buffer, j, dk),

@@ -19,3 +19,9 @@ def tensorflow_xla_trace():
     if tf.executing_eagerly():
         return False
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def under_xla():
+    """True where the code being traced is compiled by XLA: always on JAX,
+    inside a `jit_compile=True` trace on TensorFlow (`tensorflow_xla_trace`)."""
+    return keras.backend.backend() == "jax" or tensorflow_xla_trace()
