@@ -382,8 +382,9 @@ def open_page(browser, url, widgets, tries=3):
         if page.evaluate(drawn, sorted(widgets)):
             print(f"{url}: drawn in {time.perf_counter() - start:.1f} s (try {attempt})")
             return page, errors
+        missing = [n for n in sorted(widgets) if not page.locator(f".figure-{n}").count()]
         page.close()
-        print(f"{url}: a widget was not displayed (try {attempt} of {tries})")
+        print(f"{url}: {missing} not displayed (try {attempt} of {tries})")
     raise SystemExit(f"{url}: a widget was not displayed in {tries} tries")
 
 
