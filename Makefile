@@ -121,7 +121,8 @@ dist: install
 docs: install
 	KERAS_BACKEND=tensorflow KERAS_ATTENTION_QUIET_STARTUP=1 $(BIN)/python -m mkdocs build --strict
 
-# README figures: widget screenshots (headless chromium) and the long-sequence plot.
+# Every published figure: the widgets as Voila shows them (headless chromium, light and
+# dark, each page passing the painted-text check) and the long-sequence plot.
 figures: install
 	$(BIN)/python docs/make_figures.py
 

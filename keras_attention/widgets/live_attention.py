@@ -188,12 +188,17 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self.sources = {}
         for name, matrix in matrices.items():
             rows, cols = matrix.shape
+            query_labels = _tokens(self.query_tokens, rows) or [str(rows - 1)]
+            # Updates lengthen the title ("<name> · epoch 10 batch 500 · loss 0.1234"): room
+            # for it after the query labels, where the title starts, or its end is cut.
+            title_room = 30 + 7 * max(len(str(t)) for t in query_labels)
+            title_room += int(7.5 * len(f"{name} · epoch 100 batch 1000 · loss 0.0000"))
             fig = figures.heatmap(
                 matrix,
                 _tokens(self.key_tokens, cols),
                 _tokens(self.query_tokens, rows),
                 title=f"{name}: before training",
-                width=max(320, min(900, 22 * cols + 140)),
+                width=max(320, min(900, 22 * cols + 140), title_room),
                 height=max(280, min(900, 22 * rows + 120)),
             )
             self.figures[name] = fig

@@ -17,6 +17,7 @@ from keras_attention.widgets import figures
 from keras_attention.widgets.export import CHROMIUM_ARGS
 from keras_attention.widgets.export import find_chromium
 from tests.widgets import bokeh_page
+from tests.widgets import text_boxes
 
 CHROMIUM = find_chromium()
 MALICIOUS = "<img/src=x/onerror=alert(1)>"  # the slashes make it a valid <img> with onerror
@@ -328,7 +329,6 @@ def test_exported_long_explorer_shows_each_long_layers_overview(tmp_path, fake_c
 
     import keras_attention
     from keras_attention.widgets import AttentionExplorer
-    from tests.widgets import text_boxes
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((150, 8))
@@ -369,7 +369,7 @@ def test_exported_live_attention_replays_every_frame_without_a_kernel(tmp_path, 
     model = keras.Sequential(
         [
             keras.Input((6, 4)),
-            keras_attention.LuongAttention(score="general", name="att"),
+            keras_attention.LuongAttention(score="general", name="self_attention"),
             keras.layers.GlobalAveragePooling1D(),
             keras.layers.Dense(1),
         ]
@@ -380,15 +380,18 @@ def test_exported_live_attention_replays_every_frame_without_a_kernel(tmp_path, 
         model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0, snapshot_dir=None
     )
     model.fit(x, x[:, :, :1].sum(axis=1), batch_size=4, epochs=2, verbose=0, callbacks=[live])
-    frames = [matrices["att"] for _, matrices in live.frames]
+    frames = [matrices["self_attention"] for _, matrices in live.frames]
     assert len(frames) == 1 + live.updates and not np.allclose(frames[0], frames[-1], atol=1e-3)
-    weights = read_source("frame_source_att", "weight")
+    weights = read_source("frame_source_self_attention", "weight")
     with offline_export(tmp_path, live, "live") as page:
         for index in (len(frames) - 1, 0, 3):
             if index != len(frames) - 1:
                 set_model(page, "frame_slider", "value", index)
             expected = json.dumps(frames[index].ravel().tolist())
             page.wait_for_function(f"{weights}.every((v, i) => Math.abs(v - {expected}[i]) < 1e-6)")
+            if index == len(frames) - 1:  # the longest title: "self_attention · epoch 2 end · loss"
+                page.wait_for_timeout(300)
+                text_boxes.assert_legible(page, minimum_axes=3)
         # The slider's title ("frame: 3") is not covered by a value bubble over the handle.
         assert page.locator(".bk-slider-title").first.inner_text().startswith("frame")
         assert page.locator(".noUi-tooltip").count() == 0

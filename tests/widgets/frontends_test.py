@@ -223,19 +223,22 @@ print("fit done")
 """,
 ]
 
-# The lecture's sentence and the notebook's pretrained translator, stepped as the shipped
+PRETRAINED = os.path.join(ROOT, "examples", "notebooks", "pretrained")
+
+
+# The lecture's sentence and a notebook's pretrained translator, stepped as the shipped
 # notebook does while the widget is shown: Python steps (each streamed to the page), then a
 # forced alternative and Back (the alignment made shorter, then grown again).
-WALK_CELLS = [
-    f"""
+def walk_cells(translator_file):
+    return [
+        f"""
 import keras
 from keras_attention.widgets import DecodingStepper
-translator = keras.models.load_model(
-    {os.path.join(ROOT, "examples", "notebooks", "pretrained", "seed_seq2seq.keras")!r})
+translator = keras.models.load_model({os.path.join(PRETRAINED, translator_file)!r})
 stepper = DecodingStepper(translator, "il a m' entarté", top_k=4)
 stepper.widget
 """,
-    """
+        """
 for _ in range(3):
     stepper.next_token()
 stepper.force(stepper.history[-1].candidates[1][0])
@@ -243,7 +246,21 @@ stepper.next_token()
 stepper.back()
 dump(tokens=[s.token for s in stepper.history], num_source=len(stepper.source_tokens))
 """,
-]
+    ]
+
+
+# examples/notebooks/decoding_stepper.ipynb as shipped, without its Transformer cells (they
+# come after the first stepper and leave it alone): in Voila, where no one clicks, its first
+# stepper is what a reader sees. Run beside its pretrained translators (a link to them).
+def shipped_stepper_cells():
+    with open(os.path.join(ROOT, "examples", "notebooks", "decoding_stepper.ipynb")) as handle:
+        cells = json.load(handle)["cells"]
+    return [
+        "".join(cell["source"])
+        for cell in cells
+        if cell["cell_type"] == "code" and "TransformerTranslator" not in "".join(cell["source"])
+    ]
+
 
 NOTEBOOKS = {
     "stepper": STEPPER_CELLS,
@@ -252,7 +269,9 @@ NOTEBOOKS = {
     "panels": PANELS_CELLS,
     "head_view": HEAD_VIEW_CELLS,
     "progressive_live": PROGRESSIVE_LIVE_CELLS,
-    "walk": WALK_CELLS,
+    "walk": walk_cells("seed_seq2seq.keras"),
+    "walk_transformer": walk_cells("seed_transformer.keras"),
+    "shipped_stepper": shipped_stepper_cells(),
 }
 
 
@@ -669,11 +688,17 @@ def assert_painted(page, rows, num_source):
     assert len(bars) >= 2 and all(len(g["bars"]) == g["length"] > 0 for g in bars), bars
 
 
-@pytest.mark.parametrize(
-    ("front_end", "theme"), [(f, None) for f in FRONT_ENDS] + [("lab", "JupyterLab Dark")]
-)
-def test_stepper_paints_every_row_after_reset_and_back(run, front_end, theme):
-    opened = open_in_layout(run, "walk", front_end, 1280, theme)
+# The Seq2Seq stepper in every front end and in Dark; the Transformer's in Voila (its
+# cheapest front end; the page's BokehJS code is the same for both translators).
+WALKS = [(f, None, "walk") for f in FRONT_ENDS] + [
+    ("lab", "JupyterLab Dark", "walk"),
+    ("voila", None, "walk_transformer"),
+]
+
+
+@pytest.mark.parametrize(("front_end", "theme", "notebook"), WALKS)
+def test_stepper_paints_every_row_after_reset_and_back(run, front_end, theme, notebook):
+    opened = open_in_layout(run, notebook, front_end, 1280, theme)
     try:
         walk_reset_next_back_next(opened)
         if theme:  # every label readable on the dark background (WCAG 3:1)
@@ -712,6 +737,34 @@ def walk_reset_next_back_next(opened):
     click_and_check("Back", rows - 1)
     click_and_check("Next token", rows)
     opened.screenshot("_walk")
+
+
+def test_voila_first_shows_the_greedy_translation_with_the_lectures_alignment(run, artifacts):
+    """The shipped stepper notebook in Voila, where no one clicks: what the page draws once
+    every cell ran is the greedy translation and its alignment (a later cell forces a
+    candidate and steps back; the first picture was a forced "he hit you", #42)."""
+    directory, _ = artifacts
+    if not (directory / "pretrained").exists():
+        (directory / "pretrained").symlink_to(PRETRAINED, target_is_directory=True)
+    opened = run("shipped_stepper", "voila", width=1280, height=900)
+    tokens = ["he", "hit", "me", "with", "a", "pie", "<end>"]
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    with contextlib.suppress(PlaywrightTimeout):  # the assertions below say what was drawn
+        opened.wait(f"({READ_ALIGNMENT})()?.row.length === {len(tokens) * 4}", timeout_s=60)
+    opened.page.wait_for_timeout(300)  # BokehJS paints on the next frame
+    drawn = opened.page.evaluate(READ_ALIGNMENT)
+    assert drawn["y_token"][::4] == tokens
+    assert_painted(opened.page, len(tokens), 4)
+    # The lecture's alignment, read from the page: each word's row peaks at its source word.
+    weights = np.reshape(drawn["weight"], (len(tokens), 4))
+    source = ["il", "a", "m'", "entarté"]
+    peaks = {token: source[int(np.argmax(row))] for token, row in zip(tokens, weights, strict=True)}
+    expected = {"he": "il", "hit": "entarté", "me": "m'", "pie": "entarté"}
+    assert {token: peaks[token] for token in expected} == expected, peaks
+    title = opened.page.evaluate(f"({bokeh_page.MODEL})('candidate_figure').title.text")
+    assert title.startswith("4. Prediction") and "(forced)" not in title, title
+    opened.screenshot()
 
 
 @pytest.mark.parametrize("front_end", FRONT_ENDS)
@@ -1087,7 +1140,7 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
 
 
 def save_stepper_figures(opened, theme):
-    """Screenshots of both steppers for docs/figures (`KA_SAVE_FIGURES=1`), and in the artifacts."""
+    """Screenshots of both steppers, in the artifacts (docs/figures' are `make figures`')."""
     widgets, page = opened.page.locator(".widget-vbox"), opened.page
     viewport = page.viewport_size
     for index, name in enumerate(("decoding_stepper", "transformer_stepper")):
@@ -1100,8 +1153,6 @@ def save_stepper_figures(opened, theme):
         page.wait_for_timeout(500)
         file_name = f"{name}_1280{'_dark' if theme else ''}.png"
         widget.screenshot(path=str(opened.directory / f"{opened.name}_{file_name}"))
-        if os.environ.get("KA_SAVE_FIGURES") and opened.front_end == "lab":
-            widget.screenshot(path=os.path.join(ROOT, "docs", "figures", file_name))
     page.set_viewport_size(viewport)
 
 
