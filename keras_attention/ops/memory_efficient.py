@@ -469,8 +469,8 @@ def memory_efficient_attention(
             `(bq, bk)` tile transposed, in a fusion that recomputed `dS`
             from its inputs (3 reads with a soft cap's derivative, 2
             without). Transposing the `(D, bk)` result instead: the same
-            sums, 0.90x the plain kernel's time and a soft cap 1.09x over
-            it instead of 1.66x (TF XLA and JAX, 8192 tokens,
+            sums, 0.90x the plain kernel's time and a soft cap 1.08-1.09x
+            over it instead of 1.66x / 1.41x (TF XLA / JAX, 8192 tokens,
             benchmarks/RESULTS.md). TensorFlow's graph path is left as it
             was (no difference there)."""
             if keys_last:
