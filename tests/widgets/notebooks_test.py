@@ -3,6 +3,7 @@ files it ships."""
 
 import glob
 import os
+import re
 import shutil
 import time
 
@@ -11,6 +12,13 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "examples", "notebooks", "*.ipynb")))
+# Notebooks of Bokeh figures, not widgets: how many axes their figures have at least, for the
+# legibility check.
+FIGURE_NOTEBOOKS = {
+    "attention_walkthrough.ipynb": 20,
+    "figures.ipynb": 20,
+    "rollout_and_head_importance.ipynb": 4,
+}
 
 
 def test_there_is_a_notebook_per_component():
@@ -21,6 +29,7 @@ def test_there_is_a_notebook_per_component():
         "attention_explorer.ipynb",
         "figures.ipynb",
         "attention_walkthrough.ipynb",
+        "rollout_and_head_importance.ipynb",
     } <= names
 
 
@@ -71,10 +80,12 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     # How long it took is reported, not asserted (a timed test measures the machine and its
     # neighbours); what made the notebooks slow -- training again -- is the check above.
     print(f"{os.path.basename(path)}: {seconds:.1f} s, load {os.getloadavg()[0]:.1f}")
-    if "walkthrough" in path or "figures" in path:
-        assert_figures_legible(notebook, tmp_path)
-    # Widgets were displayed (the component notebooks end in a widget).
-    if "walkthrough" not in path and "figures" not in path:
+    if "rollout_and_head_importance" in path:
+        assert_analysis_claims(notebook)
+    name = os.path.basename(path)
+    if name in FIGURE_NOTEBOOKS:
+        assert_figures_legible(notebook, tmp_path, FIGURE_NOTEBOOKS[name])
+    else:  # widgets were displayed (the component notebooks end in a widget)
         mimes = {
             key
             for cell in notebook.cells
@@ -84,7 +95,27 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
         assert "application/vnd.jupyter.widget-view+json" in mimes
 
 
-def assert_figures_legible(notebook, tmp_path):
+def assert_analysis_claims(notebook):
+    """The analysis notebook's claims, read back from what it printed (its cells assert them
+    too; this keeps them checked if a cell's `assert` goes): rollout's top token is the
+    keyword in at least 90% of the examples, and masking the k = 1, 2, 3 most important heads
+    raises the loss more than masking k random ones does on average."""
+    printed = "".join(
+        output.get("text", "")
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+        if output.get("name") == "stdout"
+    )
+    print(printed)
+    rollout = re.search(r"rollout finds the keyword in (\d+)%", printed)
+    masking = re.findall(r"k=(\d): the most important masked ([\d.]+); random: ([\d.]+)", printed)
+    assert rollout and len(masking) == 3, printed
+    assert int(rollout.group(1)) >= 90, printed
+    for _, most_important, random_mean in masking:
+        assert float(most_important) > float(random_mean), printed
+
+
+def assert_figures_legible(notebook, tmp_path, minimum_axes):
     """The executed notebook's Bokeh figures, opened in chromium at 1280 px (BokehJS is
     inline in its outputs): no two tick labels overlap and no title or label is cut."""
     from keras_attention.widgets.export import CHROMIUM_ARGS
@@ -108,6 +139,6 @@ def assert_figures_legible(notebook, tmp_path):
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(page_path.as_uri())
             text_boxes.wait_until_drawn(page)
-            text_boxes.assert_legible(page, minimum_axes=20)
+            text_boxes.assert_legible(page, minimum_axes=minimum_axes)
         finally:
             browser.close()
