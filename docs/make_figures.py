@@ -112,6 +112,9 @@ WORDS = "the a big small red old cat dog fox sat ran slept on under near mat rug
 rng = np.random.default_rng(0)
 ids = rng.integers(1, len(WORDS), size=(3000, 8))
 labels = (ids == WORDS.index("cat")).any(axis=1).astype("int32")
+# One label in ten flipped: a model sure of every answer has a loss of 0 in float32,
+# and no gradient for the head-importance grid to show.
+labels = np.where(rng.random(len(labels)) < 0.1, 1 - labels, labels)
 inputs = keras.Input((8,), dtype="int32")
 x = keras.layers.Embedding(len(WORDS), 16)(inputs)
 x = x + keras_attention.MultiHeadAttention(num_heads=2, key_dim=8, name="self_attention")(x)
@@ -121,8 +124,9 @@ model = keras.Model(inputs, outputs)
 model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy")
 model.fit(ids, labels, batch_size=64, epochs=4, verbose=0)
 sentence = "the big cat sat on the red mat".split()
+# targets: the sentence has a cat (label 1), so the head grid shows each head's importance.
 explorer = AttentionExplorer(model, np.array([[WORDS.index(w) for w in sentence]]),
-                             query_tokens=sentence)
+                             query_tokens=sentence, targets=np.array([1]))
 show(explorer, "attention_explorer")
 """
 
