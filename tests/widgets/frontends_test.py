@@ -486,8 +486,18 @@ class Run:
     """A notebook opened (and run) in one front end; `page` is its browser page."""
 
     def __init__(
-        self, server, browser, artifacts, widget, front_end, width=1400, height=1000, label=""
+        self,
+        server,
+        browser,
+        artifacts,
+        widget,
+        front_end,
+        width=1400,
+        height=1000,
+        label="",
+        voila_theme=None,
     ):
+        self.voila_theme = voila_theme  # Voila's theme is chosen by the URL (`?theme=dark`)
         self.directory, self.latencies = artifacts
         self.name = f"{widget}_{front_end}{label}"
         self.front_end = front_end
@@ -515,8 +525,9 @@ class Run:
         self.started = time.perf_counter()
         if self.front_end == "voila":
             # Progressive rendering streams the page while the cells run.
+            query = f"?theme={self.voila_theme}" if self.voila_theme else ""
             page.goto(
-                f"{self.server.url}/voila/render/{path}",
+                f"{self.server.url}/voila/render/{path}{query}",
                 timeout=180_000,
                 wait_until="commit" if self.server.progressive else "load",
             )
@@ -688,10 +699,9 @@ def assert_painted(page, rows, num_source):
     assert len(bars) >= 2 and all(len(g["bars"]) == g["length"] > 0 for g in bars), bars
 
 
-# The Seq2Seq stepper in every front end and in Dark; the Transformer's in Voila (its
+# The Seq2Seq stepper in every front end, light and Dark; the Transformer's in Voila (its
 # cheapest front end; the page's BokehJS code is the same for both translators).
-WALKS = [(f, None, "walk") for f in FRONT_ENDS] + [
-    ("lab", "JupyterLab Dark", "walk"),
+WALKS = [(f, theme, "walk") for f in FRONT_ENDS for theme in (None, "JupyterLab Dark")] + [
     ("voila", None, "walk_transformer"),
 ]
 
@@ -1050,15 +1060,28 @@ def assert_stepper_panels_drawn(stepper, rows, transformer):
 # (front end, viewport width, JupyterLab theme): each page opens at 1280 px; the panels
 # test then widens the same page to 1920 px (one kernel run per layout, not two).
 LAYOUTS = [(front_end, 1280, None) for front_end in FRONT_ENDS] + [("lab", 1280, "JupyterLab Dark")]
+# Light and dark in every front end (Lab and Notebook 7 switch by command, Voila is served
+# dark by its URL and cannot switch back, which the panels test above also checks).
+THEMED_LAYOUTS = [(f, 1280, theme) for f in FRONT_ENDS for theme in (None, "JupyterLab Dark")]
 WIDE = {"width": 1920, "height": 1080}
 
 
 def open_in_layout(run, notebook, front_end, width, theme):
     label = f"_{width}" + ("_dark" if theme else "")
+    voila_dark = front_end == "voila" and theme is not None
     opened = run(
-        notebook, front_end, width=width, height=900 if width == 1280 else 1080, label=label
+        notebook,
+        front_end,
+        width=width,
+        height=900 if width == 1280 else 1080,
+        label=label,
+        voila_theme="dark" if voila_dark else None,
     )
-    if theme:
+    if voila_dark:  # the page is served dark; nothing to switch or restore
+        opened.page.wait_for_function(
+            "document.body.dataset.jpThemeLight === 'false'", timeout=60_000
+        )
+    elif theme:
         opened.page.evaluate(
             f"() => window.jupyterapp.commands.execute('apputils:change-theme', "
             f"{{theme: {theme!r}}})"
@@ -1070,6 +1093,8 @@ def open_in_layout(run, notebook, front_end, width, theme):
 
 
 def restore_light_theme(opened):
+    if opened.front_end == "voila":
+        return  # served dark by its URL; the page is closed after the test
     opened.page.evaluate(
         "() => window.jupyterapp.commands.execute('apputils:change-theme',"
         " {theme: 'JupyterLab Light'})"
@@ -1225,7 +1250,7 @@ READ_DETAIL_BOTTOMS = """
 """
 
 
-@pytest.mark.parametrize(("front_end", "width", "theme"), LAYOUTS)
+@pytest.mark.parametrize(("front_end", "width", "theme"), THEMED_LAYOUTS)
 def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, width, theme):
     opened = open_in_layout(run, "head_view", front_end, width, theme)
     try:
