@@ -172,6 +172,16 @@ READ_TEXT_COLOURS = r"""() => {
     return "#" + [r, g, b].map((x) => x.toString(16).padStart(2, "0")).join("");
   };
   const value = (v) => (v !== null && typeof v === "object" && "value" in v ? v.value : v);
+  // The first opaque background behind an element (crossing Bokeh's shadow roots): what a
+  // transparent figure (no fill, as in a front end's dark theme) is painted on.
+  const behind = (el) => {
+    for (let e = el; e; e = e.parentElement || e.getRootNode().host) {
+      const c = getComputedStyle(e).backgroundColor;
+      if (c && c !== "transparent" && !/^rgba\(.*,\s*0\)$/.test(c)) return rgb(c);
+    }
+    return "#ffffff";
+  };
+  const fill = (c, el) => (c === null || c === undefined ? behind(el) : rgb(c));
   const shown = (view) => {
     for (let v = view; v != null; v = v.parent) if (v.model?.visible === false) return false;
     return view.plot_view.el.isConnected && view.plot_view.el.getClientRects().length > 0;
@@ -181,8 +191,8 @@ READ_TEXT_COLOURS = r"""() => {
     const plot = view.plot_view;
     if (!plot?.model || view === plot || !view.model || !shown(view)) continue;
     const m = view.model, name = plot.model.name || plot.model.title?.text || "figure";
-    const inside = rgb(plot.model.background_fill_color);
-    const border = rgb(plot.model.border_fill_color);
+    const inside = fill(plot.model.background_fill_color, plot.el);
+    const border = fill(plot.model.border_fill_color, plot.el);
     if (view.glyph && "text_color" in m.glyph.properties && view.glyph.data_size > 0) {
       out.push([name, "text glyph", rgb(value(m.glyph.text_color)), inside]);
     }
@@ -196,6 +206,43 @@ READ_TEXT_COLOURS = r"""() => {
   }
   return out;
 }"""
+
+
+# Every visible figure whose opaque border fill differs from the page behind it:
+# `[figure, fill, page]`. In a dark front end such a figure reads as a box with a frame
+# of the page's colour (#42: Voila's output area is lighter than JupyterLab's cell).
+READ_FRAMES = r"""() => {
+  const ctx = document.createElement("canvas").getContext("2d");
+  const rgb = (c) => {
+    ctx.fillStyle = "#010203";
+    ctx.fillStyle = String(c);
+    return ctx.fillStyle;
+  };
+  const up = (e) => e.parentElement || e.getRootNode().host;
+  const behind = (el) => {  // from the figure's parent: the figure's own element has its fill
+    for (let e = el; e; e = up(e)) {
+      const c = getComputedStyle(e).backgroundColor;
+      if (c && c !== "transparent" && !/^rgba\(.*,\s*0\)$/.test(c)) return rgb(c);
+    }
+    return "#ffffff";
+  };
+  const out = [];
+  for (const view of Bokeh.index.all_views()) {  // the figures' own views
+    if (!view.model || !("border_fill_color" in view.model.properties)) continue;
+    if (!view.el.isConnected || !view.el.getClientRects().length) continue;
+    const fill = view.model.border_fill_color;
+    if (fill === null || fill === undefined) continue;
+    const page = behind(up(view.el));
+    if (rgb(fill) !== page) out.push([view.model.title?.text || "figure", rgb(fill), page]);
+  }
+  return out;
+}"""
+
+
+def assert_no_frames(page):
+    """No figure paints a background box that differs from the page behind it."""
+    framed = page.evaluate(READ_FRAMES)
+    assert not framed, f"figures painted as boxes on a different background: {framed}"
 
 
 def contrast(foreground, background):

@@ -316,7 +316,7 @@ def test_dark_theme_labels_contrast_with_their_background(tmp_path, fake_comm):
         with offline_export(tmp_path, widget, f"{name}_dark", color_scheme="dark") as page:
             page.wait_for_function(  # the theme callback has run
                 "[...Bokeh.documents[0].all_models].some((m) => m.background_fill_color"
-                " !== undefined && String(m.background_fill_color) !== '#ffffff')"
+                " !== undefined && String(m.background_fill_color) === '#111111')"
             )
             page.wait_for_timeout(300)
             texts = bokeh_page.assert_text_contrasts(page)

@@ -711,8 +711,9 @@ def test_stepper_paints_every_row_after_reset_and_back(run, front_end, theme, no
     opened = open_in_layout(run, notebook, front_end, 1280, theme)
     try:
         walk_reset_next_back_next(opened)
-        if theme:  # every label readable on the dark background (WCAG 3:1)
+        if theme:  # every label readable on the dark background (WCAG 3:1), no framed boxes
             bokeh_page.assert_text_contrasts(opened.page)
+            bokeh_page.assert_no_frames(opened.page)
     finally:
         if theme:
             restore_light_theme(opened)
@@ -1011,8 +1012,10 @@ def assert_backgrounds(page, dark):
     """Every plot on the page is painted for the page's theme (white cards in Dark were the bug)."""
     colours = page.evaluate(READ_BACKGROUNDS)
     assert colours, "no Bokeh plot on the page"
+    # Fills are transparent ("null") on the front end's own background, or white in light.
     white = [c for pair in colours for c in pair if c.lower() in ("#ffffff", "white")]
-    assert (not white) if dark else len(white) == 2 * len(colours), colours
+    light = [c for pair in colours for c in pair if c.lower() in ("#ffffff", "white", "null")]
+    assert (not white) if dark else len(light) == 2 * len(colours), colours
 
 
 def assert_holds(span, values, what):
@@ -1158,7 +1161,8 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
             restore_light_theme(opened)
     if theme:  # and back to light when the theme is switched back
         opened.wait(
-            f"({READ_BACKGROUNDS})().every(([a, b]) => a === '#ffffff' && b === '#ffffff')",
+            f"({READ_BACKGROUNDS})().every(([a, b]) => [a, b].every("
+            "(c) => c === '#ffffff' || c === 'null'))",
             timeout_s=30,
         )
     assert_no_script_ran(opened.page)
@@ -1282,8 +1286,9 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, wid
             assert all(low < v < high for v in view["rows"] + view["cols"])
         # Every explorer panel (detail heatmap, head view, model view) legible as painted ...
         text_boxes.assert_legible(opened.page, minimum_axes=10)
-        if theme:  # ... and its labels readable on the dark background (WCAG 3:1)
+        if theme:  # ... its labels readable on the dark background (WCAG 3:1), no framed boxes
             bokeh_page.assert_text_contrasts(opened.page)
+            bokeh_page.assert_no_frames(opened.page)
         screenshot = opened.page.locator(".widget-vbox").nth(1)
         screenshot.scroll_into_view_if_needed()
         screenshot.screenshot(path=str(opened.directory / f"{opened.name}_long.png"))
