@@ -52,8 +52,9 @@ class Shot:
 
 
 SHOTS = (
-    # The README's first picture: the Seq2Seq stepper, in a window about GitHub's column.
-    Shot("docs/figures/decoding_stepper.png", "decoding_stepper", width=1000),
+    # The README's first picture: the Seq2Seq stepper (at 1000 px Voila's output area cut
+    # the alignment after its fifth row, hiding the lecture's entarté -> pie cell).
+    Shot("docs/figures/decoding_stepper.png", "decoding_stepper"),
     Shot("docs/figures/decoding_stepper_1280.png", "decoding_stepper"),
     Shot("docs/figures/decoding_stepper_1280_dark.png", "decoding_stepper", theme="dark"),
     Shot("docs/figures/transformer_stepper_1280.png", "transformer_stepper"),
