@@ -20,7 +20,7 @@ Before a page is saved, its figures pass the browser tests' painted-text check
 labels of an axis overlapping, every label at WCAG 3:1 contrast or more) and
 the page logged no error; otherwise nothing is written and this exits with the
 problem. `PUBLISHED` lists every image a page of ours shows:
-tests/docs/figures_test.py fails when a Markdown page shows one it lacks.
+tests/docs/published_figures_test.py fails when a Markdown page shows one it lacks.
 Takes about two minutes on two cores (1 min 50 s on a shared, loaded pair).
 """
 

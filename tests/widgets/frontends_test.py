@@ -895,7 +895,8 @@ def test_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_tr
     opened.dump.unlink()
 
     opened.page.evaluate(f"({WATCH})({READ_LIVE})")
-    opened.page.get_by_role("button", name="Train").click()
+    # exact: Lab's file browser lists a folder "pretrained", which "Train" matches otherwise.
+    opened.page.get_by_role("button", name="Train", exact=True).click()
     kernel = opened.kernel_state()
     assert kernel["updates"] == 32
     opened.wait(same_numbers(READ_LIVE, kernel["weight"]), timeout_s=30)
