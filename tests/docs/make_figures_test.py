@@ -1,6 +1,6 @@
 """The figure generator's checks, on one small figure (the whole `make figures` run
 trains models and serves a notebook in Voila for about two minutes: not part of
-`make test`). What a published page shows is listed in tests/docs/figures_test.py."""
+`make test`). What a published page shows is listed in tests/docs/published_figures_test.py."""
 
 import os
 
@@ -9,7 +9,7 @@ import pytest
 
 from keras_attention.widgets.export import CHROMIUM_ARGS
 from keras_attention.widgets.export import find_chromium
-from tests.docs.figures_test import make_figures
+from tests.docs.published_figures_test import make_figures
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(
