@@ -159,11 +159,13 @@ def wait_until_drawn(page, timeout_s=60):
         last = now
 
 
-# Every piece of text a visible figure paints, with the colour it is painted in and the
-# colour behind it: `[figure, what, text colour, background]`, colours as "#rrggbb".
-READ_TEXT_COLOURS = r"""() => {
+# Colour helpers both page scripts below start with: `rgb` ("#rrggbb"; an "rgba(...)"'s
+# alpha is left out), `up` (an element's parent, crossing Bokeh's shadow roots) and
+# `behind` (the first opaque background from an element up: what a transparent figure,
+# as in a front end's dark theme, is painted on).
+_COLOUR_HELPERS = r"""
   const ctx = document.createElement("canvas").getContext("2d");
-  const rgb = (c) => {  // "#rrggbb" (the alpha of an "rgba(...)" is left out)
+  const rgb = (c) => {
     ctx.fillStyle = "#010203";
     ctx.fillStyle = String(c);
     const style = ctx.fillStyle;
@@ -171,16 +173,23 @@ READ_TEXT_COLOURS = r"""() => {
     const [r, g, b] = style.match(/[\d.]+/g).map(Number);
     return "#" + [r, g, b].map((x) => x.toString(16).padStart(2, "0")).join("");
   };
-  const value = (v) => (v !== null && typeof v === "object" && "value" in v ? v.value : v);
-  // The first opaque background behind an element (crossing Bokeh's shadow roots): what a
-  // transparent figure (no fill, as in a front end's dark theme) is painted on.
+  const up = (e) => e.parentElement || e.getRootNode().host;
   const behind = (el) => {
-    for (let e = el; e; e = e.parentElement || e.getRootNode().host) {
+    for (let e = el; e; e = up(e)) {
       const c = getComputedStyle(e).backgroundColor;
       if (c && c !== "transparent" && !/^rgba\(.*,\s*0\)$/.test(c)) return rgb(c);
     }
     return "#ffffff";
   };
+"""
+
+# Every piece of text a visible figure paints, with the colour it is painted in and the
+# colour behind it: `[figure, what, text colour, background]`, colours as "#rrggbb".
+READ_TEXT_COLOURS = (
+    "() => {"
+    + _COLOUR_HELPERS
+    + r"""
+  const value = (v) => (v !== null && typeof v === "object" && "value" in v ? v.value : v);
   const fill = (c, el) => (c === null || c === undefined ? behind(el) : rgb(c));
   const shown = (view) => {
     for (let v = view; v != null; v = v.parent) if (v.model?.visible === false) return false;
@@ -206,26 +215,16 @@ READ_TEXT_COLOURS = r"""() => {
   }
   return out;
 }"""
+)
 
 
 # Every visible figure whose opaque border fill differs from the page behind it:
 # `[figure, fill, page]`. In a dark front end such a figure reads as a box with a frame
 # of the page's colour (#42: Voila's output area is lighter than JupyterLab's cell).
-READ_FRAMES = r"""() => {
-  const ctx = document.createElement("canvas").getContext("2d");
-  const rgb = (c) => {
-    ctx.fillStyle = "#010203";
-    ctx.fillStyle = String(c);
-    return ctx.fillStyle;
-  };
-  const up = (e) => e.parentElement || e.getRootNode().host;
-  const behind = (el) => {  // from the figure's parent: the figure's own element has its fill
-    for (let e = el; e; e = up(e)) {
-      const c = getComputedStyle(e).backgroundColor;
-      if (c && c !== "transparent" && !/^rgba\(.*,\s*0\)$/.test(c)) return rgb(c);
-    }
-    return "#ffffff";
-  };
+READ_FRAMES = (
+    "() => {"
+    + _COLOUR_HELPERS
+    + r"""
   const out = [];
   for (const view of Bokeh.index.all_views()) {  // the figures' own views
     if (!view.model || !("border_fill_color" in view.model.properties)) continue;
@@ -237,6 +236,7 @@ READ_FRAMES = r"""() => {
   }
   return out;
 }"""
+)
 
 
 def assert_no_frames(page):
