@@ -304,6 +304,25 @@ def check_mask_dtype(owner, argument, mask):
         )
 
 
+def check_integer_dtype(owner, argument, value):
+    """Raises a ValueError unless `value` (a tensor, an array or a list)
+    holds integers: ids and positions, checked before a backend converts
+    them (JAX's conversion of a text array fails first)."""
+    if isinstance(value, (list, tuple)):
+        value = np.asarray(value)
+    if not hasattr(value, "dtype"):
+        return
+    kind = getattr(value.dtype, "kind", "")
+    dtype = "string" if kind in ("U", "S", "O") else getattr(value.dtype, "name", value.dtype)
+    if "int" not in str(dtype):
+        raise ValueError(
+            error(
+                owner,
+                f"`{argument}` must be integers. Received: {argument} with dtype {dtype}",
+            )
+        )
+
+
 def check_mask(owner, argument, mask, expected, broadcast=False):
     """Checks a mask's dtype and shape against `expected` (None = any).
 

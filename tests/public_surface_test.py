@@ -144,6 +144,8 @@ CASES = {
         ("prefix_length", lambda: ka.ops.AttentionMask(prefix_length=3)),
         ("key_segment_ids", lambda: ka.ops.AttentionMask(query_segment_ids=x(1, 2, dtype="int32"))),
         ("mask_mod", lambda: ka.ops.AttentionMask(mask_mod="causal")),
+        # #49: the arity at construction, not Python's bare TypeError at the first call.
+        ("mask_mod", lambda: ka.ops.AttentionMask(mask_mod=lambda q_idx, k_idx: q_idx >= k_idx)),
     ],
     "keras_attention.layers.keras_hub_conversion.to_keras_hub_cache": [
         ("layer", lambda: to_keras_hub_cache(x(1, 2, 3, 1, 2), keras.layers.Dense(2))),
@@ -200,6 +202,7 @@ CASES = {
         ("soft_cap", lambda: ka.ops.ScoreModifier(soft_cap="50")),
         ("soft_cap", lambda: ka.ops.ScoreModifier(soft_cap=-1.0)),
         ("score_mod", lambda: ka.ops.ScoreModifier(score_mod=3)),
+        ("score_mod", lambda: ka.ops.ScoreModifier(score_mod=lambda score, head: score)),
         ("sink_logits", lambda: ka.ops.ScoreModifier(sink_logits=x(2, 3))),
     ],
     "keras_attention.ops.score_modifier.alibi_slopes": [
@@ -533,6 +536,8 @@ LAYER_CASES = {
         ("qk_norm", {"num_heads": 2, "key_dim": 2, "qk_norm": "rms"}),
         ("query_scale", {"num_heads": 2, "key_dim": 2, "query_scale": 0}),
         ("use_bias", {"num_heads": 2, "key_dim": 2, "use_bias": ["query", "outputs"]}),
+        ("score_mod", {"num_heads": 2, "key_dim": 2, "score_mod": lambda score, b: score}),
+        ("mask_mod", {"num_heads": 2, "key_dim": 2, "mask_mod": lambda b, h, q: q >= 0}),
     ],
     "PerformerAttention": [
         ("kernel", {"num_heads": 2, "key_dim": 2, "kernel": 3}),
@@ -714,6 +719,40 @@ GROUPS = [
 def test_bad_arguments_are_refused_naming_the_callable_and_the_argument(group, capsys):
     for path in sorted(p for p in CASES if _group(p) == group):
         _check_cases(path, capsys)
+
+
+# What user functions return (#49): a `mask_mod` or `score_mod` whose result
+# is wrong is refused by the call that runs it, naming the callable the user
+# built, the argument and what the function returned, on each kernel the
+# selector can pick for it (forced here by argument).
+def _mod_call(kernel, **mods):
+    layer = ka.MultiHeadAttention(
+        2, 4, memory_efficient=kernel == "blockwise", block_size=4, **mods
+    )
+    return layer(x(1, 6, 4), x(1, 6, 4))
+
+
+RETURNED = {
+    "additive mask_mod": (
+        "mask_mod",
+        dict(mask_mod=lambda b, h, q, k: keras.ops.where(k <= q, 0.0, float("-inf"))),
+    ),
+    "mask_mod of a column less": ("mask_mod", dict(mask_mod=lambda b, h, q, k: (k <= q)[..., 1:])),
+    "integer score_mod": ("score_mod", dict(score_mod=lambda s, b, h, q, k: q + k)),
+}
+
+
+@pytest.mark.parametrize("kernel", ["dense", "blockwise"])
+@pytest.mark.parametrize("case", sorted(RETURNED))
+def test_what_user_functions_return_is_refused_naming_the_callable(case, kernel):
+    argument, mods = RETURNED[case]
+    with pytest.raises((ValueError, TypeError)) as raised:
+        _mod_call(kernel, **mods)
+    message = str(raised.value)
+    # Keras prefixes an error raised inside a layer's call with its own line.
+    message = message.split("\x1b[1m", 1)[-1]
+    assert message.startswith(f"MultiHeadAttention: `{argument}` <lambda> "), message
+    assert "Received" in message, message
 
 
 def _check_cases(path, capsys):

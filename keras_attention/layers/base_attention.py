@@ -103,6 +103,9 @@ class BaseAttention(keras.layers.Layer):
             mask = kwargs.get(name)
             if mask is not None and hasattr(mask, "dtype"):
                 utils.check_mask_dtype(self, name, mask)
+        for name in ("segment_ids", "key_segment_ids", "position_ids", "key_position_ids"):
+            if kwargs.get(name) is not None:
+                validation.check_integer_dtype(self, name, kwargs[name])
         return super().__call__(*args, **kwargs)
 
     def _refuse_cache(self, kwargs):

@@ -17,6 +17,7 @@ from keras_attention.layers.kernel_selector import Kernel
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.ops import dense_attention
 from keras_attention.ops import masking
+from keras_attention.ops import mods
 from keras_attention.ops import multi_head
 from keras_attention.ops import ring_attention
 from keras_attention.ops import score_modifier
@@ -152,8 +153,11 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             stay visible to every query (StreamingLLM).
         mask_mod: (keyword-only) `mask_mod(batch, head, q_idx, k_idx) ->
             bool`, what each query may see besides the other masks.
-            The modifiers and rules run on every exact kernel; see the
-            programmable-attention guide.
+            The modifiers and rules run on every exact kernel, which call
+            them with the same int32 indices, `batch` `(B, 1, 1, 1)`, `head`
+            `(1, H, 1, 1)`, `q_idx` `(1, 1, Tq, 1)`, `k_idx` `(1, 1, 1, Tk)`
+            (absolute positions of real tokens); their results are checked
+            (`ops.mods`). See the programmable-attention guide.
         rotary: (keyword-only) rotary position embedding of the projected
             queries and keys at their absolute positions (a cache holds
             rotated keys): None, True (RoPE with `max_wavelength=10000`), a
@@ -487,7 +491,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         spec = super()._attention_mask(*args, **kwargs)
         if self.sink_tokens is None and self.mask_mod is None:
             return spec
-        return spec.replace(sink_tokens=self.sink_tokens, mask_mod=self.mask_mod)
+        mask_mod = mods.UserMod.wrap(self.mask_mod, "mask_mod", type(self).__name__)
+        return spec.replace(sink_tokens=self.sink_tokens, mask_mod=mask_mod)
 
     @property
     def _modifies_scores(self):
@@ -514,6 +519,9 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             # takes them as arguments, so every kernel differentiates them.
             weights = tuple(score_mod.score_weights)
             score_mod = score_mod.modify_scores
+        score_mod = mods.UserMod.wrap(
+            score_mod, "score_mod", type(self).__name__, num_weights=len(weights)
+        )
         return score_modifier.ScoreModifier(
             soft_cap=self.logit_soft_cap,
             alibi_slopes=slopes,
@@ -1355,12 +1363,10 @@ def _user_function(owner, argument, function, signature):
     a `.keras` file's config when it comes as one."""
     if isinstance(function, dict):
         function = keras.saving.deserialize_keras_object(function)
-    if function is not None and not callable(function):
-        raise TypeError(
-            f"{owner}: `{argument}` must be a callable `{signature}` or None. "
-            f"Received: {argument}={function!r}"
-        )
-    return function
+    if isinstance(function, keras.layers.Layer):  # its `call` takes its weights itself
+        return mods.check_signature(owner, argument, function, 0, signature)
+    num_args = 4 if argument == "mask_mod" else 5
+    return mods.check_signature(owner, argument, function, num_args, signature)
 
 
 def _validate_rotary(owner, rotary, key_dim):

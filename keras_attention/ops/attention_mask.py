@@ -37,6 +37,7 @@ whatever the spelling) gets zero weights and a zero attention result.
 from keras import ops
 
 from keras_attention.ops import checks
+from keras_attention.ops import mods
 from keras_attention.ops.masking import merge_masks
 from keras_attention.ops.masking import to_bool_mask
 
@@ -111,11 +112,7 @@ class AttentionMask:
                 f"neither. Received: query_segment_ids={query_segment_ids!r}, "
                 f"key_segment_ids={key_segment_ids!r}"
             )
-        if mask_mod is not None and not callable(mask_mod):
-            raise TypeError(
-                f"{owner}: `mask_mod` must be a callable "
-                f"`(batch, head, q_idx, k_idx) -> bool` or None. Received: mask_mod={mask_mod!r}"
-            )
+        mask_mod = mods.UserMod.wrap(mask_mod, "mask_mod", owner)
         self.prefix_length = prefix_length
         self.sink_tokens = sink_tokens
         self.query_segment_ids = query_segment_ids
@@ -326,7 +323,7 @@ class AttentionMask:
         allowed = self.allows(rows, cols, batch)
         if self.mask_mod is not None:
             user = self.mask_mod(batch, head, ops.cast(rows, "int32"), ops.cast(cols, "int32"))
-            allowed = merge_masks(allowed, to_bool_mask(ops.convert_to_tensor(user)))
+            allowed = merge_masks(allowed, user)
         return allowed
 
     @staticmethod

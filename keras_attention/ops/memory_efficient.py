@@ -258,11 +258,23 @@ def memory_efficient_attention(
     head_index = ops.reshape(ops.arange(num_heads, dtype="int32"), (1, num_kv_heads, groups, 1, 1))
 
     def tile_indices(i, j):
-        """`(batch, head, q_idx, k_idx)` of tile (i, j), broadcastable to it."""
+        """`(batch, head, q_idx, k_idx)` of tile (i, j), broadcastable to it.
+        Past the sequence's end (the last tiles' padding, hidden or dropped)
+        the last real position is repeated, so a mod's lookups stay in range."""
         batch = ops.reshape(ops.arange(ops.shape(q)[1], dtype="int32"), (-1, 1, 1, 1, 1))
-        rows = ops.reshape(mask.query_positions(i * q_block, q_block), (1, 1, 1, q_block, 1))
-        cols = ops.reshape(j * k_block + ops.arange(k_block, dtype="int32"), (1, 1, 1, 1, k_block))
-        return batch, head_index, rows, cols
+        rows = real_rows(mask.query_positions(i * q_block, q_block))
+        cols = real_cols(j * k_block + ops.arange(k_block, dtype="int32"))
+        return batch, head_index, rows[..., None], cols[:, :, :, None, :]
+
+    def real_rows(rows):
+        if num_q_blocks * q_block != q_len:
+            rows = ops.minimum(rows, mask.query_positions(q_len - 1, 1))
+        return ops.reshape(rows, (1, 1, 1, -1))
+
+    def real_cols(cols):
+        if num_k_blocks * k_block != k_len:
+            cols = ops.minimum(cols, k_len - 1)
+        return ops.reshape(cols, (1, 1, 1, -1))
 
     def with_alibi_queries(queries):
         """`(nq, B, Hkv, G, bq, D)` queries with the fold's two features."""
@@ -336,10 +348,20 @@ def memory_efficient_attention(
         if mask.mask_mod is None:
             return None
         batch, head, rows, _ = tile_indices(i, 0)
-        cols = ops.reshape(ops.arange(num_k_blocks * k_block, dtype="int32"), (1, 1, 1, 1, -1))
+        cols = real_cols(ops.arange(num_k_blocks * k_block, dtype="int32"))[:, :, :, None, :]
         allowed = mask.rules(batch if mask.batch_dependent_rules else None, head, rows, cols)
         seen = ops.any(ops.reshape(allowed, (-1, num_k_blocks * k_block)), axis=0)
         return ops.any(ops.reshape(seen, (num_k_blocks, k_block)), axis=1)
+
+    # A user mod's results are checked once, here, on the first query block:
+    # an error raised inside the loops below would be reported as the loop's.
+    # The unused results are pruned by graph and XLA compilers.
+    if mask.mask_mod is not None:
+        live_key_blocks(0)
+        mask.rules(*tile_indices(0, 0))
+    if modify and scores.score_mod is not None:
+        tile = (ops.shape(q)[1], num_kv_heads, groups, q_block, k_block)
+        scores.apply(ops.zeros(tile), *tile_indices(0, 0), weights=score_weights)
 
     def over_key_ranges(i, step, state):
         """`step(j, state)` folded over the key blocks query block `i` sees."""

@@ -12,7 +12,8 @@ absolute positions:
    `slope * k_pos` up to a per-row constant (the softmax ignores it);
 2. a user `score_mod(score, batch, head, q_idx, k_idx) -> score`, written
    with `keras.ops` on broadcastable index tensors (int32; `q_idx`/`k_idx`
-   absolute positions, so a decoding cache sees the same function);
+   absolute positions, so a decoding cache sees the same function; the
+   same shapes on every kernel, and the result checked: `ops.mods`);
 3. the logit soft cap `c * tanh(score / c)` (Gemma 2 and 3, Grok), last, so
    the capped logit is what the softmax sees.
 
@@ -36,6 +37,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention.ops import checks
+from keras_attention.ops import mods
 
 
 def alibi_slopes(num_heads):
@@ -99,12 +101,6 @@ class ScoreModifier:
                     f"Received: soft_cap={soft_cap!r}"
                 )
             soft_cap = float(soft_cap)
-        if score_mod is not None and not callable(score_mod):
-            raise TypeError(
-                f"{owner}: `score_mod` must be a callable "
-                "`(score, batch, head, q_idx, k_idx) -> score` or None. "
-                f"Received: score_mod={score_mod!r}"
-            )
         if not isinstance(score_mod_weights, (list, tuple)) or (
             score_mod_weights and score_mod is None
         ):
@@ -113,6 +109,9 @@ class ScoreModifier:
                 "list or tuple, with a `score_mod`. Received: "
                 f"score_mod_weights={score_mod_weights!r}, score_mod={score_mod!r}"
             )
+        score_mod = mods.UserMod.wrap(
+            score_mod, "score_mod", owner, num_weights=len(score_mod_weights)
+        )
         self.soft_cap = soft_cap
         for name, value in (("alibi_slopes", alibi_slopes), ("sink_logits", sink_logits)):
             if value is not None and len(getattr(value, "shape", np.shape(value))) != 1:

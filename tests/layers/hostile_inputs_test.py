@@ -125,6 +125,23 @@ def test_string_inputs_raise_a_type_error_naming_the_layer():
         ka.SqueezeExcitation(ratio=1).call(tf.fill((1, 2, 2, 2), "a"))
 
 
+@pytest.mark.parametrize("argument", ["segment_ids", "key_segment_ids", "position_ids"])
+@pytest.mark.parametrize("layer", ["MultiHeadAttention", "SparseAttention"])
+def test_text_ids_are_refused_before_the_backend_converts_them(layer, argument):
+    """#49: on JAX a text array failed inside `jax.numpy` ("could not convert
+    string to float") before the layer's own check of the ids ran."""
+    make = getattr(ka, layer)
+    if argument == "position_ids" and layer != "MultiHeadAttention":
+        pytest.skip("rotary positions are MultiHeadAttention's")
+    x = np.zeros((1, 4, 8), "float32")
+    ids = np.array([["a", "a", "b", "b"]])
+    kwargs = {argument: ids}
+    if argument == "key_segment_ids":
+        kwargs["segment_ids"] = np.zeros((1, 4), "int32")
+    with pytest.raises(ValueError, match=rf"{layer} .*`{argument}` must be integers.*string"):
+        make(2, 4)(x, x, **kwargs)
+
+
 # -------------------------------------------------------------------- NaN
 @pytest.mark.parametrize("name", sorted(ATTENTION_LAYERS))
 def test_nan_in_masked_positions_contributes_nothing(name):

@@ -55,6 +55,22 @@ def document_mask_mod(batch, head, q_idx, k_idx):
     return keras.ops.equal(q_idx // 6, k_idx // 6)
 
 
+# The guide's per-token lookup: document ids `(B, T)` read inside a
+# `mask_mod` with `keras.ops` (works on both backends; `doc[b, q_idx]` is
+# JAX-only indexing). The tiled kernel pads its last tiles: the positions it
+# passes stay in range (TensorFlow's gather refuses an index past the end).
+LOOKUP_IDS = np.array([[0] * 3 + [1] * 5 + [2] * 3, [0] * 6 + [1] * 5], "int32")
+
+
+def lookup_mask_mod(batch, head, q_idx, k_idx):
+    flat = keras.ops.reshape(keras.ops.convert_to_tensor(LOOKUP_IDS), (-1,))
+    length = LOOKUP_IDS.shape[1]
+    same = keras.ops.take(flat, batch * length + q_idx) == keras.ops.take(
+        flat, batch * length + k_idx
+    )
+    return same
+
+
 # ---------------------------------------------------------------- cases
 # name -> (lengths (Tq, Tk), key/value heads, what the mask holds)
 MASKS = {
@@ -72,6 +88,7 @@ MASKS = {
     "sink tokens beside a window": ((13, 13), 2, ("causal", "window", "sink_tokens")),
     "mask_mod": ((11, 11), 2, ("causal", "mask_mod")),
     "documents by mask_mod": ((11, 11), 2, ("documents_mask_mod",)),
+    "documents by lookup": ((11, 11), 2, ("causal", "lookup_mask_mod")),
 }
 MODIFIERS = ("soft_cap", "alibi", "sinks", "score_mod")
 TABLE_SHAPE = (4, H)  # the weighted `score_mod`'s table: (buckets, heads)
@@ -135,6 +152,9 @@ def _case(name, seed=0):
     if "mask_mod" in parts:
         fields["mask_mod"] = user_mask_mod
         allowed &= (rows[None, None] + 2 * cols[None, None] + head + batch) % 4 != 0
+    if "lookup_mask_mod" in parts:
+        fields["mask_mod"] = lookup_mask_mod
+        allowed &= LOOKUP_IDS[:, None, :, None] == LOOKUP_IDS[:, None, None, :]
     if "documents_mask_mod" in parts:
         fields["mask_mod"] = document_mask_mod
         allowed &= (rows // 6 == cols // 6)[None, None]
@@ -433,3 +453,103 @@ def test_the_blockwise_kernel_skips_the_tiles_of_other_documents(monkeypatch):
     # Query block i (rows 4i..4i+3) sees the key blocks of its document up
     # to the diagonal: 2 documents' worth of blocks per 8 rows.
     assert visited == [(2 * (i // 2), i + 1) for i in range(8)], visited
+
+
+# ------------------------------------------------------ the mods' contract
+MOD_KERNELS = ("dense", "shifted", "composite", "blockwise")
+
+
+@pytest.mark.parametrize("kernel", MOD_KERNELS)
+def test_mods_get_the_same_documented_indices_on_every_kernel(kernel):
+    """`(B,1,1,1)`, `(1,H,1,1)`, `(1,1,Tq,1)`, `(1,1,1,Tk)` int32 on every
+    kernel (the blockwise one gave 5-D grouped tensors), positions never past
+    the sequence (its padded tiles repeat the last one)."""
+    seen = []
+
+    def record(*indices):
+        shapes = tuple(tuple(t.shape) for t in indices)
+        dtypes = {keras.backend.standardize_dtype(t.dtype) for t in indices}
+        top = None
+        if BACKEND == "tensorflow":  # eager: the loops run in Python
+            top = (int(np.max(to_numpy(indices[2]))), int(np.max(to_numpy(indices[3]))))
+        seen.append((shapes, dtypes, top))
+
+    def spy_mask(batch, head, q_idx, k_idx):
+        record(batch, head, q_idx, k_idx)
+        return k_idx <= q_idx
+
+    def spy_score(score, batch, head, q_idx, k_idx):
+        record(batch, head, q_idx, k_idx)
+        return score
+
+    arrays, _, _, _ = _case("decoding offset")  # Tq 3 at offset 8, Tk 13, 2 kv heads
+    mask = attention_mask.AttentionMask(causal=True, query_offset=8, mask_mod=spy_mask)
+    scores = None if kernel == "composite" else score_modifier.ScoreModifier(score_mod=spy_score)
+    q, k, v = (np.asarray(arrays[n], "float32") for n in ("q", "k", "v"))
+    if kernel == "composite":
+        _kernel(kernel, mask)(q, k, v, score_modifier.ScoreModifier())
+    else:
+        _kernel(kernel, mask)(q, k, v, scores)
+    assert seen
+    tiled = kernel == "blockwise"
+    q_len, k_len = (3, 3) if tiled else (3, 13)
+    for shapes, dtypes, top in seen:
+        assert dtypes == {"int32"}
+        assert shapes[:2] == ((B, 1, 1, 1), (1, H, 1, 1)), shapes
+        assert shapes[2][:2] + shapes[2][3:] == (1, 1, 1) and shapes[2][2] == q_len, shapes
+        assert shapes[3][:3] == (1, 1, 1) and shapes[3][3] in (k_len, 15 if tiled else 13)
+        assert top is None or (top[0] <= 10 and top[1] <= 12), top
+
+
+def _float_mask(b, h, q, k):
+    return keras.ops.where(k <= q, 0.0, float("-inf"))  # Hugging Face's additive form
+
+
+def _dropped_column(b, h, q, k):
+    return (k <= q)[..., :-1]
+
+
+def _extra_axis(b, h, q, k):
+    return (k <= q)[None]
+
+
+def _three(b, h, q, k):
+    return keras.ops.ones((3,), "bool")
+
+
+def _integer_score(s, b, h, q, k):
+    return keras.ops.cast(s, "int32")
+
+
+def _score_dropped_column(s, b, h, q, k):
+    return s[..., :-1]
+
+
+BAD_MODS = {
+    "float mask": ("mask_mod", _float_mask, TypeError, r"must return booleans.*float32.*score_mod"),
+    "dropped column": ("mask_mod", _dropped_column, ValueError, r"broadcastable.*Received.*\)"),
+    "extra axis": ("mask_mod", _extra_axis, ValueError, r"Received: a result of shape \(1, 1, 1,"),
+    "(3,)": ("mask_mod", _three, ValueError, r"Received: a result of shape \(3,\)"),
+    "integer score": ("score_mod", _integer_score, TypeError, r"floating point.*int32"),
+    "score column": ("score_mod", _score_dropped_column, ValueError, r"the score's shape"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_MODS))
+@pytest.mark.parametrize("kernel", ["dense", "shifted", "blockwise"])
+def test_a_mods_wrong_result_is_refused_naming_the_function(kernel, bad):
+    """Checked once per trace on every kernel: the owner, the argument, the
+    function's name and the shape or dtype expected and returned, not a
+    backend's broadcast error from inside a kernel."""
+    argument, function, error, pattern = BAD_MODS[bad]
+    arrays, _, _, _ = _case("plain")
+    mask = attention_mask.AttentionMask(
+        **({"mask_mod": function} if argument == "mask_mod" else {})
+    )
+    scores = score_modifier.ScoreModifier(
+        **({"score_mod": function} if argument == "score_mod" else {})
+    )
+    q, k, v = (np.asarray(arrays[n], "float32") for n in ("q", "k", "v"))
+    owner = "AttentionMask" if argument == "mask_mod" else "ScoreModifier"
+    with pytest.raises(error, match=rf"^{owner}: `{argument}` {function.__name__} .*{pattern}"):
+        _kernel(kernel, mask)(q, k, v, scores)
