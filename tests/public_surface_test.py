@@ -159,6 +159,14 @@ CASES = {
         ("backbone", lambda: replace_keras_hub_attention("llama")),
         ("backbone", lambda: replace_keras_hub_attention(keras.Sequential())),
     ],
+    "keras_attention.ops.mods.and_masks": [
+        ("mask_mods[1]", lambda: ka.ops.and_masks(lambda b, h, q, k: q >= k, "causal")),
+        ("mask_mods", lambda: ka.ops.and_masks()),
+    ],
+    "keras_attention.ops.mods.or_masks": [
+        ("mask_mods[0]", lambda: ka.ops.or_masks(lambda q, k: q >= k)),
+        ("mask_mods", lambda: ka.ops.or_masks()),
+    ],
     "keras_attention.ops.masking.causal_mask": [
         ("query_length", lambda: ka.ops.causal_mask("3", 3)),
         ("key_length", lambda: ka.ops.causal_mask(3, -1)),

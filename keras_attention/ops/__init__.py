@@ -14,6 +14,8 @@ from keras_attention.ops.masking import causal_mask
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.masking import merge_masks
 from keras_attention.ops.masking import to_bool_mask
+from keras_attention.ops.mods import and_masks
+from keras_attention.ops.mods import or_masks
 from keras_attention.ops.score_modifier import ScoreModifier
 from keras_attention.ops.score_modifier import alibi_slopes
 from keras_attention.ops.scores import additive_score
@@ -28,6 +30,8 @@ __all__ = [
     "masked_softmax",
     "merge_masks",
     "to_bool_mask",
+    "and_masks",
+    "or_masks",
     "additive_score",
     "dot_score",
     "general_score",

@@ -29,6 +29,7 @@ heads as two axes, `(B, Hkv, G, Tq, Tk)`, and is given back its own layout.
 
 import inspect
 
+import keras
 from keras import ops
 
 from keras_attention import validation
@@ -38,7 +39,7 @@ SCORE_SIGNATURE = "(score, batch, head, q_idx, k_idx) -> score"
 
 
 def _name(function):
-    return getattr(function, "__qualname__", None) or type(function).__name__
+    return getattr(function, "__name__", None) or type(function).__name__
 
 
 def check_signature(owner, argument, function, num_args, signature):
@@ -202,3 +203,65 @@ def _regroup(result, kv_groups):
     batch = -1 if shape[0] != 1 else 1
     rest = tuple(d if d is not None else ops.shape(result)[i + 2] for i, d in enumerate(shape[2:]))
     return ops.reshape(result, (batch,) + heads + rest)
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class MaskModCombination:
+    """`mask_mod`s joined by `and` or `or`: what `and_masks` / `or_masks`
+    return. A `mask_mod` itself, and saved with a layer's config (its parts
+    must be registered functions, as any `mask_mod`)."""
+
+    def __init__(self, mask_mods, combine):
+        self.mask_mods = list(mask_mods)
+        self.combine = combine
+
+    @property
+    def __name__(self):
+        return f"{self.combine}_masks"
+
+    def __call__(self, batch, head, q_idx, k_idx):
+        join = ops.logical_and if self.combine == "and" else ops.logical_or
+        result = None
+        for mask_mod in self.mask_mods:
+            part = UserMod(mask_mod, "mask_mod", self.__name__)(batch, head, q_idx, k_idx)
+            result = part if result is None else join(result, part)
+        return result
+
+    def get_config(self):
+        return {
+            "mask_mods": [keras.saving.serialize_keras_object(m) for m in self.mask_mods],
+            "combine": self.combine,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        mask_mods = [keras.saving.deserialize_keras_object(m) for m in config["mask_mods"]]
+        return cls(mask_mods, config["combine"])
+
+
+def _combination(owner, combine, mask_mods):
+    if not mask_mods:
+        raise ValueError(
+            validation.error(owner, "needs at least one `mask_mod`. Received: mask_mods=()")
+        )
+    for index, mask_mod in enumerate(mask_mods):
+        check_signature(owner, f"mask_mods[{index}]", mask_mod, 4, MASK_SIGNATURE)
+    return MaskModCombination(mask_mods, combine)
+
+
+def and_masks(*mask_mods):
+    """A `mask_mod` that allows a pair where every one of `mask_mods` does
+    (FlexAttention's `and_masks`, so attention-gym recipes port).
+
+    >>> import keras_attention as ka
+    >>> causal = lambda b, h, q, k: q >= k
+    >>> window = lambda b, h, q, k: q - k < 4
+    >>> layer = ka.MultiHeadAttention(2, 8, mask_mod=ka.ops.and_masks(causal, window))
+    """
+    return _combination("and_masks", "and", mask_mods)
+
+
+def or_masks(*mask_mods):
+    """A `mask_mod` that allows a pair where any of `mask_mods` does
+    (FlexAttention's `or_masks`)."""
+    return _combination("or_masks", "or", mask_mods)

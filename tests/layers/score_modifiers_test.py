@@ -188,3 +188,28 @@ def test_learned_sinks_train_on_the_blockwise_kernel_as_on_the_dense_one(monkeyp
     np.testing.assert_allclose(results["blockwise"][0], results["dense"][0], rtol=1e-5, atol=1e-5)
     for got, want in zip(results["blockwise"][2], results["dense"][2], strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max())
+
+
+@keras.saving.register_keras_serializable(package="keras_attention_tests")
+def _near(batch, head, q_idx, k_idx):
+    return keras.ops.abs(q_idx - k_idx) < 2
+
+
+@pytest.mark.tf_only  # the values on every kernel and backend: kernel_contract_test
+def test_composed_mask_mods_are_saved_with_the_layer(tmp_path):
+    """`or_masks(and_masks(f, g), h)` is a `mask_mod` that a `.keras` file
+    names (`safe_mode`), as FlexAttention's compositions are functions."""
+    from keras_attention.ops import and_masks
+    from keras_attention.ops import or_masks
+    from tests.attention_reference import mask_mod
+
+    composed = or_masks(and_masks(mask_mod, _near), mask_mod)
+    inputs = keras.Input((5, 8))
+    model = keras.Model(inputs, MultiHeadAttention(2, 4, mask_mod=composed)(inputs))
+    path = str(tmp_path / "composed.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(model(x)), atol=1e-6)
+    again = loaded.layers[-1].mask_mod
+    assert again.combine == "or" and again.mask_mods[0].mask_mods == [mask_mod, _near]

@@ -24,6 +24,7 @@ from keras import ops
 
 from keras_attention.ops import attention_mask
 from keras_attention.ops import dense_attention
+from keras_attention.ops import mods
 from keras_attention.ops import score_modifier
 from keras_attention.ops.memory_efficient import memory_efficient_attention
 from tests.testing import to_numpy
@@ -89,6 +90,7 @@ MASKS = {
     "mask_mod": ((11, 11), 2, ("causal", "mask_mod")),
     "documents by mask_mod": ((11, 11), 2, ("documents_mask_mod",)),
     "documents by lookup": ((11, 11), 2, ("causal", "lookup_mask_mod")),
+    "composed mask_mods": ((11, 11), 2, ("composed_mask_mods",)),
 }
 MODIFIERS = ("soft_cap", "alibi", "sinks", "score_mod")
 TABLE_SHAPE = (4, H)  # the weighted `score_mod`'s table: (buckets, heads)
@@ -155,6 +157,12 @@ def _case(name, seed=0):
     if "lookup_mask_mod" in parts:
         fields["mask_mod"] = lookup_mask_mod
         allowed &= LOOKUP_IDS[:, None, :, None] == LOOKUP_IDS[:, None, None, :]
+    if "composed_mask_mods" in parts:  # FlexAttention's and_masks / or_masks
+        near = lambda b, h, q, k: keras.ops.abs(q - k) < 3  # noqa: E731
+        first = lambda b, h, q, k: k == 0  # noqa: E731
+        fields["mask_mod"] = mods.or_masks(mods.and_masks(user_mask_mod, near), first)
+        user = (rows[None, None] + 2 * cols[None, None] + head + batch) % 4 != 0
+        allowed &= (user & (np.abs(rows - cols) < 3)) | (cols == 0)
     if "documents_mask_mod" in parts:
         fields["mask_mod"] = document_mask_mod
         allowed &= (rows // 6 == cols // 6)[None, None]
