@@ -154,8 +154,8 @@ CASES = {
         ("cache", lambda: from_keras_hub_cache(x(1, 3, 3, 1, 2), _keras_hub_layer())),
     ],
     "keras_attention.layers.keras_hub_conversion.replace_keras_hub_attention": [
-        ("backbone", lambda: replace_keras_hub_attention("llama")),
-        ("backbone", lambda: replace_keras_hub_attention(keras.Sequential())),
+        ("model", lambda: replace_keras_hub_attention("llama")),
+        ("model", lambda: replace_keras_hub_attention(keras.Sequential())),
     ],
     "keras_attention.ops.masking.causal_mask": [
         ("query_length", lambda: ka.ops.causal_mask("3", 3)),
