@@ -5,8 +5,10 @@ configuration from the instance, builds our `MultiHeadAttention` with the same
 computation and copies its weights; `to_keras_hub_cache` /
 `from_keras_hub_cache` convert a decoding cache between the two layouts;
 `KerasHubAttention` wraps ours with a KerasHub decoder's call signature and
-`replace_keras_hub_attention(backbone)` swaps every attention layer of a built
-backbone for it.
+`replace_keras_hub_attention(model)` swaps every attention layer of a built
+backbone (or a causal LM's) for it, resets the compiled functions that traced
+KerasHub's layers, and records the swap in the backbone's config so that a
+`.keras` file loads with ours (`KerasHubBackboneOnOurAttention`).
 
 KerasHub is never imported here: layers are recognised by their class names,
 so `keras_attention` works without it.
@@ -545,9 +547,9 @@ def _backbone_of(model, owner):
 
 
 def _calls_outside(backbone, model):
-    """How many functional models other than `model` call `backbone`: each
-    symbolic call (a causal LM built on it) leaves a node on the backbone,
-    and that model's compiled functions hold whatever attention they traced."""
+    """How many calls of `backbone` lie outside `model`'s graph: building a
+    functional model on it (a causal LM) leaves a node on the backbone, and
+    that model's compiled functions hold whatever attention they traced."""
     own = {id(node) for nodes in getattr(model, "_nodes_by_depth", {}).values() for node in nodes}
     return sum(id(node) not in own for node in backbone._inbound_nodes)
 
@@ -580,11 +582,11 @@ def replace_keras_hub_attention(model, **overrides):
     others = _calls_outside(backbone, model)
     if others:
         raise ValueError(
-            f"{owner}: `model` is a backbone that {others} other model(s) are "
-            "built on (a causal LM made from it); their compiled predict and "
-            "generate functions would keep KerasHub's attention. Pass that "
-            "model instead: replace_keras_hub_attention(causal_lm). Received: "
-            f"model={type(model).__name__} called by {others} other model(s)"
+            f"{owner}: `model` is a backbone that another model is built on "
+            "(a causal LM made from it), whose compiled predict and generate "
+            "functions would keep KerasHub's attention. Pass that model "
+            "instead: replace_keras_hub_attention(causal_lm). Received: "
+            f"model={type(model).__name__}, called in {others} other model graph(s)"
         )
     recorded = getattr(backbone, "_keras_attention_overrides", None)
     if recorded is not None and overrides and overrides != recorded:
