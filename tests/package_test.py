@@ -9,11 +9,15 @@ from keras_attention import layers
 
 
 def test_core_import_does_not_pull_optional_dependencies():
+    """Nor KerasHub, though the loader of swapped KerasHub backbones is
+    registered by the import (their `.keras` files load after it)."""
     code = (
-        "import sys, keras_attention, keras_attention.layers, keras_attention.ops\n"
-        "heavy = [m for m in ('ipywidgets', 'bokeh', 'jupyter_bokeh', 'tensorflow_text')"
-        " if m in sys.modules]\n"
+        "import sys, keras, keras_attention, keras_attention.layers, keras_attention.ops\n"
+        "heavy = [m for m in ('ipywidgets', 'bokeh', 'jupyter_bokeh', 'tensorflow_text',"
+        " 'keras_hub') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
+        "assert keras.saving.get_registered_object("
+        "'keras_attention>KerasHubBackboneOnOurAttention')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

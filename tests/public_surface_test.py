@@ -156,8 +156,8 @@ CASES = {
         ("cache", lambda: from_keras_hub_cache(x(1, 3, 3, 1, 2), _keras_hub_layer())),
     ],
     "keras_attention.layers.keras_hub_conversion.replace_keras_hub_attention": [
-        ("backbone", lambda: replace_keras_hub_attention("llama")),
-        ("backbone", lambda: replace_keras_hub_attention(keras.Sequential())),
+        ("model", lambda: replace_keras_hub_attention("llama")),
+        ("model", lambda: replace_keras_hub_attention(keras.Sequential())),
     ],
     "keras_attention.ops.mods.and_masks": [
         ("mask_mods[1]", lambda: ka.ops.and_masks(lambda b, h, q, k: q >= k, "causal")),

@@ -5,8 +5,10 @@ configuration from the instance, builds our `MultiHeadAttention` with the same
 computation and copies its weights; `to_keras_hub_cache` /
 `from_keras_hub_cache` convert a decoding cache between the two layouts;
 `KerasHubAttention` wraps ours with a KerasHub decoder's call signature and
-`replace_keras_hub_attention(backbone)` swaps every attention layer of a built
-backbone for it.
+`replace_keras_hub_attention(model)` swaps every attention layer of a built
+backbone (or a causal LM's) for it, resets the compiled functions that traced
+KerasHub's layers, and records the swap in the backbone's config so that a
+`.keras` file loads with ours (`KerasHubBackboneOnOurAttention`).
 
 KerasHub is never imported here: layers are recognised by their class names,
 so `keras_attention` works without it.
@@ -460,13 +462,115 @@ class KerasHubAttention(keras.layers.Layer):
         return out, _theirs_from_ours(new, self.family)
 
 
-def replace_keras_hub_attention(backbone, **overrides):
+# Keras' compiled functions and KerasHub's `generate`: set to None, each is
+# traced again on its next call, as `make_*_function(force=True)` would.
+COMPILED_FUNCTIONS = ("train_function", "test_function", "predict_function", "generate_function")
+# Where a swapped backbone's config records the swap.
+SWAP_CONFIG_KEY = "keras_attention_swap"
+_SWAPPED_CLASSES = {}  # KerasHub backbone class -> its swapped subclass
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class KerasHubBackboneOnOurAttention:
+    """What `replace_keras_hub_attention` makes a KerasHub backbone: the
+    same class (a subclass made per KerasHub class, with its name) whose
+    config is KerasHub's plus the swap (`SWAP_CONFIG_KEY`: KerasHub's class
+    and the constructor overrides). `from_config` builds KerasHub's backbone
+    and swaps again, so a `.keras` file of the backbone or of its causal LM
+    loads with our layers in place before Keras loads their weights.
+    Loading needs `import keras_attention` (this registration) and KerasHub.
+    """
+
+    def get_config(self):
+        config = super().get_config()
+        base = self._keras_hub_class
+        config[SWAP_CONFIG_KEY] = {
+            "keras_hub_class": {
+                "module": base.__module__,
+                "class_name": base.__name__,
+                "registered_name": keras.saving.get_registered_name(base),
+            },
+            "overrides": keras.saving.serialize_keras_object(self._keras_attention_overrides),
+        }
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        swap = config.pop(SWAP_CONFIG_KEY)
+        # Safe mode is the caller's: Keras' loading scope reaches these calls.
+        backbone = keras.saving.deserialize_keras_object(
+            {**swap["keras_hub_class"], "config": config}
+        )
+        overrides = keras.saving.deserialize_keras_object(swap["overrides"]) or {}
+        replace_keras_hub_attention(backbone, **overrides)
+        return backbone
+
+
+def _swapped_class(base):
+    """`base` (a KerasHub backbone class) with the swap's config: Keras
+    serialises an object by its class, and KerasHub's `from_config` would
+    rebuild KerasHub's attention."""
+    if issubclass(base, KerasHubBackboneOnOurAttention):
+        return base
+    if base not in _SWAPPED_CLASSES:
+        swapped = type(
+            base.__name__,
+            (KerasHubBackboneOnOurAttention, base),
+            {"__module__": __name__, "__qualname__": base.__qualname__, "_keras_hub_class": base},
+        )
+        # Saved under the one registered name; loading goes through the
+        # mixin's `from_config`, which reads the KerasHub class from the config.
+        name = keras.saving.get_registered_name(KerasHubBackboneOnOurAttention)
+        keras.saving.register_keras_serializable(*name.split(">"))(swapped)
+        keras.saving.get_custom_objects()[name] = KerasHubBackboneOnOurAttention
+        _SWAPPED_CLASSES[base] = swapped
+    return _SWAPPED_CLASSES[base]
+
+
+def _is_backbone(model):
+    blocks = getattr(model, "transformer_layers", None)
+    return isinstance(model, keras.Model) and isinstance(blocks, (list, tuple)) and bool(blocks)
+
+
+def _backbone_of(model, owner):
+    """`model` if it is a KerasHub backbone, else its `backbone` (a task)."""
+    if _is_backbone(model):
+        return model
+    if isinstance(model, keras.Model) and _is_backbone(getattr(model, "backbone", None)):
+        return model.backbone
+    raise TypeError(
+        f"{owner}: `model` must be a built KerasHub backbone (with "
+        "`transformer_layers`) or a model with one as its `backbone` (a "
+        f"causal LM). Received: model={type(model).__name__}"
+    )
+
+
+def _calls_outside(backbone, model):
+    """How many calls of `backbone` lie outside `model`'s graph: building a
+    functional model on it (a causal LM) leaves a node on the backbone, and
+    that model's compiled functions hold whatever attention they traced."""
+    own = {id(node) for nodes in getattr(model, "_nodes_by_depth", {}).values() for node in nodes}
+    return sum(id(node) not in own for node in backbone._inbound_nodes)
+
+
+def replace_keras_hub_attention(model, **overrides):
     """Swaps the attention layer of every decoder block of a built KerasHub
     backbone for ours (`MultiHeadAttention.from_keras_hub`, weights copied),
     in place; returns the number of layers replaced.
 
-    Decoder blocks read their attention layer when called, so the backbone's
-    functional graph and its causal LM's cached `generate` run ours. The
+    `model` is the backbone or a model built on it (a causal LM, whose
+    `backbone` is swapped). Decoder blocks read their attention layer when
+    called, so the backbone's functional graph and the causal LM's cached
+    `generate` run ours; the compiled functions of `model` and the backbone
+    (`predict_function`, `generate_function`, `train_function`,
+    `test_function`) are reset so that they are traced again with ours (on
+    TensorFlow a traced function keeps the layers it traced). A backbone
+    that another model is built on is refused (pass that model: its
+    compiled functions are out of reach), and a compiled model whose
+    optimizer was built for KerasHub's variables must be compiled again
+    before `fit`. The swap is recorded in the backbone's config, so a
+    `.keras` file of the backbone or its causal LM loads with ours. The
     Llama, Mistral, Qwen, Qwen 3, Gemma, Gemma 3 and GPT-OSS families are
     supported (Falcon's decoder passes an ALiBi tensor ours does not take).
     `overrides` go to our constructor (e.g. `memory_efficient=True`).
@@ -474,14 +578,27 @@ def replace_keras_hub_attention(backbone, **overrides):
     from keras_attention.layers.multi_head_attention import MultiHeadAttention
 
     owner = "replace_keras_hub_attention"
-    blocks = getattr(backbone, "transformer_layers", None)
-    if not isinstance(blocks, (list, tuple)) or not blocks:
-        raise TypeError(
-            f"{owner}: `backbone` must be a built KerasHub backbone with "
-            f"`transformer_layers`. Received: {type(backbone).__name__}"
+    backbone = _backbone_of(model, owner)
+    others = _calls_outside(backbone, model)
+    if others:
+        raise ValueError(
+            f"{owner}: `model` is a backbone that another model is built on "
+            "(a causal LM made from it), whose compiled predict and generate "
+            "functions would keep KerasHub's attention. Pass that model "
+            "instead: replace_keras_hub_attention(causal_lm). Received: "
+            f"model={type(model).__name__}, called in {others} other model graph(s)"
         )
-    replaced = 0
-    for block in blocks:
+    recorded = getattr(backbone, "_keras_attention_overrides", None)
+    if recorded is not None and overrides and overrides != recorded:
+        raise ValueError(
+            f"{owner}: `model`'s attention is already ours, built with "
+            f"{recorded}; swap a fresh KerasHub model to change it. "
+            f"Received: overrides={overrides}"
+        )
+    # Every replacement is built before any is swapped in: a refusal leaves
+    # the backbone as it was.
+    swaps = []
+    for block in backbone.transformer_layers:
         for attribute in ATTENTION_ATTRIBUTES:
             old = getattr(block, attribute, None)
             if old is None or isinstance(old, KerasHubAttention):
@@ -497,10 +614,24 @@ def replace_keras_hub_attention(backbone, **overrides):
             ours = MultiHeadAttention.from_keras_hub(old, **overrides)
             new = KerasHubAttention(ours, family, name=f"{old.name}_keras_attention")
             new.build()
-            block._tracker.unlock()
-            block._tracker.untrack(old)
-            setattr(block, attribute, new)
-            block._tracker.lock()
-            replaced += 1
+            swaps.append((block, attribute, old, new))
             break
-    return replaced
+    for block, attribute, old, new in swaps:
+        block._tracker.unlock()
+        block._tracker.untrack(old)
+        setattr(block, attribute, new)
+        block._tracker.lock()
+    if swaps:
+        # Object attributes, not Keras-tracked state.
+        object.__setattr__(backbone, "__class__", _swapped_class(type(backbone)))
+        object.__setattr__(backbone, "_keras_attention_overrides", dict(overrides))
+    for owner_model in {id(m): m for m in (model, backbone)}.values():
+        for name in COMPILED_FUNCTIONS:
+            if getattr(owner_model, name, None) is not None:
+                setattr(owner_model, name, None)
+        optimizer = getattr(owner_model, "optimizer", None)
+        if swaps and optimizer is not None and optimizer.built:
+            # Its slots are KerasHub's variables: `fit` asks for `compile`
+            # instead of failing inside the optimizer.
+            owner_model.compiled = False
+    return len(swaps)

@@ -265,7 +265,7 @@ def test_backbone_with_our_attention_matches_keras_hub(family):
     want = _numpy(backbone(inputs))
     want_steps = _cached_steps(lm, family, ids)
 
-    replaced = conversion.replace_keras_hub_attention(backbone)
+    replaced = conversion.replace_keras_hub_attention(lm)
     assert replaced == 2
     blocks = backbone.transformer_layers
     assert all(
@@ -299,6 +299,109 @@ def _cached_steps(lm, family, ids):
             logits, _, cache = lm.call_with_cache(ids[:, t : t + 1], cache, t)
         outputs.append(_numpy(logits))
     return np.concatenate([o.reshape(B, -1) for o in outputs], axis=1)
+
+
+def _gemma_lm(weights=None, seed=0):
+    """A one-block Gemma causal LM with greedy sampling, its weights random
+    (from `seed`) or `weights`."""
+    backbone = keras_hub.models.GemmaBackbone(
+        vocabulary_size=40,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+        head_dim=8,
+    )
+    lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+    lm.compile(sampler="greedy")
+    if weights is None:
+        _randomise(lm, np.random.default_rng(seed), scale=0.5)
+    else:
+        lm.set_weights(weights)
+    return lm
+
+
+def _prompt():
+    ids = np.zeros((B, 8), "int32")
+    ids[:, :3] = [[1, 5, 7], [2, 9, 4]]
+    return {"token_ids": ids, "padding_mask": ids > 0}
+
+
+def test_swap_after_generate_and_predict_reaches_their_compiled_functions():
+    """On TensorFlow a traced `generate` / `predict` keeps the layers it
+    traced: swapping the causal LM resets them. Our output projections
+    zeroed, the LM must generate what KerasHub's own model generates with
+    its output projections zeroed (attention adds nothing to the residual)."""
+    lm = _gemma_lm(seed=3)
+    prompt = _prompt()
+    before = _numpy(lm.generate(prompt, stop_token_ids=None)["token_ids"])
+    lm.predict(prompt, verbose=0)  # traces `predict_function` with theirs
+    reference = _gemma_lm(weights=lm.get_weights())
+    reference.run_eagerly = True  # untraced: nothing of `lm` is shared
+    for block in reference.backbone.transformer_layers:
+        block.attention.output_dense.kernel.assign(
+            np.zeros(block.attention.output_dense.kernel.shape)
+        )
+    want_tokens = _numpy(reference.generate(prompt, stop_token_ids=None)["token_ids"])
+    assert (want_tokens != before).any()  # zeroing changes what is generated
+
+    assert conversion.replace_keras_hub_attention(lm) == 1
+    for block in lm.backbone.transformer_layers:
+        output = block.attention.attention._output_dense
+        output.kernel.assign(np.zeros(output.kernel.shape))
+    np.testing.assert_array_equal(
+        _numpy(lm.generate(prompt, stop_token_ids=None)["token_ids"]), want_tokens
+    )
+    np.testing.assert_allclose(
+        lm.predict(prompt, verbose=0), _numpy(reference(prompt)), atol=TOLERANCE, rtol=TOLERANCE
+    )
+
+
+def test_swap_refuses_a_backbone_another_model_is_built_on():
+    """The causal LM's compiled functions are out of the backbone's reach:
+    its backbone alone is refused, untouched; swapped through the LM, an
+    optimizer built for KerasHub's variables makes `fit` ask for `compile`,
+    and a second swap with other overrides is refused."""
+    lm = _gemma_lm()
+    with pytest.raises(
+        ValueError, match=r"^replace_keras_hub_attention: `model` is a backbone .*called in 1 other"
+    ):
+        conversion.replace_keras_hub_attention(lm.backbone)
+    assert not any(
+        isinstance(block.attention, conversion.KerasHubAttention)
+        for block in lm.backbone.transformer_layers
+    )
+    lm.optimizer.build(lm.trainable_variables)  # as a `fit` leaves it
+    assert conversion.replace_keras_hub_attention(lm) == 1
+    with pytest.raises(ValueError, match=r"must call `compile\(\)`"):
+        lm.fit(_prompt(), np.zeros((B, 8), "int32"), verbose=0)
+    with pytest.raises(ValueError, match=r"already ours.*Received: overrides=\{'memory_efficient'"):
+        conversion.replace_keras_hub_attention(lm, memory_efficient=True)
+
+
+def test_swapped_backbone_and_causal_lm_round_trip_through_keras_files(tmp_path):
+    """`.keras` files of a swapped backbone and of its causal LM load (safe
+    mode) with our layers, built with the swap's overrides, and the saved
+    weights: the same outputs. The weights are drawn after the swap, so
+    KerasHub's initial ones copied into a re-swapped model would differ."""
+    lm = _gemma_lm()
+    conversion.replace_keras_hub_attention(lm, memory_efficient=True)
+    _randomise(lm, np.random.default_rng(7), scale=0.5)
+    prompt = _prompt()
+    for name, model in (("causal_lm", lm), ("backbone", lm.backbone)):
+        path = str(tmp_path / f"{name}.keras")
+        model.save(path)
+        # compile=False: KerasHub's causal LM warns that its `compile` is custom.
+        loaded = keras.saving.load_model(path, safe_mode=True, compile=False)
+        np.testing.assert_allclose(
+            _numpy(loaded(prompt)), _numpy(model(prompt)), atol=TOLERANCE, rtol=TOLERANCE
+        )
+        backbone = loaded if name == "backbone" else loaded.backbone
+        assert isinstance(backbone, keras_hub.models.GemmaBackbone)
+        for block in backbone.transformer_layers:
+            assert isinstance(block.attention.attention, MultiHeadAttention)
+            assert block.attention.attention.memory_efficient
 
 
 def test_from_keras_hub_refuses_what_it_cannot_compute():
