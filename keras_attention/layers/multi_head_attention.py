@@ -1304,7 +1304,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         decoder gives its layer, ours returns what theirs returns;
         `keras_attention.layers.keras_hub_conversion.to_keras_hub_cache` /
         `from_keras_hub_cache` convert a cache between the two, and
-        `replace_keras_hub_attention(backbone)` swaps every attention layer
+        `replace_keras_hub_attention(causal_lm)` swaps every attention layer
         of a backbone for ours. KerasHub itself is not imported. `kwargs`
         override constructor arguments (e.g. `memory_efficient=True`).
         """
