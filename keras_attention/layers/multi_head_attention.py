@@ -1480,7 +1480,8 @@ def _validate_rotary(owner, rotary, key_dim):
     try:
         rotary.rotary_dim(key_dim)
     except ValueError as error:
-        raise ValueError(f"{owner}: {error} (key_dim={key_dim!r})") from None
+        message = str(error).removeprefix("RotaryEmbedding: ")
+        raise ValueError(f"{owner}: `rotary`: {message} (key_dim={key_dim!r})") from None
     return rotary
 
 
@@ -1496,13 +1497,17 @@ def _validate_alibi(owner, alibi, num_heads):
             f"{owner}: `alibi` must be None, True (the paper's slopes) or a "
             f"list of {num_heads} slopes. Received: alibi={alibi!r}"
         )
-    slopes = [validation.validate_real(owner, "alibi", value) for value in np.ravel(alibi)]
-    if len(slopes) != num_heads:
+    try:
+        shape = np.shape(alibi)
+    except ValueError:  # a ragged nesting
+        shape = None
+    if shape != (num_heads,):
         raise ValueError(
-            f"{owner}: `alibi` must give one slope per query head ({num_heads}). "
-            f"Received: alibi={alibi!r}"
+            f"{owner}: `alibi` must give one slope per query head, shape "
+            f"({num_heads},). Received: "
+            f"{'a ragged alibi' if shape is None else f'alibi with shape {shape}'}: {alibi!r}"
         )
-    return slopes
+    return [validation.validate_real(owner, "alibi", value) for value in alibi]
 
 
 class _CachedCall:

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+import keras_attention
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import capture_attention
 from keras_attention.layers import multi_head_attention as mha_module
@@ -621,6 +622,27 @@ def test_key_side_ids_are_refused_by_name_when_they_cannot_apply(call, message):
     # Raised in `call`: Keras' eager wrapper adds a line before our message.
     with pytest.raises(ValueError, match=f"MultiHeadAttention \\(layer '\\w+'\\): {message}"):
         call(layer, x, y, pos, ids)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: MultiHeadAttention(2, 7, rotary=True), r"int\(7 \* rotary_fraction\) = 7 is odd"),
+        (
+            lambda: MultiHeadAttention(2, 8, rotary={"rotary_fraction": 0.375}),
+            r"int\(8 \* rotary_fraction\) = 3 is odd.*rotary_fraction=0.375",
+        ),
+        (
+            lambda: MultiHeadAttention(2, 5, rotary=keras_attention.RotaryEmbedding()),
+            r"= 5 is odd.*key_dim=5",
+        ),
+    ],
+    ids=["key_dim_7", "fraction_0.375_of_8", "a_rotary_embedding_on_5"],
+)
+def test_odd_rotated_feature_counts_are_refused_at_construction(make, message):
+    """#49: the features turn in pairs; an odd count was rounded down."""
+    with pytest.raises(ValueError, match=f"^MultiHeadAttention: `rotary`.*{message}"):
+        make()
 
 
 # ------------------------------------------------------------------ contract
