@@ -37,9 +37,12 @@ class RotaryEmbedding(keras.layers.Layer):
             - `"linear"`: positions divided by `scaling_factor` (position
               interpolation, Chen et al., 2023);
             - `"dynamic"`: NTK-aware: the base multiplied by
-              `scaling_factor ** (d / (d - 2))` (the "dynamic NTK" base at
-              `scaling_factor` times the trained length, fixed so that a
-              decoding cache stays consistent);
+              `f ** (d / (d - 2))`, `f = scaling_factor`: Hugging Face's
+              "dynamic NTK" base, `base * (f * L / L_trained - (f - 1)) **
+              (d / (d - 2))` at length `L`, taken at `L = (2f - 1) / f`
+              times the trained length (where it equals `f`), and fixed
+              rather than grown with the length, so that a decoding cache
+              stays consistent;
             - `"yarn"`: YaRN (Peng et al., 2023, arXiv:2309.00071): each
               frequency between interpolation and extrapolation by the ramp
               of `beta_fast` / `beta_slow` rotations over
