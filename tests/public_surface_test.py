@@ -541,6 +541,9 @@ LAYER_CASES = {
         ("key_dim", {"num_heads": 2, "key_dim": -2}),
         ("rotary", {"num_heads": 2, "key_dim": 2, "rotary": "rope"}),
         ("rotary_fraction", {"num_heads": 2, "key_dim": 2, "rotary": {"rotary_fraction": 0.4}}),
+        # #49: odd rotated counts and nested slopes were accepted.
+        ("key_dim", {"num_heads": 2, "key_dim": 7, "rotary": True}),
+        ("alibi", {"num_heads": 4, "key_dim": 2, "alibi": [[0.5, 0.25], [0.1, 0.05]]}),
         ("qk_norm", {"num_heads": 2, "key_dim": 2, "qk_norm": "rms"}),
         ("query_scale", {"num_heads": 2, "key_dim": 2, "query_scale": 0}),
         ("use_bias", {"num_heads": 2, "key_dim": 2, "use_bias": ["query", "outputs"]}),

@@ -4,6 +4,7 @@ Two families build on it: `ScoreAttention` (single-head layers that supply a
 score function) and `BaseMultiHeadAttention` (projected heads with a kernel).
 """
 
+import contextvars
 import inspect
 
 import keras
@@ -11,6 +12,23 @@ import keras
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import utils
+
+# `(layer, whether its keys are the queries)` of the call in progress, read
+# from the arguments as the caller wrote them: Keras converts each NumPy
+# input to its own tensor (and casts each under a mixed policy) before
+# `call`, so `layer(x, x)` reaches `call` with two distinct objects.
+_CALLED_ON = contextvars.ContextVar("keras_attention_keys_are_queries", default=None)
+
+
+def keys_are_queries(query, value, key):
+    """The one rule for "the keys are the queries" (self-attention): no
+    `value` and no `key`, or `value` (and `key`, when given) the very object
+    passed as `query` -- Keras' spellings `layer(x)`, `layer(x, x)` and
+    `layer(x, x, x)`. Equal values in another object, or equal lengths, are
+    cross-attention."""
+    if value is None:
+        return key is None
+    return value is query and (key is None or key is query)
 
 
 @keras_attention_export("layers")
@@ -106,7 +124,23 @@ class BaseAttention(keras.layers.Layer):
         for name in ("segment_ids", "key_segment_ids", "position_ids", "key_position_ids"):
             if kwargs.get(name) is not None:
                 validation.check_integer_dtype(self, name, kwargs[name])
-        return super().__call__(*args, **kwargs)
+        if isinstance(query, (list, tuple)):
+            return super().__call__(*args, **kwargs)
+        token = _CALLED_ON.set((self, keys_are_queries(query, value, key)))
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            _CALLED_ON.reset(token)
+
+    def _keys_are_queries(self, query, value, key):
+        """Whether this call's keys are its queries (`keys_are_queries`),
+        judged on the arguments as the caller passed them to the layer
+        (before Keras converted them), or on these when `call` is reached
+        directly (`stateless_call`)."""
+        called = _CALLED_ON.get()
+        if called is not None and called[0] is self:
+            return called[1]
+        return keys_are_queries(query, value, key)
 
     def _refuse_cache(self, kwargs):
         """A decoding `cache` given to a layer whose `call` takes none gets

@@ -501,19 +501,30 @@ class BaseMultiHeadAttention(BaseAttention):
 
     # ----------------------------------------------- call-level mask rules
     def _with_call_rules(
-        self, mask, layout, query_shape, key_length, cached, segment_ids, key_segment_ids, prefix
+        self,
+        mask,
+        layout,
+        query_shape,
+        key_length,
+        self_attention,
+        segment_ids,
+        key_segment_ids,
+        prefix,
     ):
         """`mask` with the call's segment ids and prefix length."""
         changes = self._call_rule_changes(
-            layout, query_shape, key_length, cached, segment_ids, key_segment_ids, prefix
+            layout, query_shape, key_length, self_attention, segment_ids, key_segment_ids, prefix
         )
         return mask.replace(**changes) if changes else mask
 
     def _call_rule_changes(
-        self, layout, query_shape, key_length, cached, segment_ids, key_segment_ids, prefix
+        self, layout, query_shape, key_length, self_attention, segment_ids, key_segment_ids, prefix
     ):
         """The `AttentionMask` fields of `segment_ids`, `key_segment_ids` and
-        `prefix_length`, checked (also on symbolic inputs)."""
+        `prefix_length`, checked (also on symbolic inputs). `self_attention`:
+        whether the keys are the queries (`BaseAttention._keys_are_queries`,
+        False with a cache), the one case where `key_segment_ids` default to
+        `segment_ids`."""
         if segment_ids is None and key_segment_ids is None and prefix is None:
             return {}
         if layout is not None and not getattr(layout, "trivial", True):
@@ -536,12 +547,15 @@ class BaseMultiHeadAttention(BaseAttention):
         if segment_ids is not None:
             segment_ids = self._check_ids("segment_ids", segment_ids, (batch, length))
             if key_segment_ids is None:
-                if cached or key_length != length:
+                if not self_attention:
                     raise ValueError(
                         self._error(
                             "`key_segment_ids` are needed when the keys are not "
-                            "the queries (cross-attention or a cache). Received: "
-                            f"{length} queries, {key_length} keys, key_segment_ids=None"
+                            "the queries (cross-attention or a cache); the keys "
+                            "are the queries when the layer is called on one "
+                            "input, or on the same tensor as query and value. "
+                            f"Received: {length} queries, {key_length} keys, "
+                            "key_segment_ids=None"
                         )
                     )
                 key_segment_ids = segment_ids
@@ -932,7 +946,7 @@ class BaseMultiHeadAttention(BaseAttention):
                 call.layout,
                 tuple(call.flat_query.shape),
                 call.flat_key.shape[1],
-                False,
+                self._keys_are_queries(query, value, key),
                 rules.get("segment_ids"),
                 rules.get("key_segment_ids"),
                 rules.get("prefix_length"),

@@ -211,16 +211,31 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         segment_ids: (keyword-only) `(B, Tq)` integers: documents packed
             into one sequence; a query sees the keys of its own document.
         key_segment_ids: (keyword-only) `(B, Tv)` (or `(B, T_max)` with a
-            cache); defaults to `segment_ids` when the keys are the queries.
+            cache); defaults to `segment_ids` when the keys are the queries,
+            and is needed otherwise.
         prefix_length: (keyword-only) an int or `(B,)` ints: a prefix LM,
             bidirectional inside the prefix and causal after it (implies
             the causal rule). With a cache, a query sees the prefix's keys
             once written: prefill the whole prefix to match the full pass.
         position_ids: (keyword-only) with `rotary`, `(B, Tq)` or `(Tq,)`
-            integer positions of the queries (and of self-attention's keys,
-            or of the keys written into a cache) instead of `0 .. Tq - 1`
-            (or `cache_update_index + t` with a cache): packed documents
-            whose positions restart per document.
+            integer positions of the queries instead of `0 .. Tq - 1` (or
+            `cache_update_index + t` with a cache): packed documents whose
+            positions restart per document. They are the keys' positions too
+            when the keys are the queries, and those of the keys written
+            into a cache.
+        key_position_ids: (keyword-only) with `rotary`, `(B, Tv)` or `(Tv,)`
+            integer positions of the keys instead of `0 .. Tv - 1`; default
+            `position_ids` when the keys are the queries, needed with
+            `position_ids` otherwise (cross-attention). Not taken with a
+            `cache`, which holds keys rotated where they were written
+            (`precompute_key_value` takes them for a read-only cache).
+
+        The keys are the queries (self-attention) when the layer is called
+        on one input, `layer(x)`, or on the very same tensor as `query` and
+        `value` (and `key`), Keras' `layer(x, x)` and `layer(x, x, x)`:
+        then `key_segment_ids` and `key_position_ids` default to the
+        queries'. Any other `value`, even equal or as long, is
+        cross-attention: give the keys' ids, or call on one input.
         head_mask: (keyword-only) `(H,)` or `(B, H)`, 0/1 or soft values:
             each head's attention result is multiplied by its value before
             the output projection (Michel et al., 2019), on every kernel, so
@@ -458,9 +473,10 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         key, value = super()._project_key_value(key, value)
         return self._position_heads(key, "key", positions), value
 
-    def _check_position_ids(self, position_ids, layout, query_shape):
-        """`position_ids` checked: `(B, Tq)` or `(Tq,)` integers, with
-        `rotary`, on rank-3 inputs."""
+    def _check_position_ids(self, position_ids, layout, query_shape, name="position_ids"):
+        """`position_ids` (or `key_position_ids`, `name`) checked: `(B, T)`
+        or `(T,)` integers, with `rotary`, on rank-3 inputs; returned as a
+        tensor (`(1, T)` for `(T,)`), or None."""
         if self.rotary is not None and layout is not None and not getattr(layout, "trivial", True):
             raise ValueError(
                 self._error(
@@ -474,16 +490,43 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         if self.rotary is None:
             raise ValueError(
                 self._error(
-                    "`position_ids` are the rotary embedding's positions: the layer "
-                    "has no `rotary`. Received: position_ids with rotary=None"
+                    f"`{name}` are the rotary embedding's positions: the layer "
+                    f"has no `rotary`. Received: {name} with rotary=None"
                 )
             )
         if isinstance(position_ids, (list, tuple)):
             position_ids = np.asarray(position_ids)
         shape = tuple(getattr(position_ids, "shape", ()))
         if len(shape) == 1:
-            return self._check_ids("position_ids", position_ids[None, :], (1, query_shape[1]))
-        return self._check_ids("position_ids", position_ids, (query_shape[0], query_shape[1]))
+            return self._check_ids(name, position_ids[None, :], (1, query_shape[1]))
+        return self._check_ids(name, position_ids, (query_shape[0], query_shape[1]))
+
+    def _rotary_positions(
+        self, position_ids, key_position_ids, layout, query_shape, key_shape, self_attention
+    ):
+        """`(query positions, key positions)` of a call without a cache,
+        checked (also on symbolic inputs); None means `0 .. T - 1`.
+
+        The keys take the queries' `position_ids` when they are the queries
+        (`self_attention`, the rule `segment_ids` follow too); otherwise
+        their own `key_position_ids`, which `position_ids` then need."""
+        queries = self._check_position_ids(position_ids, layout, query_shape)
+        keys = self._check_position_ids(key_position_ids, None, key_shape, "key_position_ids")
+        if keys is None and queries is not None:
+            if not self_attention:
+                raise ValueError(
+                    self._error(
+                        "`key_position_ids` are needed when the keys are not the "
+                        "queries (cross-attention): `position_ids` place the "
+                        "queries only. The keys are the queries when the layer "
+                        "is called on one input, or on the same tensor as query "
+                        "and value. Received: position_ids with shape "
+                        f"{tuple(queries.shape)}, key_position_ids=None, keys "
+                        f"with shape {key_shape}"
+                    )
+                )
+            keys = queries
+        return queries, keys
 
     def _attention_mask(self, *args, **kwargs):
         """The base's `AttentionMask`, with this layer's sink tokens and
@@ -798,12 +841,15 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         )
 
     # ---------------------------------------------------------------- caching
-    def precompute_key_value(self, value, key=None):
+    def precompute_key_value(self, value, key=None, *, key_position_ids=None):
         """Projects cross-attention keys/values once for decoding.
 
         Args:
             value: `(B, Tv, dv)`, e.g. the encoder outputs.
             key: `(B, Tv, dk)`; defaults to `value`.
+            key_position_ids: (keyword-only) with `rotary`, `(B, Tv)` or
+                `(Tv,)` integer positions the keys are rotated at, instead
+                of `0 .. Tv - 1` (the cache holds rotated keys).
 
         Returns:
             The cache `(B, 2, Tv, Hkv, D)` to pass as `cache=` with
@@ -818,7 +864,32 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 )
             )
         self._check_cacheable()
-        return ops.stack(self._project_key_value(key, value), axis=1)
+        positions = None
+        if key_position_ids is not None:
+            self._check_tensor("key", key)
+            positions = self._check_position_ids(
+                key_position_ids, None, tuple(key.shape), "key_position_ids"
+            )
+        return ops.stack(self._project_key_value(key, value, positions), axis=1)
+
+    def _refuse_cached_key_positions(self, key_position_ids, cache_update_index):
+        """With a cache the keys sit where they were written: `position_ids`
+        place the keys a call writes (they are its queries), and
+        `precompute_key_value(key_position_ids=...)` a read-only cache's."""
+        if key_position_ids is None:
+            return
+        where = (
+            "`precompute_key_value(..., key_position_ids=...)` rotates a read-only cache's keys"
+            if cache_update_index is None
+            else "`position_ids` rotate the keys this call writes (they are its queries)"
+        )
+        raise ValueError(
+            self._error(
+                "`key_position_ids` are not taken with a `cache`: the cache holds "
+                f"keys rotated where they were written; {where}. Received: "
+                "key_position_ids with a cache"
+            )
+        )
 
     def _check_cacheable(self):
         if self._value_dim != self._key_dim:
@@ -1019,6 +1090,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         key_segment_ids=None,
         prefix_length=None,
         position_ids=None,
+        key_position_ids=None,
         head_mask=None,
     ):
         return_attention_scores = validation.validate_call_flag(
@@ -1050,16 +1122,22 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 use_causal_mask,
                 mask,
             )
-            call.positions = self._check_position_ids(
-                position_ids, call.layout, tuple(call.flat_query.shape)
+            self_attention = self._keys_are_queries(query, value, key)
+            call.positions, key_positions = self._rotary_positions(
+                position_ids,
+                key_position_ids,
+                call.layout,
+                tuple(call.flat_query.shape),
+                tuple(call.flat_key.shape),
+                self_attention,
             )
             projected_query, gate = self._project_query(call)
-            # Self-attention's keys sit at the queries' positions.
-            self_attention = value is None or value is query
             projected_key, projected_value = self._project_key_value(
-                call.flat_key, call.flat_value, call.positions if self_attention else None
+                call.flat_key, call.flat_value, key_positions
             )
         else:
+            self_attention = False  # the keys are the cache's
+            self._refuse_cached_key_positions(key_position_ids, cache_update_index)
             query, query_mask = self._prepare_cached(
                 query,
                 value,
@@ -1089,7 +1167,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             call.layout,
             tuple(call.flat_query.shape),
             projected_key.shape[1],
-            cache is not None,
+            self_attention,
             segment_ids,
             key_segment_ids,
             prefix_length,
@@ -1153,26 +1231,37 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         key_segment_ids=None,
         prefix_length=None,
         position_ids=None,
+        key_position_ids=None,
         head_mask=None,
     ):
         head_masks.check_head_mask(self, head_mask, query)
-        if self.rotary is not None or position_ids is not None:
-            self._check_position_ids(
-                position_ids,
-                self._layout(len(query.shape)) if len(query.shape) > 3 else None,
-                tuple(query.shape),
-            )
+        self_attention = cache is None and self._keys_are_queries(query, value, key)
+        keys = value if value is not None else query
+        if cache is not None:
+            self._refuse_cached_key_positions(key_position_ids, cache_update_index)
+        if self.rotary is not None or position_ids is not None or key_position_ids is not None:
+            layout = self._layout(len(query.shape)) if len(query.shape) > 3 else None
+            if cache is None:
+                self._rotary_positions(
+                    position_ids,
+                    key_position_ids,
+                    layout,
+                    tuple(query.shape),
+                    tuple(keys.shape),
+                    self_attention,
+                )
+            else:
+                self._check_position_ids(position_ids, layout, tuple(query.shape))
         selection = self._selection(
             query, return_attention_scores, attention_scores_heads, attention_scores_query_range
         )
         if segment_ids is not None or key_segment_ids is not None or prefix_length is not None:
-            keys = value if value is not None else query
             key_length = cache.shape[2] if cache is not None else keys.shape[1]
             self._call_rule_changes(
                 self._layout(len(query.shape)) if len(query.shape) > 3 else None,
                 tuple(query.shape),
                 key_length,
-                cache is not None,
+                self_attention,
                 segment_ids,
                 key_segment_ids,
                 prefix_length,
@@ -1397,7 +1486,8 @@ def _validate_rotary(owner, rotary, key_dim):
     try:
         rotary.rotary_dim(key_dim)
     except ValueError as error:
-        raise ValueError(f"{owner}: {error} (key_dim={key_dim!r})") from None
+        message = str(error).removeprefix("RotaryEmbedding: ")
+        raise ValueError(f"{owner}: `rotary`: {message} (key_dim={key_dim!r})") from None
     return rotary
 
 
@@ -1413,13 +1503,17 @@ def _validate_alibi(owner, alibi, num_heads):
             f"{owner}: `alibi` must be None, True (the paper's slopes) or a "
             f"list of {num_heads} slopes. Received: alibi={alibi!r}"
         )
-    slopes = [validation.validate_real(owner, "alibi", value) for value in np.ravel(alibi)]
-    if len(slopes) != num_heads:
+    try:
+        shape = np.shape(alibi)
+    except ValueError:  # a ragged nesting
+        shape = None
+    if shape != (num_heads,):
         raise ValueError(
-            f"{owner}: `alibi` must give one slope per query head ({num_heads}). "
-            f"Received: alibi={alibi!r}"
+            f"{owner}: `alibi` must give one slope per query head, shape "
+            f"({num_heads},). Received: "
+            f"{'a ragged alibi' if shape is None else f'alibi with shape {shape}'}: {alibi!r}"
         )
-    return slopes
+    return [validation.validate_real(owner, "alibi", value) for value in alibi]
 
 
 class _CachedCall:

@@ -37,9 +37,12 @@ class RotaryEmbedding(keras.layers.Layer):
             - `"linear"`: positions divided by `scaling_factor` (position
               interpolation, Chen et al., 2023);
             - `"dynamic"`: NTK-aware: the base multiplied by
-              `scaling_factor ** (d / (d - 2))` (the "dynamic NTK" base at
-              `scaling_factor` times the trained length, fixed so that a
-              decoding cache stays consistent);
+              `f ** (d / (d - 2))`, `f = scaling_factor`: Hugging Face's
+              "dynamic NTK" base, `base * (f * L / L_trained - (f - 1)) **
+              (d / (d - 2))` at length `L`, taken at `L = (2f - 1) / f`
+              times the trained length (where it equals `f`), and fixed
+              rather than grown with the length, so that a decoding cache
+              stays consistent;
             - `"yarn"`: YaRN (Peng et al., 2023, arXiv:2309.00071): each
               frequency between interpolation and extrapolation by the ramp
               of `beta_fast` / `beta_slow` rotations over
@@ -140,14 +143,22 @@ class RotaryEmbedding(keras.layers.Layer):
 
     # ------------------------------------------------------------ frequencies
     def rotary_dim(self, head_dim):
-        """How many of `head_dim` features are rotated (even)."""
+        """How many of `head_dim` features are rotated, `int(head_dim *
+        rotary_fraction)`: even and positive, else ValueError (the features
+        turn in pairs; an odd count is refused, not rounded down)."""
         count = int(head_dim * self.rotary_fraction)
-        count -= count % 2
-        if count <= 0:
+        if count <= 1:
             raise ValueError(
                 f"RotaryEmbedding: rotary_fraction={self.rotary_fraction!r} of "
                 f"{head_dim} features leaves no pair to rotate. Received: "
                 f"inputs with {head_dim} features"
+            )
+        if count % 2:
+            raise ValueError(
+                "RotaryEmbedding: the rotated features turn in pairs: "
+                f"int({head_dim} * rotary_fraction) = {count} is odd. Received: "
+                f"rotary_fraction={self.rotary_fraction!r} on inputs with "
+                f"{head_dim} features"
             )
         if self.scaling == "dynamic" and count <= 2:
             raise ValueError(
@@ -233,6 +244,14 @@ class RotaryEmbedding(keras.layers.Layer):
         if dim < head_dim:
             rotated = ops.concatenate([rotated, rest], axis=-1)
         return ops.cast(rotated, inputs.dtype)
+
+    def __call__(self, inputs, *args, **kwargs):
+        # The rotated count, before Keras wraps `call`'s errors: the layer
+        # has no build step (it is built at construction).
+        features = tuple(getattr(inputs, "shape", ()))[-1:]
+        if features and isinstance(features[0], int):
+            self.rotary_dim(features[0])
+        return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, start_index=0, positions=None):
         self._check_call(inputs, start_index, positions)

@@ -237,7 +237,8 @@ class SparseAttention(BaseMultiHeadAttention):
                 path the ids are compared per gathered block, without a
                 `(Tq, Tv)` mask.
             key_segment_ids: (keyword-only) `(B, Tv)`; defaults to
-                `segment_ids` when the keys are the queries.
+                `segment_ids` when the keys are the queries (one input, or the
+                same tensor as query and value), needed otherwise.
 
         A prefix length (`MultiHeadAttention`'s `prefix_length`) is not
         offered: the causal block pattern never holds the key blocks a
@@ -282,7 +283,7 @@ class SparseAttention(BaseMultiHeadAttention):
                 self._layout(len(query.shape)) if len(query.shape) > 3 else None,
                 tuple(query.shape),
                 keys.shape[1],
-                False,
+                self._keys_are_queries(query, value, key),
                 segment_ids,
                 key_segment_ids,
                 None,

@@ -521,7 +521,8 @@ def _attention_layers():
         ("encoder_block", lambda: ka.TransformerEncoderBlock(2, 3, 8), "self"),
         ("decoder_block", lambda: ka.TransformerDecoderBlock(2, 3, 8), "cross"),
         ("sinusoidal", lambda: ka.SinusoidalPositionEncoding(), "plain"),
-        ("rotary", lambda: ka.RotaryEmbedding(max_wavelength=100.0, rotary_fraction=0.5), "plain"),
+        # 4 of the 6 features turn (an odd count is refused, #49).
+        ("rotary", lambda: ka.RotaryEmbedding(max_wavelength=100.0, rotary_fraction=0.7), "plain"),
         ("position_embedding", lambda: ka.PositionEmbedding(sequence_length=7), "plain"),
         ("squeeze_excitation", lambda: ka.SqueezeExcitation(ratio=4), "image"),
         ("cbam", lambda: ka.CBAM(ratio=4, kernel_size=3), "image"),

@@ -471,8 +471,11 @@ def check(case):
                 if case["rotary"] is not None:
                     query_positions = _document_positions(query_ids)
                     rule_kwargs["position_ids"] = query_positions
-                    if case["self_attention"]:
+                    if case["self_attention"]:  # the keys are the queries
                         key_positions = query_positions
+                    else:  # cross-attention: the keys' own, restarting per document
+                        key_positions = _document_positions(key_ids)
+                        rule_kwargs["key_position_ids"] = key_positions
             positions = positional(
                 np.arange(q_len),
                 np.arange(k_len),
@@ -766,4 +769,83 @@ def test_issue_reproducers(memory_efficient):
     np.testing.assert_allclose(folded, spelled, atol=1e-6)
     np.testing.assert_allclose(
         folded[0, 2], keras.ops.convert_to_numpy(layer.output_dense.bias), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "spelling, inputs",
+    [
+        ("layer(x)", "numpy"),
+        ("layer(x, x)", "numpy"),
+        ("layer(x, x, x)", "numpy"),
+        ("layer(x, x)", "mixed_float16"),  # Keras casts each input on its own
+        ("layer(x, x, x)", "functional"),
+        ("cross", "numpy"),
+        ("cross, read-only cache", "numpy"),
+    ],
+)
+def test_rotary_keys_sit_at_the_stated_positions_in_every_spelling(spelling, inputs):
+    """#49: the keys are the queries on one input or on the same tensor as
+    query and value (Keras' `layer(x, x)`, whose NumPy inputs Keras turns
+    into two tensors), and then take the queries' `position_ids` as they
+    take their `segment_ids`; cross-attention's keys sit at their own
+    `key_position_ids` (a read-only cache's at `precompute_key_value`'s).
+    Against the float64 reference, documents restarting positions."""
+    rng = np.random.default_rng(49)
+    cross = spelling.startswith("cross")
+    ids = np.array([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]], "int32")
+    key_ids = np.array([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]], "int32") if cross else ids
+    positions, key_positions = _document_positions(ids), _document_positions(key_ids)
+    x = rng.normal(size=(2, 6, 6))
+    y = rng.normal(size=(2, 5, 6)) if cross else x
+    dtype = "float16" if inputs == "mixed_float16" else "float32"
+    layer = MultiHeadAttention(
+        num_heads=2,
+        key_dim=4,
+        rotary=dict(ROTARY["plain"]),
+        dtype="mixed_float16" if inputs == "mixed_float16" else None,
+    )
+    layer.build(x.shape, y.shape)
+    weights = _randomise(layer, rng)
+    allowed = np.broadcast_to(
+        ids[:, None, :, None] == key_ids[:, None, None, :], (2, 2, 6, 5 + (not cross))
+    )
+    expected, _ = reference(
+        weights,
+        _cast_like(x, dtype),
+        _cast_like(y, dtype),
+        allowed,
+        2,
+        2,
+        False,
+        projection={"rotary": ROTARY["plain"]},
+        query_positions=positions,
+        key_positions=key_positions,
+    )
+    q = x.astype("float32")
+    rules = dict(position_ids=positions, segment_ids=ids)
+    if inputs == "mixed_float16":
+        q = keras.ops.convert_to_tensor(q)
+    if spelling == "cross":
+        out = layer(
+            q, y.astype("float32"), key_position_ids=key_positions, key_segment_ids=key_ids, **rules
+        )
+    elif spelling == "cross, read-only cache":
+        cache = layer.precompute_key_value(y.astype("float32"), key_position_ids=key_positions)
+        out, _ = layer(q, cache=cache, key_segment_ids=key_ids, **rules)
+    elif inputs == "functional":
+        tokens = keras.Input((6, 6))
+        documents, places = keras.Input((6,), dtype="int32"), keras.Input((6,), dtype="int32")
+        model = keras.Model(
+            [tokens, documents, places],
+            layer(tokens, tokens, tokens, segment_ids=documents, position_ids=places),
+        )
+        out = model([q, ids, positions])
+    else:
+        out = layer(*(q,) * spelling.count("x"), **rules)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(out).astype("float64"),
+        expected,
+        atol=TOLERANCE[dtype] * (1 + np.abs(expected).max()),
+        rtol=TOLERANCE[dtype],
     )

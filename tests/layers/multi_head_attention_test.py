@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+import keras_attention
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import capture_attention
 from keras_attention.layers import multi_head_attention as mha_module
@@ -544,6 +545,104 @@ def test_bad_cache_shape_and_index_are_rejected():
     uneven(token)
     with pytest.raises(ValueError, match="value_dim=3"):
         uneven(token, cache=cache, cache_update_index=0)
+
+
+def _cross_without_key_positions(layer, x, y, pos, ids):
+    return layer(x, y, position_ids=pos)
+
+
+def _symbolic_cross_without_key_positions(layer, x, y, pos, ids):
+    tokens, memory = keras.Input((4, 8)), keras.Input((3, 8))
+    return layer(tokens, memory, position_ids=keras.Input((4,), dtype="int32"))
+
+
+def _cached_step(layer, x, y, pos, ids):
+    cache = np.zeros((1, 2, 6, 2, 4), "float32")
+    return layer(x, cache=cache, cache_update_index=0, key_position_ids=pos)
+
+
+def _read_only_cache(layer, x, y, pos, ids):
+    cache = layer.precompute_key_value(y)
+    return layer(x, cache=cache, position_ids=pos, key_position_ids=pos[:, :3])
+
+
+# #49: one rule for "the keys are the queries" (one input, or the same
+# tensor as query and value); otherwise the keys' ids are the caller's.
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (_cross_without_key_positions, r"`key_position_ids` are needed.*shape \(1, 4\)"),
+        (_symbolic_cross_without_key_positions, r"`key_position_ids` are needed"),
+        # Equal values in another array are cross-attention, for both rules.
+        (
+            lambda layer, x, y, p, i: layer(x, x.copy(), position_ids=p),
+            "`key_position_ids` are needed",
+        ),
+        (
+            lambda layer, x, y, p, i: layer(x, x.copy(), segment_ids=i),
+            "`key_segment_ids` are needed",
+        ),
+        (
+            lambda layer, x, y, p, i: layer(x, y, position_ids=p, key_position_ids=p),
+            r"`key_position_ids` must be integers shaped.*\(1, 3\).*shape \(1, 4\)",
+        ),
+        (
+            lambda layer, x, y, p, i: layer(x, y, key_position_ids=np.zeros((1, 3), "float32")),
+            "`key_position_ids` must be integers.*dtype float32",
+        ),
+        (
+            lambda layer, x, y, p, i: MultiHeadAttention(2, 4)(x, y, key_position_ids=p[:, :3]),
+            "`key_position_ids` are the rotary embedding's.*rotary=None",
+        ),
+        (_cached_step, "`key_position_ids` are not taken with a `cache`.*`position_ids` rotate"),
+        (_read_only_cache, "`key_position_ids` are not taken with a `cache`.*precompute_key_value"),
+        (
+            lambda layer, x, y, p, i: layer.precompute_key_value(y, key_position_ids=p),
+            r"`key_position_ids` must be integers shaped.*\(1, 3\)",
+        ),
+    ],
+    ids=[
+        "cross_without_key_positions",
+        "symbolic_cross_without_key_positions",
+        "copy_is_cross_attention_for_positions",
+        "copy_is_cross_attention_for_segments",
+        "key_positions_of_the_wrong_length",
+        "float_key_positions",
+        "key_positions_without_rotary",
+        "key_positions_with_a_cache_update",
+        "key_positions_with_a_read_only_cache",
+        "precompute_with_key_positions_of_the_wrong_length",
+    ],
+)
+def test_key_side_ids_are_refused_by_name_when_they_cannot_apply(call, message):
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, rotary=True)
+    x, y = random_inputs((1, 4, 8)), random_inputs((1, 3, 8), seed=1)
+    layer(x, y)  # built
+    pos, ids = np.array([[0, 1, 0, 1]], "int32"), np.array([[0, 0, 1, 1]], "int32")
+    # Raised in `call`: Keras' eager wrapper adds a line before our message.
+    with pytest.raises(ValueError, match=f"MultiHeadAttention \\(layer '\\w+'\\): {message}"):
+        call(layer, x, y, pos, ids)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: MultiHeadAttention(2, 7, rotary=True), r"int\(7 \* rotary_fraction\) = 7 is odd"),
+        (
+            lambda: MultiHeadAttention(2, 8, rotary={"rotary_fraction": 0.375}),
+            r"int\(8 \* rotary_fraction\) = 3 is odd.*rotary_fraction=0.375",
+        ),
+        (
+            lambda: MultiHeadAttention(2, 5, rotary=keras_attention.RotaryEmbedding()),
+            r"= 5 is odd.*key_dim=5",
+        ),
+    ],
+    ids=["key_dim_7", "fraction_0.375_of_8", "a_rotary_embedding_on_5"],
+)
+def test_odd_rotated_feature_counts_are_refused_at_construction(make, message):
+    """#49: the features turn in pairs; an odd count was rounded down."""
+    with pytest.raises(ValueError, match=f"^MultiHeadAttention: `rotary`.*{message}"):
+        make()
 
 
 # ------------------------------------------------------------------ contract

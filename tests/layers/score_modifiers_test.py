@@ -150,7 +150,15 @@ def test_a_lambda_score_mod_is_refused_under_safe_mode(tmp_path):
     [
         (dict(logit_soft_cap=0), ValueError, r"`logit_soft_cap` must be a finite number in \(0"),
         (dict(logit_soft_cap="50"), ValueError, r"logit_soft_cap='50'"),
-        (dict(alibi=[0.5]), ValueError, r"one slope per query head \(2\).*alibi=\[0.5\]"),
+        (dict(alibi=[0.5]), ValueError, r"one slope per query head, shape \(2,\).*\(1,\)"),
+        # #49: a nesting of num_heads values was flattened into the slopes.
+        (
+            dict(alibi=[[0.5], [0.25]]),
+            ValueError,
+            r"`alibi` must give one slope per query head, shape \(2,\)\. "
+            r"Received: alibi with shape \(2, 1\)",
+        ),
+        (dict(alibi=[0.5, [0.25]]), ValueError, r"`alibi`.*shape \(2,\).*a ragged alibi"),
         (dict(alibi="paper"), TypeError, r"alibi='paper'"),
         (dict(attention_sinks="yes"), TypeError, r"attention_sinks='yes'"),
         (dict(score_mod=3), TypeError, r"score_mod=3"),
