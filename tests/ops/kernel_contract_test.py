@@ -47,6 +47,12 @@ def table_score_mod(score, batch, head, q_idx, k_idx, table):
     return score + keras.ops.take(flat, bucket * table.shape[1] + head)
 
 
+def slopes_score_mod(score, batch, head, q_idx, k_idx, table):
+    """Learned ALiBi: `-table[0, h] * |i - j|`, the slopes a trainable weight."""
+    slope = keras.ops.take(table[0], head)
+    return score - slope * keras.ops.cast(keras.ops.abs(q_idx - k_idx), score.dtype)
+
+
 def user_mask_mod(batch, head, q_idx, k_idx):
     return keras.ops.not_equal((q_idx + 2 * k_idx + head + batch) % 4, 0)
 
@@ -176,6 +182,8 @@ def _scores(modifiers, sinks, table=None):
         score_mod = user_score_mod
     elif "table" in modifiers:
         score_mod, weights = table_score_mod, (table,)
+    elif "learned slopes" in modifiers:
+        score_mod, weights = slopes_score_mod, (table,)
     return score_modifier.ScoreModifier(
         soft_cap=CAP if "soft_cap" in modifiers else None,
         alibi_slopes=score_modifier.alibi_slopes(H) if "alibi" in modifiers else None,
@@ -208,6 +216,8 @@ def numpy_attention(arrays, allowed, modifiers, offset):
     bucket = np.minimum(np.abs(i - j), 3) + 0 * b  # (B, 1, Tq, Tk)
     if "table" in modifiers:
         logits = logits + table[bucket, h]
+    if "learned slopes" in modifiers:
+        logits = logits - table[0][h] * np.abs(i - j)
     cap_chain = 1.0
     if "soft_cap" in modifiers:
         cap_chain = 1.0 - np.tanh(logits / CAP) ** 2
@@ -240,6 +250,8 @@ def numpy_attention(arrays, allowed, modifiers, offset):
     if "table" in modifiers:
         heads = np.broadcast_to(h, d_before_cap.shape)
         np.add.at(d_table, (np.broadcast_to(bucket, d_before_cap.shape), heads), d_before_cap)
+    if "learned slopes" in modifiers:
+        d_table[0] = -(d_before_cap * np.abs(i - j)).sum(axis=(0, 2, 3))
     return out, probs, dq, dk, dv, d_sinks, d_table
 
 
@@ -337,6 +349,26 @@ def test_every_mask_on_every_kernel(kernel, mask_name):
 def test_every_score_modifier_on_every_kernel(kernel, modifier):
     modifiers = MODIFIERS if modifier == "all" else (modifier,)
     _check(kernel, "causal window, row without keys", modifiers)
+
+
+@pytest.mark.parametrize("kernel", ["dense", "shifted", "blockwise"])
+def test_learned_weights_get_exact_gradients_bit_identical_run_to_run(kernel):
+    """A `score_mod` reading trainable weights (learned ALiBi slopes): their
+    gradient equals float64 NumPy's, and two runs give the same bits (the
+    blockwise backward sums its tiles' contributions in a fixed order, no
+    atomics), compiled as `fit` compiles it."""
+    modifiers = ("learned slopes", "soft_cap")
+    arrays, mask, allowed, offset = _case("causal, padding, grouped")
+    expected = numpy_attention(arrays, allowed, modifiers, offset)
+    runs = [
+        output_and_gradients(_kernel(kernel, mask), arrays, modifiers, compiled=True)
+        for _ in range(2)
+    ]
+    for value, want in zip(runs[0], expected[:1] + expected[2:], strict=True):
+        np.testing.assert_allclose(value, want, atol=2e-5, rtol=1e-4)
+    assert np.all(runs[0][5][0]) and not np.any(runs[0][5][1:])  # the slopes' row
+    for first, second in zip(*runs, strict=True):
+        np.testing.assert_array_equal(first, second)
 
 
 @pytest.mark.parametrize("mask_name", ["decoding offset", "key padding", "prefix per example"])
