@@ -36,6 +36,8 @@ from keras_attention.ops import multi_head
 from keras_attention.ops import online_softmax
 from keras_attention.ops.masking import score_dtype
 
+NO_TERM = float("-inf")  # the statistics of a row with nothing in its softmax
+
 
 def _length(x, axis):
     return x.shape[axis] if x.shape[axis] is not None else ops.shape(x)[axis]
@@ -86,7 +88,35 @@ def softmax_with_sinks(logits, allowed, sinks, fused=True):
     return online_softmax.masked_softmax(logits, allowed, fused=fused)[..., :-1]
 
 
-def dense_attention(query, key, value, mask, *, scale, dropout=None, scores=None):
+def row_statistics(logits, allowed, sinks=None):
+    """`{"logsumexp", "max"}`, each `(B, H, Tq)` float32: over every term of
+    a row's softmax denominator (its visible keys' modified logits and the
+    sink logit); `-inf` for a row with no term. The same on every kernel."""
+    logits = online_softmax.mask_logits(ops.cast(logits, "float32"), allowed)
+    if sinks is not None:
+        shape = ops.shape(logits)
+        column = ops.broadcast_to(
+            ops.reshape(ops.cast(sinks, "float32"), (1, -1, 1, 1)),
+            (shape[0], logits.shape[1], shape[2], 1),
+        )
+        logits = ops.concatenate([logits, column], axis=-1)
+    return _statistics(logits)
+
+
+def _statistics(logits):
+    peak = online_softmax.row_max(logits, axis=-1, keepdims=True)
+    seen = ops.greater(peak, online_softmax.MASKED_LOGIT / 2)
+    shift = ops.stop_gradient(ops.where(seen, peak, 0.0))
+    terms = ops.where(seen, ops.exp(logits - shift), 0.0)
+    total = ops.sum(terms, axis=-1, keepdims=True)
+    lse = ops.where(seen, shift + ops.log(ops.where(seen, total, 1.0)), NO_TERM)
+    peak = ops.where(seen, peak, NO_TERM)
+    return {"logsumexp": ops.squeeze(lse, -1), "max": ops.squeeze(ops.stop_gradient(peak), -1)}
+
+
+def dense_attention(
+    query, key, value, mask, *, scale, dropout=None, scores=None, return_statistics=False
+):
     """Materialised exact attention: `(output (B, Tq, H, Dv), weights)`.
 
     Args:
@@ -95,9 +125,12 @@ def dense_attention(query, key, value, mask, *, scale, dropout=None, scores=None
         scale: multiplies the logits.
         dropout: a callable on the weights (training), or None.
         scores: a `ScoreModifier`, or None.
+        return_statistics: also return `row_statistics` (each row's
+            log-sum-exp and maximum logit).
 
     Returns:
-        The output and the `(B, H, Tq, Tk)` weights before dropout.
+        The output and the `(B, H, Tq, Tk)` weights before dropout (and the
+        statistics).
     """
     wide = score_dtype(query.dtype)
     logits = multi_head.multi_head_logits(
@@ -108,13 +141,17 @@ def dense_attention(query, key, value, mask, *, scale, dropout=None, scores=None
     sinks = None if scores is None else scores.sinks(logits.dtype)
     weights = ops.cast(softmax_with_sinks(logits, allowed, sinks), value.dtype)
     dropped = weights if dropout is None else dropout(weights)
-    return multi_head.multi_head_weighted_sum(dropped, value), weights
+    output = multi_head.multi_head_weighted_sum(dropped, value)
+    if return_statistics:
+        return output, weights, row_statistics(logits, allowed, sinks)
+    return output, weights
 
 
-def shifted_attention(query, key, value, mask, *, scale, scores=None):
+def shifted_attention(query, key, value, mask, *, scale, scores=None, return_statistics=False):
     """Materialised exact attention, normalised after the weighted sum.
 
-    Same arguments and result as `dense_attention(...)[0]` without dropout.
+    Same arguments and result as `dense_attention(...)[0]` without dropout
+    (with `return_statistics`, `(output, row_statistics)`).
     Each row's logits are shifted by their maximum (a constant to autodiff:
     the shift cancels), exponentiated in one pass, and multiplied by the
     values with an extra ones column, which gives the row sums in the same
@@ -124,7 +161,7 @@ def shifted_attention(query, key, value, mask, *, scale, scores=None):
     visible key gets zeros (and zero gradients); a NaN logit it may see makes
     it NaN, as the softmax kernels do.
     """
-    if masking.is_statically_empty(query, key):
+    if masking.is_statically_empty(query, key) and not return_statistics:
         return masking.empty_attention(query, value)
     dtype = value.dtype
     wide = score_dtype(query.dtype)
@@ -150,7 +187,18 @@ def shifted_attention(query, key, value, mask, *, scale, scores=None):
     if sinks is not None:  # the sink's term, (B, H, Tq, 1) -> (B, Tq, H, 1)
         total = total + ops.transpose(ops.exp(sinks - shift), (0, 2, 1, 3))
     output = sums[..., :-1] / ops.where(attended, total, 1.0)
-    return ops.cast(ops.where(attended, output, 0.0), dtype)
+    output = ops.cast(ops.where(attended, output, 0.0), dtype)
+    if not return_statistics:
+        return output
+    # The row sums came with the weighted sum: log-sum-exp = shift + log(total).
+    total = ops.transpose(total[..., 0], (0, 2, 1))  # (B, H, Tq)
+    seen = ops.greater(total, 0.0)
+    lse = ops.where(seen, shift[..., 0] + ops.log(ops.where(seen, total, 1.0)), NO_TERM)
+    peak = online_softmax.row_max(logits, axis=-1)
+    if sinks is not None:
+        peak = ops.maximum(peak, sinks[..., 0])
+    peak = ops.where(seen, ops.stop_gradient(peak), NO_TERM)
+    return output, {"logsumexp": ops.cast(lse, "float32"), "max": ops.cast(peak, "float32")}
 
 
 def composite_attention(query, key, value, mask, *, scale, num_heads, flash_attention=None):
