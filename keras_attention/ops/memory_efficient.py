@@ -25,6 +25,16 @@ blocks `key_block_range` leaves visible (causal and sliding-window tiles
 beyond the band are never computed, a decoding cache's offset included). The
 running softmax is `online_softmax`'s.
 
+With `dropout_rate > 0` (training) the weights are dropped inside the
+kernel: each tile's keep bits come from `ops.dropout` (a hash of the seed,
+batch, head, and the pair's row and column), computed again by the
+backward sweep, so nothing `(Tq, Tk)` is stored. The keep bits act on the
+probabilities of `P @ V` only, never on the running sum `l` (the softmax is
+normalised over every key, then dropped), and the values are scaled by
+`1 / (1 - rate)` once. The backward uses `D = keep / (1 - rate)`:
+`dV = (P D)^T dO`, `dS = P (D dP - delta)`, where `delta = rowsum(dO O)`
+of the dropped output `O` is `sum_j P D dP` still.
+
 Everything runs in float32 whatever the input dtype; the result is cast back.
 Loops are `keras.ops.fori_loop` (a `lax.while_loop` on JAX) or, on
 TensorFlow, a `tf.while_loop` that runs one query block at a time (graph mode
@@ -37,7 +47,9 @@ import math
 
 from keras import ops
 
+from keras_attention import validation
 from keras_attention.ops import attention_mask as attention_masks
+from keras_attention.ops import dropout
 from keras_attention.ops import loops
 from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
@@ -93,6 +105,8 @@ def memory_efficient_attention(
     block_size=512,
     key_block_size=None,
     scores=None,
+    dropout_rate=0.0,
+    dropout_seed=None,
 ):
     """Exact multi-head softmax attention in memory linear in the length.
 
@@ -113,6 +127,12 @@ def memory_efficient_attention(
             `score_mod`) applied to each tile's logits at its absolute
             positions, inside the forward and the recomputing backward; or
             None.
+        dropout_rate: the fraction of attention weights dropped (training),
+            a float in `[0, 1)`; kept weights are scaled by `1 / (1 - rate)`.
+        dropout_seed: an integer or an integer scalar tensor (draw a new one
+            per training step); needed when `dropout_rate > 0`. The weights
+            kept are those where `ops.dropout_keep_mask(dropout_seed, B, H,
+            Tq, Tk, dropout_rate)` is True, whatever the block sizes.
 
     Returns:
         `(B, Tq, H, Dv)` in the dtype of `query`. A query row with no allowed
@@ -125,6 +145,16 @@ def memory_efficient_attention(
             "memory_efficient_attention: `mask` must be an AttentionMask (see "
             f"AttentionMask.from_tensors) or None. Received: mask={mask!r}"
         )
+    owner = "memory_efficient_attention"
+    dropout_rate = validation.validate_rate(owner, "dropout_rate", dropout_rate)
+    if dropout_rate > 0.0:
+        if dropout_seed is None:
+            raise ValueError(
+                f"{owner}: `dropout_seed` is needed when `dropout_rate` > 0 (an "
+                "integer or an integer scalar tensor, new at each training step). "
+                f"Received: dropout_rate={dropout_rate}, dropout_seed=None"
+            )
+        dropout.check_seed(owner, "dropout_seed", dropout_seed)
     dtype = query.dtype
     q_len, num_heads, key_dim = query.shape[1], query.shape[2], query.shape[3]
     k_len, num_kv_heads = key.shape[1], key.shape[2]
@@ -156,6 +186,24 @@ def memory_efficient_attention(
     q = _to_query_blocks(ops.cast(query, "float32") * scale, num_q_blocks, q_block, num_kv_heads)
     k = to_time_blocks(ops.cast(key, "float32"), num_k_blocks, k_block)
     v = to_time_blocks(ops.cast(value, "float32"), num_k_blocks, k_block)
+    keep_rows = keep_columns = None
+    if dropout_rate > 0.0:
+        # Every row's and column's key, once per call; a tile's keep bits are
+        # one product and one comparison of them (`ops.dropout`).
+        keep_rows, keep_columns = dropout.block_keys(
+            dropout_seed, ops.shape(q)[1], num_heads, num_q_blocks, q_block, num_k_blocks, k_block
+        )
+        keep_rows = ops.reshape(keep_rows, (num_q_blocks, -1, num_kv_heads, groups, q_block, 1))
+        keep_bound = dropout.threshold(dropout_rate)
+        # The kept weights' 1 / (1 - rate), on the values (autodiff scales dV).
+        v = v * (1.0 / (1.0 - dropout_rate))
+
+    def kept(i, j):
+        """Tile (i, j)'s `(B, Hkv, G, bq, bk)` keep bits, or None."""
+        if keep_rows is None:
+            return None
+        columns = ops.reshape(_take(keep_columns, j), (1, 1, 1, 1, k_block))
+        return dropout.keep(_take(keep_rows, i), columns, keep_bound)
 
     # The description's masks, cut into blocks once; each tile picks its slice.
     key_valid = mask.key_mask
@@ -395,10 +443,17 @@ def memory_efficient_attention(
 
                 def key_step(j, state):
                     v_tile = _take(v, j)
+                    keep = kept(i, j)
+
+                    def weighted_sum(probs):
+                        # Dropped from `P @ V` only: the running sum `l`
+                        # counts every key (the full row's normaliser).
+                        if keep is not None:
+                            probs = ops.where(keep, probs, 0.0)
+                        return ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile)
+
                     return update(
-                        state,
-                        logits(queries, _take(keys, j), i, j, weights),
-                        lambda probs: ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile),
+                        state, logits(queries, _take(keys, j), i, j, weights), weighted_sum
                     )
 
                 return over_key_ranges(i, key_step, init)
@@ -511,9 +566,14 @@ def memory_efficient_attention(
                     keys = online_softmax.append_column(keys, ops.ones_like(keys[..., 0]))
                     logits = ops.einsum("bhgqd,bhkd->bhgqk", q_lse_tile, keys)
                     probs = ops.exp(online_softmax.mask_logits(logits, tile_mask(i, j)))
-                d_logits = probs * ops.einsum(
-                    "bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j)
-                )
+                # dP - delta ([dO, -delta] . [v, 1]; v carries 1 / (1 - rate)).
+                d_probs = ops.einsum("bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j))
+                probs_kept = probs
+                keep = kept(i, j)
+                if keep is not None:  # D dP - delta: -delta where dropped
+                    d_probs = ops.where(keep, d_probs, d_out_delta_tile[..., -1:])
+                    probs_kept = ops.where(keep, probs, 0.0)
+                d_logits = probs * d_probs
                 if cap_only:  # d c tanh(x / c) / dx = 1 - tanh(x / c)^2
                     d_logits = d_logits * (1.0 - capped * capped)
                 elif modify:
@@ -523,7 +583,7 @@ def memory_efficient_attention(
                     d_weights = tuple(a + b for a, b in zip(d_weights, tile_d_weights, strict=True))
                 dq = dq + ops.einsum("bhgqk,bhkd->bhgqd", d_logits, k_tile)
                 dk = loops.read_block(dk_buffer, j) + keys_gradient(d_logits, q_tile)
-                dv = loops.read_block(dv_buffer, j) + keys_gradient(probs, d_out_tile)
+                dv = loops.read_block(dv_buffer, j) + keys_gradient(probs_kept, d_out_tile)
                 return (
                     dq,
                     loops.write_block(dk_buffer, j, dk),
