@@ -675,14 +675,6 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         (dropout is the kernels' own: see `_dropout_seed`)."""
         return bool(return_attention_scores or self._capturing_attention)
 
-    def _dropout_seed(self):
-        """One int32 seed per call from the dropout's `SeedGenerator` (a new
-        one each training step): the blockwise kernel hashes its keep bits
-        from it (`ops.dropout`)."""
-        return keras.random.randint(
-            (), 0, 2**31 - 1, dtype="int32", seed=self._dropout_layer.seed_generator
-        )
-
     @utils.follows_contract
     def _compute_attention(
         self,

@@ -77,16 +77,38 @@ def row_keys(key, batch, heads, rows):
 
 
 def column_keys(key, columns):
-    """`(C,)` odd column keys for the column positions `columns` (int32)."""
+    """Odd column keys for the column positions `columns` (int32, any
+    shape): `c` of the module docstring."""
     salted = fmix(fmix(ops.bitwise_xor(key, _u32(_COLUMN_SALT))))
     keys = fmix(ops.bitwise_xor(salted, ops.cast(columns, "uint32")))
     return ops.bitwise_or(keys, _u32(1))
 
 
-def keep(rows, columns, bound):
-    """Keep bits of the weights whose row and column keys broadcast from
-    `rows` and `columns`: `rows * columns >= bound` in `uint32`."""
-    return ops.greater_equal(ops.multiply(rows, columns), bound)
+class KeepBits:
+    """One call's dropout, for a kernel to cut into tiles.
+
+    `rows(positions)` gives the `(B, H, R)` keys of the query rows at
+    `positions` and `columns(positions)` those of key columns (computed once
+    per call: `O(B H Tq + Tk)`); a tile's keep bits are then
+    `keep(row_keys, column_keys)` of the two broadcast against each other,
+    one product and one comparison per weight. `scale` is `1 / (1 - rate)`.
+    """
+
+    def __init__(self, seed, rate, batch, heads):
+        self.key = seed_key(seed)
+        self.bound = threshold(rate)
+        self.scale = 1.0 / (1.0 - rate)
+        self.batch, self.heads = batch, heads
+
+    def rows(self, positions):
+        return row_keys(self.key, self.batch, self.heads, positions)
+
+    def columns(self, positions):
+        return column_keys(self.key, positions)
+
+    def keep(self, rows, columns):
+        """Keep bits where `rows * columns >= bound` (`uint32`), broadcast."""
+        return ops.greater_equal(ops.multiply(rows, columns), self.bound)
 
 
 def check_seed(owner, argument, seed):
@@ -100,20 +122,6 @@ def check_seed(owner, argument, seed):
             f"`{argument}` must be an integer or an integer scalar tensor. Received: "
             f"{argument}={validation.describe(seed)}",
         )
-    )
-
-
-def block_keys(seed, batch, heads, num_row_blocks, row_block, num_column_blocks, column_block):
-    """A tiled kernel's keys, cut into blocks once per call: rows
-    `(nq, B, H, bq)` and columns `(nk, bk)` (positions past the lengths get
-    keys too; the kernels mask those weights anyway)."""
-    key = seed_key(seed)
-    rows = row_keys(key, batch, heads, ops.arange(num_row_blocks * row_block, dtype="int32"))
-    rows = ops.reshape(rows, (-1, heads, num_row_blocks, row_block))
-    columns = column_keys(key, ops.arange(num_column_blocks * column_block, dtype="int32"))
-    return (
-        ops.transpose(rows, (2, 0, 1, 3)),
-        ops.reshape(columns, (num_column_blocks, column_block)),
     )
 
 
@@ -146,8 +154,6 @@ def dropout_keep_mask(seed, batch, heads, query_length, key_length, rate):
             ("key_length", key_length),
         )
     )
-    rate = validation.validate_rate(owner, "rate", rate)
-    key = seed_key(seed)
-    rows = row_keys(key, batch, heads, ops.arange(query_length, dtype="int32"))
-    columns = column_keys(key, ops.arange(key_length, dtype="int32"))
-    return keep(rows[..., None], columns, threshold(rate))
+    bits = KeepBits(seed, validation.validate_rate(owner, "rate", rate), batch, heads)
+    rows = bits.rows(ops.arange(query_length, dtype="int32"))
+    return bits.keep(rows[..., None], bits.columns(ops.arange(key_length, dtype="int32")))

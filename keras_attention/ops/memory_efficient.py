@@ -107,6 +107,7 @@ def memory_efficient_attention(
     scores=None,
     dropout_rate=0.0,
     dropout_seed=None,
+    dropout_rows=None,
 ):
     """Exact multi-head softmax attention in memory linear in the length.
 
@@ -133,6 +134,10 @@ def memory_efficient_attention(
             per training step); needed when `dropout_rate > 0`. The weights
             kept are those where `ops.dropout_keep_mask(dropout_seed, B, H,
             Tq, Tk, dropout_rate)` is True, whatever the block sizes.
+        dropout_rows: the int32 `(Tq,)` positions that key the query rows'
+            dropout bits; defaults to `0..Tq-1`. For a caller that attends
+            some rows of a longer sequence (the block-sparse kernel's global
+            rows), so they keep the bits of their positions.
 
     Returns:
         `(B, Tq, H, Dv)` in the dtype of `query`. A query row with no allowed
@@ -190,20 +195,23 @@ def memory_efficient_attention(
     if dropout_rate > 0.0:
         # Every row's and column's key, once per call; a tile's keep bits are
         # one product and one comparison of them (`ops.dropout`).
-        keep_rows, keep_columns = dropout.block_keys(
-            dropout_seed, ops.shape(q)[1], num_heads, num_q_blocks, q_block, num_k_blocks, k_block
-        )
-        keep_rows = ops.reshape(keep_rows, (num_q_blocks, -1, num_kv_heads, groups, q_block, 1))
-        keep_bound = dropout.threshold(dropout_rate)
+        bits = dropout.KeepBits(dropout_seed, dropout_rate, ops.shape(q)[1], num_heads)
+        if dropout_rows is None:
+            dropout_rows = ops.arange(q_len, dtype="int32")
+        rows = ops.pad(ops.cast(dropout_rows, "int32"), ((0, num_q_blocks * q_block - q_len),))
+        rows = ops.reshape(bits.rows(rows), (-1, num_kv_heads, groups, num_q_blocks, q_block))
+        keep_rows = ops.transpose(rows, (3, 0, 1, 2, 4))[..., None]  # (nq, B, Hkv, G, bq, 1)
+        columns = bits.columns(ops.arange(num_k_blocks * k_block, dtype="int32"))
+        keep_columns = ops.reshape(columns, (num_k_blocks, k_block))
         # The kept weights' 1 / (1 - rate), on the values (autodiff scales dV).
-        v = v * (1.0 / (1.0 - dropout_rate))
+        v = v * bits.scale
 
     def kept(i, j):
         """Tile (i, j)'s `(B, Hkv, G, bq, bk)` keep bits, or None."""
         if keep_rows is None:
             return None
         columns = ops.reshape(_take(keep_columns, j), (1, 1, 1, 1, k_block))
-        return dropout.keep(_take(keep_rows, i), columns, keep_bound)
+        return bits.keep(_take(keep_rows, i), columns)
 
     # The description's masks, cut into blocks once; each tile picks its slice.
     key_valid = mask.key_mask
