@@ -160,6 +160,12 @@ def memory_efficient_attention(
                 f"Received: dropout_rate={dropout_rate}, dropout_seed=None"
             )
         dropout.check_seed(owner, "dropout_seed", dropout_seed)
+        if dropout_rows is not None and tuple(dropout_rows.shape) != (query.shape[1],):
+            raise ValueError(
+                f"{owner}: `dropout_rows` must hold one position per query row. "
+                f"Received: dropout_rows with shape {tuple(dropout_rows.shape)}, query "
+                f"with shape {tuple(query.shape)}"
+            )
     dtype = query.dtype
     q_len, num_heads, key_dim = query.shape[1], query.shape[2], query.shape[3]
     k_len, num_kv_heads = key.shape[1], key.shape[2]

@@ -139,3 +139,7 @@ def test_dropout_arguments_are_checked():
         memory_efficient_attention(q, q, q, dropout_rate=0.1)
     with pytest.raises(TypeError, match=r"memory_efficient_attention: `dropout_seed`.*0\.5"):
         memory_efficient_attention(q, q, q, dropout_rate=0.1, dropout_seed=0.5)
+    with pytest.raises(ValueError, match=r"memory_efficient_attention: `dropout_rows`.*\(3,\)"):
+        memory_efficient_attention(
+            q, q, q, dropout_rate=0.1, dropout_seed=1, dropout_rows=np.arange(3, dtype="int32")
+        )
