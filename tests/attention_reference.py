@@ -145,6 +145,7 @@ def reference(
     query_positions=None,
     key_positions=None,
     head_mask=None,
+    dropped=None,
 ):
     """`(output (B, Tq, F), weights (B, H, Tq, Tk))` in float64.
 
@@ -159,7 +160,9 @@ def reference(
     epsilon), `query_scale` and `use_bias` (a bool or the names of the
     projections with one; a bias in `weights` that it does not name fails).
     `head_mask` (`(H,)` or `(B, H)`) scales each head's context before the
-    output projection (the weights returned are unscaled).
+    output projection (the weights returned are unscaled). `dropped`
+    (`(B, H, Tq, Tk)`, dropout's `keep / (1 - rate)`) multiplies the weights
+    in the context (the weights returned are before it).
     """
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     projection = projection or {}
@@ -202,7 +205,7 @@ def reference(
     if sinks is not None:  # zero rows stay zero: the sink has no value
         total = total + np.exp(sinks - peak)
     probs = np.where(total > 0, exp / np.where(total > 0, total, 1.0), 0.0)
-    context = np.einsum("bhqk,bkhd->bqhd", probs, v)
+    context = np.einsum("bhqk,bkhd->bqhd", probs * (1.0 if dropped is None else dropped), v)
     if gate:
         context = context * sigmoid(project(query, "gate"))
     if head_mask is not None:

@@ -167,6 +167,12 @@ CASES = {
         ("mask_mods[0]", lambda: ka.ops.or_masks(lambda q, k: q >= k)),
         ("mask_mods", lambda: ka.ops.or_masks()),
     ],
+    "keras_attention.ops.dropout.dropout_keep_mask": [
+        ("seed", lambda: ka.ops.dropout_keep_mask("1", 1, 1, 2, 2, 0.1)),
+        ("rate", lambda: ka.ops.dropout_keep_mask(1, 1, 1, 2, 2, 1.0)),
+        ("query_length", lambda: ka.ops.dropout_keep_mask(1, 1, 1, -2, 2, 0.1)),
+        ("seed", lambda: ka.ops.dropout_keep_mask(x(2, dtype="int32"), 1, 1, 2, 2, 0.1)),
+    ],
     "keras_attention.ops.masking.causal_mask": [
         ("query_length", lambda: ka.ops.causal_mask("3", 3)),
         ("key_length", lambda: ka.ops.causal_mask(3, -1)),

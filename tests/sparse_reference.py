@@ -44,8 +44,10 @@ def reference_pattern(
     return allowed
 
 
-def reference_attention(query, key, value, allowed):
-    """Dense softmax attention in float64; `allowed` is (B, Tq, Tv)."""
+def reference_attention(query, key, value, allowed, dropped=None):
+    """Dense softmax attention in float64; `allowed` is (B, Tq, Tv).
+    `dropped` (B, H, Tq, Tv): dropout's `keep / (1 - rate)` on the weights
+    in the output (the weights returned are before it)."""
     q = query.astype(np.float64).transpose(0, 2, 1, 3)
     k = key.astype(np.float64).transpose(0, 2, 1, 3)
     v = value.astype(np.float64).transpose(0, 2, 1, 3)
@@ -56,16 +58,19 @@ def reference_attention(query, key, value, allowed):
     exp = np.where(mask, np.exp(scores - top), 0.0)
     total = exp.sum(-1, keepdims=True)
     weights = np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
-    return (weights @ v).transpose(0, 2, 1, 3), weights
+    kept = weights if dropped is None else weights * dropped
+    return (kept @ v).transpose(0, 2, 1, 3), weights
 
 
-def reference_gradients(query, key, value, allowed, cotangent):
+def reference_gradients(query, key, value, allowed, cotangent, dropped=None):
     """Gradients of `sum(out * cotangent)` for `reference_attention`.
 
     Written out by hand in float64 (not by autodiff): with weights `P`,
     `dV = P^T G`, `dP = G V^T`, `dS = P * (dP - rowsum(dP * P))`,
     `dQ = dS K / sqrt(D)`, `dK = dS^T Q / sqrt(D)`. Rows with no allowed key
-    have `P = 0`, so they pass no gradient.
+    have `P = 0`, so they pass no gradient. With `dropped` (`D`), the
+    weights are `P D` in the output: `dV = (P D)^T G`, and `dP = D (G V^T)`
+    goes through the softmax as above.
     """
     _, weights = reference_attention(query, key, value, allowed)
     scale = 1.0 / math.sqrt(query.shape[-1])
@@ -73,8 +78,9 @@ def reference_gradients(query, key, value, allowed, cotangent):
     k = key.astype(np.float64).transpose(0, 2, 1, 3)
     v = value.astype(np.float64).transpose(0, 2, 1, 3)
     g = cotangent.astype(np.float64).transpose(0, 2, 1, 3)
-    d_value = weights.transpose(0, 1, 3, 2) @ g
-    d_weights = g @ v.transpose(0, 1, 3, 2)
+    dropped = 1.0 if dropped is None else dropped
+    d_value = (weights * dropped).transpose(0, 1, 3, 2) @ g
+    d_weights = (g @ v.transpose(0, 1, 3, 2)) * dropped
     d_scores = weights * (d_weights - (d_weights * weights).sum(-1, keepdims=True))
     d_query = d_scores @ k * scale
     d_key = d_scores.transpose(0, 1, 3, 2) @ q * scale

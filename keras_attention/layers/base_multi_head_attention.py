@@ -399,6 +399,14 @@ class BaseMultiHeadAttention(BaseAttention):
             return lambda weights: self._dropout_layer(weights, training=training)
         return None
 
+    def _dropout_seed(self):
+        """One int32 seed per call from the dropout's `SeedGenerator` (a new
+        one each training step): the tiled kernels hash their keep bits from
+        it (`ops.dropout`)."""
+        return keras.random.randint(
+            (), 0, 2**31 - 1, dtype="int32", seed=self._dropout_layer.seed_generator
+        )
+
     def _as_attention_mask(self, attention_mask, use_causal_mask=False):
         """An `AttentionMask`, from ours or from a Keras-style tensor mask."""
         if isinstance(attention_mask, attention_masks.AttentionMask):

@@ -9,12 +9,12 @@ match wins (a test checks this table against the code):
 | rule | when | kernel |
 | --- | --- | --- |
 | ring | `sequence_parallel` is set | RING |
-| weights | the weights must be stored (returned, captured, dropout in training) | DENSE |
+| weights | the weights must be stored (returned or captured) | DENSE |
 | forced-materialised | `flash_attention=False` or `memory_efficient=False` | MATERIALISED |
-| forced-flash-fused | `flash_attention=True`, a fused kernel here, equal head dims, no score modifier | FUSED |
+| forced-flash-fused | `flash_attention=True`, a fused kernel here, equal head dims, no score modifier, no dropout | FUSED |
 | forced-flash-blockwise | `flash_attention=True`, static lengths | BLOCKWISE |
 | forced-flash-dynamic | `flash_attention=True` | MATERIALISED |
-| fused | a fused kernel here, flash not disabled globally, equal head dims, no score modifier | FUSED |
+| fused | a fused kernel here, flash not disabled globally, equal head dims, no score modifier, no dropout | FUSED |
 | dynamic | a sequence length is unknown (see below) | MATERIALISED |
 | forced-blockwise | `memory_efficient=True` | BLOCKWISE |
 | single-query | one query row (a decoding step) | MATERIALISED |
@@ -28,6 +28,13 @@ A score modifier (`ops.score_modifier.ScoreModifier`: soft cap, ALiBi,
 learned sinks, a `score_mod`) rules out the fused and composite kernels
 (Keras' `dot_product_attention` cannot change the logits): the fused rows do
 not hold, and MATERIALISED is DENSE (SHIFTED under TensorFlow's XLA).
+
+Attention dropout in training (`dropout`) rules out the kernels that cannot
+drop weights: the fused rows do not hold, and MATERIALISED is DENSE (Keras'
+`Dropout` on its weights), under XLA too. The blockwise kernel drops them
+itself (keep bits hashed per tile and recomputed by its backward,
+`ops.dropout`), so every row that picks BLOCKWISE without dropout picks it
+with dropout: training with dropout stays linear in memory at length.
 
 MATERIALISED is COMPOSITE (`keras.ops.dot_product_attention` without a fused
 kernel, what Keras' own layer runs), except: under TensorFlow's XLA it is
@@ -122,8 +129,10 @@ class KernelRequest:
     num_heads: int = 1
     query_length: int | None = None
     key_length: int | None = None
-    # What the call needs.
+    # What the call needs: the weights returned or captured; dropout acting
+    # on them (training with `dropout > 0`).
     weights_needed: bool = False
+    dropout: bool = False
     # Backend and trace mode.
     fused_available: bool = False
     flash_enabled: bool | None = None
@@ -155,7 +164,7 @@ class KernelRequest:
 
 
 def _materialised(request):
-    if request.weights_needed:
+    if request.weights_needed or request.dropout:
         return Kernel.DENSE
     if request.xla:
         return Kernel.SHIFTED
@@ -167,7 +176,7 @@ def _materialised(request):
 def decide(request):
     """`(rule, kernel)`: the first rule of the table that holds."""
     r = request
-    fused = r.fused_available and r.equal_head_dims and not r.scores_modified
+    fused = r.fused_available and r.equal_head_dims and not (r.scores_modified or r.dropout)
     if r.sequence_parallel:
         return "ring", Kernel.RING
     if r.weights_needed:

@@ -82,8 +82,10 @@ class MultiHeadAttention(BaseMultiHeadAttention):
     blockwise kernel elsewhere (TensorFlow, CPUs), where Keras would raise;
     `flash_attention=False` always materialises the weights;
     `flash_attention=None` (default) follows `memory_efficient`. Weights that
-    must be stored (returned, captured, or dropped out in training) always
-    come from the materialised path. Every kernel reads the call's masks from
+    must be stored (returned or captured) always come from the materialised
+    path; dropout in training runs inside the blockwise kernel where that
+    kernel is chosen (keep bits hashed per tile, `ops.dropout_keep_mask`),
+    and in the materialised one otherwise. Every kernel reads the call's masks from
     one `ops.attention_mask.AttentionMask` with absolute positions, so a
     sliding window under a decoding cache is measured from the cache
     position on every kernel.
@@ -638,6 +640,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 *shapes,
                 self._weights_needed(training, return_attention_scores),
                 causal=use_causal_mask,
+                dropout=self._dropout_callable(training) is not None,
             )
         )
 
@@ -683,10 +686,11 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             )
         return tuple(None if d is None else int(d) for d in dims)
 
-    def _kernel_request(self, query, key, weights_needed, causal=False):
+    def _kernel_request(self, query, key, weights_needed, causal=False, dropout=False):
         """The `KernelRequest` of a call (see `kernel_selector`); `query` and
         `key` are the projected heads or their `(batch, length)` shapes;
-        `causal` whether the call's mask is causal."""
+        `causal` whether the call's mask is causal; `dropout` whether
+        attention dropout acts (training)."""
         # Sizes as they are: `KernelRequest` makes the unknown ones None.
         query = tuple(query.shape) if hasattr(query, "shape") else query
         key = tuple(key.shape) if hasattr(key, "shape") else key
@@ -704,6 +708,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             query_length=query[1],
             key_length=key[1],
             weights_needed=weights_needed,
+            dropout=dropout,
             fused_available=fused_kernel_available(),
             flash_enabled=keras.config.is_flash_attention_enabled(),
             xla=tensorflow_xla_trace(),
@@ -717,9 +722,9 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         )
 
     def _weights_needed(self, training, return_attention_scores):
-        if return_attention_scores or self._capturing_attention:
-            return True
-        return self._dropout_callable(training) is not None
+        """Whether the call must form all the weights: returned or captured
+        (dropout is the kernels' own: see `_dropout_seed`)."""
+        return bool(return_attention_scores or self._capturing_attention)
 
     @utils.follows_contract
     def _compute_attention(
@@ -745,12 +750,14 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 )
             )
         mask = self._as_attention_mask(attention_mask, use_causal_mask)
+        dropping = self._dropout_callable(training) is not None
         kernel = kernel_selector.select_kernel(
             self._kernel_request(
                 query,
                 key,
                 self._weights_needed(training, return_attention_scores),
                 causal=bool(mask.causal),
+                dropout=dropping,
             )
         )
         scale = self._inverse_sqrt_key_dim
@@ -771,7 +778,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             )
             return output, None
         if kernel is Kernel.RING:
-            if self._weights_needed(training, return_attention_scores):
+            if dropping or self._weights_needed(training, return_attention_scores):
                 raise ValueError(
                     self._error(
                         f"`sequence_parallel={self.sequence_parallel!r}` (ring "
@@ -790,6 +797,8 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 mask=mask,
                 block_size=self.block_size,
                 scores=scores,
+                dropout_rate=self.dropout if dropping else 0.0,
+                dropout_seed=self._dropout_seed() if dropping else None,
             )
         else:  # FUSED, COMPOSITE: keras.ops.dot_product_attention
             output = dense_attention.composite_attention(

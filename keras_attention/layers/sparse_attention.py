@@ -47,9 +47,12 @@ class SparseAttention(BaseMultiHeadAttention):
     lengths the block rows run in chunks of query blocks under a recomputing
     gradient, so forward + backward keeps only `O(L * key_dim)` tensors (at
     L = 16384, 8 heads of 64: about 1 GiB above TensorFlow's own); training
-    with `dropout > 0`, an explicit `attention_mask`, returned or captured
-    weights, or unknown lengths use autodiff over the gathered keys instead,
-    which holds `O(L * S * block_size)` (several times more).
+    with `dropout > 0` stays there too (the kernel draws each chunk's keep
+    bits from a hash of a per-call seed and the positions, again in the
+    backward: `ops.dropout_keep_mask` materialises them). An explicit
+    `attention_mask`, returned or captured weights, or unknown lengths use
+    autodiff over the gathered keys instead, which holds
+    `O(L * S * block_size)` (several times more).
 
     The projections are those of `MultiHeadAttention` (both are
     `BaseMultiHeadAttention`), so `trainable_weights` move between the two
@@ -188,9 +191,9 @@ class SparseAttention(BaseMultiHeadAttention):
                 query, key, value, mask, scale=self._scale, dropout=dropout
             )
             return (output, weights) if return_weights else output
-        # Without a dropout callable (inference, or dropout=0) the kernel
-        # takes its recomputing, memory-linear path: dropout would need the
-        # same random mask in the backward, which that path does not replay.
+        # Dropout runs inside the kernel (keep bits hashed from a seed drawn
+        # per call, recomputed in its backward), so training stays on the
+        # recomputing, memory-linear path.
         result = block_sparse.block_sparse_attention(
             query,
             key,
@@ -202,8 +205,9 @@ class SparseAttention(BaseMultiHeadAttention):
             global_tokens=self.global_tokens,
             mask=mask,
             scale=self._scale,
-            dropout=dropout,
             return_weights=return_weights,
+            dropout_rate=0.0 if dropout is None else self.dropout,
+            dropout_seed=None if dropout is None else self._dropout_seed(),
         )
         if return_weights:
             output, weights = result

@@ -3,6 +3,7 @@
 from keras_attention.ops.attention_mask import AttentionMask
 from keras_attention.ops.block_sparse import block_plan
 from keras_attention.ops.block_sparse import block_sparse_attention
+from keras_attention.ops.dropout import dropout_keep_mask
 from keras_attention.ops.favor import causal_linear_attention
 from keras_attention.ops.favor import favor_attention
 from keras_attention.ops.favor import linear_attention
@@ -39,6 +40,7 @@ __all__ = [
     "weighted_sum",
     "block_plan",
     "block_sparse_attention",
+    "dropout_keep_mask",
     "causal_linear_attention",
     "favor_attention",
     "linear_attention",

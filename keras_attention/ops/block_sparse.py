@@ -29,6 +29,7 @@ from keras import ops
 from keras_attention import validation
 from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import checks
+from keras_attention.ops import dropout as dropouts
 from keras_attention.ops import loops
 from keras_attention.ops import masking
 from keras_attention.ops import memory_efficient
@@ -180,6 +181,8 @@ def _recomputed_block_rows(
     token_mask=None,
     query_segments=None,
     key_segments=None,
+    keep_bits=None,
+    token_positions=None,
 ):
     """Block rows of block-sparse attention in memory linear in the length.
 
@@ -207,6 +210,11 @@ def _recomputed_block_rows(
         query_segments, key_segments: int32 `(B, Tqp)` / `(B, Tkp)` document
             ids (a query sees the gathered keys of its own document), or
             `None`.
+        keep_bits: an `ops.dropout.KeepBits` (dropout in training), or None:
+            each chunk's keep bits, at the absolute positions of its rows and
+            gathered keys (`token_positions` for the global tokens), are
+            computed in the forward and again in the backward; they act on
+            `P @ V` only, and `v`, `token_v` carry `1 / (1 - rate)`.
 
     Returns:
         float32 `(B, H, Tqp, Dv)`. Rows with no visible key are zero.
@@ -246,6 +254,14 @@ def _recomputed_block_rows(
         token_mask = ops.transpose(token_mask, (1, 0, 2, 3, 4))
         # (nc, Bm, C, 1 or bs, G)
     block_offsets = ops.arange(bs, dtype="int32")
+    if keep_bits is not None:
+        # Every row's and key's dropout key once; a chunk takes its slices.
+        keep_rows = keep_bits.rows(ops.arange(padded_blocks * bs, dtype="int32"))
+        keep_rows = ops.reshape(keep_rows, (-1, heads, num_chunks, chunk_blocks, bs))
+        keep_rows = ops.transpose(keep_rows, (2, 0, 1, 3, 4))[..., None]  # (nc, B, H, C, bs, 1)
+        keep_columns = ops.reshape(keep_bits.columns(ops.arange(nk * bs, dtype="int32")), (nk, bs))
+        if has_tokens:
+            token_columns = keep_bits.columns(token_positions)  # (G,)
     if query_segments is not None:
         if extra:
             query_segments = ops.pad(query_segments, ((0, 0), (0, extra * bs)))
@@ -279,6 +295,21 @@ def _recomputed_block_rows(
             )
         return mask[:, None]
 
+    def chunk_keep(c, chunk_index):
+        """`(keep of the gathered keys (B, H, C, bs, S * bs), of the tokens
+        (B, H, C, bs, G) or None)` of chunk `c`, or `(None, None)`."""
+        if keep_bits is None:
+            return None, None
+        rows = ops.take(keep_rows, c, axis=0)
+        columns = ops.reshape(
+            ops.take(keep_columns, chunk_index, axis=0), (1, 1, chunk_blocks, 1, keys_per_row)
+        )
+        tokens = keep_bits.keep(rows, token_columns) if has_tokens else None
+        return keep_bits.keep(rows, columns), tokens
+
+    def dropped(probs, keep):
+        return probs if keep is None else ops.where(keep, probs, 0.0)
+
     def gather(x_blocks, chunk_index):
         # (B, H, nk, bs, d) -> (B, H, C, S * bs, d)
         picked = ops.take(x_blocks, chunk_index, axis=2)
@@ -305,18 +336,21 @@ def _recomputed_block_rows(
             q_chunk = ops.take(q, c, axis=0)
             chunk_index, _, scores, token_scores = scores_of(c, q_chunk, k_blocks, token_k)
             v_chunk = gather(v_blocks, chunk_index)
+            keep, token_keep = chunk_keep(c, chunk_index)
             # The gathered blocks, then the global tokens: two blocks of keys
-            # of one online softmax.
+            # of one online softmax (dropout acts on P @ V, not on the sum).
             state = online_softmax.update(
                 online_softmax.initial_state(rows, value_dim),
                 scores,
-                lambda probs: ops.einsum("bhiqk,bhikd->bhiqd", probs, v_chunk),
+                lambda probs: ops.einsum("bhiqk,bhikd->bhiqd", dropped(probs, keep), v_chunk),
             )
             if has_tokens:
                 state = online_softmax.update(
                     state,
                     token_scores,
-                    lambda probs: ops.einsum("bhiqg,bhgd->bhiqd", probs, token_v),
+                    lambda probs: ops.einsum(
+                        "bhiqg,bhgd->bhiqd", dropped(probs, token_keep), token_v
+                    ),
                 )
             out, lse = online_softmax.finish(state)
             return (loops.write_block(out_buffer, c, out), loops.write_block(lse_buffer, c, lse))
@@ -347,8 +381,10 @@ def _recomputed_block_rows(
             chunk_delta = ops.take(delta, c, axis=0)
             chunk_index, k_chunk, scores, token_scores = scores_of(c, q_chunk, k_blocks, token_k)
             probs = online_softmax.probabilities(scores, chunk_lse)
+            keep, token_keep = chunk_keep(c, chunk_index)
+            # D dP (v carries 1 / (1 - rate)); delta = rowsum(dO O) = sum P D dP.
             d_probs = ops.einsum("bhiqd,bhikd->bhiqk", d_out_chunk, gather(v_blocks, chunk_index))
-            d_scores = online_softmax.logits_gradient(probs, d_probs, chunk_delta)
+            d_scores = online_softmax.logits_gradient(probs, dropped(d_probs, keep), chunk_delta)
             dq = ops.einsum("bhiqk,bhikd->bhiqd", d_scores, k_chunk)
 
             def scatter(gathered):
@@ -364,16 +400,20 @@ def _recomputed_block_rows(
                 )
 
             dk_blocks = dk_blocks + scatter(ops.einsum("bhiqk,bhiqd->bhikd", d_scores, q_chunk))
-            dv_blocks = dv_blocks + scatter(ops.einsum("bhiqk,bhiqd->bhikd", probs, d_out_chunk))
+            dv_blocks = dv_blocks + scatter(
+                ops.einsum("bhiqk,bhiqd->bhikd", dropped(probs, keep), d_out_chunk)
+            )
             if has_tokens:
                 token_probs = online_softmax.probabilities(token_scores, chunk_lse)
                 d_token_probs = ops.einsum("bhiqd,bhgd->bhiqg", d_out_chunk, token_v)
                 d_token_scores = online_softmax.logits_gradient(
-                    token_probs, d_token_probs, chunk_delta
+                    token_probs, dropped(d_token_probs, token_keep), chunk_delta
                 )
                 dq = dq + ops.einsum("bhiqg,bhgd->bhiqd", d_token_scores, token_k)
                 dtoken_k = dtoken_k + ops.einsum("bhiqg,bhiqd->bhgd", d_token_scores, q_chunk)
-                dtoken_v = dtoken_v + ops.einsum("bhiqg,bhiqd->bhgd", token_probs, d_out_chunk)
+                dtoken_v = dtoken_v + ops.einsum(
+                    "bhiqg,bhiqd->bhgd", dropped(token_probs, token_keep), d_out_chunk
+                )
             return loops.write_block(dq_buffer, c, dq), dk_blocks, dv_blocks, dtoken_k, dtoken_v
 
         batch = ops.shape(q)[1]
@@ -401,6 +441,8 @@ def _recomputed_block_rows(
         # Zero global tokens: (B, H, 0, d) placeholders keep one signature.
         token_k = ops.zeros_like(k[:, :, :0])
         token_v = ops.zeros_like(v[:, :, :0])
+    if keep_bits is not None:  # the kept weights' 1 / (1 - rate); autodiff scales dV
+        v, token_v = v * keep_bits.scale, token_v * keep_bits.scale
     k_blocks = ops.reshape(k, (-1, heads, nk, bs, head_dim))
     v_blocks = ops.reshape(v, (-1, heads, nk, bs, value_dim))
     out = attend(q, k_blocks, v_blocks, token_k, token_v)  # (nc, B, H, C, bs, Dv)
@@ -425,12 +467,16 @@ def _gathered_block_rows(
     block_size,
     rules,
     dropout,
+    keep_bits=None,
+    token_positions=None,
 ):
     """Block rows by autodiff over gathered keys and values (the general path).
 
     Holds the gathered `(L, S * block_size, D)` keys and values and the
-    `(L, S * block_size)` scores for the whole sequence; used with dropout,
-    an explicit attention mask, dense weights or dynamic lengths.
+    `(L, S * block_size)` scores for the whole sequence; used with a dropout
+    callable, an explicit attention mask, dense weights or dynamic lengths.
+    `keep_bits` (an `ops.dropout.KeepBits`) drops the weights with the bits
+    of their absolute positions, as the recomputing path does.
     """
     batch, heads, head_dim = ops.shape(q)[0], q.shape[1], q.shape[-1]
     nq, num_slots = _length(index, 0), index.shape[1]
@@ -493,6 +539,18 @@ def _gathered_block_rows(
         )[:, None]
     weights = online_softmax.masked_softmax(scores, mask)
     dropped = weights if dropout is None else dropout(weights)
+    if keep_bits is not None:
+        rows = keep_bits.rows(ops.reshape(q_block_positions, (-1,)))
+        rows = ops.reshape(rows, (batch, heads, nq, block_size, 1))
+        columns = ops.reshape(
+            keep_bits.columns(key_positions), (1, 1, nq, 1, num_slots * block_size)
+        )
+        keep = keep_bits.keep(rows, columns)
+        if token_k is not None:
+            keep = ops.concatenate(
+                [keep, keep_bits.keep(rows, keep_bits.columns(token_positions))], -1
+            )
+        dropped = ops.where(keep, weights, 0.0) * keep_bits.scale
     block_weights = dropped[..., : num_slots * block_size]
     output = ops.einsum("bhiqk,bhikd->bhiqd", block_weights, gathered_v)
     if token_k is not None:
@@ -518,6 +576,8 @@ def block_sparse_attention(
     dropout=None,
     return_weights=False,
     chunk_blocks=None,
+    dropout_rate=0.0,
+    dropout_seed=None,
 ):
     """Block-sparse softmax attention over projected multi-head tensors.
 
@@ -543,31 +603,41 @@ def block_sparse_attention(
             key blocks on the memory-linear path (no `(Tq, Tv)` mask); the
             pattern's blocks are fixed, so a block holding only other
             documents' keys is still computed and masked, not skipped. With
-            a `mask_mod` (one for every head), dropout, dense weights or a
-            pair mask, segment ids join the pair mask. A prefix length is
+            a `mask_mod` (one for every head), a `dropout` callable, dense
+            weights or a pair mask, segment ids join the pair mask. A prefix length is
             refused (the causal pattern never holds the blocks it would
             open).
         scale: score multiplier; default `1 / sqrt(D)`.
         dropout: callable applied to the attention weights before they
-            multiply the values (e.g. a `Dropout` layer), or `None`.
+            multiply the values (e.g. a `Dropout` layer), or `None`; it needs
+            the weights stored (the gathered path). `dropout_rate` drops them
+            inside the kernel instead.
         return_weights: also return the weights scattered into a dense
             `(B, H, Tq, Tv)` array. This is `O(Tq * Tv)`: for visualisation.
         chunk_blocks: query blocks per chunk of the recomputing kernel
             (default: `1024 // block_size` blocks, at least 1); it need not
             divide the number of blocks.
+        dropout_rate, dropout_seed: dropout inside the kernel (training):
+            weight `(b, h, i, j)` is kept where `ops.dropout_keep_mask(seed,
+            B, H, Tq, Tv, rate)` is (the blockwise kernel's bits, at the
+            absolute positions), and scaled by `1 / (1 - rate)`; the
+            recomputing path computes each chunk's bits again in its
+            backward, so it stays linear in memory. The seed is an integer or
+            an integer scalar tensor (a new one per training step).
 
     Returns:
         `output (B, Tq, H, Dv)` and, with `return_weights`, the weights.
 
-    Memory: with static lengths, no dropout, no explicit `attention_mask`
-    and no dense weights asked for (the usual training and serving case),
+    Memory: with static lengths, no dropout callable, no explicit
+    `attention_mask` and no dense weights asked for (the usual training
+    and serving case, `dropout_rate` included),
     the block rows run through `_recomputed_block_rows`: chunks of query
     blocks in a loop under a custom gradient that recomputes each chunk's
     probabilities in the backward, so forward + backward holds only
-    `O(L * D)` tensors plus one chunk's scores. Otherwise (dropout needs the
-    same random mask in the backward, which this kernel does not replay)
-    they go through autodiff over the gathered keys, `O(L * S * bs)`
-    memory. Both paths give the same result.
+    `O(L * D)` tensors plus one chunk's scores. Otherwise (a dropout
+    callable's mask cannot be replayed in the backward) they go through
+    autodiff over the gathered keys, `O(L * S * bs)` memory. Both paths give
+    the same result.
     """
     owner = "block_sparse_attention"
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -593,6 +663,16 @@ def block_sparse_attention(
             f"{owner}: `dropout` must be a callable (such as a Dropout layer) or None. "
             f"Received: dropout={dropout!r}"
         )
+    dropout_rate = validation.validate_rate(owner, "dropout_rate", dropout_rate)
+    if dropout_rate > 0.0:
+        if dropout is not None or dropout_seed is None:
+            raise ValueError(
+                f"{owner}: `dropout_rate` > 0 drops inside the kernel and needs "
+                "`dropout_seed` (an integer or an integer scalar tensor), and no "
+                f"`dropout` callable. Received: dropout_rate={dropout_rate}, "
+                f"dropout_seed={dropout_seed!r}, dropout={dropout!r}"
+            )
+        dropouts.check_seed(owner, "dropout_seed", dropout_seed)
     if mask is None:
         mask = attention_masks.AttentionMask()
     if not isinstance(mask, attention_masks.AttentionMask):
@@ -608,8 +688,8 @@ def block_sparse_attention(
             f"AttentionMask with prefix_length={mask.prefix_length!r}, "
             f"per-head={mask.per_head}"
         )
-    # Packed documents on the recomputing path (static lengths, no dropout,
-    # no explicit pair mask, no dense weights, no `mask_mod`) are compared
+    # Packed documents on the recomputing path (static lengths, no dropout
+    # callable, no explicit pair mask, no dense weights, no `mask_mod`) are compared
     # inside each chunk of gathered key blocks: `O(L)` ids, no `(Tq, Tv)` mask.
     static = isinstance(query.shape[1], int) and isinstance(key.shape[1], int)
     inline_segments = (
@@ -671,6 +751,9 @@ def block_sparse_attention(
     v = ops.transpose(_pad_time(value, padded_key_length), (0, 2, 1, 3))
     q = q * ops.cast(scale, dtype)
     batch, heads = ops.shape(q)[0], q.shape[1]
+    keep_bits = None
+    if dropout_rate > 0.0:
+        keep_bits = dropouts.KeepBits(dropout_seed, dropout_rate, batch, heads)
 
     key_valid = ops.less(ops.arange(padded_key_length), key_length)[None, :]
     if key_mask is not None:
@@ -703,7 +786,7 @@ def block_sparse_attention(
 
     # Longformer global tokens as extra keys for every block row.
     tokens = tuple(sorted(set(global_tokens or ())))
-    token_k = token_v = token_mask = None
+    token_k = token_v = token_mask = token_positions = None
     if tokens:
         token_positions = ops.convert_to_tensor(tokens, dtype="int32")  # (G,)
         token_index = ops.minimum(token_positions, padded_key_length - 1)
@@ -741,9 +824,10 @@ def block_sparse_attention(
         token_k = ops.take(k, token_index, axis=2)  # (B, H, G, D)
         token_v = ops.take(v, token_index, axis=2)
 
-    # The recomputing kernel needs static lengths and a deterministic
-    # softmax: dropout (a fresh mask per call), dense weights and explicit
-    # (already O(Tq * Tv)) attention masks take the gathered path below.
+    # The recomputing kernel needs static lengths and a softmax it can
+    # replay: a dropout callable (a fresh mask per call), dense weights and
+    # explicit (already O(Tq * Tv)) attention masks take the gathered path
+    # below; `dropout_rate`'s bits are recomputed there.
     recompute = (
         isinstance(nq, int)
         and isinstance(nk, int)
@@ -768,6 +852,8 @@ def block_sparse_attention(
             token_mask=token_mask,
             query_segments=query_segments,
             key_segments=key_segments,
+            keep_bits=keep_bits,
+            token_positions=token_positions,
         )
         output = ops.cast(output, dtype)
     else:
@@ -786,6 +872,8 @@ def block_sparse_attention(
             block_size=block_size,
             rules=rules,
             dropout=dropout,
+            keep_bits=keep_bits,
+            token_positions=token_positions,
         )
 
     # ---------------------------------------------------- global query rows
@@ -826,12 +914,21 @@ def block_sparse_attention(
                     )
                 ),
                 scale=1.0,
+                dropout_rate=dropout_rate,
+                dropout_seed=dropout_seed,
+                dropout_rows=row_positions,
             )
             row_output = ops.transpose(row_output, (0, 2, 1, 3))
         else:
             row_scores = ops.einsum("bhrd,bhkd->bhrk", row_q, k)
             row_weights = online_softmax.masked_softmax(row_scores, row_mask[:, None])
             row_dropped = row_weights if dropout is None else dropout(row_weights)
+            if keep_bits is not None:
+                keep = keep_bits.keep(
+                    keep_bits.rows(row_positions)[..., None],
+                    keep_bits.columns(ops.arange(padded_key_length, dtype="int32")),
+                )
+                row_dropped = ops.where(keep, row_weights, 0.0) * keep_bits.scale
             row_output = ops.einsum("bhrk,bhkd->bhrd", row_dropped, v)
         # Scatter the rows back with a one-hot matrix (rows past the end of
         # the sequence one-hot to nothing).

@@ -25,6 +25,16 @@ blocks `key_block_range` leaves visible (causal and sliding-window tiles
 beyond the band are never computed, a decoding cache's offset included). The
 running softmax is `online_softmax`'s.
 
+With `dropout_rate > 0` (training) the weights are dropped inside the
+kernel: each tile's keep bits come from `ops.dropout` (a hash of the seed,
+batch, head, and the pair's row and column), computed again by the
+backward sweep, so nothing `(Tq, Tk)` is stored. The keep bits act on the
+probabilities of `P @ V` only, never on the running sum `l` (the softmax is
+normalised over every key, then dropped), and the values are scaled by
+`1 / (1 - rate)` once. The backward uses `D = keep / (1 - rate)`:
+`dV = (P D)^T dO`, `dS = P (D dP - delta)`, where `delta = rowsum(dO O)`
+of the dropped output `O` is `sum_j P D dP` still.
+
 Everything runs in float32 whatever the input dtype; the result is cast back.
 Loops are `keras.ops.fori_loop` (a `lax.while_loop` on JAX) or, on
 TensorFlow, a `tf.while_loop` that runs one query block at a time (graph mode
@@ -37,7 +47,9 @@ import math
 
 from keras import ops
 
+from keras_attention import validation
 from keras_attention.ops import attention_mask as attention_masks
+from keras_attention.ops import dropout
 from keras_attention.ops import loops
 from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
@@ -93,6 +105,9 @@ def memory_efficient_attention(
     block_size=512,
     key_block_size=None,
     scores=None,
+    dropout_rate=0.0,
+    dropout_seed=None,
+    dropout_rows=None,
 ):
     """Exact multi-head softmax attention in memory linear in the length.
 
@@ -113,6 +128,16 @@ def memory_efficient_attention(
             `score_mod`) applied to each tile's logits at its absolute
             positions, inside the forward and the recomputing backward; or
             None.
+        dropout_rate: the fraction of attention weights dropped (training),
+            a float in `[0, 1)`; kept weights are scaled by `1 / (1 - rate)`.
+        dropout_seed: an integer or an integer scalar tensor (draw a new one
+            per training step); needed when `dropout_rate > 0`. The weights
+            kept are those where `ops.dropout_keep_mask(dropout_seed, B, H,
+            Tq, Tk, dropout_rate)` is True, whatever the block sizes.
+        dropout_rows: the int32 `(Tq,)` positions that key the query rows'
+            dropout bits; defaults to `0..Tq-1`. For a caller that attends
+            some rows of a longer sequence (the block-sparse kernel's global
+            rows), so they keep the bits of their positions.
 
     Returns:
         `(B, Tq, H, Dv)` in the dtype of `query`. A query row with no allowed
@@ -125,6 +150,22 @@ def memory_efficient_attention(
             "memory_efficient_attention: `mask` must be an AttentionMask (see "
             f"AttentionMask.from_tensors) or None. Received: mask={mask!r}"
         )
+    owner = "memory_efficient_attention"
+    dropout_rate = validation.validate_rate(owner, "dropout_rate", dropout_rate)
+    if dropout_rate > 0.0:
+        if dropout_seed is None:
+            raise ValueError(
+                f"{owner}: `dropout_seed` is needed when `dropout_rate` > 0 (an "
+                "integer or an integer scalar tensor, new at each training step). "
+                f"Received: dropout_rate={dropout_rate}, dropout_seed=None"
+            )
+        dropout.check_seed(owner, "dropout_seed", dropout_seed)
+        if dropout_rows is not None and tuple(dropout_rows.shape) != (query.shape[1],):
+            raise ValueError(
+                f"{owner}: `dropout_rows` must hold one position per query row. "
+                f"Received: dropout_rows with shape {tuple(dropout_rows.shape)}, query "
+                f"with shape {tuple(query.shape)}"
+            )
     dtype = query.dtype
     q_len, num_heads, key_dim = query.shape[1], query.shape[2], query.shape[3]
     k_len, num_kv_heads = key.shape[1], key.shape[2]
@@ -156,6 +197,27 @@ def memory_efficient_attention(
     q = _to_query_blocks(ops.cast(query, "float32") * scale, num_q_blocks, q_block, num_kv_heads)
     k = to_time_blocks(ops.cast(key, "float32"), num_k_blocks, k_block)
     v = to_time_blocks(ops.cast(value, "float32"), num_k_blocks, k_block)
+    keep_rows = keep_columns = None
+    if dropout_rate > 0.0:
+        # Every row's and column's key, once per call; a tile's keep bits are
+        # one product and one comparison of them (`ops.dropout`).
+        bits = dropout.KeepBits(dropout_seed, dropout_rate, ops.shape(q)[1], num_heads)
+        if dropout_rows is None:
+            dropout_rows = ops.arange(q_len, dtype="int32")
+        rows = ops.pad(ops.cast(dropout_rows, "int32"), ((0, num_q_blocks * q_block - q_len),))
+        rows = ops.reshape(bits.rows(rows), (-1, num_kv_heads, groups, num_q_blocks, q_block))
+        keep_rows = ops.transpose(rows, (3, 0, 1, 2, 4))[..., None]  # (nq, B, Hkv, G, bq, 1)
+        columns = bits.columns(ops.arange(num_k_blocks * k_block, dtype="int32"))
+        keep_columns = ops.reshape(columns, (num_k_blocks, k_block))
+        # The kept weights' 1 / (1 - rate), on the values (autodiff scales dV).
+        v = v * bits.scale
+
+    def kept(i, j):
+        """Tile (i, j)'s `(B, Hkv, G, bq, bk)` keep bits, or None."""
+        if keep_rows is None:
+            return None
+        columns = ops.reshape(_take(keep_columns, j), (1, 1, 1, 1, k_block))
+        return bits.keep(_take(keep_rows, i), columns)
 
     # The description's masks, cut into blocks once; each tile picks its slice.
     key_valid = mask.key_mask
@@ -417,10 +479,17 @@ def memory_efficient_attention(
 
                 def key_step(j, state):
                     v_tile = _take(v, j)
+                    keep = kept(i, j)
+
+                    def weighted_sum(probs):
+                        # Dropped from `P @ V` only: the running sum `l`
+                        # counts every key (the full row's normaliser).
+                        if keep is not None:
+                            probs = ops.where(keep, probs, 0.0)
+                        return ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile)
+
                     return update(
-                        state,
-                        logits(queries, _take(keys, j), i, j, weights),
-                        lambda probs: ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile),
+                        state, logits(queries, _take(keys, j), i, j, weights), weighted_sum
                     )
 
                 return over_key_ranges(i, key_step, init)
@@ -533,9 +602,14 @@ def memory_efficient_attention(
                     keys = online_softmax.append_column(keys, ops.ones_like(keys[..., 0]))
                     logits = ops.einsum("bhgqd,bhkd->bhgqk", q_lse_tile, keys)
                     probs = ops.exp(online_softmax.mask_logits(logits, tile_mask(i, j)))
-                d_logits = probs * ops.einsum(
-                    "bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j)
-                )
+                # dP - delta ([dO, -delta] . [v, 1]; v carries 1 / (1 - rate)).
+                d_probs = ops.einsum("bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j))
+                probs_kept = probs
+                keep = kept(i, j)
+                if keep is not None:  # D dP - delta: -delta where dropped
+                    d_probs = ops.where(keep, d_probs, d_out_delta_tile[..., -1:])
+                    probs_kept = ops.where(keep, probs, 0.0)
+                d_logits = probs * d_probs
                 if cap_only:  # d c tanh(x / c) / dx = 1 - tanh(x / c)^2
                     d_logits = d_logits * (1.0 - capped * capped)
                 elif modify:
@@ -545,7 +619,7 @@ def memory_efficient_attention(
                     d_weights = tuple(a + b for a, b in zip(d_weights, tile_d_weights, strict=True))
                 dq = dq + ops.einsum("bhgqk,bhkd->bhgqd", d_logits, k_tile)
                 dk = loops.read_block(dk_buffer, j) + keys_gradient(d_logits, q_tile)
-                dv = loops.read_block(dv_buffer, j) + keys_gradient(probs, d_out_tile)
+                dv = loops.read_block(dv_buffer, j) + keys_gradient(probs_kept, d_out_tile)
                 return (
                     dq,
                     loops.write_block(dk_buffer, j, dk),

@@ -102,6 +102,34 @@ TABLE = [
         "over-budget",
         Kernel.BLOCKWISE,
     ),
+    # Dropout in training (#50): the blockwise kernel drops weights itself, so
+    # every row that picks it without dropout picks it with dropout; where a
+    # materialised kernel runs, it is the one that drops (DENSE), XLA or not;
+    # the fused kernels cannot drop.
+    (dict(dropout=True), "fits", Kernel.DENSE),
+    (dict(dropout=True, xla=True), "fits", Kernel.DENSE),
+    (dict(dropout=True, fused_available=True), "fits", Kernel.DENSE),
+    (dict(dropout=True, memory_efficient=False), "forced-materialised", Kernel.DENSE),
+    (dict(dropout=True, memory_efficient=True), "forced-blockwise", Kernel.BLOCKWISE),
+    (dict(dropout=True, blockwise_faster_from=1024), "faster-blockwise", Kernel.BLOCKWISE),
+    (dict(dropout=True, memory_efficient_threshold=1024), "length-threshold", Kernel.BLOCKWISE),
+    (dict(dropout=True, query_length=8192, key_length=8192), "over-budget", Kernel.BLOCKWISE),
+    (
+        dict(dropout=True, batch_size=None, query_length=8192, key_length=8192),
+        "unknown-batch",
+        Kernel.BLOCKWISE,
+    ),
+    (
+        dict(dropout=True, fused_available=True, query_length=8192, key_length=8192),
+        "over-budget",
+        Kernel.BLOCKWISE,
+    ),
+    (
+        dict(dropout=True, fused_available=True, flash_attention=True),
+        "forced-flash-blockwise",
+        Kernel.BLOCKWISE,
+    ),
+    (dict(dropout=True, weights_needed=True), "weights", Kernel.DENSE),
 ]
 
 
@@ -240,3 +268,15 @@ def test_layer_reads_the_budget_once_and_a_layer_budget_wins(monkeypatch):
     assert ran == [Kernel.COMPOSITE, Kernel.BLOCKWISE, Kernel.BLOCKWISE, Kernel.COMPOSITE]
     with pytest.raises(ValueError, match="num_bytes=0"):
         memory_budget.set_attention_memory_budget(0)
+
+
+def test_training_with_dropout_at_65536_tokens_stays_blockwise():
+    """The issue's call (#50): dropout used to need the stored weights, which
+    sent it to the dense kernel (137 GB of weights at this length)."""
+    from keras_attention import MultiHeadAttention
+
+    layer = MultiHeadAttention(num_heads=8, key_dim=64, dropout=0.1)
+    assert layer.kernel_for((1, 65536, 512), training=True) is Kernel.BLOCKWISE
+    assert layer.kernel_for((1, 65536, 512), training=False) is Kernel.BLOCKWISE
+    # Short calls materialise as before, dropping with Keras' `Dropout`.
+    assert layer.kernel_for((1, 64, 512), training=True) is Kernel.DENSE

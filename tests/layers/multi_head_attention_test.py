@@ -264,6 +264,48 @@ def test_dropout_is_seeded_and_only_active_in_training():
     np.testing.assert_allclose(to_numpy(second(query, training=True)), trained, atol=1e-6)
 
 
+def test_dropout_runs_inside_the_blockwise_kernel_with_a_new_seed_per_call(monkeypatch):
+    """Training with dropout on the blockwise kernel (#50): it runs (spied),
+    its output is the float64 reference with the keep mask of the seed the
+    layer drew (`ops.dropout_keep_mask`), each call draws another seed, a
+    layer with the same seed draws the same ones."""
+    from keras_attention.layers import multi_head_attention as mha_module
+    from keras_attention.ops import dropout_keep_mask
+    from tests.attention_reference import reference
+    from tests.kernel_spy import spy_kernels
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 7, 6)).astype("float32")
+    options = dict(num_heads=4, key_dim=3, num_key_value_heads=2, dropout=0.3, seed=11)
+    layers = [MultiHeadAttention(**options, memory_efficient=True, block_size=3) for _ in "ab"]
+    for layer in layers:
+        layer.build(x.shape, x.shape)
+    layers[0].set_weights([rng.normal(scale=0.6, size=w.shape) for w in layers[0].get_weights()])
+    layers[1].set_weights(layers[0].get_weights())
+    weights = {w.path.split("/", 1)[1]: to_numpy(w.value) for w in layers[0].weights}
+    ran = spy_kernels(monkeypatch)
+    seeds = []
+    kernel = mha_module.memory_efficient_attention
+
+    def recording(*args, **kwargs):
+        seeds.append(kwargs["dropout_seed"])
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(mha_module, "memory_efficient_attention", recording)
+    first, second = (to_numpy(layers[0](x, training=True)) for _ in range(2))
+    again = to_numpy(layers[1](x, training=True))
+    seeds = [int(to_numpy(seed)) for seed in seeds]
+    assert ran == [Kernel.BLOCKWISE] * 3 and seeds[0] != seeds[1] and seeds[2] == seeds[0]
+    allowed = np.ones((2, 4, 7, 7), bool)
+    for got, seed in ((first, seeds[0]), (second, seeds[1])):
+        dropped = to_numpy(dropout_keep_mask(seed, 2, 4, 7, 7, 0.3)) / 0.7
+        expected, _ = reference(weights, x, x, allowed, 4, 2, False, dropped=dropped)
+        np.testing.assert_allclose(got, expected, atol=2e-5)
+    np.testing.assert_array_equal(again, first)
+    inference, _ = reference(weights, x, x, allowed, 4, 2, False)
+    assert not np.allclose(first, inference, atol=1e-2)
+
+
 # ------------------------------------------------------- memory-efficient path
 @pytest.mark.parametrize(
     "case",

@@ -143,6 +143,29 @@ def test_dropout_only_in_training():
     assert not np.allclose(to_numpy(layer(query, training=True)), to_numpy(plain))
 
 
+def test_dropout_stays_on_the_memory_linear_path(monkeypatch):
+    """Training with dropout (#50): the recomputing kernel runs, dropping
+    inside with the layer's rate and a seed drawn per call (each call its
+    own mask). The values are the kernel's
+    (tests/ops/block_sparse_test.py, against the reference fed its mask)."""
+    from keras_attention.ops import block_sparse
+
+    rates = []
+    original = block_sparse._recomputed_block_rows
+
+    def spy(*args, **kwargs):
+        bits = kwargs["keep_bits"]
+        rates.append(None if bits is None else 1.0 - 1.0 / bits.scale)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(block_sparse, "_recomputed_block_rows", spy)
+    query = random_inputs((1, 16, 8))
+    layer = SparseAttention(2, 4, block_size=4, window_blocks=1, random_blocks=0, dropout=0.5)
+    first, second = (to_numpy(layer(query, training=True)) for _ in range(2))
+    assert rates == pytest.approx([0.5, 0.5])
+    assert np.all(np.isfinite(first)) and not np.allclose(first, second, atol=1e-3)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -256,7 +256,7 @@ def test_compiles_and_differentiates():
     assert np.all(np.isfinite(grad)) and np.any(grad != 0)
 
 
-# The memory-linear path (no dropout, no dense weights, no explicit
+# The memory-linear path (no dropout callable, no dense weights, no explicit
 # attention mask): chunks of query blocks under a recomputing custom
 # gradient. Its outputs and gradients are checked against dense softmax
 # attention under the equivalent mask, with hand-written NumPy gradients.
@@ -315,6 +315,85 @@ def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, c
     np.testing.assert_allclose(output, expected, atol=1e-5)
     grads = input_gradients(attend, [query, key, value], cotangent)
     expected_grads = reference_gradients(query, key, value, allowed, cotangent)
+    for name, grad, want in zip("qkv", grads, expected_grads, strict=True):
+        np.testing.assert_allclose(grad, want, atol=1e-4, err_msg=f"d{name}")
+
+
+@pytest.mark.parametrize(
+    "pattern, causal, return_weights",
+    [
+        # Global blocks (their rows through the blockwise kernel), random
+        # blocks and a global token, causal: the recomputing path.
+        (PATTERNS[3], True, False),
+        (PATTERNS[2], False, True),  # tokens, the gathered path (dense weights asked for)
+    ],
+)
+def test_dropout_inside_the_kernel_matches_the_reference_fed_its_mask(
+    pattern, causal, return_weights
+):
+    """Dropout in the kernel (#50): values and gradients equal the dense
+    float64 reference whose weights are dropped by `ops.dropout_keep_mask`
+    (the blockwise kernel's bits, at absolute positions), on the recomputing
+    path (chunks recompute their bits in the backward) and on the gathered
+    one; the weights returned are before dropout."""
+    from keras_attention.ops import dropout_keep_mask
+
+    batch, length, bs, rate, seed = 2, 37, 4, 0.3, 77
+    query, key, value = _inputs(batch, length, length)
+    plan = np.random.default_rng(5).integers(0, 2**20, (3, pattern["random_blocks"]))
+    key_mask = np.ones((batch, length), bool)
+    key_mask[1, 29:] = False
+    allowed = (
+        reference_pattern(
+            length,
+            length,
+            bs,
+            pattern["window_blocks"],
+            pattern["global_blocks"],
+            plan,
+            pattern["tokens"],
+            causal,
+        )[None]
+        & key_mask[:, None, :]
+    )
+    keep = keras.ops.convert_to_numpy(dropout_keep_mask(seed, batch, 2, length, length, rate))
+    dropped = keep / (1.0 - rate)
+    cotangent = np.random.default_rng(9).standard_normal((batch, length, 2, 5)).astype("float32")
+
+    def attend(q, k, v):
+        return block_sparse.block_sparse_attention(
+            q,
+            k,
+            v,
+            block_size=bs,
+            window_blocks=pattern["window_blocks"],
+            global_blocks=pattern["global_blocks"],
+            random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
+            global_tokens=pattern["tokens"],
+            mask=AttentionMask(causal=causal, key_mask=keras.ops.convert_to_tensor(key_mask)),
+            chunk_blocks=3,
+            dropout_rate=rate,
+            dropout_seed=seed,
+            return_weights=return_weights,
+        )
+
+    # Compiled on JAX: op by op takes 5-10x longer.
+    run = attend
+    if keras.backend.backend() == "jax":
+        import jax
+
+        run = jax.jit(attend)
+    expected, weights = reference_attention(query, key, value, allowed, dropped)
+    if return_weights:
+        output, got_weights = (keras.ops.convert_to_numpy(x) for x in run(query, key, value))
+        np.testing.assert_allclose(got_weights, weights, atol=1e-5)
+        np.testing.assert_allclose(output, expected, atol=1e-5)
+        return
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(run(query, key, value)), expected, atol=1e-5
+    )
+    grads = input_gradients(attend, [query, key, value], cotangent, jit=True)
+    expected_grads = reference_gradients(query, key, value, allowed, cotangent, dropped)
     for name, grad, want in zip("qkv", grads, expected_grads, strict=True):
         np.testing.assert_allclose(grad, want, atol=1e-4, err_msg=f"d{name}")
 

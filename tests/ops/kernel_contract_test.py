@@ -12,7 +12,9 @@ with respect to q, k, v and the sink logits are compared with a NumPy
 reference written from the definitions, forward and backward by hand. A
 query row with nothing to see gives zeros and zero gradients; half
 precision is computed in float32. Ring attention runs the same reference
-on 4 devices (tests/distribution/ring_worker.py).
+on 4 devices (tests/distribution/ring_worker.py). Dropout inside the
+blockwise kernel (#50) is checked against the same reference fed the
+kernel's own keep mask (`ops.dropout_keep_mask`).
 """
 
 import sys
@@ -24,6 +26,7 @@ from keras import ops
 
 from keras_attention.ops import attention_mask
 from keras_attention.ops import dense_attention
+from keras_attention.ops import dropout_keep_mask
 from keras_attention.ops import mods
 from keras_attention.ops import score_modifier
 from keras_attention.ops.memory_efficient import memory_efficient_attention
@@ -194,8 +197,12 @@ def _scores(modifiers, sinks, table=None):
 
 
 # ------------------------------------------------------------ reference
-def numpy_attention(arrays, allowed, modifiers, offset):
-    """`(output, weights, dq, dk, dv, dsinks, dtable)` in float64, by hand."""
+def numpy_attention(arrays, allowed, modifiers, offset, dropped=None):
+    """`(output, weights, dq, dk, dv, dsinks, dtable)` in float64, by hand.
+
+    `dropped`: dropout's `keep / (1 - rate)` `(B, H, Tq, Tk)` (or None),
+    applied to the softmax's weights (normalised over every key) in the
+    output; the weights returned are before it."""
     q, k, v, cotangent, sinks, table = (
         arrays[n].astype(np.float64) for n in ("q", "k", "v", "cotangent", "sinks", "table")
     )
@@ -232,14 +239,16 @@ def numpy_attention(arrays, allowed, modifiers, offset):
     sink_exp = np.exp(sinks[None, :, None, None] - peak) if with_sinks else 0.0
     total = exp.sum(-1, keepdims=True) + sink_exp
     probs = np.where(total > 0, exp / np.where(total > 0, total, 1.0), 0.0)
-    out = np.einsum("bhqk,bkhd->bqhd", probs, vv)
-    d_probs = np.einsum("bqhd,bkhd->bhqk", cotangent, vv)
-    delta = np.einsum("bqhd,bqhd->bhq", cotangent, out)[..., None]
+    dropped = 1.0 if dropped is None else dropped
+    out = np.einsum("bhqk,bkhd->bqhd", probs * dropped, vv)
+    # d loss / d weights, through the dropout: D dP.
+    d_probs = np.einsum("bqhd,bkhd->bhqk", cotangent, vv) * dropped
+    delta = (probs * d_probs).sum(-1, keepdims=True)
     d_before_cap = probs * (d_probs - delta) * cap_chain
     d_logits = d_before_cap * chain
     dq = np.einsum("bhqk,bkhd->bqhd", d_logits, kk) * scale
     dk = np.einsum("bhqk,bqhd->bkhd", d_logits, q) * scale
-    dv = np.einsum("bhqk,bqhd->bkhd", probs, cotangent)
+    dv = np.einsum("bhqk,bqhd->bkhd", probs * dropped, cotangent)
     dk = dk.reshape(k.shape[:3] + (groups, D)).sum(3)
     dv = dv.reshape(v.shape[:3] + (groups, DV)).sum(3)
     d_sinks = np.zeros(H)
@@ -256,8 +265,11 @@ def numpy_attention(arrays, allowed, modifiers, offset):
 
 
 # -------------------------------------------------------------- running
-def _kernel(name, mask):
+def _kernel(name, mask, dropout=None, blocks=(4, 3)):
+    """`run(q, k, v, scores)` of kernel `name`; `dropout` is `(rate, seed)`
+    for the blockwise kernel (tiles of `blocks` queries x keys)."""
     scale = 1.0 / np.sqrt(D)
+    rate, seed = dropout or (0.0, None)
 
     def run(q, k, v, scores):
         if name == "dense":
@@ -270,7 +282,16 @@ def _kernel(name, mask):
                 q, k, v, mask, scale=scale, num_heads=H, flash_attention=False
             )
         return memory_efficient_attention(
-            q, k, v, scale=scale, mask=mask, scores=scores, block_size=4, key_block_size=3
+            q,
+            k,
+            v,
+            scale=scale,
+            mask=mask,
+            scores=scores,
+            block_size=blocks[0],
+            key_block_size=blocks[1],
+            dropout_rate=rate,
+            dropout_seed=seed,
         )
 
     return run
@@ -324,10 +345,15 @@ def output_and_gradients(run, arrays, modifiers, compiled=None, dtype="float32")
     return [to_numpy(x) for x in step(*tensors)]
 
 
-def _check(kernel, mask_name, modifiers, compiled=None):
+def _check(kernel, mask_name, modifiers, compiled=None, dropout=None, blocks=(4, 3)):
     arrays, mask, allowed, offset = _case(mask_name)
-    expected = numpy_attention(arrays, allowed, modifiers, offset)
-    got = output_and_gradients(_kernel(kernel, mask), arrays, modifiers, compiled)
+    dropped = None
+    if dropout is not None:  # the kernel's own keep mask, materialised
+        rate, seed = dropout
+        keep = to_numpy(dropout_keep_mask(seed, *allowed.shape, rate))
+        dropped = keep / (1.0 - rate)
+    expected = numpy_attention(arrays, allowed, modifiers, offset, dropped)
+    got = output_and_gradients(_kernel(kernel, mask, dropout, blocks), arrays, modifiers, compiled)
     names = ("output", "dq", "dk", "dv", "dsinks", "dtable")
     for name, value, want in zip(names, got, expected[:1] + expected[2:], strict=True):
         np.testing.assert_allclose(value, want, atol=2e-5, rtol=1e-4, err_msg=name)
@@ -593,3 +619,50 @@ def test_a_mods_wrong_result_is_refused_naming_the_function(kernel, bad):
     owner = "AttentionMask" if argument == "mask_mod" else "ScoreModifier"
     with pytest.raises(error, match=rf"^{owner}: `{argument}` {function.__name__} .*{pattern}"):
         _kernel(kernel, mask)(q, k, v, scores)
+
+
+# ---------------------------------------------------------------- dropout
+DROPOUT = (0.3, 1234)  # (rate, seed)
+
+
+@pytest.mark.parametrize(
+    "mask_name, modifiers",
+    [
+        ("plain", ()),  # the fixed-shift forward
+        ("causal window, row without keys", ("soft_cap",)),  # the cap's path, an empty row
+        ("packed documents", MODIFIERS),  # the running maximum, folded ALiBi, sinks
+        ("mask_mod", ("table",)),  # a weighted `score_mod`'s gradient
+    ],
+)
+def test_dropout_in_the_blockwise_kernel(mask_name, modifiers):
+    """Values and gradients equal the float64 reference fed the kernel's keep
+    mask: the softmax normalised over every key, then dropped and scaled;
+    `dV = (P D)^T dO`, `dS = P (D dP - delta)` (#50)."""
+    _check("blockwise", mask_name, modifiers, dropout=DROPOUT)
+
+
+def test_dropout_in_the_blockwise_kernel_compiled_and_whatever_the_tiles():
+    """XLA (TF) / `jax.jit`, and tiles of other sizes: the keep bits belong to
+    the (row, column) pairs, not to the tiles."""
+    _check("blockwise", "causal, padding, grouped", ("sinks",), compiled=True, dropout=DROPOUT)
+    _check("blockwise", "key padding", (), dropout=DROPOUT, blocks=(16, 16))
+    _check("blockwise", "key padding", (), dropout=DROPOUT, blocks=(2, 5))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dropout_in_half_precision_is_computed_in_float32(dtype):
+    arrays, mask, allowed, offset = _case("causal window, row without keys")
+    arrays["q"] = arrays["q"] * 10  # logits past float16's exp range
+    rounded = dict(arrays)
+    for name in ("q", "k", "v"):
+        rounded[name] = to_numpy(ops.cast(ops.cast(arrays[name], dtype), "float32"))
+    rate, seed = DROPOUT
+    dropped = to_numpy(dropout_keep_mask(seed, *allowed.shape, rate)) / (1.0 - rate)
+    expected = numpy_attention(rounded, allowed, (), offset, dropped)[0]
+    out = _kernel("blockwise", mask, DROPOUT)(
+        *(ops.cast(arrays[n], dtype) for n in ("q", "k", "v")), None
+    )
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
+    out = to_numpy(out)
+    assert np.all(np.isfinite(out)) and not np.any(out[1, 0])
+    np.testing.assert_allclose(out, expected, atol=5e-2, rtol=2e-2)
