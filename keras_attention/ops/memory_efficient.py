@@ -108,6 +108,7 @@ def memory_efficient_attention(
     dropout_rate=0.0,
     dropout_seed=None,
     dropout_rows=None,
+    return_statistics=False,
 ):
     """Exact multi-head softmax attention in memory linear in the length.
 
@@ -138,10 +139,15 @@ def memory_efficient_attention(
             dropout bits; defaults to `0..Tq-1`. For a caller that attends
             some rows of a longer sequence (the block-sparse kernel's global
             rows), so they keep the bits of their positions.
+        return_statistics: also return each row's log-sum-exp and maximum
+            (`dense_attention.row_statistics`: over the visible keys'
+            modified logits and the sink, `-inf` with none), from the same
+            sweep; the log-sum-exp carries its gradient, the maximum none.
 
     Returns:
-        `(B, Tq, H, Dv)` in the dtype of `query`. A query row with no allowed
-        key gets zeros (never NaN), as does its gradient.
+        `(B, Tq, H, Dv)` in the dtype of `query` (with `return_statistics`,
+        `(output, {"logsumexp": (B, H, Tq), "max": (B, H, Tq)})`). A query
+        row with no allowed key gets zeros (never NaN), as does its gradient.
     """
     if mask is None:
         mask = attention_masks.AttentionMask()
@@ -183,7 +189,11 @@ def memory_efficient_attention(
         )
     if masking.is_statically_empty(query, key):
         # No query, or nothing to attend to: the zeros of a fully masked row.
-        return masking.empty_attention(query, value)
+        empty = masking.empty_attention(query, value)
+        if not return_statistics:
+            return empty
+        nothing = ops.full((ops.shape(query)[0], num_heads, q_len), float("-inf"))
+        return empty, {"logsumexp": nothing, "max": nothing}
     if scale is None:
         scale = 1.0 / math.sqrt(key_dim)
     # NaN/Inf at a key reaches only the queries whose masks let them see it.
@@ -459,7 +469,8 @@ def memory_efficient_attention(
         # [q, -shift] . [k, 1], and each tile costs exp and sum only. A query
         # block takes that path when all its rows qualify (NaN/inf inputs
         # never do).
-        running_max_only = scores is not None or alibi_slopes is not None
+        # The statistics read the exact running maximum: no fixed shift.
+        running_max_only = scores is not None or alibi_slopes is not None or return_statistics
         q_alibi = with_alibi_queries(q)
         if not running_max_only:
             shift = online_softmax.logit_bound(q, ops.expand_dims(k, 3), key_axis=(0, 4))
@@ -470,7 +481,7 @@ def memory_efficient_attention(
             )
 
         def query_step(i, buffers):
-            out_buffer, lse_buffer = buffers
+            out_buffer, lse_buffer = buffers[:2]
             q_tile = _take(q, i)
 
             def key_loop(update, queries, keys, init, logits=masked_logits):
@@ -494,7 +505,7 @@ def memory_efficient_attention(
 
                 return over_key_ranges(i, key_step, init)
 
-            if cap_only:  # bounded by the cap: shift 0, no running maximum
+            if cap_only and not return_statistics:  # bounded by the cap: shift 0
                 state = key_loop(
                     online_softmax.update_fixed_shift,
                     queries_over_cap(q_alibi, i),
@@ -522,25 +533,38 @@ def memory_efficient_attention(
                     ),
                 )
             out, lse = online_softmax.finish(state)
-            return (loops.write_block(out_buffer, i, out), loops.write_block(lse_buffer, i, lse))
+            written = (loops.write_block(out_buffer, i, out), loops.write_block(lse_buffer, i, lse))
+            if return_statistics:  # the running maximum, -inf where nothing was seen
+                peak = ops.where(ops.not_equal(state[1], 0.0), state[0], float("-inf"))
+                written += (loops.write_block(buffers[2], i, peak),)
+            return written
 
+        row_buffer = ops.zeros((num_q_blocks,) + row_shape, dtype="float32")
         buffers = (
             loops.block_buffer(
                 ops.zeros((num_q_blocks,) + row_shape + (value_dim,), dtype="float32")
             ),
-            loops.block_buffer(ops.zeros((num_q_blocks,) + row_shape, dtype="float32")),
-        )
-        out, lse = sequential_fori_loop(
+            loops.block_buffer(row_buffer),
+        ) + ((loops.block_buffer(row_buffer),) if return_statistics else ())
+        results = sequential_fori_loop(
             0, num_q_blocks, query_step, buffers, parallel_iterations=_QUERY_PARALLEL
         )
-        out, lse = loops.stack_blocks(out), loops.stack_blocks(lse)
-        return out, (out, lse)
+        out, lse = loops.stack_blocks(results[0]), loops.stack_blocks(results[1])
+        if not return_statistics:
+            return out, (out, lse)
+        return (out, lse, loops.stack_blocks(results[2])), (out, lse)
 
     def backward(inputs, saved, d_out):
         q, k, v = inputs[:3]
         weights = inputs[3 + len(sink_inputs) :]
         out, lse = saved
+        d_lse = None
+        if return_statistics:  # (d out, d lse, d max): the maximum has none
+            d_out, d_lse = d_out[0], d_out[1]
         delta = online_softmax.output_delta(out, d_out)  # (nq, B, Hkv, G, bq)
+        if d_lse is not None:
+            # d lse / d logits = P: the row term becomes delta - d lse.
+            delta = delta - ops.where(ops.equal(lse, online_softmax.NO_KEY_LSE), 0.0, d_lse)
         # One extra feature folds the row terms into the matmuls:
         # [q, -lse] . [k, 1] = logits - lse and [dO, -delta] . [v, 1] = dP - delta,
         # saving two elementwise passes over every tile.
@@ -650,4 +674,14 @@ def memory_efficient_attention(
 
     attend = online_softmax.recomputing_gradient(forward, backward)
     out = attend(q, k, v, *sink_inputs, *score_weights)
-    return ops.cast(_from_query_blocks(out, q_len), dtype)
+    if not return_statistics:
+        return ops.cast(_from_query_blocks(out, q_len), dtype)
+    out, lse, peak = out
+
+    def by_head(x):  # (nq, B, Hkv, G, bq) -> (B, H, Tq)
+        x = ops.transpose(x, (1, 2, 3, 0, 4))
+        return ops.reshape(x, (-1, num_heads, num_q_blocks * q_block))[:, :, :q_len]
+
+    lse = ops.where(ops.equal(lse, online_softmax.NO_KEY_LSE), float("-inf"), lse)
+    statistics = {"logsumexp": by_head(lse), "max": by_head(ops.stop_gradient(peak))}
+    return ops.cast(_from_query_blocks(out, q_len), dtype), statistics

@@ -182,8 +182,8 @@ def recomputing_gradient(forward, backward):
         def grad(*args, upstream=None):
             # Keras passes the upstream gradient positionally on TensorFlow
             # and as `upstream=` on JAX.
-            if upstream is None:
-                (upstream,) = args
+            if upstream is None:  # one per output (a tuple for several)
+                upstream = args[0] if len(args) == 1 else tuple(args)
             return backward(inputs, saved, upstream)
 
         return outputs, grad

@@ -666,3 +666,100 @@ def test_dropout_in_half_precision_is_computed_in_float32(dtype):
     out = to_numpy(out)
     assert np.all(np.isfinite(out)) and not np.any(out[1, 0])
     np.testing.assert_allclose(out, expected, atol=5e-2, rtol=2e-2)
+
+
+# ------------------------------------------------------------- statistics
+def numpy_statistics(arrays, allowed, modifiers, weights):
+    """Each row's log-sum-exp and maximum over its visible keys' capped
+    logits and the sink (`-inf` with none), and the gradients of
+    `sum(weights * lse)` (finite rows) w.r.t. q, k and the sinks, in float64."""
+    q, k, sinks = (arrays[n].astype(np.float64) for n in ("q", "k", "sinks"))
+    kk = np.repeat(k, H // k.shape[2], axis=2)
+    scale = 1.0 / np.sqrt(D)
+    raw = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    cap_chain = 1.0 - np.tanh(raw / CAP) ** 2 if "soft_cap" in modifiers else 1.0
+    logits = CAP * np.tanh(raw / CAP) if "soft_cap" in modifiers else raw
+    logits = np.where(allowed, logits, -np.inf)
+    terms = [logits]
+    if "sinks" in modifiers:
+        terms.append(np.broadcast_to(sinks[None, :, None, None], logits.shape[:3] + (1,)))
+    full = np.concatenate(terms, axis=-1)
+    peak = full.max(-1)
+    seen = np.isfinite(peak)
+    safe = np.where(seen, peak, 0.0)[..., None]
+    total = np.exp(full - safe).sum(-1)
+    lse = np.where(seen, safe[..., 0] + np.log(np.where(seen, total, 1.0)), -np.inf)
+    probs = np.where(seen[..., None], np.exp(full - np.where(seen, lse, 0.0)[..., None]), 0.0)
+    d_logits = weights[..., None] * probs[..., : logits.shape[-1]] * cap_chain
+    dq = np.einsum("bhqk,bkhd->bqhd", d_logits, kk) * scale
+    dk = np.einsum("bhqk,bqhd->bkhd", d_logits, q) * scale
+    dk = dk.reshape(k.shape[:3] + (-1, D)).sum(3)
+    d_sinks = (weights * probs[..., -1]).sum(axis=(0, 2)) if "sinks" in modifiers else 0 * sinks
+    return lse, peak, dq, dk, d_sinks
+
+
+STATISTICS_KERNELS = ("dense", "shifted", "blockwise")
+
+
+def _statistics(kernel, q, k, v, mask, scores):
+    scale = 1.0 / np.sqrt(D)
+    if kernel == "dense":
+        return dense_attention.dense_attention(
+            q, k, v, mask, scale=scale, scores=scores, return_statistics=True
+        )[2]
+    if kernel == "shifted":
+        return dense_attention.shifted_attention(
+            q, k, v, mask, scale=scale, scores=scores, return_statistics=True
+        )[1]
+    return memory_efficient_attention(
+        q,
+        k,
+        v,
+        mask=mask,
+        scale=scale,
+        scores=scores,
+        block_size=4,
+        key_block_size=3,
+        return_statistics=True,
+    )[1]
+
+
+@pytest.mark.parametrize("modifiers", [(), ("soft_cap", "sinks")], ids=["plain", "cap+sinks"])
+@pytest.mark.parametrize("kernel", STATISTICS_KERNELS)
+def test_every_kernel_returns_the_rows_log_sum_exp_and_maximum(kernel, modifiers):
+    """FlexAttention's `return_aux`: the same numbers from each kernel's own
+    pass (the blockwise one from its sweep, its backward taking the
+    log-sum-exp's gradient), a row with nothing to see at `-inf`."""
+    arrays, mask, allowed, _ = _case("causal window, row without keys")
+    weights = np.random.default_rng(1).normal(size=(B, H, allowed.shape[2]))
+    lse, peak, dq, dk, d_sinks = numpy_statistics(arrays, allowed, modifiers, weights)
+    # The row without keys: -inf, or the sink's logit alone.
+    assert np.isneginf(lse).any() != ("sinks" in modifiers)
+    inputs = [np.asarray(arrays[n], "float32") for n in ("q", "k", "v", "sinks")]
+    finite = np.isfinite(lse)
+    if BACKEND == "jax":
+        import jax
+
+        def loss(q, k, v, s):
+            stats = _statistics(kernel, q, k, v, mask, _scores(modifiers, s))
+            total = (jax.numpy.where(finite, stats["logsumexp"], 0.0) * weights).sum()
+            return total, stats
+
+        (_, stats), grads = jax.value_and_grad(loss, argnums=(0, 1, 3), has_aux=True)(*inputs)
+    else:
+        import tensorflow as tf
+
+        tensors = [tf.constant(x) for x in inputs]
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            stats = _statistics(kernel, *tensors[:3], mask, _scores(modifiers, tensors[3]))
+            total = tf.reduce_sum(tf.where(finite, stats["logsumexp"], 0.0) * weights)
+        zero = tf.UnconnectedGradients.ZERO
+        grads = tape.gradient(total, [tensors[i] for i in (0, 1, 3)], unconnected_gradients=zero)
+    got_lse, got_max = to_numpy(stats["logsumexp"]), to_numpy(stats["max"])
+    np.testing.assert_array_equal(np.isneginf(got_lse), ~finite)
+    np.testing.assert_allclose(got_lse[finite], lse[finite], atol=2e-5, rtol=1e-5)
+    np.testing.assert_array_equal(np.isneginf(got_max), ~finite)
+    np.testing.assert_allclose(got_max[finite], peak[finite], atol=2e-5, rtol=1e-5)
+    for got, want in zip(grads, (dq, dk, d_sinks), strict=True):
+        np.testing.assert_allclose(to_numpy(got), want, atol=2e-5, rtol=1e-4)
