@@ -173,6 +173,11 @@ CASES = {
         ("query_length", lambda: ka.ops.dropout_keep_mask(1, 1, 1, -2, 2, 0.1)),
         ("seed", lambda: ka.ops.dropout_keep_mask(x(2, dtype="int32"), 1, 1, 2, 2, 0.1)),
     ],
+    "keras_attention.ops.online_softmax.merge_attention": [
+        ("outputs", lambda: ka.ops.merge_attention(x(1, 2, 1, 2), [])),
+        ("statistics", lambda: ka.ops.merge_attention([x(1, 2, 1, 2)], [])),
+        ("statistics[0]", lambda: ka.ops.merge_attention([x(1, 2, 1, 2)], [x(1, 1, 2)])),
+    ],
     "keras_attention.ops.masking.causal_mask": [
         ("query_length", lambda: ka.ops.causal_mask("3", 3)),
         ("key_length", lambda: ka.ops.causal_mask(3, -1)),

@@ -17,6 +17,7 @@ from keras_attention.ops.masking import merge_masks
 from keras_attention.ops.masking import to_bool_mask
 from keras_attention.ops.mods import and_masks
 from keras_attention.ops.mods import or_masks
+from keras_attention.ops.online_softmax import merge_attention
 from keras_attention.ops.score_modifier import ScoreModifier
 from keras_attention.ops.score_modifier import alibi_slopes
 from keras_attention.ops.scores import additive_score
@@ -33,6 +34,7 @@ __all__ = [
     "to_bool_mask",
     "and_masks",
     "or_masks",
+    "merge_attention",
     "additive_score",
     "dot_score",
     "general_score",

@@ -233,3 +233,59 @@ def append_column(x, column):
     one elementwise pass over a tile fewer.
     """
     return ops.concatenate([x, ops.expand_dims(column, -1)], axis=-1)
+
+
+def merge_attention(outputs, statistics):
+    """Attention over the union of disjoint key sets, from each set's own.
+
+    Each part is softmax attention of the same queries over one set of keys,
+    `(B, Tq, H, Dv)`, with its rows' statistics (`{"logsumexp": (B, H, Tq),
+    "max": ...}`, as the kernels return them with `return_statistics=True`).
+    The rows' log-sum-exps weigh the parts: `out = sum_i exp(lse_i - lse)
+    out_i` with `lse = log(sum_i exp(lse_i))`, which is what one kernel over
+    all the keys gives (how ring attention and FlashAttention's split-KV
+    decoding combine their blocks). A row no part attends gets zeros and
+    `-inf`; gradients flow through both. Learned sinks belong to one part
+    only (each part counts its own in its denominator).
+
+    Returns:
+        `(output, {"logsumexp": (B, H, Tq), "max": (B, H, Tq)})`.
+    """
+    owner = "merge_attention"
+    if not isinstance(outputs, (list, tuple)) or not outputs:
+        raise TypeError(
+            f"{owner}: `outputs` must be a non-empty list of (B, Tq, H, Dv) "
+            f"attention results. Received: outputs={outputs!r}"
+        )
+    if not isinstance(statistics, (list, tuple)) or len(statistics) != len(outputs):
+        raise ValueError(
+            f"{owner}: `statistics` must hold one dict of row statistics per "
+            f"output ({len(outputs)}). Received: statistics={statistics!r}"
+        )
+    for index, (output, stats) in enumerate(zip(outputs, statistics, strict=True)):
+        checks.tensor(owner, f"outputs[{index}]", output, rank=4)
+        if not isinstance(stats, dict) or "logsumexp" not in stats:
+            raise TypeError(
+                f"{owner}: `statistics[{index}]` must be a dict with a "
+                f"'logsumexp' (B, H, Tq) tensor. Received: statistics[{index}]={stats!r}"
+            )
+        checks.tensor(owner, f"statistics[{index}]['logsumexp']", stats["logsumexp"], rank=3)
+    lse = ops.stack([ops.cast(s["logsumexp"], "float32") for s in statistics])  # (n, B, H, Tq)
+    top = ops.max(lse, axis=0)
+    seen = ops.isfinite(top)
+    shift = ops.stop_gradient(ops.where(seen, top, 0.0))
+    share = ops.where(ops.isfinite(lse), ops.exp(lse - shift), 0.0)
+    total = ops.sum(share, axis=0)
+    merged_lse = ops.where(seen, shift + ops.log(ops.where(seen, total, 1.0)), float("-inf"))
+    share = share / ops.where(seen, total, 1.0)  # (n, B, H, Tq): each part's weight
+    dtype = outputs[0].dtype
+    output = 0.0
+    for part, weight in zip(outputs, ops.unstack(share, axis=0), strict=True):
+        weight = ops.expand_dims(ops.transpose(weight, (0, 2, 1)), -1)  # (B, Tq, H, 1)
+        output = output + ops.cast(part, "float32") * weight
+    peaks = [s["max"] for s in statistics if "max" in s]
+    peak = ops.max(ops.stack(peaks), axis=0) if len(peaks) == len(statistics) else None
+    merged = {"logsumexp": merged_lse}
+    if peak is not None:
+        merged["max"] = peak
+    return ops.cast(output, dtype), merged

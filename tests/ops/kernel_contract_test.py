@@ -763,3 +763,69 @@ def test_every_kernel_returns_the_rows_log_sum_exp_and_maximum(kernel, modifiers
     np.testing.assert_allclose(got_max[finite], peak[finite], atol=2e-5, rtol=1e-5)
     for got, want in zip(grads, (dq, dk, d_sinks), strict=True):
         np.testing.assert_allclose(to_numpy(got), want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", STATISTICS_KERNELS)
+def test_parts_over_disjoint_keys_merge_into_the_whole(kernel):
+    """`merge_attention`: the keys split in two (the second half hidden from
+    example 1, whose rows then have one part only), each half attended by
+    the kernel with its statistics, merged: the whole call's output, its
+    log-sum-exp, and the output's gradient w.r.t. the queries, against
+    float64 NumPy."""
+    from keras_attention.ops import merge_attention
+
+    arrays, mask, allowed, offset = _case("key padding")  # keys 5.. hidden in example 1
+    expected = numpy_attention(arrays, allowed, (), offset)
+    lse, _, _, _, _ = numpy_statistics(arrays, allowed, (), np.zeros(allowed.shape[:3]))
+    q, k, v = (np.asarray(arrays[n], "float32") for n in ("q", "k", "v"))
+    key_mask = to_numpy(mask.key_mask).astype(bool)
+    cotangent = np.asarray(arrays["cotangent"], "float32")
+
+    def merged(q):
+        outputs, statistics = [], []
+        for keys in (slice(0, 6), slice(6, None)):
+            part = attention_mask.AttentionMask(key_mask=key_mask[:, keys])
+            scale = 1.0 / np.sqrt(D)
+            if kernel == "blockwise":
+                out, stats = memory_efficient_attention(
+                    q,
+                    k[:, keys],
+                    v[:, keys],
+                    mask=part,
+                    scale=scale,
+                    block_size=4,
+                    key_block_size=3,
+                    return_statistics=True,
+                )
+            elif kernel == "shifted":
+                out, stats = dense_attention.shifted_attention(
+                    q, k[:, keys], v[:, keys], part, scale=scale, return_statistics=True
+                )
+            else:
+                out, _, stats = dense_attention.dense_attention(
+                    q, k[:, keys], v[:, keys], part, scale=scale, return_statistics=True
+                )
+            outputs.append(out)
+            statistics.append(stats)
+        return merge_attention(outputs, statistics)
+
+    if BACKEND == "jax":
+        import jax
+
+        def loss(q):
+            out, stats = merged(q)
+            return (out * cotangent).sum(), (out, stats)
+
+        (_, (out, stats)), dq = jax.value_and_grad(loss, has_aux=True)(q)
+    else:
+        import tensorflow as tf
+
+        q = tf.constant(q)
+        with tf.GradientTape() as tape:
+            tape.watch(q)
+            out, stats = merged(q)
+            total = tf.reduce_sum(out * cotangent)
+        dq = tape.gradient(total, q)
+    np.testing.assert_allclose(to_numpy(out), expected[0], atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(to_numpy(stats["logsumexp"]), lse, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(to_numpy(dq), expected[2], atol=2e-5, rtol=1e-4)
