@@ -270,26 +270,22 @@ RECOMPUTE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("pattern, causal, chunk_blocks", RECOMPUTE_CASES)
-def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, chunk_blocks):
-    batch, length, bs = 2, 37, 4
+def _padded_pattern_case(pattern, causal, bs, batch=2, length=37):
+    """Inputs, a random plan, a key mask hiding example 1's last keys, and
+    the NumPy pattern's `(B, T, T)` allowed pairs."""
     query, key, value = _inputs(batch, length, length)
     plan = np.random.default_rng(5).integers(0, 2**20, (3, pattern["random_blocks"]))
     key_mask = np.ones((batch, length), bool)
     key_mask[1, 29:] = False
-    allowed = (
-        reference_pattern(
-            length,
-            length,
-            bs,
-            pattern["window_blocks"],
-            pattern["global_blocks"],
-            plan,
-            pattern["tokens"],
-            causal,
-        )[None]
-        & key_mask[:, None, :]
-    )
+    shape = (pattern["window_blocks"], pattern["global_blocks"], plan, pattern["tokens"], causal)
+    allowed = reference_pattern(length, length, bs, *shape)[None] & key_mask[:, None, :]
+    return query, key, value, plan, key_mask, allowed
+
+
+@pytest.mark.parametrize("pattern, causal, chunk_blocks", RECOMPUTE_CASES)
+def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, chunk_blocks):
+    batch, length, bs = 2, 37, 4
+    query, key, value, plan, key_mask, allowed = _padded_pattern_case(pattern, causal, bs)
     cotangent = (
         np.random.default_rng(9)
         .standard_normal((batch, length, 2, value.shape[-1]))
@@ -339,23 +335,7 @@ def test_dropout_inside_the_kernel_matches_the_reference_fed_its_mask(
     from keras_attention.ops import dropout_keep_mask
 
     batch, length, bs, rate, seed = 2, 37, 4, 0.3, 77
-    query, key, value = _inputs(batch, length, length)
-    plan = np.random.default_rng(5).integers(0, 2**20, (3, pattern["random_blocks"]))
-    key_mask = np.ones((batch, length), bool)
-    key_mask[1, 29:] = False
-    allowed = (
-        reference_pattern(
-            length,
-            length,
-            bs,
-            pattern["window_blocks"],
-            pattern["global_blocks"],
-            plan,
-            pattern["tokens"],
-            causal,
-        )[None]
-        & key_mask[:, None, :]
-    )
+    query, key, value, plan, key_mask, allowed = _padded_pattern_case(pattern, causal, bs)
     keep = keras.ops.convert_to_numpy(dropout_keep_mask(seed, batch, 2, length, length, rate))
     dropped = keep / (1.0 - rate)
     cotangent = np.random.default_rng(9).standard_normal((batch, length, 2, 5)).astype("float32")
