@@ -71,7 +71,7 @@ test-jax: install
 	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not tf_only" tests/layers tests/ops tests/keras_ported tests/keras_hub tests/analysis_test.py
 
 # The smoke runs of the benchmark scripts (benchmarks/: serving, the GPU check's CPU
-# configuration, mha_benchmark, blockwise_profile): developer tools that no user
+# configuration, mha_benchmark, blockwise_profile, dropout_training): developer tools that no user
 # runs, so they stay out of `make test` (about 4 minutes of its TensorFlow run);
 # run this when a change touches benchmarks/ or what a script calls.
 test-benchmarks: install

@@ -296,8 +296,9 @@ def _recomputed_block_rows(
         return mask[:, None]
 
     def chunk_keep(c, chunk_index):
-        """`(keep of the gathered keys (B, H, C, bs, S * bs), of the tokens
-        (B, H, C, bs, G) or None)` of chunk `c`, or `(None, None)`."""
+        """`(0/1 keep of the gathered keys (B, H, C, bs, S * bs), of the
+        tokens (B, H, C, bs, G) or None)` of chunk `c`, float32, or
+        `(None, None)`."""
         if keep_bits is None:
             return None, None
         rows = ops.take(keep_rows, c, axis=0)
@@ -305,10 +306,12 @@ def _recomputed_block_rows(
             ops.take(keep_columns, chunk_index, axis=0), (1, 1, chunk_blocks, 1, keys_per_row)
         )
         tokens = keep_bits.keep(rows, token_columns) if has_tokens else None
-        return keep_bits.keep(rows, columns), tokens
+        as_float = lambda keep: None if keep is None else ops.cast(keep, "float32")  # noqa: E731
+        return as_float(keep_bits.keep(rows, columns)), as_float(tokens)
 
     def dropped(probs, keep):
-        return probs if keep is None else ops.where(keep, probs, 0.0)
+        # A product with the 0/1 bits: cheaper than a `where` in TF graphs.
+        return probs if keep is None else probs * keep
 
     def gather(x_blocks, chunk_index):
         # (B, H, nk, bs, d) -> (B, H, C, S * bs, d)

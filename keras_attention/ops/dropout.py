@@ -3,7 +3,8 @@
 The standard attention dropout drops each weight of `softmax(logits)` with
 probability `rate` and scales the kept ones by `1 / (1 - rate)`. The
 materialised kernels draw a `(B, H, Tq, Tk)` mask with Keras' `Dropout`;
-the blockwise kernel never holds those weights, so it cannot. Here the keep
+the tiled kernels (blockwise, block-sparse) never hold those weights, so
+they cannot. Here the keep
 bit of each weight is a pure function of `(seed, batch, head, query row,
 key column)`, with the row and column the pair's positions in the call
 (`0..Tq-1`, `0..Tk-1`): a kernel computes any tile's bits where it needs
@@ -30,6 +31,9 @@ of both factors, so bits of different rows and columns are uncorrelated
 (tests/ops/dropout_test.py measures it: the rectangles' parity, the rows'
 and columns' correlations). An XOR or a sum of `r` and `c` would not do:
 the four corners of any rectangle would be linearly related.
+
+`KeepBits` holds one call's keys for a kernel to cut into tiles;
+`dropout_keep_mask` is the public, materialised form.
 """
 
 from keras import ops
