@@ -158,6 +158,8 @@ CASES = {
     "keras_attention.layers.keras_hub_conversion.replace_keras_hub_attention": [
         ("model", lambda: replace_keras_hub_attention("llama")),
         ("model", lambda: replace_keras_hub_attention(keras.Sequential())),
+        # The argument's name before #49, still read as the model.
+        ("model=str", lambda: replace_keras_hub_attention(backbone="llama")),
     ],
     "keras_attention.ops.mods.and_masks": [
         ("mask_mods[1]", lambda: ka.ops.and_masks(lambda b, h, q, k: q >= k, "causal")),

@@ -554,7 +554,7 @@ def _calls_outside(backbone, model):
     return sum(id(node) not in own for node in backbone._inbound_nodes)
 
 
-def replace_keras_hub_attention(model, **overrides):
+def replace_keras_hub_attention(model=None, **overrides):
     """Swaps the attention layer of every decoder block of a built KerasHub
     backbone for ours (`MultiHeadAttention.from_keras_hub`, weights copied),
     in place; returns the number of layers replaced.
@@ -578,6 +578,8 @@ def replace_keras_hub_attention(model, **overrides):
     from keras_attention.layers.multi_head_attention import MultiHeadAttention
 
     owner = "replace_keras_hub_attention"
+    if model is None and "backbone" in overrides:  # the argument's name before #49
+        model = overrides.pop("backbone")
     backbone = _backbone_of(model, owner)
     others = _calls_outside(backbone, model)
     if others:
