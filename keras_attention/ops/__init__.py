@@ -25,6 +25,8 @@ from keras_attention.ops.scores import dot_score
 from keras_attention.ops.scores import general_score
 from keras_attention.ops.scores import low_rank_score
 from keras_attention.ops.scores import weighted_sum
+from keras_attention.ops.tiling import TilePlan
+from keras_attention.ops.tiling import tile_plan
 
 __all__ = [
     "AttentionMask",
@@ -51,5 +53,7 @@ __all__ = [
     "softmax_features",
     "linformer_attention",
     "ScoreModifier",
+    "TilePlan",
+    "tile_plan",
     "alibi_slopes",
 ]

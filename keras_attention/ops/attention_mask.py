@@ -27,10 +27,10 @@ in one normalised form:
   `keras.ops` on broadcastable int32 index tensors (absolute positions).
 
 Kernels never re-derive any of these: the dense kernels call `dense()`, the
-blockwise ones `rules()` on their tile's indices, `segments()` on their
-tile's ids and `key_block_ranges()` to skip tiles (with
-`segment_block_bounds()` for packed documents), so the cache offset is right
-on every kernel by construction. A row with nothing to attend to (every key hidden,
+blockwise ones `rules()` on their tile's indices and `segments()` on their
+tile's ids, and skip the tiles of their `TilePlan` (`tiling.py`, built from
+this description), so the cache offset is right on every kernel by
+construction. A row with nothing to attend to (every key hidden,
 whatever the spelling) gets zero weights and a zero attention result.
 """
 
@@ -373,51 +373,6 @@ class AttentionMask:
             sink_stop = _minimum(sink_stop, self.key_length)
         return [(start, stop), (0, sink_stop)]
 
-    def key_block_range(self, first_row, last_row, key_block, num_key_blocks):
-        """`(start, stop)` key blocks of `key_block` keys that those rows may
-        see (see `key_range`); tiles outside are all masked."""
-        start, stop = self.key_range(first_row, last_row)
-        return _block_range(start, stop, key_block, num_key_blocks)
-
-    def key_block_ranges(self, first_row, last_row, key_block, num_key_blocks, bounds=None):
-        """Disjoint `[(start, stop), ...]` key block ranges those rows may
-        see (see `key_ranges`), each cut to `bounds = (start, stop)` blocks
-        when given (`segment_block_bounds` of their query block)."""
-        ranges = [
-            _block_range(start, stop, key_block, num_key_blocks)
-            for start, stop in self.key_ranges(first_row, last_row)
-        ]
-        if len(ranges) == 2:  # the window's blocks after the sinks' (never twice)
-            (start, stop), (sink_start, sink_stop) = ranges
-            start = _minimum(_maximum(start, sink_stop), stop)
-            ranges = [(sink_start, sink_stop), (start, stop)]
-        if bounds is not None:
-            low, high = bounds
-            cut = []
-            for start, stop in ranges:
-                stop = _minimum(stop, high)
-                cut.append((_minimum(_maximum(start, low), stop), stop))
-            ranges = cut
-        return ranges
-
-    def segment_block_bounds(self, query_block, num_query_blocks, key_block, num_key_blocks):
-        """Per query block, `(starts, stops)` int32 `(nq,)`: the key blocks
-        holding a key of one of its segments lie in `[start, stop)` (in any
-        example). Sound for any ids; tight for packed documents (ids that
-        never decrease along the sequence)."""
-        q_lo, q_hi = _block_extremes(self.query_segment_ids, query_block, num_query_blocks)
-        k_lo, k_hi = _block_extremes(self.key_segment_ids, key_block, num_key_blocks)
-        # (B, nq, 1) against (B, 1, nk): the id intervals overlap.
-        overlap = ops.logical_and(
-            ops.greater_equal(k_hi[:, None, :], q_lo[:, :, None]),
-            ops.less_equal(k_lo[:, None, :], q_hi[:, :, None]),
-        )
-        seen = ops.any(overlap, axis=0)  # (nq, nk)
-        index = ops.arange(num_key_blocks, dtype="int32")
-        starts = ops.min(ops.where(seen, index, num_key_blocks), axis=1)
-        stops = ops.max(ops.where(seen, index + 1, 0), axis=1)
-        return ops.cast(starts, "int32"), ops.cast(ops.maximum(stops, starts), "int32")
-
     # -------------------------------------------------------------- dense
     def dense(self, query_length, key_length, batch_size=None, heads=None):
         """The merged boolean `(B|1, H|1, Tq, Tk)` mask, or None.
@@ -476,21 +431,7 @@ class AttentionMask:
         return self.replace(pair_mask=ops.take(self.pair_mask, indices, axis=1))
 
 
-def _block_range(start, stop, key_block, num_key_blocks):
-    """The key blocks holding key positions `[start, stop)` (`stop` None:
-    unbounded)."""
-    if stop is None:
-        stop_block = num_key_blocks
-    else:
-        # No key at all (e.g. a window wholly past the written cache): no
-        # block, rather than the one that rounding `stop` up would give.
-        stop_block = _minimum((stop + key_block - 1) // key_block, num_key_blocks)
-        empty = stop <= start
-        stop_block = _select(empty, _minimum(start // key_block, stop_block), stop_block)
-    return _minimum(start // key_block, stop_block), stop_block  # never a negative range
-
-
-def _block_extremes(ids, block, num_blocks):
+def block_extremes(ids, block, num_blocks):
     """`(min, max)` `(B, n)` of `(B, T)` integer ids over blocks of `block`
     (the last block padded with the last id)."""
     ids = ops.cast(ids, "int32")
@@ -505,12 +446,6 @@ def _minimum(a, b):
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)
     return ops.minimum(a, b)
-
-
-def _select(condition, a, b):
-    if isinstance(condition, bool):
-        return a if condition else b
-    return ops.where(condition, a, b)
 
 
 def _maximum(a, b):

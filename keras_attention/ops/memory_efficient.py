@@ -15,15 +15,15 @@ sweep over the tiles computes `dQ`, `dK` and `dV` together (five matmuls per
 tile; the forward takes two), writing `dK`/`dV` blocks with
 `loops.write_block` (in place under XLA and JAX; a TensorArray in TF graph mode).
 
-With `use_causal_mask=True` the loops stop at the diagonal: key blocks that
-lie entirely in the future of a query block are never computed.
-
-Every mask comes from one `AttentionMask` (`attention_mask.py`): each tile
-takes its rows of the query/key/pair masks and asks the description for the
-positional rules at its absolute positions, and the loops visit only the key
-blocks `key_block_range` leaves visible (causal and sliding-window tiles
-beyond the band are never computed, a decoding cache's offset included). The
-running softmax is `online_softmax`'s.
+Every mask comes from one `AttentionMask` (`attention_mask.py`), and the
+tiles to visit from one `TilePlan` (`tiling.py`, built from that mask or
+passed in, shared by several calls): for each query block the loops visit
+the plan's *full* key blocks, where every pair is visible and no mask is
+evaluated, then its *partial* ones, where each tile takes its rows of the
+query/key/pair masks and asks the description for the rules at its absolute
+positions (a decoding cache's offset included). Tiles of neither kind (past
+the causal diagonal, outside a window, other documents) are never computed.
+The running softmax is `online_softmax`'s.
 
 With `dropout_rate > 0` (training) the weights are dropped inside the
 kernel: each tile's keep bits come from `ops.dropout` (a hash of the seed,
@@ -53,6 +53,7 @@ from keras_attention.ops import dropout
 from keras_attention.ops import loops
 from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
+from keras_attention.ops import tiling as tile_plans
 from keras_attention.ops.loops import sequential_fori_loop
 from keras_attention.ops.loops import to_time_blocks
 from keras_attention.ops.xla import under_xla
@@ -109,6 +110,7 @@ def memory_efficient_attention(
     dropout_seed=None,
     dropout_rows=None,
     return_statistics=False,
+    tile_plan=None,
 ):
     """Exact multi-head softmax attention in memory linear in the length.
 
@@ -143,6 +145,10 @@ def memory_efficient_attention(
             (`dense_attention.row_statistics`: over the visible keys'
             modified logits and the sink, `-inf` with none), from the same
             sweep; the log-sum-exp carries its gradient, the maximum none.
+        tile_plan: a `TilePlan` of `mask` (`ops.tile_plan`: which key blocks
+            each query block visits, full or partial), built once and shared
+            by several calls; its block sizes replace `block_size` and
+            `key_block_size`. Built here from `mask` when None.
 
     Returns:
         `(B, Tq, H, Dv)` in the dtype of `query` (with `return_statistics`,
@@ -198,6 +204,14 @@ def memory_efficient_attention(
         scale = 1.0 / math.sqrt(key_dim)
     # NaN/Inf at a key reaches only the queries whose masks let them see it.
     key, value = masking.confine_nonfinite(key, value)
+    if tile_plan is not None:
+        if not isinstance(tile_plan, tile_plans.TilePlan):
+            raise TypeError(
+                f"{owner}: `tile_plan` must be a TilePlan (ops.tile_plan) or None. "
+                f"Received: tile_plan={tile_plan!r}"
+            )
+        tile_plan.check(owner, q_len, k_len)
+        block_size, key_block_size = tile_plan.query_block, tile_plan.key_block
     key_block_size = key_block_size or block_size
     q_block, k_block = min(block_size, q_len), min(key_block_size, k_len)
     num_q_blocks = -(-q_len // q_block)
@@ -242,13 +256,11 @@ def memory_efficient_attention(
         else _mask_blocks(mask.query_mask, num_q_blocks, q_block, q_len)
     )
     segment_blocks = None  # ((nq, B|1, bq), (nk, B|1, bk)) integer ids
-    segment_bounds = None  # per query block, the key blocks of its segments
     if mask.has_segments:
         segment_blocks = (
             _mask_blocks(ops.cast(mask.query_segment_ids, "int32"), num_q_blocks, q_block, q_len),
             _mask_blocks(ops.cast(mask.key_segment_ids, "int32"), num_k_blocks, k_block, k_len),
         )
-        segment_bounds = mask.segment_block_bounds(q_block, num_q_blocks, k_block, num_k_blocks)
     pair_blocks = None
     pair_heads = (1, 1)  # the pair mask's (Hkv, G): per-head masks split like q
     if mask.pair_mask is not None:
@@ -265,8 +277,11 @@ def memory_efficient_attention(
         # (nq, nk, Bm, Hkv|1, G|1, bq, bk)
         pair_blocks = ops.transpose(pair, (3, 5, 0, 1, 2, 4, 6))
 
-    def tile_mask(i, j):
-        """`(Bm, Hkv|1, G|1, bq, bk)` boolean mask of tile (i, j), or None."""
+    def tile_mask(i, j, masked=True):
+        """`(Bm, Hkv|1, G|1, bq, bk)` boolean mask of tile (i, j), or None
+        (a full tile of the plan: `masked` False)."""
+        if not masked:
+            return None
         allowed = None
         if key_blocks is not None:
             allowed = ops.reshape(_take(key_blocks, j), (-1, 1, 1, 1, k_block))
@@ -372,11 +387,11 @@ def memory_efficient_attention(
         ones = ops.ones_like(relative)
         return ops.concatenate([k_tile, ones[..., None], relative[..., None]], axis=-1)
 
-    def masked_logits(q_tile, k_tile, i, j, weights=()):
+    def masked_logits(q_tile, k_tile, i, j, weights=(), masked=True):
         logits = ops.einsum("bhgqd,bhkd->bhgqk", q_tile, with_alibi_keys(k_tile, i, j))
         if modify:
             logits = scores.apply(logits, *tile_indices(i, j), weights=weights)
-        return online_softmax.mask_logits(logits, tile_mask(i, j))
+        return online_softmax.mask_logits(logits, tile_mask(i, j, masked))
 
     def queries_over_cap(q_alibi, i):
         """Query block `i` divided by the cap (a folded ALiBi's features too)."""
@@ -388,10 +403,10 @@ def memory_efficient_attention(
         biased logits)."""
         return ops.tanh(ops.einsum("bhgqd,bhkd->bhgqk", q_over_cap, with_alibi_keys(k_tile, i, j)))
 
-    def capped_logits(q_over_cap, k_tile, i, j, weights=()):
+    def capped_logits(q_over_cap, k_tile, i, j, weights=(), masked=True):
         """`c tanh(logits / c)`, masked (`masked_logits` for the cap-only path)."""
         capped = scores.soft_cap * cap_tanh(q_over_cap, k_tile, i, j)
-        return online_softmax.mask_logits(capped, tile_mask(i, j))
+        return online_softmax.mask_logits(capped, tile_mask(i, j, masked))
 
     # The kernel's inputs after (q, k, v): the sink logits, then the
     # `score_mod`'s weights (explicit, so that the backward returns their
@@ -399,54 +414,32 @@ def memory_efficient_attention(
     sink_inputs = () if scores is None or scores.sink_logits is None else (scores.sinks(),)
     score_weights = () if scores is None else scores.weights()
 
-    def key_ranges(i):
-        """The key block ranges query block `i` may see, from the description
-        (two with sink tokens beside a window; cut to its segments' blocks)."""
-        offset = mask.query_offset
-        if not isinstance(offset, int):
-            offset = ops.cast(offset, "int32")
-        first = offset + i * q_block
-        bounds = None
-        if segment_bounds is not None:
-            bounds = (_take(segment_bounds[0], i), _take(segment_bounds[1], i))
-        return mask.key_block_ranges(first, first + q_block - 1, k_block, num_k_blocks, bounds)
-
-    def live_key_blocks(i):
-        """With a `mask_mod`: `(nk,)`, whether each key block holds a key
-        some row of query block `i` may see by the rules, or None. The rules
-        are evaluated once over the block's rows and every key (booleans,
-        no matmul), like FlexAttention's block mask; each tile of a block
-        found empty is skipped."""
-        if mask.mask_mod is None:
-            return None
-        batch, head, rows, _ = tile_indices(i, 0)
-        cols = real_cols(ops.arange(num_k_blocks * k_block, dtype="int32"))[:, :, :, None, :]
-        allowed = mask.rules(batch if mask.batch_dependent_rules else None, head, rows, cols)
-        seen = ops.any(ops.reshape(allowed, (-1, num_k_blocks * k_block)), axis=0)
-        return ops.any(ops.reshape(seen, (num_k_blocks, k_block)), axis=1)
-
-    # A user mod's results are checked once, here, on the first query block:
-    # an error raised inside the loops below would be reported as the loop's.
+    # A user mod's results are checked once, here, on the first tile: an
+    # error raised inside the loops below would be reported as the loop's.
     # The unused results are pruned by graph and XLA compilers.
     if mask.mask_mod is not None:
-        live_key_blocks(0)
         mask.rules(*tile_indices(0, 0))
     if modify and scores.score_mod is not None:
         tile = (ops.shape(q)[1], num_kv_heads, groups, q_block, k_block)
         scores.apply(ops.zeros(tile), *tile_indices(0, 0), weights=score_weights)
+    if tile_plan is None:
+        tile_plan = tile_plans.build(
+            mask, q_len, k_len, q_block, k_block, ops.shape(q)[1], num_heads
+        )
 
-    def over_key_ranges(i, step, state):
-        """`step(j, state)` folded over the key blocks query block `i` sees."""
-        live = live_key_blocks(i)
-        body = step
-        if live is not None:
+    def over_plan(i, step, state):
+        """`step(j, state, masked)` folded over the key blocks query block
+        `i` visits: the plan's full tiles (no mask evaluated), then its
+        partial ones."""
+        for kind, counts, indices in tile_plan.kinds():
+            row = _take(indices, i)
+            masked = kind == tile_plans.PARTIAL
 
-            def body(j, state):
-                return ops.cond(_take(live, j), lambda: step(j, state), lambda: state)
+            def body(t, state, row=row, masked=masked):
+                return step(_take(row, t), state, masked)
 
-        for start, stop in key_ranges(i):
             state = sequential_fori_loop(
-                start, stop, body, state, parallel_iterations=_KEY_PARALLEL
+                0, _take(counts, i), body, state, parallel_iterations=_KEY_PARALLEL
             )
         return state
 
@@ -488,7 +481,7 @@ def memory_efficient_attention(
                 """The key blocks folded into `init` by `update` (the
                 online softmax's running-max or fixed-shift step)."""
 
-                def key_step(j, state):
+                def key_step(j, state, masked):
                     v_tile = _take(v, j)
                     keep = kept(i, j)
 
@@ -502,10 +495,12 @@ def memory_efficient_attention(
                         return ops.einsum("bhgqk,bhkd->bhgqd", probs, v_tile)
 
                     return update(
-                        state, logits(queries, _take(keys, j), i, j, weights), weighted_sum
+                        state,
+                        logits(queries, _take(keys, j), i, j, weights, masked),
+                        weighted_sum,
                     )
 
-                return over_key_ranges(i, key_step, init)
+                return over_plan(i, key_step, init)
 
             if cap_only and not return_statistics:  # bounded by the cap: shift 0
                 state = key_loop(
@@ -607,27 +602,28 @@ def memory_efficient_attention(
                 row = ops.expand_dims(ops.exp(-_take(lse, i)), -1)
                 d_out_tile, d_out_delta_tile = d_out_tile * row, d_out_delta_tile * row
 
-            def key_step(j, state):
+            def key_step(j, state, masked):
                 dq, dk_buffer, dv_buffer, d_weights = state
+                allowed = tile_mask(i, j, masked)
                 k_tile = _take(k, j)
                 if cap_only:  # the derivative below reads tanh(logits / c) again
                     capped = cap_tanh(q_cap_tile, k_tile, i, j)
-                    changed = online_softmax.mask_logits(scores.soft_cap * capped, tile_mask(i, j))
+                    changed = online_softmax.mask_logits(scores.soft_cap * capped, allowed)
                     probs = ops.exp(changed)  # times the row factor, folded into dO
                 elif modify:  # the change comes between the matmul and the lse
                     raw = ops.einsum(
                         "bhgqd,bhkd->bhgqk", q_alibi_tile, with_alibi_keys(k_tile, i, j)
                     )
                     applied = scores.apply(raw, *tile_indices(i, j), weights=weights)
-                    changed = online_softmax.mask_logits(applied, tile_mask(i, j))
+                    changed = online_softmax.mask_logits(applied, allowed)
                     probs = ops.exp(changed - ops.expand_dims(_take(lse, i), -1))
                 elif alibi_slopes is None:
-                    probs = ops.exp(masked_logits(q_lse_tile, _take(k_one, j), i, j))
+                    probs = ops.exp(masked_logits(q_lse_tile, _take(k_one, j), i, j, masked=masked))
                 else:  # [q, -slope r, slope, -lse] . [k, 1, j - i0, 1]
                     keys = with_alibi_keys(k_tile, i, j)
                     keys = online_softmax.append_column(keys, ops.ones_like(keys[..., 0]))
                     logits = ops.einsum("bhgqd,bhkd->bhgqk", q_lse_tile, keys)
-                    probs = ops.exp(online_softmax.mask_logits(logits, tile_mask(i, j)))
+                    probs = ops.exp(online_softmax.mask_logits(logits, allowed))
                 # dP - delta ([dO, -delta] . [v, 1]; v carries 1 / (1 - rate)).
                 d_probs = ops.einsum("bhgqd,bhkd->bhgqk", d_out_delta_tile, _take(v_one, j))
                 probs_kept = probs
@@ -653,7 +649,7 @@ def memory_efficient_attention(
                     d_weights,
                 )
 
-            dq, dk_buffer, dv_buffer, d_weights = over_key_ranges(
+            dq, dk_buffer, dv_buffer, d_weights = over_plan(
                 i, key_step, (ops.zeros_like(q_tile), dk_buffer, dv_buffer, d_weights)
             )
             return loops.write_block(dq_buffer, i, dq), dk_buffer, dv_buffer, d_weights

@@ -1,10 +1,9 @@
-"""`AttentionMask`'s positional rules and the tile ranges every blockwise kernel skips by.
+"""`AttentionMask`'s positional rules and the key ranges the ring kernel skips by.
 
 The rules are checked against a NumPy statement of each one on absolute positions
-(query row `i` at `query_offset + i`, key `j` at `j`). `key_range` and
-`key_block_range` are checked to be sound (no visible key outside the range: a kernel
-that skipped it would be wrong) and tight (the first and last block of the range each
-hold a visible key: a kernel would otherwise compute a tile it could skip).
+(query row `i` at `query_offset + i`, key `j` at `j`). `key_range` (the
+ring kernel's skip) is checked to be sound (no visible key outside the range: a kernel
+that skipped it would be wrong) and tight (its first and last key are visible).
 """
 
 import itertools
@@ -64,7 +63,6 @@ def test_key_ranges_are_sound_and_tight(name):
     mask = AttentionMask(**rule)
     offset = rule.get("query_offset", 0)
     keys = np.arange(KEYS)
-    block = 4
     for first, size in itertools.product(range(8), (1, 3)):
         rows = np.arange(first, first + size) + offset
         seen = visible(rule, rows, keys).any(axis=0)
@@ -76,19 +74,20 @@ def test_key_ranges_are_sound_and_tight(name):
             assert (start, stop) == (where[0], where[-1] + 1), context
         else:
             assert start >= stop, context
-        first_block, stop_block = mask.key_block_range(
-            int(rows[0]), int(rows[-1]), block, KEYS // block
-        )
-        seen_blocks = np.flatnonzero(seen.reshape(-1, block).any(axis=1))
-        if seen_blocks.size:
-            assert (first_block, stop_block) == (seen_blocks[0], seen_blocks[-1] + 1), context
-        else:
-            assert 0 <= first_block == stop_block <= KEYS // block, context
-        # The ranges a kernel loops over: disjoint, and exactly the seen blocks.
-        ranges = mask.key_block_ranges(int(rows[0]), int(rows[-1]), block, KEYS // block)
-        covered = [b for start, stop in ranges for b in range(start, stop)]
-        assert len(covered) == len(set(covered)), (context, ranges)
-        assert sorted(covered) == seen_blocks.tolist(), (context, ranges)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_the_tile_plan_of_each_rule_is_exact(name):
+    """The plan's full / partial / skipped tiles from each rule's bounds, on
+    11 queries x 24 keys in tiles of 4 x 5 (both padded)."""
+    from keras_attention.ops import tile_plan
+    from tests.ops.kernel_contract_test import exact_tile_kinds
+
+    rule = RULES[name]
+    rows = np.arange(11) + rule.get("query_offset", 0)
+    plan = tile_plan(AttentionMask(**rule), 11, KEYS, block_size=4, key_block_size=5)
+    expected = exact_tile_kinds(visible(rule, rows, np.arange(KEYS))[None, None], 4, 5)
+    np.testing.assert_array_equal(ops.convert_to_numpy(plan.tiles()), expected)
 
 
 def test_row_and_head_slices_keep_absolute_positions():
@@ -145,7 +144,13 @@ def test_per_example_prefix_segments_and_mask_mod_in_the_dense_form():
 
 
 @pytest.mark.parametrize("packed", [True, False], ids=["packed documents", "unsorted ids"])
-def test_segment_block_bounds_are_sound_and_tight_for_packed_documents(packed):
+def test_the_tile_plan_of_segment_ids_is_sound_and_tight_for_packed_documents(packed):
+    """A tile is full when its rows and keys hold one and the same id in every
+    example, skipped when no id is shared; sound for any ids, exact for
+    packed documents (ids that never decrease)."""
+    from keras_attention.ops import tile_plan
+    from tests.ops.kernel_contract_test import exact_tile_kinds
+
     rng = np.random.default_rng(3)
     length, block = 29, 4
     if packed:
@@ -153,16 +158,8 @@ def test_segment_block_bounds_are_sound_and_tight_for_packed_documents(packed):
     else:
         ids = rng.integers(0, 4, size=(2, length))
     mask = AttentionMask(query_segment_ids=ids, key_segment_ids=ids)
-    blocks = -(-length // block)
-    starts, stops = (
-        ops.convert_to_numpy(x) for x in mask.segment_block_bounds(block, blocks, block, blocks)
-    )
-    same = ids[:, :, None] == ids[:, None, :]  # (B, Tq, Tk)
-    padded = np.zeros((2, blocks * block, blocks * block), bool)
-    padded[:, :length, :length] = same
-    tiles = padded.reshape(2, blocks, block, blocks, block).any(axis=(0, 2, 4))  # (nq, nk)
-    for i in range(blocks):
-        seen = np.flatnonzero(tiles[i])
-        assert starts[i] <= seen[0] and seen[-1] < stops[i]  # sound
-        if packed:
-            assert (starts[i], stops[i]) == (seen[0], seen[-1] + 1)  # tight
+    got = ops.convert_to_numpy(tile_plan(mask, length, block_size=block).tiles())
+    exact = exact_tile_kinds((ids[:, :, None] == ids[:, None, :])[:, None], block, block)
+    assert not np.any((got == 2) & (exact != 2)) and not np.any((got == 0) & (exact != 0))
+    if packed:
+        np.testing.assert_array_equal(got, exact)

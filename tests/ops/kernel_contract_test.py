@@ -494,31 +494,81 @@ def test_the_blockwise_kernel_skips_the_tiles_a_mask_mod_rules_out(monkeypatch):
     assert len(computed) == 8, computed
 
 
+def exact_tile_kinds(allowed, q_block, k_block):
+    """NumPy: `(nq, nk)` 0 skipped / 1 partial / 2 full of a `(B, H, Tq, Tk)`
+    mask: full when every real row sees every column of the tile in every
+    example and head (padded key columns are hidden, padded rows ignored)."""
+    _, _, q_len, k_len = allowed.shape
+    nq, nk = -(-q_len // q_block), -(-k_len // k_block)
+    grid = np.zeros(allowed.shape[:2] + (nq * q_block, nk * k_block), bool)
+    grid[:, :, :q_len, :k_len] = allowed
+    tiles = grid.reshape(allowed.shape[:2] + (nq, q_block, nk, k_block))
+    real = np.arange(nq * q_block).reshape(nq, q_block) < q_len
+    kinds = np.zeros((nq, nk), int)
+    for i in range(nq):
+        rows = tiles[:, :, i][:, :, real[i]]  # (B, H, real rows, nk, bk)
+        kinds[i] = np.where(rows.all(axis=(0, 1, 2, 4)), 2, rows.any(axis=(0, 1, 2, 4)))
+    return kinds
+
+
+@pytest.mark.parametrize("name", sorted(MASKS))
+def test_the_tile_plan_is_each_tiles_exact_kind(name):
+    """`ops.tile_plan` on every mask of the contract (tiles of 4 x 3, so
+    rows and keys are padded): full, partial and skipped tiles are exactly
+    those of the NumPy mask (sound: a full tile evaluates no mask, a skipped
+    one is never computed; tight here: no tile the mask rules out is visited)."""
+    from keras_attention import ops as ka_ops
+
+    arrays, mask, allowed, _ = _case(name)
+    q_len, k_len = allowed.shape[2:]
+    plan = ka_ops.tile_plan(
+        mask, q_len, k_len, block_size=4, key_block_size=3, batch_size=B, num_heads=H
+    )
+    np.testing.assert_array_equal(to_numpy(plan.tiles()), exact_tile_kinds(allowed, 4, 3))
+
+
 @pytest.mark.tf_only
-def test_the_blockwise_kernel_skips_the_tiles_of_other_documents(monkeypatch):
-    """Packed documents: the key blocks each query block visits are those of
-    its own documents, read from the key loops' bounds (TF eager runs the
-    loops in Python, so each bound is a number here)."""
-    from keras_attention.ops import memory_efficient
+@pytest.mark.parametrize("blocks", [None, (5, 2)], ids=["its own plan", "a plan passed in"])
+def test_the_blockwise_kernel_visits_the_plan_and_masks_partial_tiles_only(blocks, monkeypatch):
+    """The kernel computes the plan's tiles, each once, and evaluates the
+    mask on the partial ones only (TF eager runs the loops in Python, so
+    every tile is counted). A plan passed in brings its own block sizes."""
+    from keras_attention import ops as ka_ops
+    from keras_attention.ops import online_softmax
 
-    visited = []
-    original = memory_efficient.sequential_fori_loop
+    masked = []
+    original = online_softmax.mask_logits
 
-    def counting(start, stop, body, init, **kwargs):
-        if not isinstance(init, tuple) or len(init) != 3 or not hasattr(init[0], "shape"):
-            return original(start, stop, body, init, **kwargs)
-        visited.append((int(start), int(stop)))
-        return original(start, stop, body, init, **kwargs)
+    def counting(logits, allowed):
+        masked.append(allowed is not None)
+        return original(logits, allowed)
 
-    monkeypatch.setattr(memory_efficient, "sequential_fori_loop", counting)
-    ids = np.repeat(np.arange(4), 8)[None].astype("int32")  # 4 documents of 8
-    mask = attention_mask.AttentionMask(causal=True, query_segment_ids=ids, key_segment_ids=ids)
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.normal(size=(1, 32, 1, 4)).astype("float32") for _ in range(3))
-    memory_efficient_attention(q, k, v, mask=mask, block_size=4)
-    # Query block i (rows 4i..4i+3) sees the key blocks of its document up
-    # to the diagonal: 2 documents' worth of blocks per 8 rows.
-    assert visited == [(2 * (i // 2), i + 1) for i in range(8)], visited
+    monkeypatch.setattr(online_softmax, "mask_logits", counting)
+    arrays, mask, allowed, _ = _case("packed documents")
+    q, k, v = (arrays[n].astype("float32") for n in ("q", "k", "v"))
+    plan = None
+    q_block, k_block = blocks or (4, 3)
+    if blocks is not None:
+        plan = ka_ops.tile_plan(mask, 13, 13, block_size=q_block, key_block_size=k_block)
+    out = memory_efficient_attention(
+        q, k, v, mask=mask, block_size=4, key_block_size=3, tile_plan=plan
+    )
+    np.testing.assert_allclose(
+        to_numpy(out), numpy_attention(arrays, allowed, (), 0)[0], atol=2e-5, rtol=1e-4
+    )
+    kinds = exact_tile_kinds(allowed, q_block, k_block)
+    assert (masked.count(False), masked.count(True)) == (np.sum(kinds == 2), np.sum(kinds == 1))
+
+
+def test_a_tile_plan_for_other_lengths_or_not_a_plan_is_refused():
+    from keras_attention import ops as ka_ops
+
+    q = np.ones((1, 6, 1, 2), "float32")
+    plan = ka_ops.tile_plan(None, 8, block_size=4)
+    with pytest.raises(ValueError, match=r"memory_efficient_attention.*built for .*\(8, 8, 4, 4\)"):
+        memory_efficient_attention(q, q, q, tile_plan=plan)
+    with pytest.raises(TypeError, match="memory_efficient_attention.*`tile_plan` must be"):
+        memory_efficient_attention(q, q, q, tile_plan="causal")
 
 
 # ------------------------------------------------------ the mods' contract
