@@ -21,6 +21,7 @@ from keras_attention.ops import mods
 from keras_attention.ops import multi_head
 from keras_attention.ops import ring_attention
 from keras_attention.ops import score_modifier
+from keras_attention.ops import tiling
 from keras_attention.ops.cache import update_cache
 from keras_attention.ops.memory_efficient import memory_efficient_attention
 from keras_attention.ops.shapes import static_shape
@@ -245,6 +246,12 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             and captured weights are the unmasked ones. Inside
             `keras_attention.analysis.masking_heads` a call without one uses
             the mask set there for this layer.
+        tile_plan: (keyword-only) a `TilePlan` (`ops.tile_plan`) of this
+            call's mask over `(Tq, Tv)`: which key blocks each query block
+            of the blockwise kernel visits, full or partial. A model builds
+            it once per batch and passes it to every layer (FlexAttention's
+            shared `BlockMask`); it must describe the mask this call makes
+            (causal, segment ids, window...). Other kernels ignore it.
 
     Returns:
         `(B, Tq, *output_shape)`; with `return_attention_scores=True` also the
@@ -1101,6 +1108,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         position_ids=None,
         key_position_ids=None,
         head_mask=None,
+        tile_plan=None,
     ):
         return_attention_scores = validation.validate_call_flag(
             self, "return_attention_scores", return_attention_scores
@@ -1187,6 +1195,12 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             call.mask = call.mask.replace(
                 key_length=ops.cast(cache_update_index, "int32") + ops.shape(query)[1]
             )
+        if tile_plan is not None:
+            call.mask = call.mask.replace(
+                tile_plan=self._check_tile_plan(
+                    tile_plan, projected_query.shape[1], projected_key.shape[1]
+                )
+            )
         results = self._attend_and_project(
             call,
             projected_query,
@@ -1242,8 +1256,10 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         position_ids=None,
         key_position_ids=None,
         head_mask=None,
+        tile_plan=None,
     ):
         head_masks.check_head_mask(self, head_mask, query)
+        self._check_tile_plan(tile_plan)
         self_attention = cache is None and self._keys_are_queries(query, value, key)
         keys = value if value is not None else query
         if cache is not None:
@@ -1316,6 +1332,19 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 keras.KerasTensor(selection.shape(tuple(scores.shape)), dtype=scores.dtype),
             ) + results[2:]
         return results[0] if len(results) == 1 else results
+
+    def _check_tile_plan(self, plan, query_length=None, key_length=None):
+        """`plan` if it is a `TilePlan` for these lengths (or None)."""
+        if plan is not None and not isinstance(plan, tiling.TilePlan):
+            raise TypeError(
+                self._error(
+                    "`tile_plan` must be a TilePlan (keras_attention.ops.tile_plan) or "
+                    f"None. Received: tile_plan={validation.describe(plan)}"
+                )
+            )
+        if plan is not None and query_length is not None:
+            plan.check(self, query_length, key_length)
+        return plan
 
     def _selection(self, query, return_attention_scores, heads, query_range):
         if heads is None and query_range is None:

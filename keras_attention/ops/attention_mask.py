@@ -62,6 +62,9 @@ class AttentionMask:
         query_segment_ids, key_segment_ids: `(B|1, Tq)` and `(B|1, Tk)`
             integers (both or neither): a query sees its segment's keys only.
         mask_mod: `mask_mod(batch, head, q_idx, k_idx) -> bool`, or None.
+        tile_plan: the `TilePlan` of this description (`ops.tile_plan`),
+            built once and carried to the tiled kernels, or None (they build
+            it). Not a rule: any other change (`replace`, `rows`) drops it.
     """
 
     def __init__(
@@ -79,8 +82,15 @@ class AttentionMask:
         query_segment_ids=None,
         key_segment_ids=None,
         mask_mod=None,
+        tile_plan=None,
     ):
         owner = "AttentionMask"
+        if tile_plan is not None and type(tile_plan).__name__ != "TilePlan":
+            raise TypeError(
+                f"{owner}: `tile_plan` must be a TilePlan (ops.tile_plan) or None. "
+                f"Received: tile_plan={tile_plan!r}"
+            )
+        self.tile_plan = tile_plan
         checks.mask(owner, "query_mask", query_mask, rank=2)
         checks.mask(owner, "key_mask", key_mask, rank=2)
         checks.mask(owner, "pair_mask", pair_mask, rank=(3, 4))
@@ -250,7 +260,9 @@ class AttentionMask:
         )
 
     def replace(self, **changes):
-        """A copy with some fields changed."""
+        """A copy with some fields changed (the tile plan dropped unless
+        it is the only change: the plan was built for the old rules)."""
+        plan = changes.pop("tile_plan", None if changes else self.tile_plan)
         fields = dict(
             query_mask=self.query_mask,
             key_mask=self.key_mask,
@@ -266,7 +278,7 @@ class AttentionMask:
             mask_mod=self.mask_mod,
         )
         fields.update(changes)
-        return AttentionMask(**fields)
+        return AttentionMask(**fields, tile_plan=plan)
 
     # --------------------------------------------------------- positions
     def query_positions(self, start, size):

@@ -148,7 +148,8 @@ def memory_efficient_attention(
         tile_plan: a `TilePlan` of `mask` (`ops.tile_plan`: which key blocks
             each query block visits, full or partial), built once and shared
             by several calls; its block sizes replace `block_size` and
-            `key_block_size`. Built here from `mask` when None.
+            `key_block_size`. Defaults to `mask.tile_plan`; built here from
+            `mask` when neither is given.
 
     Returns:
         `(B, Tq, H, Dv)` in the dtype of `query` (with `return_statistics`,
@@ -204,6 +205,8 @@ def memory_efficient_attention(
         scale = 1.0 / math.sqrt(key_dim)
     # NaN/Inf at a key reaches only the queries whose masks let them see it.
     key, value = masking.confine_nonfinite(key, value)
+    if tile_plan is None:
+        tile_plan = mask.tile_plan
     if tile_plan is not None:
         if not isinstance(tile_plan, tile_plans.TilePlan):
             raise TypeError(

@@ -778,3 +778,76 @@ def test_attention_mask_given_as_a_list_is_named():
     layer = MultiHeadAttention(2, 4)
     with pytest.raises(TypeError, match=r"`attention_mask` must be a boolean tensor.*np.asarray"):
         layer(random_inputs((1, 2, 8)), attention_mask=[[True, False], [True, True]])
+
+
+def test_one_tile_plan_per_batch_serves_every_layer_and_new_packings_do_not_retrace(
+    monkeypatch,
+):
+    """#50: a model builds `ops.tile_plan` once per batch and passes it to
+    every layer (forward and backward); no kernel builds its own (counted in
+    the trace), and 10 batches packed differently trace the compiled step
+    once (`tf.function` / `jax.jit`). The result is the layers' own. (The
+    4-layer count is benchmarks/tile_plan.py's.)"""
+    from keras_attention.ops import tiling
+
+    builds = []
+    build = tiling.build
+    monkeypatch.setattr(tiling, "build", lambda *a, **k: builds.append(1) or build(*a, **k))
+    layers = [MultiHeadAttention(2, 4, memory_efficient=True, block_size=4) for _ in range(2)]
+    traces = []
+
+    def forward(x, ids, planned):
+        plan = None
+        if planned:
+            mask = keras_attention.ops.AttentionMask(
+                causal=True, query_segment_ids=ids, key_segment_ids=ids
+            )
+            plan = keras_attention.ops.tile_plan(mask, 16, block_size=4)
+        for layer in layers:
+            x = x + layer(x, x, use_causal_mask=True, segment_ids=ids, tile_plan=plan)
+        return x
+
+    def step(x, ids):
+        traces.append(1)
+        if keras.backend.backend() == "jax":
+            import jax
+
+            def loss(x):
+                out = forward(x, ids, True)
+                return ops.sum(out**2), out
+
+            (_, out), grad = jax.value_and_grad(loss, has_aux=True)(x)
+            return out, grad
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = forward(x, ids, True)
+            loss = tf.reduce_sum(out**2)
+        return out, tape.gradient(loss, x)
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        compiled = jax.jit(step)
+    else:
+        import tensorflow as tf
+
+        compiled = tf.function(step)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 16, 8)).astype("float32")
+    for layer in layers:
+        layer(x, x)  # built outside the compiled step
+    for batch in range(10):
+        ids = np.sort(rng.integers(0, 8, size=(2, 16)), axis=1).astype("int32")
+        builds.clear()
+        out, grad = compiled(x, ids)
+        if batch == 0:
+            assert len(builds) == 1, builds  # traced: the model's plan, no layer's
+            builds.clear()
+            np.testing.assert_allclose(
+                to_numpy(out), to_numpy(forward(x, ids, False)), atol=1e-5, rtol=1e-5
+            )
+            assert len(builds) == 2  # without one, each layer builds its own
+            assert np.all(np.isfinite(to_numpy(grad)))
+    assert len(traces) == 1, len(traces)
