@@ -27,6 +27,13 @@ def _numpy_score_mod(score, batch, head, q_idx, k_idx):
     return score + 0.5 * np.cos(q_idx - 2 * k_idx + head) - 0.25 * batch
 
 
+@keras.saving.register_keras_serializable(package="keras_attention_tests")
+def learned_alibi(score, batch, head, q_idx, k_idx, slopes):
+    """A `score_mod` with a weight: ALiBi whose `(H,)` slopes are learned."""
+    distance = keras.ops.cast(keras.ops.abs(q_idx - k_idx), score.dtype)
+    return score - keras.ops.take(slopes, head) * distance
+
+
 SOFT_CAP = 1.5  # small enough to bite on these random weights' logits
 
 
@@ -44,7 +51,8 @@ def paper_alibi_slopes(num_heads):
 
 
 def modifier_names(modifier):
-    """The set of modifier names `modifier` stands for."""
+    """The set of modifier names `modifier` stands for ("learned_alibi",
+    the weighted `score_mod` `learned_alibi`, only by name)."""
     if modifier is None:
         return set()
     if modifier == "all":
@@ -54,7 +62,7 @@ def modifier_names(modifier):
 
 def modified_logits(logits, modifier, rows, weights):
     """The logits `(B, H, Tq, Tk)` changed as `modifier` says; `rows` are the
-    queries' absolute positions."""
+    queries' absolute positions; `weights["slopes"]` are `learned_alibi`'s."""
     modifier = modifier_names(modifier)
     if not modifier:
         return logits
@@ -67,6 +75,8 @@ def modified_logits(logits, modifier, rows, weights):
         logits = logits - np.asarray(paper_alibi_slopes(heads))[h] * np.abs(q - k)
     if "score_mod" in modifier:
         logits = _numpy_score_mod(logits, b, h, q, k)
+    if "learned_alibi" in modifier:
+        logits = logits - np.asarray(weights["slopes"], np.float64)[h] * np.abs(q - k)
     if "soft_cap" in modifier:
         logits = SOFT_CAP * np.tanh(logits / SOFT_CAP)
     return logits

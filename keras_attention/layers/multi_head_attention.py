@@ -10,17 +10,18 @@ from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import head_mask as head_masks
 from keras_attention.layers import kernel_selector
 from keras_attention.layers import memory_budget
+from keras_attention.layers import score_options
 from keras_attention.layers import scores_selection
 from keras_attention.layers import utils
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.kernel_selector import Kernel
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.layers.score_options import ScoreModifierOptions
 from keras_attention.ops import dense_attention
 from keras_attention.ops import masking
 from keras_attention.ops import mods
 from keras_attention.ops import multi_head
 from keras_attention.ops import ring_attention
-from keras_attention.ops import score_modifier
 from keras_attention.ops import tiling
 from keras_attention.ops.cache import update_cache
 from keras_attention.ops.memory_efficient import memory_efficient_attention
@@ -51,7 +52,7 @@ def fused_kernel_available():
 
 
 @keras_attention_export("layers")
-class MultiHeadAttention(BaseMultiHeadAttention):
+class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
     """Multi-head attention (Vaswani et al., 2017, https://arxiv.org/abs/1706.03762).
 
     A drop-in for `keras.layers.MultiHeadAttention`: the same constructor
@@ -321,16 +322,15 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             query_scale = validation.validate_real(
                 owner, "query_scale", query_scale, low=0.0, include_low=False
             )
-        if logit_soft_cap is not None:
-            logit_soft_cap = validation.validate_real(
-                owner, "logit_soft_cap", logit_soft_cap, low=0.0, include_low=False
-            )
-        alibi = _validate_alibi(owner, alibi, num_heads)
-        attention_sinks = validation.validate_bool(owner, "attention_sinks", attention_sinks)
-        score_mod = _user_function(
-            owner, "score_mod", score_mod, "(score, batch, head, q_idx, k_idx) -> score"
+        modifiers = score_options.validate_score_options(
+            owner,
+            num_heads,
+            logit_soft_cap=logit_soft_cap,
+            alibi=alibi,
+            attention_sinks=attention_sinks,
+            score_mod=score_mod,
         )
-        mask_mod = _user_function(
+        mask_mod = score_options.user_function(
             owner, "mask_mod", mask_mod, "(batch, head, q_idx, k_idx) -> bool"
         )
         sink_tokens = validation.validate_positive_int(
@@ -415,10 +415,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                         f"{argument}={received!r}"
                     )
         self.sequence_parallel = sequence_parallel
-        self.logit_soft_cap = logit_soft_cap
-        self.alibi = alibi
-        self.attention_sinks = attention_sinks
-        self.score_mod = score_mod
+        self._set_score_options(modifiers)
         self.sink_tokens = sink_tokens
         self.mask_mod = mask_mod
         self.rotary = rotary
@@ -427,29 +424,10 @@ class MultiHeadAttention(BaseMultiHeadAttention):
         self.query_scale = query_scale
         if query_scale is not None:  # the logits' scale (Keras' `_scale`)
             self._inverse_sqrt_key_dim = query_scale
-        if isinstance(score_mod, keras.layers.Layer) and not (
-            hasattr(score_mod, "modify_scores") and hasattr(type(score_mod), "score_weights")
-        ):
-            raise TypeError(
-                f"{owner}: a layer given as `score_mod` must have `modify_scores(score, "
-                "batch, head, q_idx, k_idx, *weights)` and `score_weights` (as "
-                f"RelativePositionBias). Received: score_mod={score_mod!r}"
-            )
-        if getattr(score_mod, "num_heads", num_heads) != num_heads:
-            raise ValueError(
-                f"{owner}: `score_mod` has {score_mod.num_heads} heads, the layer "
-                f"{num_heads}. Received: score_mod={score_mod!r}, num_heads={num_heads!r}"
-            )
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
-        if isinstance(self.score_mod, keras.layers.Layer) and not self.score_mod.built:
-            self.score_mod.build()
-        if self.attention_sinks:
-            # One sink logit per head, in every row's softmax denominator.
-            self.sinks = self.add_weight(
-                name="sinks", shape=(self._num_heads,), initializer="zeros", trainable=True
-            )
+        self._build_score_options()
         if self.qk_norm:
             # RMSNorm of each head's query and key, one learned scale per
             # feature shared by the heads (Gemma 3, Qwen 3, OLMo 2).
@@ -545,42 +523,6 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             return spec
         mask_mod = mods.UserMod.wrap(self.mask_mod, "mask_mod", type(self).__name__)
         return spec.replace(sink_tokens=self.sink_tokens, mask_mod=mask_mod)
-
-    @property
-    def _modifies_scores(self):
-        """Whether any score modifier is set (the selector's question)."""
-        return (
-            self.logit_soft_cap is not None
-            or self.alibi is not None
-            or self.attention_sinks
-            or self.score_mod is not None
-        )
-
-    def _score_modifier(self):
-        """The layer's `ScoreModifier`, or None when no score is changed."""
-        if not self._modifies_scores:
-            return None
-        slopes = None
-        if self.alibi is not None:
-            slopes = (
-                score_modifier.alibi_slopes(self._num_heads) if self.alibi is True else self.alibi
-            )
-        score_mod, weights = self.score_mod, ()
-        if isinstance(score_mod, keras.layers.Layer):
-            # A layer with weights (`RelativePositionBias`): its function
-            # takes them as arguments, so every kernel differentiates them.
-            weights = tuple(score_mod.score_weights)
-            score_mod = score_mod.modify_scores
-        score_mod = mods.UserMod.wrap(
-            score_mod, "score_mod", type(self).__name__, num_weights=len(weights)
-        )
-        return score_modifier.ScoreModifier(
-            soft_cap=self.logit_soft_cap,
-            alibi_slopes=slopes,
-            sink_logits=self.sinks if self.attention_sinks else None,
-            score_mod=score_mod,
-            score_mod_weights=weights,
-        )
 
     @property
     def sliding_window(self):
@@ -1458,14 +1400,7 @@ class MultiHeadAttention(BaseMultiHeadAttention):
                 "memory_budget": self.memory_budget,
                 "block_size": self.block_size,
                 "sequence_parallel": self.sequence_parallel,
-                "logit_soft_cap": self.logit_soft_cap,
-                "alibi": self.alibi,
-                "attention_sinks": self.attention_sinks,
-                "score_mod": (
-                    None
-                    if self.score_mod is None
-                    else keras.saving.serialize_keras_object(self.score_mod)
-                ),
+                **self._score_options_config(),
                 "sink_tokens": self.sink_tokens,
                 "mask_mod": (
                     None
@@ -1483,17 +1418,6 @@ class MultiHeadAttention(BaseMultiHeadAttention):
             }
         )
         return config
-
-
-def _user_function(owner, argument, function, signature):
-    """A user function argument (`score_mod`, `mask_mod`), deserialized from
-    a `.keras` file's config when it comes as one."""
-    if isinstance(function, dict):
-        function = keras.saving.deserialize_keras_object(function)
-    if isinstance(function, keras.layers.Layer):  # its `call` takes its weights itself
-        return mods.check_signature(owner, argument, function, 0, signature)
-    num_args = 4 if argument == "mask_mod" else 5
-    return mods.check_signature(owner, argument, function, num_args, signature)
 
 
 def _validate_rotary(owner, rotary, key_dim):
@@ -1527,31 +1451,6 @@ def _validate_rotary(owner, rotary, key_dim):
         message = str(error).removeprefix("RotaryEmbedding: ")
         raise ValueError(f"{owner}: `rotary`: {message} (key_dim={key_dim!r})") from None
     return rotary
-
-
-def _validate_alibi(owner, alibi, num_heads):
-    """`alibi`: None/False (off), True (the paper's slopes) or `num_heads`
-    slopes; returns None, True or a list of floats."""
-    if alibi is None or alibi is False:
-        return None
-    if alibi is True:
-        return True
-    if isinstance(alibi, (str, bytes)) or not hasattr(alibi, "__len__"):
-        raise TypeError(
-            f"{owner}: `alibi` must be None, True (the paper's slopes) or a "
-            f"list of {num_heads} slopes. Received: alibi={alibi!r}"
-        )
-    try:
-        shape = np.shape(alibi)
-    except ValueError:  # a ragged nesting
-        shape = None
-    if shape != (num_heads,):
-        raise ValueError(
-            f"{owner}: `alibi` must give one slope per query head, shape "
-            f"({num_heads},). Received: "
-            f"{'a ragged alibi' if shape is None else f'alibi with shape {shape}'}: {alibi!r}"
-        )
-    return [validation.validate_real(owner, "alibi", value) for value in alibi]
 
 
 class _CachedCall:

@@ -2,8 +2,10 @@ import keras
 import numpy as np
 
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers import score_options
 from keras_attention.layers import utils
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.layers.score_options import ScoreModifierOptions
 from keras_attention.layers.utils import validate_non_negative_int
 from keras_attention.layers.utils import validate_positive_int
 from keras_attention.ops import block_sparse
@@ -16,7 +18,7 @@ _PLAN_HIGH = 2**31 - 1
 
 
 @keras_attention_export("layers")
-class SparseAttention(BaseMultiHeadAttention):
+class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
     """Block-sparse multi-head attention: BigBird and Longformer patterns.
 
     Zaheer et al. 2020, "Big Bird: Transformers for Longer Sequences"
@@ -72,6 +74,21 @@ class SparseAttention(BaseMultiHeadAttention):
         global_tokens: list of global token positions, or `None`.
         seed: seed of the random plan (and of the dropout); `None` draws a
             fresh plan, which is then saved with the model.
+        logit_soft_cap, alibi, attention_sinks, score_mod: (keyword-only)
+            `MultiHeadAttention`'s score modifiers, the same arguments
+            (validated, saved and given weights the same way): a soft cap
+            `c * tanh(logit / c)`, ALiBi (True or one slope per head), a
+            learned sink logit per head (weight `sinks`; the weights returned
+            are the keys', so a row may sum to less than 1), and a
+            `score_mod(score, batch, head, q_idx, k_idx) -> score` (register
+            it to save the model) or a layer with weights such as
+            `RelativePositionBias`. Every path applies them at absolute
+            positions: exact attention below the switch, and inside the
+            pattern each gathered key block, global token and global row
+            (the blockwise kernel), forward and backward. A mod gets the
+            indices of `ops.mods`, except that in a gathered block `k_idx`
+            holds that block's keys for each row, `(1, 1, Tq, keys)`:
+            written with broadcasting, one function serves both.
         **kwargs: the other `MultiHeadAttention` arguments (`value_dim`,
             `num_key_value_heads`, `dropout`, `use_bias`, `output_shape`,
             `use_gate`, initializers, ..., `name`, `dtype`) of
@@ -107,6 +124,11 @@ class SparseAttention(BaseMultiHeadAttention):
         random_blocks=3,
         global_tokens=None,
         seed=None,
+        *,
+        logit_soft_cap=None,
+        alibi=None,
+        attention_sinks=False,
+        score_mod=None,
         **kwargs,
     ):
         name = "SparseAttention"
@@ -124,7 +146,16 @@ class SparseAttention(BaseMultiHeadAttention):
             for position in global_tokens:
                 validate_non_negative_int(name, "global_tokens", position)
             global_tokens = sorted(set(global_tokens))
+        modifiers = score_options.validate_score_options(
+            name,
+            num_heads,
+            logit_soft_cap=logit_soft_cap,
+            alibi=alibi,
+            attention_sinks=attention_sinks,
+            score_mod=score_mod,
+        )
         super().__init__(num_heads, key_dim, seed=seed, **kwargs)
+        self._set_score_options(modifiers)
         self.block_size = block_size
         self.window_blocks = window_blocks
         self.global_blocks = global_blocks
@@ -135,6 +166,7 @@ class SparseAttention(BaseMultiHeadAttention):
         value_shape = query_shape if value_shape is None else value_shape
         self._check_lengths(value_shape[1])
         super().build(query_shape, value_shape, key_shape)
+        self._build_score_options()  # `sinks` after the projections, as MultiHeadAttention
         query_length = query_shape[1]
         rows = MIN_PLAN_ROWS
         if query_length is not None:
@@ -184,11 +216,12 @@ class SparseAttention(BaseMultiHeadAttention):
             self._check_lengths(keys.shape[1])
 
     def _attend(self, query, key, value, mask, *, dropout, return_weights):
+        scores = self._score_modifier()
         if self.covers_every_key(query.shape[1], key.shape[1], mask.causal):
             # Short sequences: the pattern holds every key, and exact
             # attention under the same masks is the same answer.
             output, weights = dense_attention.dense_attention(
-                query, key, value, mask, scale=self._scale, dropout=dropout
+                query, key, value, mask, scale=self._scale, dropout=dropout, scores=scores
             )
             return (output, weights) if return_weights else output
         # Dropout runs inside the kernel (keep bits hashed from a seed drawn
@@ -205,6 +238,7 @@ class SparseAttention(BaseMultiHeadAttention):
             global_tokens=self.global_tokens,
             mask=mask,
             scale=self._scale,
+            scores=scores,
             return_weights=return_weights,
             dropout_rate=0.0 if dropout is None else self.dropout,
             dropout_seed=None if dropout is None else self._dropout_seed(),
@@ -315,6 +349,7 @@ class SparseAttention(BaseMultiHeadAttention):
                 "global_blocks": self.global_blocks,
                 "random_blocks": self.random_blocks,
                 "global_tokens": self.global_tokens,
+                **self._score_options_config(),
             }
         )
         return config

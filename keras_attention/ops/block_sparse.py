@@ -29,11 +29,13 @@ from keras import ops
 from keras_attention import validation
 from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import checks
+from keras_attention.ops import dense_attention
 from keras_attention.ops import dropout as dropouts
 from keras_attention.ops import loops
 from keras_attention.ops import masking
 from keras_attention.ops import memory_efficient
 from keras_attention.ops import online_softmax
+from keras_attention.ops.score_modifier import ScoreModifier
 
 
 def _length(x, axis):
@@ -161,6 +163,83 @@ def _pad_time(x, length, axis=1, value=0):
     return ops.pad(x, widths, constant_values=value)
 
 
+def _block_indices(batch, heads, row_positions, key_positions, query_length, key_length):
+    """`(batch, head, q_idx, k_idx)` of `n` query blocks' logits, in the
+    kernels' 4-D contract (`ops.mods`): `row_positions` `(n, bs)` are the
+    rows' absolute positions (`q_idx` `(1, 1, n * bs, 1)`); `key_positions`
+    are the positions of the keys each block gathered, `(n, K)` (`k_idx`
+    `(1, 1, n * bs, K)`), or `(K,)` when every row sees the same keys
+    (`(1, 1, 1, K)`). Past the end (padding) the last real position is
+    repeated, so a `score_mod`'s lookups stay in range."""
+    batch = ops.reshape(ops.arange(batch, dtype="int32"), (-1, 1, 1, 1))
+    head = ops.reshape(ops.arange(heads, dtype="int32"), (1, -1, 1, 1))
+    rows = ops.minimum(ops.reshape(row_positions, (1, 1, -1, 1)), query_length - 1)
+    if len(key_positions.shape) == 1:
+        cols = ops.reshape(key_positions, (1, 1, 1, -1))
+    else:  # each block's keys, once per row of the block
+        cols = ops.repeat(key_positions, row_positions.shape[-1], axis=0)
+        cols = ops.reshape(cols, (1, 1, -1, key_positions.shape[-1]))
+    cols = ops.minimum(cols, key_length - 1)
+    return batch, head, ops.cast(rows, "int32"), ops.cast(cols, "int32")
+
+
+def _as_rows(x):
+    """`(B, H, n, bs, K)` -> `(B, H, n * bs, K)`: the 4-D logits of the
+    `ScoreModifier` contract."""
+    shape = ops.shape(x)
+    return ops.reshape(x, (shape[0], shape[1], shape[2] * shape[3], shape[4]))
+
+
+def _modified(modifier, logits, indices, weights=None):
+    """`(B, H, n, bs, K)` logits of `n` query blocks changed by the
+    `ScoreModifier` `modifier` at `_block_indices`' `indices`."""
+    return ops.reshape(
+        modifier.apply(_as_rows(logits), *indices, weights=weights), ops.shape(logits)
+    )
+
+
+def _modified_gradient(modifier, logits, indices, d_modified, weights, applied):
+    """`(d logits, d weights)` of `_modified`, for a hand-written backward."""
+    d_logits, d_weights = modifier.gradient(
+        _as_rows(logits),
+        *indices,
+        _as_rows(d_modified),
+        weights=weights,
+        applied=_as_rows(applied),
+    )
+    return ops.reshape(d_logits, ops.shape(logits)), d_weights
+
+
+def _block_softmax(logits, allowed, sinks):
+    """The masked softmax of `(B, H, n, bs, K)` logits, with the sink logits
+    `(H,)` (or None) in each row's denominator: the keys' weights."""
+    if sinks is None:
+        return online_softmax.masked_softmax(logits, allowed)
+    shape = ops.shape(logits)
+    allowed = ops.broadcast_to(allowed, tuple(ops.shape(allowed)[:2]) + tuple(shape[2:]))
+    weights = dense_attention.softmax_with_sinks(_as_rows(logits), _as_rows(allowed), sinks)
+    return ops.reshape(weights, shape)
+
+
+def _at_rows(modifier, positions):
+    """`modifier` for a kernel whose query row `r` is at absolute position
+    `positions[r]` (the global rows, attended as rows `0 .. R - 1` by the
+    blockwise kernel): its changes run inside one `score_mod` that reads
+    the rows' real positions; the sinks and weights are the same."""
+    if modifier is None or not modifier.changes_logits:
+        return modifier
+
+    def at_positions(score, batch, head, q_idx, k_idx, *weights):
+        rows = ops.take(positions, q_idx)
+        return modifier.apply(score, batch, head, rows, k_idx, weights=weights)
+
+    return ScoreModifier(
+        sink_logits=modifier.sink_logits,
+        score_mod=at_positions,
+        score_mod_weights=modifier.score_mod_weights,
+    )
+
+
 # Query rows per chunk of the recomputing kernel (rounded to whole blocks).
 DEFAULT_CHUNK_ROWS = 1024
 
@@ -183,6 +262,9 @@ def _recomputed_block_rows(
     key_segments=None,
     keep_bits=None,
     token_positions=None,
+    modifier=None,
+    query_length=None,
+    key_length=None,
 ):
     """Block rows of block-sparse attention in memory linear in the length.
 
@@ -215,6 +297,12 @@ def _recomputed_block_rows(
             gathered keys (`token_positions` for the global tokens), are
             computed in the forward and again in the backward; they act on
             `P @ V` only, and `v`, `token_v` carry `1 / (1 - rate)`.
+        modifier: a `ScoreModifier` (or None): each chunk's logits are
+            changed at the absolute positions of its rows and gathered keys
+            (`query_length`, `key_length`: the real lengths), in the forward
+            and again in the backward, which returns the gradients of the
+            sink logits (a key with logit `sink[h]` and a zero value that
+            starts every row's softmax) and of the `score_mod`'s weights.
 
     Returns:
         float32 `(B, H, Tqp, Dv)`. Rows with no visible key are zero.
@@ -229,6 +317,11 @@ def _recomputed_block_rows(
     extra = padded_blocks - nq
     keys_per_row = num_slots * bs
     has_tokens = token_k is not None
+    modify = modifier is not None and modifier.changes_logits
+    # The kernel's inputs after the tokens: the sink logits, then the
+    # `score_mod`'s weights (explicit, so the backward returns their gradients).
+    sink_inputs = () if modifier is None or modifier.sink_logits is None else (modifier.sinks(),)
+    score_weights = () if modifier is None else modifier.weights()
 
     # Chunk-major layouts, so each chunk is one `take` along axis 0.
     if extra:
@@ -318,32 +411,63 @@ def _recomputed_block_rows(
         picked = ops.take(x_blocks, chunk_index, axis=2)
         return ops.reshape(picked, (-1, heads, chunk_blocks, keys_per_row, picked.shape[-1]))
 
-    def scores_of(c, q_chunk, k_blocks, token_k):
+    def chunk_indices(c, chunk_index):
+        """The `ScoreModifier`'s indices of chunk `c`'s gathered keys and of
+        its global tokens (`_block_indices`)."""
+        first = (c * chunk_blocks + ops.arange(chunk_blocks, dtype="int32")) * bs
+        rows = first[:, None] + block_offsets  # (C, bs)
+        keys = ops.reshape(chunk_index[:, None] * bs + block_offsets, (chunk_blocks, keys_per_row))
+        batch = ops.shape(q)[1]
+        gathered = _block_indices(batch, heads, rows, keys, query_length, key_length)
+        if not has_tokens:
+            return gathered, None
+        tokens = _block_indices(batch, heads, rows, token_positions, query_length, key_length)
+        return gathered, tokens
+
+    def scores_of(c, q_chunk, k_blocks, token_k, weights):
+        """Chunk `c`'s gathered keys and masked logits (of the keys, of the
+        tokens), and `(raw, changed)` logits of each with their indices."""
         chunk_index = ops.take(index, c, axis=0)
         k_chunk = gather(k_blocks, chunk_index)
-        scores = online_softmax.mask_logits(
-            ops.einsum("bhiqd,bhikd->bhiqk", q_chunk, k_chunk),
-            chunk_mask(c, chunk_index),
-        )
-        token_scores = None
+        raw = ops.einsum("bhiqd,bhikd->bhiqk", q_chunk, k_chunk)
+        indices = chunk_indices(c, chunk_index) if modify else (None, None)
+        changed = _modified(modifier, raw, indices[0], weights) if modify else raw
+        logits = online_softmax.mask_logits(changed, chunk_mask(c, chunk_index))
+        token_logits = token_raw = token_changed = None
         if has_tokens:
             t_mask = ops.take(token_mask, c, axis=0)[:, None]  # (Bm, 1, C, ., G)
-            token_scores = online_softmax.mask_logits(
-                ops.einsum("bhiqd,bhgd->bhiqg", q_chunk, token_k), t_mask
-            )
-        return chunk_index, k_chunk, scores, token_scores
+            token_raw = ops.einsum("bhiqd,bhgd->bhiqg", q_chunk, token_k)
+            token_changed = token_raw
+            if modify:
+                token_changed = _modified(modifier, token_raw, indices[1], weights)
+            token_logits = online_softmax.mask_logits(token_changed, t_mask)
+        parts = ((raw, changed, indices[0]), (token_raw, token_changed, indices[1]))
+        return chunk_index, k_chunk, logits, token_logits, parts
 
-    def forward(q, k_blocks, v_blocks, token_k, token_v):
+    def initial_state(row_shape, sinks):
+        """The running softmax before any key: a learned sink is a key with
+        logit `sink[h]` and a zero value, so the state starts from it."""
+        state = online_softmax.initial_state(row_shape, value_dim)
+        if not sinks:
+            return state
+        sink = ops.broadcast_to(ops.reshape(sinks[0], (1, heads, 1, 1)), row_shape)
+        return (sink, ops.ones(row_shape, "float32"), state[2])
+
+    def forward(q, k_blocks, v_blocks, token_k, token_v, *extra):
+        sinks, weights = extra[: len(sink_inputs)], extra[len(sink_inputs) :]
+
         def step(c, buffers):
             out_buffer, lse_buffer = buffers
             q_chunk = ops.take(q, c, axis=0)
-            chunk_index, _, scores, token_scores = scores_of(c, q_chunk, k_blocks, token_k)
+            chunk_index, _, scores, token_scores, _ = scores_of(
+                c, q_chunk, k_blocks, token_k, weights
+            )
             v_chunk = gather(v_blocks, chunk_index)
             keep, token_keep = chunk_keep(c, chunk_index)
             # The gathered blocks, then the global tokens: two blocks of keys
             # of one online softmax (dropout acts on P @ V, not on the sum).
             state = online_softmax.update(
-                online_softmax.initial_state(rows, value_dim),
+                initial_state(rows, sinks),
                 scores,
                 lambda probs: ops.einsum("bhiqk,bhikd->bhiqd", dropped(probs, keep), v_chunk),
             )
@@ -372,22 +496,37 @@ def _recomputed_block_rows(
         return out, (out, lse)
 
     def backward(inputs, saved, d_out):
-        q, k_blocks, v_blocks, token_k, token_v = inputs
+        q, k_blocks, v_blocks, token_k, token_v = inputs[:5]
+        weights = inputs[5 + len(sink_inputs) :]
         out, lse = saved
         delta = online_softmax.output_delta(out, d_out)  # (nc, B, H, C, bs)
 
+        def unmodified(d_changed, part, d_weights):
+            """The gradient w.r.t. the raw logits of `part` (`(raw, changed,
+            indices)`), and the weights' gradients summed in."""
+            if not modify:
+                return d_changed, d_weights
+            raw, changed, indices = part
+            d_raw, part_d_weights = _modified_gradient(
+                modifier, raw, indices, d_changed, weights, changed
+            )
+            return d_raw, tuple(a + b for a, b in zip(d_weights, part_d_weights, strict=True))
+
         def step(c, state):
-            dq_buffer, dk_blocks, dv_blocks, dtoken_k, dtoken_v = state
+            dq_buffer, dk_blocks, dv_blocks, dtoken_k, dtoken_v, d_weights = state
             q_chunk = ops.take(q, c, axis=0)
             d_out_chunk = ops.take(d_out, c, axis=0)
             chunk_lse = ops.take(lse, c, axis=0)
             chunk_delta = ops.take(delta, c, axis=0)
-            chunk_index, k_chunk, scores, token_scores = scores_of(c, q_chunk, k_blocks, token_k)
+            chunk_index, k_chunk, scores, token_scores, parts = scores_of(
+                c, q_chunk, k_blocks, token_k, weights
+            )
             probs = online_softmax.probabilities(scores, chunk_lse)
             keep, token_keep = chunk_keep(c, chunk_index)
             # D dP (v carries 1 / (1 - rate)); delta = rowsum(dO O) = sum P D dP.
             d_probs = ops.einsum("bhiqd,bhikd->bhiqk", d_out_chunk, gather(v_blocks, chunk_index))
             d_scores = online_softmax.logits_gradient(probs, dropped(d_probs, keep), chunk_delta)
+            d_scores, d_weights = unmodified(d_scores, parts[0], d_weights)
             dq = ops.einsum("bhiqk,bhikd->bhiqd", d_scores, k_chunk)
 
             def scatter(gathered):
@@ -412,15 +551,23 @@ def _recomputed_block_rows(
                 d_token_scores = online_softmax.logits_gradient(
                     token_probs, dropped(d_token_probs, token_keep), chunk_delta
                 )
+                d_token_scores, d_weights = unmodified(d_token_scores, parts[1], d_weights)
                 dq = dq + ops.einsum("bhiqg,bhgd->bhiqd", d_token_scores, token_k)
                 dtoken_k = dtoken_k + ops.einsum("bhiqg,bhiqd->bhgd", d_token_scores, q_chunk)
                 dtoken_v = dtoken_v + ops.einsum(
                     "bhiqg,bhiqd->bhgd", dropped(token_probs, token_keep), d_out_chunk
                 )
-            return loops.write_block(dq_buffer, c, dq), dk_blocks, dv_blocks, dtoken_k, dtoken_v
+            return (
+                loops.write_block(dq_buffer, c, dq),
+                dk_blocks,
+                dv_blocks,
+                dtoken_k,
+                dtoken_v,
+                d_weights,
+            )
 
         batch = ops.shape(q)[1]
-        dq, dk_blocks, dv_blocks, dtoken_k, dtoken_v = loops.sequential_fori_loop(
+        dq, dk_blocks, dv_blocks, dtoken_k, dtoken_v, d_weights = loops.sequential_fori_loop(
             0,
             num_chunks,
             step,
@@ -430,13 +577,20 @@ def _recomputed_block_rows(
                 ops.zeros((nk, batch, heads, bs, value_dim), dtype="float32"),
                 ops.zeros_like(token_k),
                 ops.zeros_like(token_v),
+                tuple(ops.zeros_like(w) for w in weights),
             ),
         )
         dq = loops.stack_blocks(dq)
         # Back to the (B, H, nk, bs, d) layout of the key and value blocks.
         dk_blocks = ops.transpose(dk_blocks, (1, 2, 0, 3, 4))
         dv_blocks = ops.transpose(dv_blocks, (1, 2, 0, 3, 4))
-        return dq, dk_blocks, dv_blocks, dtoken_k, dtoken_v
+        grads = (dq, dk_blocks, dv_blocks, dtoken_k, dtoken_v)
+        if sink_inputs:
+            # d sink[h] = -sum over rows of p_sink * delta (the sink's value is 0).
+            sink = ops.reshape(inputs[5], (1, 1, heads, 1, 1))
+            d_sink = -ops.sum(ops.exp(sink - lse) * delta, axis=(0, 1, 3, 4))
+            grads += (d_sink,)
+        return grads + tuple(d_weights)
 
     attend = online_softmax.recomputing_gradient(forward, backward)
 
@@ -448,7 +602,13 @@ def _recomputed_block_rows(
         v, token_v = v * keep_bits.scale, token_v * keep_bits.scale
     k_blocks = ops.reshape(k, (-1, heads, nk, bs, head_dim))
     v_blocks = ops.reshape(v, (-1, heads, nk, bs, value_dim))
-    out = attend(q, k_blocks, v_blocks, token_k, token_v)  # (nc, B, H, C, bs, Dv)
+    if modify and modifier.score_mod is not None:
+        # A user mod's result is checked once, here, on the first chunk: an
+        # error raised inside the loops would be reported as the loop's.
+        first = ops.zeros((ops.shape(q)[1], heads, chunk_blocks, bs, keys_per_row))
+        _modified(modifier, first, chunk_indices(0, ops.take(index, 0, axis=0))[0], score_weights)
+    out = attend(q, k_blocks, v_blocks, token_k, token_v, *sink_inputs, *score_weights)
+    # (nc, B, H, C, bs, Dv)
     out = ops.transpose(out, (1, 2, 0, 3, 4, 5))
     out = ops.reshape(out, (-1, heads, padded_blocks * bs, value_dim))
     return out[:, :, : nq * bs]
@@ -472,6 +632,9 @@ def _gathered_block_rows(
     dropout,
     keep_bits=None,
     token_positions=None,
+    modifier=None,
+    query_length=None,
+    key_length=None,
 ):
     """Block rows by autodiff over gathered keys and values (the general path).
 
@@ -479,7 +642,9 @@ def _gathered_block_rows(
     `(L, S * block_size)` scores for the whole sequence; used with a dropout
     callable, an explicit attention mask, dense weights or dynamic lengths.
     `keep_bits` (an `ops.dropout.KeepBits`) drops the weights with the bits
-    of their absolute positions, as the recomputing path does.
+    of their absolute positions, as the recomputing path does; `modifier`
+    (a `ScoreModifier`) changes the logits of the gathered keys and tokens
+    at their absolute positions (float32), its sinks join each row's softmax.
     """
     batch, heads, head_dim = ops.shape(q)[0], q.shape[1], q.shape[-1]
     nq, num_slots = _length(index, 0), index.shape[1]
@@ -529,9 +694,13 @@ def _gathered_block_rows(
         )
     scores = ops.einsum("bhiqd,bhikd->bhiqk", q_blocks, gathered_k)
     mask = block_mask[:, None]  # (B or 1, 1, nq, bs, S * bs)
+    columns = key_positions  # (nq, S * bs [+ G]): each row's keys, for the modifier
     if token_k is not None:
         token_scores = ops.einsum("bhiqd,bhgd->bhiqg", q_blocks, token_k)
         scores = ops.concatenate([scores, token_scores], axis=-1)
+        columns = ops.concatenate(
+            [columns, ops.broadcast_to(token_positions[None], (nq, token_k.shape[2]))], axis=1
+        )
         full = (batch, nq, block_size)
         mask = ops.concatenate(
             [
@@ -540,7 +709,11 @@ def _gathered_block_rows(
             ],
             axis=-1,
         )[:, None]
-    weights = online_softmax.masked_softmax(scores, mask)
+    if modifier is not None and modifier.changes_logits:
+        indices = _block_indices(batch, heads, q_block_positions, columns, query_length, key_length)
+        scores = _modified(modifier, ops.cast(scores, "float32"), indices)
+    sinks = None if modifier is None else modifier.sinks()
+    weights = ops.cast(_block_softmax(scores, mask, sinks), q.dtype)
     dropped = weights if dropout is None else dropout(weights)
     if keep_bits is not None:
         rows = keep_bits.rows(ops.reshape(q_block_positions, (-1,)))
@@ -576,6 +749,7 @@ def block_sparse_attention(
     global_tokens=None,
     mask=None,
     scale=None,
+    scores=None,
     dropout=None,
     return_weights=False,
     chunk_blocks=None,
@@ -611,6 +785,16 @@ def block_sparse_attention(
             refused (the causal pattern never holds the blocks it would
             open).
         scale: score multiplier; default `1 / sqrt(D)`.
+        scores: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a
+            `score_mod` with its weights), or None. Every path applies it to
+            the scaled logits at their absolute positions: a gathered key
+            block's `k_idx` are its keys' positions, `(1, 1, rows, keys)`,
+            the global tokens' and global rows' `(1, 1, 1, keys)`, all in
+            the 4-D contract of `ops.mods`. A sink is a key with logit
+            `sink[h]` and a zero value in every row; the weights returned
+            are the keys'. Gradients flow to the sink logits and the
+            `score_mod`'s weights (the recomputing path returns them from
+            its own backward).
         dropout: callable applied to the attention weights before they
             multiply the values (e.g. a `Dropout` layer), or `None`; it needs
             the weights stored (the gathered path). `dropout_rate` drops them
@@ -666,6 +850,23 @@ def block_sparse_attention(
             f"{owner}: `dropout` must be a callable (such as a Dropout layer) or None. "
             f"Received: dropout={dropout!r}"
         )
+    if scores is not None and not isinstance(scores, ScoreModifier):
+        raise TypeError(
+            f"{owner}: `scores` must be a ScoreModifier or None. Received: scores={scores!r}"
+        )
+    if scores is not None:
+        for name, per_head in (
+            ("alibi_slopes", scores.alibi_slopes),
+            ("sink_logits", scores.sink_logits),
+        ):
+            if per_head is not None and per_head.shape[0] not in (None, query.shape[2]):
+                raise ValueError(
+                    f"{owner}: the ScoreModifier's `{name}` must hold one number per "
+                    f"head ({query.shape[2]}). Received: {name} with shape "
+                    f"{tuple(per_head.shape)}"
+                )
+        if scores.is_empty:
+            scores = None
     dropout_rate = validation.validate_rate(owner, "dropout_rate", dropout_rate)
     if dropout_rate > 0.0:
         if dropout is not None or dropout_seed is None:
@@ -857,6 +1058,9 @@ def block_sparse_attention(
             key_segments=key_segments,
             keep_bits=keep_bits,
             token_positions=token_positions,
+            modifier=scores,
+            query_length=query_length,
+            key_length=key_length,
         )
         output = ops.cast(output, dtype)
     else:
@@ -877,6 +1081,9 @@ def block_sparse_attention(
             dropout=dropout,
             keep_bits=keep_bits,
             token_positions=token_positions,
+            modifier=scores,
+            query_length=query_length,
+            key_length=key_length,
         )
 
     # ---------------------------------------------------- global query rows
@@ -917,6 +1124,7 @@ def block_sparse_attention(
                     )
                 ),
                 scale=1.0,
+                scores=_at_rows(scores, ops.minimum(row_positions, query_length - 1)),
                 dropout_rate=dropout_rate,
                 dropout_seed=dropout_seed,
                 dropout_rows=row_positions,
@@ -924,7 +1132,20 @@ def block_sparse_attention(
             row_output = ops.transpose(row_output, (0, 2, 1, 3))
         else:
             row_scores = ops.einsum("bhrd,bhkd->bhrk", row_q, k)
-            row_weights = online_softmax.masked_softmax(row_scores, row_mask[:, None])
+            if scores is not None and scores.changes_logits:
+                indices = _block_indices(
+                    batch,
+                    heads,
+                    row_positions,
+                    ops.arange(padded_key_length, dtype="int32"),
+                    query_length,
+                    key_length,
+                )
+                row_scores = scores.apply(ops.cast(row_scores, "float32"), *indices)
+            row_weights = dense_attention.softmax_with_sinks(
+                row_scores, row_mask[:, None], None if scores is None else scores.sinks()
+            )
+            row_weights = ops.cast(row_weights, dtype)
             row_dropped = row_weights if dropout is None else dropout(row_weights)
             if keep_bits is not None:
                 keep = keep_bits.keep(

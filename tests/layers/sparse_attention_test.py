@@ -5,6 +5,9 @@ import pytest
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import SparseAttention
 from keras_attention.layers import capture_attention
+from tests.attention_reference import SOFT_CAP
+from tests.attention_reference import modifier_names
+from tests.attention_reference import score_mod
 from tests.sparse_reference import reference_attention
 from tests.sparse_reference import reference_pattern
 from tests.testing import random_inputs
@@ -178,6 +181,12 @@ def test_dropout_stays_on_the_memory_linear_path(monkeypatch):
         (dict(global_tokens="0"), "global_tokens='0'"),
         # MultiHeadAttention's kernel switches are not SparseAttention's.
         (dict(memory_efficient=False), "'memory_efficient': False"),
+        # Its score modifiers are (#50), checked as MultiHeadAttention checks them.
+        (dict(score_mod=lambda score: score), "`score_mod` is called as .* with 5 positional"),
+        (dict(score_mod=3), "score_mod=3"),
+        (dict(logit_soft_cap=0), "logit_soft_cap"),
+        (dict(alibi=[0.5]), r"one slope per query head, shape \(2,\)"),
+        (dict(attention_sinks="yes"), "attention_sinks='yes'"),
     ],
 )
 def test_invalid_constructor_arguments_are_named(kwargs, message):
@@ -206,11 +215,23 @@ def _spy_paths(monkeypatch):
     return ran
 
 
-def _numpy_sparse(layer, query, allowed):
-    """NumPy: our projections' weights, dense attention under `allowed`."""
-    wq, bq, wk, bk, wv, bv, wo, bo = [to_numpy(w) for w in layer.trainable_weights]
+def _weight(layer, name):
+    """The layer's weight `name` (`"query/kernel"`, `"sinks"`) as NumPy."""
+    (found,) = [w for w in layer.weights if w.path.split("/", 1)[1] == name]
+    return to_numpy(found)
+
+
+def _numpy_sparse(layer, query, allowed, modifier=None):
+    """NumPy: our projections' weights, dense attention under `allowed`, the
+    logits changed by `modifier` (`tests/attention_reference.py`'s names)."""
+    wq, bq, wk, bk, wv, bv, wo, bo = [
+        _weight(layer, f"{name}/{kind}")
+        for name in ("query", "key", "value", "attention_output")
+        for kind in ("kernel", "bias")
+    ]
     heads = [np.einsum("btf,fhd->bthd", query, w) + b for w, b in ((wq, bq), (wk, bk), (wv, bv))]
-    attended, weights = reference_attention(*heads, allowed)
+    learned = {"sinks": _weight(layer, "sinks")} if layer.attention_sinks else None
+    attended, weights = reference_attention(*heads, allowed, modifier=modifier, weights=learned)
     return np.einsum("bthd,hdo->bto", attended, wo) + bo, weights
 
 
@@ -336,3 +357,95 @@ def test_layer_contract(tmp_path):
         )
 
     run_layer_contract_test(make_layer, tmp_path, expected_cross_output_shape=(2, 5, 8))
+
+
+# ------------------------------------------------- score modifiers (#50)
+def _with_modifier(modifier, **options):
+    names = modifier_names(modifier)
+    return SparseAttention(
+        2,
+        4,
+        seed=5,
+        bias_initializer="random_normal",
+        logit_soft_cap=SOFT_CAP if "soft_cap" in names else None,
+        alibi=True if "alibi" in names else None,
+        attention_sinks="sinks" in names,
+        score_mod=score_mod if "score_mod" in names else None,
+        **options,
+    )
+
+
+@pytest.mark.parametrize(
+    "modifier, causal, length, path",
+    [
+        (modifier, False, length, path)
+        for modifier in ("soft_cap", "score_mod", "all")
+        for length, path in ((12, "dense"), (13, "sparse"))
+    ]
+    + [("all", True, 17, "sparse")],  # the causal pattern: global rows see the past only
+)
+def test_score_modifiers_on_both_sides_of_the_dense_switch(
+    monkeypatch, modifier, causal, length, path
+):
+    """A soft cap, a `score_mod`, and every modifier with ALiBi and learned
+    sinks, against the float64 reference of the pattern: exact attention
+    below the switch; above it the memory-linear path (no weights asked
+    for) and the gathered one (weights returned)."""
+    options = dict(block_size=4, window_blocks=3, global_blocks=1, random_blocks=1)
+    layer = _with_modifier(modifier, **options)
+    query = random_inputs((2, length, 8), seed=1) * 2.0  # logits the soft cap bends
+    padding = np.arange(length)[None, :] < np.array([[length], [length - 3]])
+    layer.build(query.shape)
+    if layer.attention_sinks:
+        layer.sinks.assign([0.5, -1.0])
+    ran = _spy_paths(monkeypatch)
+    output = layer(query, query_mask=padding, use_causal_mask=causal)
+    weights_output, scores = layer(
+        query, query_mask=padding, use_causal_mask=causal, return_attention_scores=True
+    )
+    assert ran == [path, path]
+    allowed = reference_pattern(
+        length, length, 4, 3, 1, keras.ops.convert_to_numpy(layer.random_plan), (), causal
+    )
+    allowed = allowed[None] & padding[:, None, :] & padding[:, :, None]
+    expected, expected_scores = _numpy_sparse(layer, query, allowed, modifier)
+    expected = np.where(padding[..., None], expected, _weight(layer, "attention_output/bias"))
+    np.testing.assert_allclose(to_numpy(output), expected, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(weights_output), expected, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(scores), expected_scores, atol=2e-5)
+
+
+def test_score_modifiers_survive_a_keras_file(tmp_path):
+    layer = SparseAttention(
+        2,
+        4,
+        block_size=4,
+        global_blocks=1,
+        random_blocks=1,
+        seed=0,
+        logit_soft_cap=5.0,
+        alibi=[0.5, 0.25],
+        attention_sinks=True,
+        score_mod=score_mod,
+    )
+    x = random_inputs((2, 13, 8))  # past the dense switch: the sparse kernel
+    model = keras.Sequential([keras.Input((13, 8)), layer])
+    layer.sinks.assign([0.3, -0.2])
+    path = str(tmp_path / "sparse_modifiers.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(model(x)), atol=1e-6)
+    config = loaded.layers[-1].get_config()
+    assert config["logit_soft_cap"] == 5.0 and config["attention_sinks"] is True
+    assert config["alibi"] == [0.5, 0.25] and loaded.layers[-1].score_mod is score_mod
+    np.testing.assert_allclose(_weight(loaded.layers[-1], "sinks"), [0.3, -0.2], rtol=1e-6)
+
+
+def test_a_score_mod_returning_the_wrong_shape_is_refused_naming_the_layer():
+    def doubled(score, batch, head, q_idx, k_idx):
+        return keras.ops.concatenate([score, score], axis=-1)
+
+    layer = SparseAttention(2, 4, block_size=4, global_blocks=1, score_mod=doubled)
+    for length in (12, 13):  # both sides of the dense switch
+        with pytest.raises(ValueError, match="SparseAttention.*`score_mod` doubled must return"):
+            layer(random_inputs((1, length, 8)))

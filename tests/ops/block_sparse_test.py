@@ -431,3 +431,221 @@ def test_recomputing_path_runs_its_chunks_one_at_a_time_in_tf_graphs():
 
     found = while_loop_parallelism(attend, [query, key, value])
     assert len(found) >= 2 and max(found) <= 2, found
+
+
+# ------------------------------------------------------- score modifiers
+# Every `ScoreModifier` change (#50) on both paths of the kernel: the
+# recomputing one (its own backward returns the sink logits' and the
+# `score_mod` weights' gradients) and the gathered one (autodiff; taken here
+# for the dense weights). The pattern holds window, global and random
+# blocks and a global token, so the gathered keys, the token keys and the
+# global rows (the blockwise kernel on the recomputing path) are all changed.
+MODIFIERS = ["soft_cap", "alibi", "sinks", "score_mod", "learned_alibi", "all"]
+
+
+def _score_modifier(modifier, sinks=None, slopes=None):
+    from keras_attention.ops.score_modifier import ScoreModifier
+    from keras_attention.ops.score_modifier import alibi_slopes
+    from tests.attention_reference import SOFT_CAP
+    from tests.attention_reference import learned_alibi
+    from tests.attention_reference import modifier_names
+    from tests.attention_reference import score_mod
+
+    names = modifier_names(modifier)
+    user, weights = None, ()
+    if "score_mod" in names:
+        user = score_mod
+    elif "learned_alibi" in names:
+        user, weights = learned_alibi, (slopes,)
+    return ScoreModifier(
+        soft_cap=SOFT_CAP if "soft_cap" in names else None,
+        alibi_slopes=alibi_slopes(2) if "alibi" in names else None,
+        sink_logits=sinks if "sinks" in names else None,
+        score_mod=user,
+        score_mod_weights=weights,
+    )
+
+
+def _spy_rows(monkeypatch):
+    """The list each block-row path appends "recomputing" or "gathered" to."""
+    ran = []
+    for name, label in (
+        ("_recomputed_block_rows", "recomputing"),
+        ("_gathered_block_rows", "gathered"),
+    ):
+        original = getattr(block_sparse, name)
+
+        def spy(*args, _original=original, _label=label, **kwargs):
+            ran.append(_label)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(block_sparse, name, spy)
+    return ran
+
+
+@pytest.mark.parametrize("path", ["recomputing", "gathered"])
+@pytest.mark.parametrize("modifier", MODIFIERS)
+def test_every_score_modifier_on_both_paths_values_and_gradients(modifier, path, monkeypatch):
+    """Values and the gradients w.r.t. q, k, v, the sink logits and the
+    learned ALiBi slopes equal the float64 NumPy reference of the pattern
+    with the modifier (tests/sparse_reference.py)."""
+    from tests.attention_reference import modifier_names
+
+    batch, length, bs = 2, 21, 4
+    pattern = dict(window_blocks=3, global_blocks=1, random_blocks=2, tokens=(9,))
+    query, key, value, plan, key_mask, allowed = _padded_pattern_case(
+        pattern, False, bs, length=length
+    )
+    query, key = query * 2.0, key * 2.0  # logits large enough for the soft cap to bite
+    rng = np.random.default_rng(11)
+    weights = {
+        "sinks": rng.standard_normal(2).astype("float32"),
+        "slopes": np.array([0.3, 0.7], "float32"),
+    }
+    names = modifier_names(modifier)
+    learned = [n for n, used in (("sinks", "sinks"), ("slopes", "learned_alibi")) if used in names]
+    cotangent = rng.standard_normal((batch, length, 2, value.shape[-1])).astype("float32")
+
+    def attend(q, k, v, *learned_values):
+        given = dict(zip(learned, learned_values, strict=True))
+        result = block_sparse.block_sparse_attention(
+            q,
+            k,
+            v,
+            block_size=bs,
+            window_blocks=3,
+            global_blocks=1,
+            random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
+            global_tokens=pattern["tokens"],
+            mask=AttentionMask(key_mask=keras.ops.convert_to_tensor(key_mask)),
+            scores=_score_modifier(modifier, given.get("sinks"), given.get("slopes")),
+            chunk_blocks=2,
+            return_weights=path == "gathered",
+        )
+        return result[0] if path == "gathered" else result
+
+    ran = _spy_rows(monkeypatch)
+    arrays = [query, key, value] + [weights[n] for n in learned]
+    expected, _ = reference_attention(
+        query, key, value, allowed, modifier=modifier, weights=weights
+    )
+    output = keras.ops.convert_to_numpy(attend(*arrays))
+    assert ran == [path]
+    np.testing.assert_allclose(output, expected, atol=2e-5)
+    grads = input_gradients(attend, arrays, cotangent, jit=True)
+    *expected_grads, expected_learned = reference_gradients(
+        query, key, value, allowed, cotangent, modifier=modifier, weights=weights
+    )
+    expected_grads += [expected_learned[n] for n in learned]
+    for name, grad, want in zip(["dq", "dk", "dv"] + learned, grads, expected_grads, strict=True):
+        np.testing.assert_allclose(grad, want, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+def test_score_modifiers_with_dropout_inside_the_recomputing_path():
+    """Every modifier and dropout (#50) together on the recomputing path:
+    the reference fed the kernel's own keep mask, values and gradients."""
+    from keras_attention.ops import dropout_keep_mask
+
+    batch, length, bs, rate, seed = 2, 21, 4, 0.3, 5
+    pattern = dict(window_blocks=3, global_blocks=1, random_blocks=2, tokens=(9,))
+    query, key, value, plan, key_mask, allowed = _padded_pattern_case(
+        pattern, True, bs, length=length
+    )
+    keep = keras.ops.convert_to_numpy(dropout_keep_mask(seed, batch, 2, length, length, rate))
+    dropped = keep / (1.0 - rate)
+    weights = {"sinks": np.array([0.4, -0.8], "float32")}
+    cotangent = np.random.default_rng(2).standard_normal((batch, length, 2, 5)).astype("float32")
+
+    def attend(q, k, v, sinks):
+        return block_sparse.block_sparse_attention(
+            q,
+            k,
+            v,
+            block_size=bs,
+            window_blocks=3,
+            global_blocks=1,
+            random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
+            global_tokens=pattern["tokens"],
+            mask=AttentionMask(causal=True, key_mask=keras.ops.convert_to_tensor(key_mask)),
+            scores=_score_modifier("all", sinks),
+            chunk_blocks=2,
+            dropout_rate=rate,
+            dropout_seed=seed,
+        )
+
+    arrays = [query, key, value, weights["sinks"]]
+    expected, _ = reference_attention(
+        query, key, value, allowed, dropped, modifier="all", weights=weights
+    )
+    run = attend
+    if keras.backend.backend() == "jax":
+        import jax
+
+        run = jax.jit(attend)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(run(*arrays)), expected, atol=2e-5)
+    grads = input_gradients(attend, arrays, cotangent, jit=True)
+    *expected_grads, expected_learned = reference_gradients(
+        query, key, value, allowed, cotangent, dropped, modifier="all", weights=weights
+    )
+    expected_grads.append(expected_learned["sinks"])
+    for name, grad, want in zip(("dq", "dk", "dv", "dsinks"), grads, expected_grads, strict=True):
+        np.testing.assert_allclose(grad, want, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("return_weights", [False, True], ids=["recomputing", "gathered"])
+def test_rows_without_keys_stay_zero_with_every_modifier(return_weights):
+    """A row that sees no key gives zeros (the sink has a zero value), never
+    NaN, and passes no gradient to q, k, v or the sink logits."""
+    query, key, value = _inputs(2, 21, 21)
+    key_mask = np.ones((2, 21), bool)
+    key_mask[1] = False
+
+    def attend(q, k, v, sinks):
+        result = block_sparse.block_sparse_attention(
+            q,
+            k,
+            v,
+            block_size=4,
+            window_blocks=3,
+            global_blocks=1,
+            global_tokens=(9,),
+            mask=AttentionMask(key_mask=keras.ops.convert_to_tensor(key_mask[: q.shape[0]])),
+            scores=_score_modifier("all", sinks),
+            chunk_blocks=2,
+            return_weights=return_weights,
+        )
+        return result[0] if return_weights else result
+
+    sinks = np.array([0.5, -1.0], "float32")
+    output = keras.ops.convert_to_numpy(attend(query, key, value, sinks))
+    assert np.all(output[1] == 0) and np.all(np.isfinite(output)) and np.any(output[0] != 0)
+    cotangent = np.ones((2, 21, 2, value.shape[-1]), "float32")
+    grads = input_gradients(attend, [query, key, value, sinks], cotangent, jit=True)
+    for grad in grads[:3]:
+        assert np.all(np.isfinite(grad)) and np.all(grad[1] == 0) and np.any(grad[0] != 0)
+    # Only example 0 reaches the sinks: the reference's, whose example 1 sees nothing.
+    allowed = reference_pattern(21, 21, 4, 3, 1, None, (9,))[None] & key_mask[:, None, :]
+    weights = {"sinks": sinks}
+    expected, _ = reference_attention(query, key, value, allowed, modifier="all", weights=weights)
+    np.testing.assert_allclose(output, expected, atol=2e-5)
+    *_, learned = reference_gradients(
+        query, key, value, allowed, cotangent, modifier="all", weights=weights
+    )
+    np.testing.assert_allclose(grads[3], learned["sinks"], atol=1e-4, rtol=1e-4)
+
+
+def test_a_bad_scores_argument_is_named():
+    from keras_attention.ops.score_modifier import ScoreModifier
+
+    query, key, value = _inputs(1, 9, 9)
+    with pytest.raises(TypeError, match="block_sparse_attention.*`scores`.*scores=1.5"):
+        _run(query, key, value, block_size=4, window_blocks=1, scores=1.5)
+    with pytest.raises(ValueError, match="block_sparse_attention.*sink_logits.*\\(3,\\)"):
+        _run(
+            query,
+            key,
+            value,
+            block_size=4,
+            window_blocks=1,
+            scores=ScoreModifier(sink_logits=keras.ops.zeros((3,))),
+        )
