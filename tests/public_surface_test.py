@@ -131,6 +131,14 @@ def _device_mesh(axis="batch"):
     return keras.distribution.DeviceMesh((1,), (axis,), devices)
 
 
+def _plan_fields(**changes):
+    counts, indices = np.zeros((2,), "int32"), np.zeros((2, 2), "int32")
+    fields = dict(query_length=8, key_length=8, query_block=4, key_block=4)
+    fields.update(full_counts=counts, partial_counts=counts)
+    fields.update(full_indices=indices, partial_indices=indices)
+    return {**fields, **changes}
+
+
 # "module.name" -> [(argument, call)]: each call must raise our ValueError or
 # TypeError naming the callable (its `__name__`) and `argument`. The first
 # case is the wrong type, the second the wrong value, then the pins.
@@ -168,6 +176,15 @@ CASES = {
     "keras_attention.ops.mods.or_masks": [
         ("mask_mods[0]", lambda: ka.ops.or_masks(lambda q, k: q >= k)),
         ("mask_mods", lambda: ka.ops.or_masks()),
+    ],
+    "keras_attention.ops.tiling.tile_plan": [
+        ("mask", lambda: ka.ops.tile_plan("causal", 8)),
+        ("query_length", lambda: ka.ops.tile_plan(None, 0)),
+        ("batch_size", lambda: ka.ops.tile_plan(lambda b, h, q, k: q >= k, 8)),
+    ],
+    "keras_attention.ops.tiling.TilePlan": [
+        ("query_block", lambda: ka.ops.TilePlan(**_plan_fields(query_block="4"))),
+        ("full_indices", lambda: ka.ops.TilePlan(**_plan_fields(full_indices=x(2, 3)))),
     ],
     "keras_attention.ops.dropout.dropout_keep_mask": [
         ("seed", lambda: ka.ops.dropout_keep_mask("1", 1, 1, 2, 2, 0.1)),
