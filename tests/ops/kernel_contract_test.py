@@ -774,17 +774,27 @@ def _statistics(kernel, q, k, v, mask, scores):
     )[1]
 
 
-@pytest.mark.parametrize("modifiers", [(), ("soft_cap", "sinks")], ids=["plain", "cap+sinks"])
+@pytest.mark.parametrize(
+    "name, modifiers",
+    [
+        ("causal window, row without keys", ()),
+        ("causal window, row without keys", ("soft_cap", "sinks")),
+        ("decoding offset", ("soft_cap", "sinks")),
+        ("packed documents", ()),
+    ],
+    ids=["plain", "cap+sinks", "cache offset, cap+sinks", "packed documents"],
+)
 @pytest.mark.parametrize("kernel", STATISTICS_KERNELS)
-def test_every_kernel_returns_the_rows_log_sum_exp_and_maximum(kernel, modifiers):
+def test_every_kernel_returns_the_rows_log_sum_exp_and_maximum(kernel, name, modifiers):
     """FlexAttention's `return_aux`: the same numbers from each kernel's own
-    pass (the blockwise one from its sweep, its backward taking the
-    log-sum-exp's gradient), a row with nothing to see at `-inf`."""
-    arrays, mask, allowed, _ = _case("causal window, row without keys")
+    pass (the blockwise one from its sweep over its plan, its backward taking
+    the log-sum-exp's gradient), a row with nothing to see at `-inf`; under
+    a cache's offset and between packed documents too."""
+    arrays, mask, allowed, _ = _case(name)
     weights = np.random.default_rng(1).normal(size=(B, H, allowed.shape[2]))
     lse, peak, dq, dk, d_sinks = numpy_statistics(arrays, allowed, modifiers, weights)
-    # The row without keys: -inf, or the sink's logit alone.
-    assert np.isneginf(lse).any() != ("sinks" in modifiers)
+    if "row without keys" in name:  # -inf, or the sink's logit alone
+        assert np.isneginf(lse).any() != ("sinks" in modifiers)
     inputs = [np.asarray(arrays[n], "float32") for n in ("q", "k", "v", "sinks")]
     finite = np.isfinite(lse)
     if BACKEND == "jax":
