@@ -106,6 +106,7 @@ def _ring(
     key_ids=None,
     sinks=None,
     weights=(),
+    stats=False,
 ):
     """The per-device program: `q`/`k`/`v` are this device's blocks.
 
@@ -201,11 +202,29 @@ def _ring(
                 key_mask = lax.ppermute(key_mask, axis, permutation)
             if key_ids is not None:
                 key_ids = lax.ppermute(key_ids, axis, permutation)
-    out = jnp.concatenate([online_softmax.finish(state)[0] for state in states], axis=2)
+    finished = [online_softmax.finish(state) for state in states]
+    out = jnp.concatenate([f[0] for f in finished], axis=2)
     out = jnp.transpose(out, (0, 2, 1, 3))  # (B, bq, H, Dv)
     if query_mask is not None:
         out = jnp.where(query_mask[:, :, None, None], out, 0.0)
-    return out
+    if not stats:
+        return out
+    return (out,) + _row_statistics(finished, states, query_mask)
+
+
+def _row_statistics(finished, states, query_mask):
+    """`(logsumexp, max)`, each `(B, H, bq)`, of the device's rows (the
+    definition of `dense_attention.row_statistics`: `-inf` for a row with no
+    key, a row its query mask hides included)."""
+    import jax
+    import jax.numpy as jnp
+
+    lse = jnp.concatenate([f[1] for f in finished], axis=2)
+    seen = jnp.concatenate([jnp.not_equal(s[1], 0.0) for s in states], axis=2)
+    peak = jax.lax.stop_gradient(jnp.concatenate([s[0] for s in states], axis=2))
+    if query_mask is not None:
+        seen = jnp.logical_and(seen, query_mask[:, None, :])
+    return jnp.where(seen, lse, -jnp.inf), jnp.where(seen, peak, -jnp.inf)
 
 
 BALANCES = ("auto", "zigzag", "contiguous")
@@ -291,6 +310,7 @@ def ring_attention(
     mask=None,
     balance="auto",
     scores=None,
+    return_statistics=False,
 ):
     """Exact multi-head softmax attention, the sequence sharded over `mesh`.
 
@@ -319,10 +339,16 @@ def ring_attention(
         scores: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a
             `score_mod` and its weights, applied to each tile at its
             absolute positions and global example indices), or None.
+        return_statistics: also return each row's log-sum-exp and maximum,
+            `(B, H, Tq)` float32, from the ring's running softmax (as the
+            other exact kernels define them: `-inf` for a row with no key;
+            the log-sum-exp carries its gradient), e.g. for
+            `ops.merge_attention`.
 
     Returns:
         `(B, Tq, H, Dv)` in the dtype of `query`; rows with no allowed key
-        are zeros.
+        are zeros. With `return_statistics`, `(output, {"logsumexp",
+        "max"})`.
     """
     _check_arguments(query, key, value, mesh, sequence_axis, batch_axis, scale, mask, balance)
     import jax
@@ -417,6 +443,7 @@ def ring_attention(
             key_ids=given.get("key_ids"),
             sinks=common.get("sinks"),
             weights=weights,
+            stats=return_statistics,
         )
 
     program = jax.shard_map(
@@ -430,7 +457,9 @@ def ring_attention(
             tuple(P() for _ in shared),
             tuple(P() for _ in weights),
         ),
-        out_specs=blocks,
+        out_specs=(blocks, P(batch_axis, None, sequence_axis), P(batch_axis, None, sequence_axis))
+        if return_statistics
+        else blocks,
         check_vma=False,
     )
     out = program(
@@ -441,9 +470,16 @@ def ring_attention(
         tuple(shared_inputs[n] for n in shared),
         tuple(weights),
     )
+    statistics = None
+    if return_statistics:
+        out, lse, peak = out
+        if order is not None:
+            lse, peak = (jnp.take(x, np.argsort(order), axis=2) for x in (lse, peak))
+        statistics = {"logsumexp": lse, "max": peak}
     if order is not None:
         out = jnp.take(out, np.argsort(order), axis=1)
-    return out.astype(dtype)
+    out = out.astype(dtype)
+    return out if statistics is None else (out, statistics)
 
 
 def check_sequence_mesh(error, argument, axis, query_shape, key_shape):

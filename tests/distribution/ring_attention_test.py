@@ -41,6 +41,8 @@ def test_outputs_and_gradients_match_the_float64_reference(results, case):
     assert report["scale"] > 0.5  # a non-trivial output
     assert report["output"] < TOLERANCE, report
     assert max(report["gradients"]) < TOLERANCE, report
+    # #50: the ring's own row statistics, as every exact kernel's.
+    assert report["logsumexp"] < TOLERANCE and report["no_key_rows"], report
 
 
 @pytest.mark.slow

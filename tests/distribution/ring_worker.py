@@ -55,7 +55,10 @@ def reference(q, k, v, key_mask, query_mask, causal, d_out):
     d_logits = probs * (d_probs - np.sum(d_probs * probs, -1, keepdims=True))
     d_q = np.einsum("bhqk,bkhd->bqhd", d_logits, k) * scale
     d_k = np.einsum("bhqk,bqhd->bkhd", d_logits, q) * scale
-    return out, (d_q, d_k, d_v)
+    seen = allowed & keep[:, None, :, None]
+    lse = np.log(np.sum(np.where(seen, np.exp(logits - row_max), 0.0), -1)) + row_max[..., 0]
+    lse = np.where(seen.any(-1), lse, -np.inf)  # (B, H, Tq)
+    return out, (d_q, d_k, d_v), lse
 
 
 CASES = {
@@ -100,10 +103,11 @@ def _forward_backward(mesh, key_mask, query_mask, causal, balance):
                 mesh=mesh,
                 mask=AttentionMask(key_mask=key_mask, query_mask=query_mask, causal=causal),
                 balance=balance,
+                return_statistics=True,
             )
 
-        out, pullback = jax.vjp(attend, q, k, v)
-        return out, pullback(d_out)
+        out, pullback, statistics = jax.vjp(attend, q, k, v, has_aux=True)
+        return out, pullback(d_out), statistics["logsumexp"]
 
     return forward_backward
 
@@ -116,9 +120,12 @@ def op_checks(mesh):
         forward_backward = _forward_backward(
             mesh, key_mask, query_mask, causal, case.get("balance", "auto")
         )
-        out, grads = forward_backward(q, k, v, d_out)
-        want_out, want_grads = reference(q, k, v, key_mask, query_mask, causal, d_out)
+        out, grads, lse = forward_backward(q, k, v, d_out)
+        want_out, want_grads, want_lse = reference(q, k, v, key_mask, query_mask, causal, d_out)
+        lse, finite = np.asarray(lse), np.isfinite(want_lse)
         report[name] = {
+            "logsumexp": float(np.max(np.abs(lse[finite] - want_lse[finite]))),
+            "no_key_rows": bool(np.array_equal(np.isneginf(lse), ~finite)),
             "output": float(np.max(np.abs(np.asarray(out) - want_out))),
             "gradients": [
                 float(np.max(np.abs(np.asarray(g) - w)))
