@@ -152,6 +152,7 @@ CASES = {
         ("prefix_length", lambda: ka.ops.AttentionMask(prefix_length=3)),
         ("key_segment_ids", lambda: ka.ops.AttentionMask(query_segment_ids=x(1, 2, dtype="int32"))),
         ("mask_mod", lambda: ka.ops.AttentionMask(mask_mod="causal")),
+        ("key_positions", lambda: ka.ops.AttentionMask(key_positions=x(1, 3))),
         # #49: the arity at construction, not Python's bare TypeError at the first call.
         ("mask_mod", lambda: ka.ops.AttentionMask(mask_mod=lambda q_idx, k_idx: q_idx >= k_idx)),
     ],

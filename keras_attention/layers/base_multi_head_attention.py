@@ -451,6 +451,7 @@ class BaseMultiHeadAttention(BaseAttention):
             mask.sliding_window is not None
             or mask.key_length is not None
             or (not isinstance(mask.query_offset, int) or mask.query_offset)
+            or mask.key_positions is not None
         ):
             raise ValueError(
                 self._error(

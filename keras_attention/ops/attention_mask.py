@@ -24,7 +24,10 @@ in one normalised form:
   a query sees the keys of its own segment only (documents packed into one
   sequence);
 - `mask_mod(batch, head, q_idx, k_idx) -> bool`, a user rule written with
-  `keras.ops` on broadcastable int32 index tensors (absolute positions).
+  `keras.ops` on broadcastable int32 index tensors (absolute positions);
+- `key_positions` `(B|1, Tk)` integers: the absolute position of each key
+  when it is not its index (a decoding cache whose slots wrap as a ring
+  buffer); every rule and score modifier reads these positions.
 
 Kernels never re-derive any of these: the dense kernels call `dense()`, the
 blockwise ones `rules()` on their tile's indices and `segments()` on their
@@ -62,6 +65,8 @@ class AttentionMask:
         query_segment_ids, key_segment_ids: `(B|1, Tq)` and `(B|1, Tk)`
             integers (both or neither): a query sees its segment's keys only.
         mask_mod: `mask_mod(batch, head, q_idx, k_idx) -> bool`, or None.
+        key_positions: `(B|1, Tk)` integers, the keys' absolute positions
+            (default: key `j` at position `j`).
         tile_plan: the `TilePlan` of this description (`ops.tile_plan`),
             built once and carried to the tiled kernels, or None (they build
             it). Not a rule: any other change (`replace`, `rows`) drops it.
@@ -82,9 +87,18 @@ class AttentionMask:
         query_segment_ids=None,
         key_segment_ids=None,
         mask_mod=None,
+        key_positions=None,
         tile_plan=None,
     ):
         owner = "AttentionMask"
+        if key_positions is not None:
+            checks.tensor(owner, "key_positions", key_positions, rank=2)
+            if "int" not in str(getattr(key_positions.dtype, "name", key_positions.dtype)):
+                raise TypeError(
+                    f"{owner}: `key_positions` must be integers. Received: key_positions "
+                    f"with dtype {getattr(key_positions.dtype, 'name', key_positions.dtype)}"
+                )
+        self.key_positions = key_positions
         if tile_plan is not None and type(tile_plan).__name__ != "TilePlan":
             raise TypeError(
                 f"{owner}: `tile_plan` must be a TilePlan (ops.tile_plan) or None. "
@@ -257,6 +271,7 @@ class AttentionMask:
             and self.mask_mod is None
             and isinstance(self.query_offset, int)
             and self.query_offset == 0
+            and self.key_positions is None
         )
 
     def replace(self, **changes):
@@ -276,6 +291,7 @@ class AttentionMask:
             query_segment_ids=self.query_segment_ids,
             key_segment_ids=self.key_segment_ids,
             mask_mod=self.mask_mod,
+            key_positions=self.key_positions,
         )
         fields.update(changes)
         return AttentionMask(**fields, tile_plan=plan)
@@ -287,6 +303,12 @@ class AttentionMask:
         if not isinstance(offset, int):
             offset = ops.cast(offset, "int32")
         return offset + start + ops.arange(size, dtype="int32")
+
+    def key_columns(self, key_length):
+        """`(B|1, Tk)` int32: the absolute position of each key."""
+        if self.key_positions is None:
+            return ops.arange(key_length, dtype="int32")[None, :]
+        return ops.cast(self.key_positions, "int32")
 
     def positional(self, rows, cols):
         """`(len(rows), len(cols))` boolean of the positional rules, or None.
@@ -408,7 +430,7 @@ class AttentionMask:
             )
         if self.has_rules:
             rows = ops.reshape(self.query_positions(0, query_length), (1, 1, -1, 1))
-            cols = ops.reshape(ops.arange(key_length, dtype="int32"), (1, 1, 1, -1))
+            cols = self.key_columns(key_length)[:, None, None, :]
             batch = head = None
             if self.batch_dependent_rules:
                 if batch_size is None or (self.mask_mod is not None and heads is None):

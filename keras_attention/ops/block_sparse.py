@@ -884,6 +884,12 @@ def block_sparse_attention(
             f"{owner}: `mask` must be an AttentionMask (see AttentionMask.from_tensors) "
             f"or None. Received: mask={mask!r}"
         )
+    if mask.key_positions is not None:
+        raise ValueError(
+            f"{owner}: the block-sparse pattern is laid out on key indices; keys at "
+            "other positions (`key_positions`) are not supported. Received: an "
+            "AttentionMask with key_positions"
+        )
     if mask.prefix_length is not None or mask.per_head:
         raise ValueError(
             f"{owner}: the block-sparse pattern takes one mask for every head, and its "

@@ -65,7 +65,7 @@ def modified_logits(logits, mask, scores, query_offset=0, heads=None):
         heads = ops.arange(logits.shape[1], dtype="int32")
     head = ops.reshape(ops.convert_to_tensor(heads, dtype="int32"), (1, -1, 1, 1))
     rows = ops.reshape(mask.query_positions(query_offset, logits.shape[2]), (1, 1, -1, 1))
-    cols = ops.reshape(ops.arange(logits.shape[3], dtype="int32"), (1, 1, 1, -1))
+    cols = mask.key_columns(logits.shape[3])[:, None, None, :]
     return scores.apply(logits, batch, head, rows, cols)
 
 

@@ -358,10 +358,11 @@ def ring_attention(
 
     if mask is None:
         mask = attention_masks.AttentionMask()
-    if mask.pair_mask is not None:
+    if mask.pair_mask is not None or mask.key_positions is not None:
         raise ValueError(
             "ring_attention takes query and key masks and positional rules "
-            "only; a (Tq, Tk) pair mask would be whole on every device."
+            "only; a (Tq, Tk) pair mask would be whole on every device, and the "
+            "ring places keys at their indices (no `key_positions`)."
         )
     if scores is not None and not isinstance(scores, ScoreModifier):
         raise TypeError(

@@ -164,6 +164,16 @@ class TiledSweep:
         self.query_blocks = None
         if mask.query_mask is not None:
             self.query_blocks = _mask_blocks(mask.query_mask, nq, bq, self.q_len)
+        self.position_blocks = None  # (nk, B|1, bk) the keys' absolute positions
+        if mask.key_positions is not None:
+            positions = ops.cast(mask.key_positions, "int32")
+            pad = nk * bk - self.k_len  # the padding repeats the last position
+            if pad:
+                positions = ops.concatenate(
+                    [positions, ops.repeat(positions[:, -1:], pad, axis=1)], axis=1
+                )
+            blocks = ops.reshape(positions, (-1, nk, bk))
+            self.position_blocks = ops.transpose(blocks, (1, 0, 2))
         self.segment_blocks = None  # ((nq, B|1, bq), (nk, B|1, bk)) integer ids
         if mask.has_segments:
             self.segment_blocks = (
@@ -219,11 +229,14 @@ class TiledSweep:
         rows = self.mask.query_positions(i * self.q_block, self.q_block)
         if self.nq * self.q_block != self.q_len:
             rows = ops.minimum(rows, self.mask.query_positions(self.q_len - 1, 1))
+        rows = ops.reshape(rows, (1, 1, 1, -1, 1))
+        if self.position_blocks is not None:  # (B|1, 1, 1, 1, bk)
+            cols = _take(self.position_blocks, j)[:, None, None, None, :]
+            return batch, self.head_index, rows, cols
         cols = j * self.k_block + ops.arange(self.k_block, dtype="int32")
         if self.nk * self.k_block != self.k_len:
             cols = ops.minimum(cols, self.k_len - 1)
-        rows, cols = ops.reshape(rows, (1, 1, 1, -1, 1)), ops.reshape(cols, (1, 1, 1, 1, -1))
-        return batch, self.head_index, rows, cols
+        return batch, self.head_index, rows, ops.reshape(cols, (1, 1, 1, 1, -1))
 
     # ------------------------------------------------------- the logits
     def _choose_scores(self, scores):
@@ -241,6 +254,7 @@ class TiledSweep:
         self.alibi_slopes = None
         mask = self.mask
         folds = scores is not None and scores.alibi_slopes is not None
+        folds = folds and mask.key_positions is None  # the fold reads key indices
         if folds and mask.causal and mask.prefix_length is None:
             shape = (self.num_kv_heads, self.groups)
             self.alibi_slopes = ops.reshape(scores.alibi_slopes, shape)

@@ -215,6 +215,9 @@ def build(mask, q_len, k_len, q_block, k_block, batch_size=None, num_heads=None)
     nq, nk = -(-q_len // q_block), -(-k_len // k_block)
     rows = _Bounds.of(mask.query_offset, nq, q_block, q_len)
     cols = _Bounds.of(0, nk, k_block, k_len)
+    if mask.key_positions is not None:  # each block's smallest and largest
+        low, high = attention_masks.block_extremes(mask.key_positions, k_block, nk)
+        cols = _Bounds(ops.min(low, axis=0), ops.max(high, axis=0))
     full, seen = _positional(mask, rows, cols)
     for part in (
         _padding(mask, q_len, k_len, q_block, k_block),
@@ -381,7 +384,10 @@ def _mask_mod(mask, rows, q_block, q_len, k_block, k_len, batch_size, num_heads)
     head = ops.reshape(ops.arange(num_heads or 1, dtype="int32"), (1, -1, 1, 1))
     # Padding positions repeat the last real one (as the kernel's tiles do).
     cols = ops.minimum(ops.arange(nk * k_block, dtype="int32"), k_len - 1)
-    cols = ops.reshape(cols, (1, 1, 1, -1))
+    if mask.key_positions is not None:
+        cols = ops.take(mask.key_columns(k_len), cols, axis=1)[:, None, None, :]
+    else:
+        cols = ops.reshape(cols, (1, 1, 1, -1))
     last_row = rows.high[-1]
 
     def step(i, buffers):

@@ -180,17 +180,18 @@ def test_packed_documents_and_a_mask_mod_join_the_pattern(with_mask_mod, monkeyp
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
-def test_a_prefix_length_is_refused():
+@pytest.mark.parametrize(
+    "mask, message",
+    [
+        (dict(causal=True, prefix_length=3), "prefix lengths and per-head masks are not"),
+        (dict(key_positions=np.arange(9)[None] + 4), "`key_positions`\\) are not supported"),
+    ],
+    ids=["prefix", "key positions"],
+)
+def test_what_the_pattern_cannot_hold_is_refused(mask, message):
     query, key, value = _inputs(1, 9, 9)
-    with pytest.raises(ValueError, match="prefix lengths and per-head masks are not supported"):
-        _run(
-            query,
-            key,
-            value,
-            block_size=4,
-            window_blocks=1,
-            mask=AttentionMask(causal=True, prefix_length=3),
-        )
+    with pytest.raises(ValueError, match=message):
+        _run(query, key, value, block_size=4, window_blocks=1, mask=AttentionMask(**mask))
 
 
 def test_fully_masked_rows_are_zero_not_nan():

@@ -100,7 +100,11 @@ MASKS = {
     "documents by mask_mod": ((11, 11), 2, ("documents_mask_mod",)),
     "documents by lookup": ((11, 11), 2, ("causal", "lookup_mask_mod")),
     "composed mask_mods": ((11, 11), 2, ("composed_mask_mods",)),
+    # A decoding cache whose 13 slots wrap as a ring buffer: queries at 18-20,
+    # slot s holding the key at RING_POSITIONS[s] (`key_positions`).
+    "ring-buffer slots": ((3, 13), 2, ("causal", "window", "ring_slots")),
 }
+RING_POSITIONS = np.array([16, 17, 18, 19, 20, 8, 9, 10, 11, 12, 13, 14, 15])
 MODIFIERS = ("soft_cap", "alibi", "sinks", "score_mod")
 TABLE_SHAPE = (4, H)  # the weighted `score_mod`'s table: (buckets, heads)
 
@@ -115,9 +119,12 @@ def _case(name, seed=0):
     cotangent = rng.normal(size=(B, q_len, H, DV))
     sinks = rng.normal(size=(H,))
     table = rng.normal(size=TABLE_SHAPE)
-    offset = 8 if "offset" in parts else 0
+    offset = 8 if "offset" in parts else (18 if "ring_slots" in parts else 0)
     rows = (np.arange(q_len) + offset)[:, None]
     cols = np.arange(k_len)[None, :]
+    key_positions = np.arange(k_len)
+    if "ring_slots" in parts:
+        key_positions = cols = RING_POSITIONS[None, :]
     batch = np.arange(B)[:, None, None, None]
     head = np.arange(H)[None, :, None, None]
     allowed = np.ones((B, H, q_len, k_len), bool)
@@ -175,7 +182,10 @@ def _case(name, seed=0):
     if "documents_mask_mod" in parts:
         fields["mask_mod"] = document_mask_mod
         allowed &= (rows // 6 == cols // 6)[None, None]
+    if "ring_slots" in parts:
+        fields["key_positions"] = RING_POSITIONS[None].astype("int32")
     arrays = dict(q=q, k=k, v=v, cotangent=cotangent, sinks=sinks, table=table)
+    arrays["key_positions"] = np.ravel(key_positions)
     return arrays, attention_mask.AttentionMask(**fields), allowed, offset
 
 
@@ -213,7 +223,7 @@ def numpy_attention(arrays, allowed, modifiers, offset, dropped=None):
     b = np.arange(B)[:, None, None, None]
     h = np.arange(H)[None, :, None, None]
     i = np.arange(q.shape[1])[None, None, :, None] + offset
-    j = np.arange(k.shape[1])[None, None, None, :]
+    j = arrays.get("key_positions", np.arange(k.shape[1]))[None, None, None, :]
     chain = 1.0  # d modified logit / d logit
     if "alibi" in modifiers:
         logits = logits - np.asarray(score_modifier.alibi_slopes(H))[h] * np.abs(i - j)
@@ -397,11 +407,14 @@ def test_learned_weights_get_exact_gradients_bit_identical_run_to_run(kernel):
         np.testing.assert_array_equal(first, second)
 
 
-@pytest.mark.parametrize("mask_name", ["decoding offset", "key padding", "prefix per example"])
+@pytest.mark.parametrize(
+    "mask_name", ["decoding offset", "key padding", "prefix per example", "ring-buffer slots"]
+)
 @pytest.mark.parametrize("kernel", ["dense", "shifted", "blockwise"])
 def test_alibi_at_an_offset_without_the_causal_rule_and_under_a_prefix(kernel, mask_name):
     """The blockwise kernel folds causal ALiBi into its matmuls (tile-relative
-    positions, the cache offset included) and adds it per tile otherwise."""
+    positions, the cache offset included) and adds it per tile otherwise (and
+    where the keys sit at given positions: a ring buffer's slots)."""
     _check(kernel, mask_name, ("alibi", "soft_cap"))
 
 
