@@ -17,6 +17,7 @@ from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttent
 from keras_attention.layers.kernel_selector import Kernel
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.score_options import ScoreModifierOptions
+from keras_attention.ops import cache as ring_cache
 from keras_attention.ops import dense_attention
 from keras_attention.ops import masking
 from keras_attention.ops import mods
@@ -849,6 +850,29 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             )
         )
 
+    def _ring_sinks(self, query, cache, cache_update_index):
+        """With a `sliding_window`, the pinned sink slots (0 without sink
+        tokens) of a cache addressed as a ring buffer (`ops.cache.ring_slots`):
+        one with fewer slots than positions keeps the sinks and the last
+        keys, each step equal to the full cache's. None (the cache is
+        addressed by position) without a window, when a static index shows
+        nothing wraps, or when the ring is shorter than the window plus the
+        new tokens (`sliding_window - 1 + Tq` slots after the sinks): a call
+        with more new tokens than that is written by position, as before."""
+        slots, steps = cache.shape[2], query.shape[1]
+        if not self._ring_holds(slots, steps):
+            return None
+        index = scores_selection.static_int(cache_update_index)
+        if index is not None and index + steps <= slots:
+            return None
+        return self.sink_tokens or 0
+
+    def _ring_holds(self, slots, steps):
+        """Whether `slots` hold the sinks, the window and `steps` new tokens."""
+        if self.sliding_window is None or slots is None or steps is None:
+            return False
+        return slots - (self.sink_tokens or 0) >= self.sliding_window - 1 + steps
+
     def _check_cacheable(self):
         if self._value_dim != self._key_dim:
             raise ValueError(
@@ -912,7 +936,12 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         max_length, steps = shape[2], query.shape[1]
         if index is not None and (
             index < 0
-            or (max_length is not None and steps is not None and index + steps > max_length)
+            or (
+                max_length is not None
+                and steps is not None
+                and index + steps > max_length
+                and not self._ring_holds(max_length, steps)
+            )
         ):
             # A concrete index is checked; only a compiled loop's symbolic
             # index is clamped by the update slice.
@@ -990,7 +1019,14 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             if rotary_positions is None and self.rotary is not None:
                 rotary_positions = index + ops.arange(ops.shape(query)[1], dtype="int32")
             step = ops.stack(self._project_key_value(query, query, rotary_positions), axis=1)
-            cache = update_cache(cache, step, index)  # (B, 2, T_max, Hkv, D)
+            sinks = self._ring_sinks(query, cache, cache_update_index)
+            if sinks is None:
+                cache = update_cache(cache, step, index)  # (B, 2, T_max, Hkv, D)
+            else:  # a window's ring buffer: slots wrap, positions stay absolute
+                cache = ring_cache.write_ring(cache, step, index, sinks)
+                written = index + ops.shape(query)[1]
+                slots = ring_cache.ring_positions(cache.shape[2], written, sinks)
+                positions["key_positions"] = slots[None, :]
             positions["query_offset"] = (
                 scores_selection.static_int(cache_update_index)
                 if scores_selection.static_int(cache_update_index) is not None

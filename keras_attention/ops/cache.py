@@ -52,3 +52,43 @@ def _scatter_update(cache, update, index):
         axis=-1,
     )  # (B, 2, Tq, 3)
     return tf.tensor_scatter_nd_update(cache, indices, update)
+
+
+def ring_slots(positions, num_slots, sink_tokens=0):
+    """The slot of each absolute position in a cache of `num_slots` slots
+    that wraps as a ring buffer after its `sink_tokens` pinned slots:
+    position `p` is in slot `p` while `p < sink_tokens`, else in slot
+    `sink_tokens + (p - sink_tokens) mod (num_slots - sink_tokens)`; so
+    while nothing has wrapped, slot `s` holds position `s` (an ordinary
+    cache)."""
+    positions = ops.cast(positions, "int32")
+    ring = num_slots - sink_tokens
+    wrapped = sink_tokens + ops.mod(positions - sink_tokens, ring)
+    return ops.where(positions < sink_tokens, positions, wrapped)
+
+
+def ring_positions(num_slots, written, sink_tokens=0):
+    """`(num_slots,)` int32: the absolute position each slot of a ring cache
+    (`ring_slots`) holds once positions `0 .. written - 1` are written: the
+    latest one that maps to it. A slot not yet written keeps its own index
+    (`>= written`, so the causal rule and the key length hide it)."""
+    slot = ops.arange(num_slots, dtype="int32")
+    ring = num_slots - sink_tokens
+    past = ops.cast(written, "int32") - 1 - slot  # how far the last write is past the slot
+    latest = slot + ring * ops.floor_divide(ops.maximum(past, 0), ring)
+    return ops.where(ops.logical_and(slot >= sink_tokens, past >= 0), latest, slot)
+
+
+def write_ring(cache, update, index, sink_tokens=0):
+    """`cache` (a ring of `cache.shape[2]` slots) with `update`'s `Tq` steps
+    written at positions `index .. index + Tq - 1` (`Tq` at most the ring's
+    size, so the slots are distinct)."""
+    update = ops.cast(update, cache.dtype)
+    steps, num_slots = update.shape[2], cache.shape[2]
+    positions = ops.cast(index, "int32") + ops.arange(steps, dtype="int32")
+    slots = ring_slots(positions, num_slots, sink_tokens)
+    if steps == 1:
+        return update_cache(cache, update, slots[0])
+    moved = ops.moveaxis(cache, 2, 0)
+    written = ops.scatter_update(moved, slots[:, None], ops.moveaxis(update, 2, 0))
+    return ops.moveaxis(written, 0, 2)

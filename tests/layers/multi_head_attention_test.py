@@ -424,10 +424,11 @@ def test_memory_efficient_path_trains_in_fit_with_jit_compile():
 
 
 # ------------------------------------------------------------------- caching
-def _decode_with_cache(layer, sequence, compiled):
-    """Feeds `sequence` one step at a time through a self-attention cache."""
+def _decode_with_cache(layer, sequence, compiled, slots=None):
+    """Feeds `sequence` one step at a time through a self-attention cache (of
+    `slots` slots; one per token by default)."""
     batch, length, _ = sequence.shape
-    cache = ops.zeros((batch, 2, length, layer.num_key_value_heads, layer.key_dim))
+    cache = ops.zeros((batch, 2, slots or length, layer.num_key_value_heads, layer.key_dim))
     outputs = ops.zeros((batch, length, 8))
 
     def step(index, state):
@@ -483,6 +484,48 @@ def test_self_attention_cache_decoding_matches_full_causal_call(compiled, groupe
     full = to_numpy(layer(sequence, use_causal_mask=True))
     decoded = to_numpy(_decode_with_cache(layer, sequence, compiled))
     np.testing.assert_allclose(decoded, full, atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+def test_a_window_cache_shorter_than_the_sequence_wraps_and_decodes_exactly(compiled):
+    """#51 where it meets the engine: a layer with a sliding window and sink
+    tokens decodes 14 tokens through a cache of 6 slots (2 sinks + the
+    window of 4): the slots wrap as a ring buffer, the keys keep their
+    absolute positions (rotary, ALiBi, the window and the sinks read them)
+    and every step equals the full causal call. Written by position, as
+    before, the 6 slots would have lost the keys the later steps need."""
+    sequence = ops.convert_to_tensor(random_inputs((2, 14, 8), seed=16))
+    layer = MultiHeadAttention(
+        num_heads=4,
+        key_dim=4,
+        num_key_value_heads=2,
+        sliding_window=4,
+        sink_tokens=2,
+        rotary=True,
+        alibi=True,
+    )
+    full = to_numpy(layer(sequence, use_causal_mask=True))
+    decoded = to_numpy(_decode_with_cache(layer, sequence, compiled, slots=6))
+    np.testing.assert_allclose(decoded, full, atol=1e-5)
+
+
+def test_a_ring_cache_takes_chunks_of_new_tokens():
+    """Chunks of 3 new tokens into 2 sinks + 6 ring slots (the window of 4
+    plus the chunk, less one): the chunk's writes wrap round the ring."""
+    sequence = random_inputs((1, 15, 8), seed=17)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, sliding_window=4, sink_tokens=2)
+    full = to_numpy(layer(sequence, use_causal_mask=True))
+    cache = ops.zeros((1, 2, 8, 2, 4))
+    outputs = []
+    for index in range(0, 15, 3):
+        out, cache = layer(
+            sequence[:, index : index + 3],
+            cache=cache,
+            cache_update_index=ops.convert_to_tensor(index),
+            use_causal_mask=True,
+        )
+        outputs.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
 
 
 def test_cache_update_returns_new_cache_without_mutating_input():
