@@ -509,6 +509,19 @@ def test_a_window_cache_shorter_than_the_sequence_wraps_and_decodes_exactly(comp
     np.testing.assert_allclose(decoded, full, atol=1e-5)
 
 
+def test_endless_generation_from_a_64_slot_cache():
+    """StreamingLLM (#51 item 2): 10,000 tokens through 64 slots (4 sinks and
+    a window of 60) in one compiled loop: every output finite and equal to
+    the full causal call's, which attends over exactly the sinks and the
+    window at every position."""
+    sequence = ops.convert_to_tensor(random_inputs((1, 10_000, 8), seed=18))
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, sliding_window=60, sink_tokens=4)
+    full = to_numpy(layer(sequence, use_causal_mask=True))
+    decoded = to_numpy(_decode_with_cache(layer, sequence, True, slots=64))
+    assert np.all(np.isfinite(decoded))
+    np.testing.assert_allclose(decoded, full, atol=1e-5)
+
+
 def test_a_ring_cache_takes_chunks_of_new_tokens():
     """Chunks of 3 new tokens into 2 sinks + 6 ring slots (the window of 4
     plus the chunk, less one): the chunk's writes wrap round the ring."""
