@@ -71,8 +71,9 @@ test-jax: install
 	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=jax $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not tf_only" tests/layers tests/ops tests/keras_ported tests/keras_hub tests/analysis_test.py
 
 # The smoke runs of the benchmark scripts (benchmarks/: serving, the GPU check's CPU
-# configuration, mha_benchmark, blockwise_profile, dropout_training): developer tools that no user
-# runs, so they stay out of `make test` (about 4 minutes of its TensorFlow run);
+# configuration, mha_benchmark, blockwise_profile, dropout_training, tile_plan, bounded_cache):
+# developer tools that no user runs, so they stay out of `make test` (about 4 minutes of its
+# TensorFlow run);
 # run this when a change touches benchmarks/ or what a script calls.
 test-benchmarks: install
 	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile -m benchmark tests/benchmarks
