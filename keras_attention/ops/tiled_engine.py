@@ -324,7 +324,20 @@ class TiledSweep:
     def over_plan(self, i, step, state):
         """`step(j, state, masked)` folded over the key blocks query block
         `i` visits: the plan's full tiles (no mask evaluated), then its
-        partial ones."""
+        partial ones. Under XLA, one loop over both kinds, each tile masked:
+        XLA fuses the mask into the tile's exponential, so skipping it saves
+        less than a second loop costs (JAX, 4096 tokens: 1.03x the one loop)."""
+        if under_xla():
+            (_, full_counts, full), (_, partial_counts, partial) = self.plan.kinds()
+            row = self._visits(_take(full_counts, i), _take(full, i))
+            row += self._visits(_take(partial_counts, i), _take(partial, i))
+            count = _take(full_counts, i) + _take(partial_counts, i)
+            order = ops.sort(ops.concatenate(row, axis=0))
+
+            def every(t, state):
+                return step(_take(order, t), state, True)
+
+            return sequential_fori_loop(0, count, every, state)
         for kind, counts, indices in self.plan.kinds():
             row = _take(indices, i)
 
@@ -335,6 +348,11 @@ class TiledSweep:
                 0, _take(counts, i), body, state, parallel_iterations=_KEY_PARALLEL
             )
         return state
+
+    def _visits(self, count, row):
+        """`[row]` with the slots past `count` moved past every block."""
+        used = ops.arange(self.nk, dtype="int32") < count
+        return [ops.where(used, row, self.nk + ops.arange(self.nk, dtype="int32"))]
 
     def initial_state(self, row_shape, value_dim, sinks):
         """The running softmax before any key: a learned sink is a key with
