@@ -35,13 +35,27 @@ def _mask(kwargs):
     return kwargs
 
 
+def _on_jax_compiled(fn):
+    """`fn` under `jax.jit` on JAX (as a model's `fit` and `predict` run the
+    kernel: no branch of it depends on eager values), unchanged on
+    TensorFlow. Op-by-op dispatch of the kernel's gathers and loops took
+    most of this file's JAX time."""
+    if keras.backend.backend() != "jax":
+        return fn
+    import jax
+
+    return jax.jit(fn)
+
+
 def _run(query, key, value, **kwargs):
+    """The kernel on NumPy inputs (compiled on JAX: `_on_jax_compiled`)."""
     kwargs = _mask(kwargs)
-    result = block_sparse.block_sparse_attention(
-        keras.ops.convert_to_tensor(query),
-        keras.ops.convert_to_tensor(key),
-        keras.ops.convert_to_tensor(value),
-        **kwargs,
+
+    def attend(q, k, v):
+        return block_sparse.block_sparse_attention(q, k, v, **kwargs)
+
+    result = _on_jax_compiled(attend)(
+        *(keras.ops.convert_to_tensor(x) for x in (query, key, value))
     )
     if isinstance(result, tuple):
         return tuple(keras.ops.convert_to_numpy(r) for r in result)
@@ -171,10 +185,9 @@ def test_packed_documents_and_a_mask_mod_join_the_pattern(with_mask_mod, monkeyp
 
     cotangent = np.random.default_rng(4).standard_normal(value.shape).astype("float32")
     expected, _ = reference_attention(query, key, value, allowed)
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(attend(query, key, value)), expected, atol=1e-5
-    )
-    grads = input_gradients(attend, [query, key, value], cotangent)
+    output = _on_jax_compiled(attend)(query, key, value)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
+    grads = input_gradients(attend, [query, key, value], cotangent, jit=True)
     expected_grads = reference_gradients(query, key, value, allowed, cotangent)
     for got, want in zip(grads, expected_grads, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
@@ -308,9 +321,9 @@ def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, c
         )
 
     expected, _ = reference_attention(query, key, value, allowed)
-    output = keras.ops.convert_to_numpy(attend(query, key, value))
+    output = keras.ops.convert_to_numpy(_on_jax_compiled(attend)(query, key, value))
     np.testing.assert_allclose(output, expected, atol=1e-5)
-    grads = input_gradients(attend, [query, key, value], cotangent)
+    grads = input_gradients(attend, [query, key, value], cotangent, jit=True)
     expected_grads = reference_gradients(query, key, value, allowed, cotangent)
     for name, grad, want in zip("qkv", grads, expected_grads, strict=True):
         np.testing.assert_allclose(grad, want, atol=1e-4, err_msg=f"d{name}")
@@ -359,11 +372,7 @@ def test_dropout_inside_the_kernel_matches_the_reference_fed_its_mask(
         )
 
     # Compiled on JAX: op by op takes 5-10x longer.
-    run = attend
-    if keras.backend.backend() == "jax":
-        import jax
-
-        run = jax.jit(attend)
+    run = _on_jax_compiled(attend)
     expected, weights = reference_attention(query, key, value, allowed, dropped)
     if return_weights:
         output, got_weights = (keras.ops.convert_to_numpy(x) for x in run(query, key, value))
@@ -398,10 +407,10 @@ def test_recomputing_path_gives_zero_rows_and_gradients_without_keys():
             chunk_blocks=2,
         )
 
-    output = keras.ops.convert_to_numpy(attend(query, key, value))
+    output = keras.ops.convert_to_numpy(_on_jax_compiled(attend)(query, key, value))
     assert np.all(output[1] == 0) and np.all(np.isfinite(output))
     assert np.any(output[0] != 0)
-    grads = input_gradients(attend, [query, key, value], cotangent)
+    grads = input_gradients(attend, [query, key, value], cotangent, jit=True)
     for grad in grads:
         assert np.all(np.isfinite(grad))
         assert np.all(grad[1] == 0)

@@ -262,8 +262,9 @@ def test_chunked_softmax_path_matches_plain_outputs_and_gradients(tq, tv, chunk)
     np.testing.assert_allclose(
         output, keras.ops.convert_to_numpy(plain(query, key, value)), atol=1e-5
     )
-    grads = input_gradients(chunked, [query, key, value], cotangent)
-    expected_grads = input_gradients(plain, [query, key, value], cotangent)
+    # Compiled on JAX, as a model runs them (op by op: 8.5 CPU s for the two cases; 4.1).
+    grads = input_gradients(chunked, [query, key, value], cotangent, jit=True)
+    expected_grads = input_gradients(plain, [query, key, value], cotangent, jit=True)
     for name, grad, want in zip("qkv", grads, expected_grads, strict=True):
         assert np.any(want != 0)
         np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-5, err_msg=f"d{name}")

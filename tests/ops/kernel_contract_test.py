@@ -317,9 +317,10 @@ def _compiled(fn):
     return tf.function(fn, jit_compile=True)
 
 
-def output_and_gradients(run, arrays, modifiers, compiled=None, dtype="float32"):
+def output_and_gradients(run, arrays, modifiers, compiled=None, dtype="float32", runs=None):
     """Output and the gradients w.r.t. q, k, v, the sink logits and the
-    weighted `score_mod`'s table.
+    weighted `score_mod`'s table (with `runs`, a list of that many results
+    of one traced and compiled function run again on the same inputs).
 
     `compiled=None` takes the path a model's `fit` takes on the backend:
     `jax.jit` on JAX (also half the time of op-by-op dispatch, which compiles
@@ -338,8 +339,13 @@ def output_and_gradients(run, arrays, modifiers, compiled=None, dtype="float32")
             return (out.astype("float32") * cotangent).sum(), out
 
         grad = jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)
-        (_, out), grads = (jax.jit(grad) if compiled else grad)(*inputs, *extra)
-        return [to_numpy(x) for x in (out, *grads)]
+        grad = jax.jit(grad) if compiled else grad
+
+        def once():
+            (_, out), grads = grad(*inputs, *extra)
+            return [to_numpy(x) for x in (out, *grads)]
+
+        return once() if runs is None else [once() for _ in range(runs)]
     import tensorflow as tf
 
     def step(q, k, v, s, t):
@@ -352,6 +358,8 @@ def output_and_gradients(run, arrays, modifiers, compiled=None, dtype="float32")
 
     step = _compiled(step) if compiled else step
     tensors = [tf.constant(a) for a in inputs + extra]
+    if runs is not None:
+        return [[to_numpy(x) for x in step(*tensors)] for _ in range(runs)]
     return [to_numpy(x) for x in step(*tensors)]
 
 
@@ -392,14 +400,13 @@ def test_learned_weights_get_exact_gradients_bit_identical_run_to_run(kernel):
     """A `score_mod` reading trainable weights (learned ALiBi slopes): their
     gradient equals float64 NumPy's, and two runs give the same bits (the
     blockwise backward sums its tiles' contributions in a fixed order, no
-    atomics), compiled as `fit` compiles it."""
+    atomics), compiled as `fit` compiles it: one compiled step run twice, as
+    `fit` runs its train function (on JAX a second `jax.jit` traced and
+    compiled the same program again)."""
     modifiers = ("learned slopes", "soft_cap")
     arrays, mask, allowed, offset = _case("causal, padding, grouped")
     expected = numpy_attention(arrays, allowed, modifiers, offset)
-    runs = [
-        output_and_gradients(_kernel(kernel, mask), arrays, modifiers, compiled=True)
-        for _ in range(2)
-    ]
+    runs = output_and_gradients(_kernel(kernel, mask), arrays, modifiers, compiled=True, runs=2)
     for value, want in zip(runs[0], expected[:1] + expected[2:], strict=True):
         np.testing.assert_allclose(value, want, atol=2e-5, rtol=1e-4)
     assert np.all(runs[0][5][0]) and not np.any(runs[0][5][1:])  # the slopes' row
@@ -818,7 +825,9 @@ def test_every_kernel_returns_the_rows_log_sum_exp_and_maximum(kernel, name, mod
             total = (jax.numpy.where(finite, stats["logsumexp"], 0.0) * weights).sum()
             return total, stats
 
-        (_, stats), grads = jax.value_and_grad(loss, argnums=(0, 1, 3), has_aux=True)(*inputs)
+        # Compiled, as everywhere in this file on JAX (op by op: several times slower).
+        grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 3), has_aux=True))
+        (_, stats), grads = grad(*inputs)
     else:
         import tensorflow as tf
 
@@ -889,7 +898,7 @@ def test_parts_over_disjoint_keys_merge_into_the_whole(kernel):
             out, stats = merged(q)
             return (out * cotangent).sum(), (out, stats)
 
-        (_, (out, stats)), dq = jax.value_and_grad(loss, has_aux=True)(q)
+        (_, (out, stats)), dq = jax.jit(jax.value_and_grad(loss, has_aux=True))(q)
     else:
         import tensorflow as tf
 
