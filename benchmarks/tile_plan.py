@@ -112,38 +112,11 @@ def training_step(kernel, mask, xla):
     return lambda *a: [np.asarray(g) for g in grad(*a)]
 
 
-def matmul_rate(xla, clock):
-    """FLOP/s of the tiles' own matmul, `(8, 512, 64) x (8, 64, 512)`, in
-    the same framework and mode: the kernel's ceiling (median of 5)."""
-    a = np.random.default_rng(0).normal(size=(16, HEADS, BLOCK, DIM)).astype("float32")
-    count = 16 * HEADS * 2 * BLOCK * BLOCK * DIM
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        # The maximum, not the sum: XLA may rewrite a sum of a product as a
-        # product of sums (and skip the matmul).
-        product = tf.function(
-            lambda a: tf.reduce_max(tf.einsum("nhqd,nhkd->nhqk", a, a)), jit_compile=xla
-        )
-    else:
-        import jax
-
-        product = jax.jit(lambda a: jax.numpy.einsum("nhqd,nhkd->nhqk", a, a).max())
-    np.asarray(product(a))
-    times = []
-    for _ in range(5):
-        start = clock()
-        np.asarray(product(a))
-        times.append(clock() - start)
-    return count / float(np.median(times))
-
-
 def compare(length, repeats, xla, clock, commit, rng):
     import keras_attention as ka
     from keras_attention.ops.memory_efficient import memory_efficient_attention
 
     old_mask, old_kernel = baseline(commit)
-    rate = matmul_rate(xla, clock)
     shape = (1, length, HEADS, DIM)
     q, k, v, cotangent = (rng.normal(size=shape).astype("float32") for _ in range(4))
     ids = packed_ids(length, rng)
@@ -164,18 +137,11 @@ def compare(length, repeats, xla, clock, commit, rng):
                 step(q, k, v, cotangent)
                 times[key].append(clock() - start)
         median = {key: float(np.median(t)) for key, t in times.items()}
-        fractions = plan.fractions()
-        # Each visited tile runs 7 matmuls of 2 bq bk D flops per head (2
-        # forward, 5 in the recomputing backward).
-        visited = (fractions["full"] + fractions["partial"]) * (length // BLOCK) ** 2
-        flops = visited * HEADS * 7 * 2 * BLOCK * BLOCK * DIM
-        share = flops / median["plan"] / rate
-        fractions = ", ".join(f"{key} {value:.3f}" for key, value in fractions.items())
+        fractions = ", ".join(f"{key} {value:.3f}" for key, value in plan.fractions().items())
         print(
             f"L={length} {name}: plan {median['plan']:.3f} s, before {median['before']:.3f} s, "
             f"ratio {median['plan'] / median['before']:.3f}; tiles: {fractions}; "
-            f"max |grad difference| {error:.2e}; plan at {share:.0%} of the measured "
-            f"matmul rate ({rate / 1e9:.0f} GFLOP/s)"
+            f"max |grad difference| {error:.2e}"
         )
 
 
