@@ -19,7 +19,8 @@ Every mask comes from one `AttentionMask` (`attention_mask.py`), and the
 tiles to visit from one `TilePlan` (`tiling.py`, built from that mask or
 passed in, shared by several calls): for each query block the loops visit
 the plan's *full* key blocks, where every pair is visible and no mask is
-evaluated, then its *partial* ones, where each tile takes its rows of the
+evaluated (outside XLA; under XLA one loop masks every tile), then its
+*partial* ones, where each tile takes its rows of the
 query/key/pair masks and asks the description for the rules at its absolute
 positions (a decoding cache's offset included). Tiles of neither kind (past
 the causal diagonal, outside a window, other documents) are never computed.

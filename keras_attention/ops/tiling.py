@@ -6,7 +6,8 @@ lists the key blocks to visit, in two kinds (PyTorch FlexAttention's
 `BlockMask`, JAX Splash's `MaskInfo`, in our terms):
 
 - *full*: every (query, key) pair of the tile is visible in every example
-  and head, so the kernel evaluates no mask there;
+  and head, so the kernel need not evaluate the mask there (it skips it
+  outside XLA; under XLA the mask is fused into the tile's other work);
 - *partial*: some pair is visible and some may not be; the kernel evaluates
   the mask on the tile.
 
@@ -130,8 +131,7 @@ class TilePlan:
                 validation.error(
                     owner,
                     "`tile_plan` was built for (query_length, key_length, "
-                    f"query_block, key_block) = {made}. Received: a call with "
-                    f"{tuple(w for w in wanted)}",
+                    f"query_block, key_block) = {made}. Received: a call with {wanted}",
                 )
             )
         return self
