@@ -486,6 +486,13 @@ def test_self_attention_cache_decoding_matches_full_causal_call(compiled, groupe
     np.testing.assert_allclose(decoded, full, atol=1e-5)
 
 
+def _random_weights(layer, x, seed=3):
+    """Builds `layer` on `x` and gives every weight (the biases too) random values."""
+    layer(x[:, :1])
+    rng = np.random.default_rng(seed)
+    layer.set_weights([rng.normal(scale=0.5, size=w.shape) for w in layer.get_weights()])
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
 def test_a_window_cache_shorter_than_the_sequence_wraps_and_decodes_exactly(compiled):
     """#51 where it meets the engine: a layer with a sliding window and sink
@@ -504,6 +511,7 @@ def test_a_window_cache_shorter_than_the_sequence_wraps_and_decodes_exactly(comp
         rotary=True,
         alibi=True,
     )
+    _random_weights(layer, sequence)  # biases too: the cache holds projected keys
     full = to_numpy(layer(sequence, use_causal_mask=True))
     decoded = to_numpy(_decode_with_cache(layer, sequence, compiled, slots=6))
     np.testing.assert_allclose(decoded, full, atol=1e-5)
@@ -527,6 +535,7 @@ def test_a_ring_cache_takes_chunks_of_new_tokens():
     plus the chunk, less one): the chunk's writes wrap round the ring."""
     sequence = random_inputs((1, 15, 8), seed=17)
     layer = MultiHeadAttention(num_heads=2, key_dim=4, sliding_window=4, sink_tokens=2)
+    _random_weights(layer, sequence)
     full = to_numpy(layer(sequence, use_causal_mask=True))
     cache = ops.zeros((1, 2, 8, 2, 4))
     outputs = []
