@@ -353,7 +353,6 @@ def ring_attention(
     _check_arguments(query, key, value, mesh, sequence_axis, batch_axis, scale, mask, balance)
     import jax
     import jax.numpy as jnp
-    import numpy as np
     from jax.sharding import PartitionSpec as P
 
     if mask is None:
@@ -377,43 +376,13 @@ def ring_attention(
     v = jnp.asarray(value, jnp.float32)
     sequences = P(batch_axis, sequence_axis)
     blocks = P(batch_axis, sequence_axis, None, None)
-    # The per-device program sees its own blocks of the masks and segment
-    # ids; the rules travel as the description without them (a per-example
-    # prefix as an input the same on every device).
-    sequence_inputs = {
-        "key_mask": mask.key_mask,
-        "query_mask": mask.query_mask,
-        "key_ids": mask.key_segment_ids,
-        "query_ids": mask.query_segment_ids,
-    }
-    sequence_inputs = {
-        name: jnp.asarray(x, bool if name.endswith("mask") else jnp.int32)
-        for name, x in sequence_inputs.items()
-        if x is not None
-    }
-    if sequence_inputs.keys() & {"key_ids", "query_ids"}:
-        for name in ("key_ids", "query_ids"):  # one per example, like the inputs
-            ids = sequence_inputs[name]
-            sequence_inputs[name] = jnp.broadcast_to(ids, (q.shape[0],) + ids.shape[1:])
-    prefix = mask.prefix_length
-    shared_inputs = {}
-    if prefix is not None and not isinstance(prefix, int):
-        shared_inputs["prefix"] = jnp.asarray(prefix, jnp.int32)
-    sinks = None if scores is None else scores.sinks()
-    if sinks is not None:
-        shared_inputs["sinks"] = jnp.asarray(sinks, jnp.float32)
+    sequence_inputs, shared_inputs = _device_inputs(mask, scores, q.shape[0])
     weights = () if scores is None else scores.weights()
     positional = mask.replace(
         query_mask=None, key_mask=None, query_segment_ids=None, key_segment_ids=None
     )
 
-    # Zigzag placement balances the causal rule's work over the devices (a
-    # contiguous split gives the last device N times the first's tiles).
-    parts = 1
-    if balance == "zigzag" or (balance == "auto" and mask.causal):
-        length = q.shape[1]
-        if k.shape[1] == length and length % (2 * num_devices) == 0:
-            parts = 2
+    parts = _parts(balance, mask, q.shape[1], k.shape[1], num_devices)
     order = None
     if parts == 2:
         order = zigzag_order(q.shape[1], num_devices)
@@ -471,16 +440,67 @@ def ring_attention(
         tuple(shared_inputs[n] for n in shared),
         tuple(weights),
     )
+    return _in_sequence_order(out, order, dtype, return_statistics)
+
+
+def _in_sequence_order(out, order, dtype, return_statistics):
+    """The program's results back in sequence order (undoing the zigzag
+    placement `order`), the output in `dtype`."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    back = None if order is None else np.argsort(order)
     statistics = None
     if return_statistics:
         out, lse, peak = out
-        if order is not None:
-            lse, peak = (jnp.take(x, np.argsort(order), axis=2) for x in (lse, peak))
+        if back is not None:
+            lse, peak = (jnp.take(x, back, axis=2) for x in (lse, peak))
         statistics = {"logsumexp": lse, "max": peak}
-    if order is not None:
-        out = jnp.take(out, np.argsort(order), axis=1)
+    if back is not None:
+        out = jnp.take(out, back, axis=1)
     out = out.astype(dtype)
     return out if statistics is None else (out, statistics)
+
+
+def _device_inputs(mask, scores, batch):
+    """`(sequence_inputs, shared_inputs)`: the per-device program sees its own
+    blocks of the masks and segment ids (split along the sequence); the rules
+    travel as the description without them, and a per-example prefix and
+    the sink logits as inputs the same on every device."""
+    import jax.numpy as jnp
+
+    sequence_inputs = {
+        "key_mask": mask.key_mask,
+        "query_mask": mask.query_mask,
+        "key_ids": mask.key_segment_ids,
+        "query_ids": mask.query_segment_ids,
+    }
+    sequence_inputs = {
+        name: jnp.asarray(x, bool if name.endswith("mask") else jnp.int32)
+        for name, x in sequence_inputs.items()
+        if x is not None
+    }
+    if sequence_inputs.keys() & {"key_ids", "query_ids"}:
+        for name in ("key_ids", "query_ids"):  # one per example, like the inputs
+            ids = sequence_inputs[name]
+            sequence_inputs[name] = jnp.broadcast_to(ids, (batch,) + ids.shape[1:])
+    shared_inputs = {}
+    prefix = mask.prefix_length
+    if prefix is not None and not isinstance(prefix, int):
+        shared_inputs["prefix"] = jnp.asarray(prefix, jnp.int32)
+    sinks = None if scores is None else scores.sinks()
+    if sinks is not None:
+        shared_inputs["sinks"] = jnp.asarray(sinks, jnp.float32)
+    return sequence_inputs, shared_inputs
+
+
+def _parts(balance, mask, query_length, key_length, num_devices):
+    """2 (zigzag) or 1 (contiguous) blocks per device. Zigzag placement
+    balances the causal rule's work over the devices (a contiguous split
+    gives the last device N times the first's tiles)."""
+    zigzag = balance == "zigzag" or (balance == "auto" and mask.causal)
+    even = key_length == query_length and query_length % (2 * num_devices) == 0
+    return 2 if zigzag and even else 1
 
 
 def check_sequence_mesh(error, argument, axis, query_shape, key_shape):
