@@ -135,9 +135,9 @@ def export_causal_lm(
 
     served = _ServedCausalLM(causal_lm, max_length, stop_token_ids, pad_id)
     module = tf.Module()
-    module.causal_lm = causal_lm
-    # The serving graph reads the tf.Variables inside the Keras variables;
-    # track those too, so the v1 loader (TF Serving's) restores them.
+    # The serving graph reads the tf.Variables inside the Keras variables:
+    # the module tracks those, not the model, whose own traced functions
+    # (KerasHub's XLA-compiled `generate_function`) would be saved too.
     module.tf_variables = [v.value for v in causal_lm.variables]
     signatures = {}
     if text_mode:

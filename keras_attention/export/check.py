@@ -48,7 +48,8 @@ class CheckReport:
         streaming: for a causal LM (`export_causal_lm`), one dict per warmup
             `generate` request streamed through `prefill` and `decode_step`
             in the fresh process: `decode_steps`, `tokens_compared` and
-            `mismatches` (empty when every streamed token is `generate`'s).
+            `mismatches` (empty when every streamed token is `generate`'s),
+            and `generate`: what the served `generate` answered, as lists.
         tensorflow_text_version: the tensorflow-text the fresh process
             imported (None when not loaded).
         tf_serving_tensorflow_text_version: the release TF Serving's standard

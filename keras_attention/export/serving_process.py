@@ -216,9 +216,8 @@ def _streamed(session, signatures, index, arrays):
     generated = run("generate", arrays)
     kept = np.asarray(generated["padding_mask"], bool)
     want = np.asarray(generated["token_ids"])
-    if not kept.any():
-        return {"index": index, "rows": len(want), "decode_steps": 0, "mismatches": []}
-    last = int(np.nonzero(kept.any(axis=0))[0].max())
+    # The last position `generate` kept in any row (its prompts at least).
+    last = int(np.nonzero(kept.any(axis=0))[0].max()) if kept.any() else 0
     tokens, steps = stream_tokens(run, token_ids, padding_mask, last)
     wrong = np.argwhere(kept[:, : last + 1] & (tokens != want[:, : last + 1]))
     mismatches = [
@@ -232,6 +231,13 @@ def _streamed(session, signatures, index, arrays):
         "decode_steps": steps,
         "tokens_compared": int(kept[:, : last + 1].sum()),
         "mismatches": mismatches,
+        # What `generate` answered, for a caller to compare with its model.
+        "generate": {
+            name: np.asarray(value).tolist()
+            if name != "text"
+            else [t.decode("utf-8", "replace") for t in np.asarray(value)]
+            for name, value in generated.items()
+        },
     }
 
 
