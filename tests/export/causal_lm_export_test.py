@@ -8,6 +8,7 @@ streams each warmup prompt through `prefill` and `decode_step`; its served
 sampler, XLA-compiled, in this process), text and token ids.
 """
 
+import contextlib
 import io
 
 import numpy as np
@@ -96,7 +97,9 @@ def keras_hub_generate(causal_lm):
 
 
 @pytest.fixture(scope="module")
-def exported(causal_lm, tmp_path_factory):
+def exported(causal_lm, keras_hub_generate, tmp_path_factory):
+    """Exported after KerasHub's `generate` has traced its XLA function (on
+    the model, and not to be saved with it)."""
     from keras_attention.export import export_causal_lm
 
     path = str(tmp_path_factory.mktemp("export") / "causal_lm")
@@ -234,3 +237,83 @@ def test_token_id_mode_without_a_preprocessor_needs_max_length_and_stop_ids(caus
         export_causal_lm(bare, path, max_length=8)
     with pytest.raises(ValueError, match=r"^export_causal_lm: `warmup_prompts` must be non-empty"):
         export_causal_lm(bare, path, max_length=8, stop_token_ids=None, warmup_prompts=[["a"]])
+
+
+def _guide_client():
+    """The REST client of the decoding guide, as written there."""
+    import os
+    import re
+
+    guide = os.path.join(
+        os.path.dirname(__file__), "..", "..", "docs", "guides", "decoding-and-serving.md"
+    )
+    with open(guide, encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+    (block,) = [b for b in blocks if "def stream(" in b]
+    namespace = {}
+    exec(compile(block, "decoding-and-serving.md", "exec"), namespace)
+    return namespace
+
+
+@contextlib.contextmanager
+def _rest_server(path):
+    """A stand-in for TF Serving's REST `predict` (columnar format) over
+    the SavedModel at `path`: `{"outputs": {name: value}}`, or the value
+    alone when the signature has one output, as TF Serving answers."""
+    import http.server
+    import json
+    import threading
+
+    import tensorflow_text  # noqa: F401
+
+    loaded = tf.saved_model.load(path)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            assert self.path == "/v1/models/lm:predict", self.path
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            function = loaded.signatures[body.get("signature_name", "serving_default")]
+            specs = function.structured_input_signature[1]
+            inputs = {k: tf.constant(v, specs[k].dtype) for k, v in body["inputs"].items()}
+            outputs = {
+                name: [t.decode() for t in value.numpy()]
+                if value.dtype == tf.string
+                else value.numpy().tolist()
+                for name, value in function(**inputs).items()
+            }
+            if len(outputs) == 1:
+                (outputs,) = outputs.values()
+            answer = json.dumps({"outputs": outputs}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/models/lm"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_the_guide_rest_client_streams_keras_hub_generate(causal_lm, exported, keras_hub_generate):
+    client = _guide_client()
+    end = causal_lm.preprocessor.tokenizer.end_token_id
+    # The prompt with the most new tokens.
+    new = keras_hub_generate["padding_mask"].sum(1) - keras_hub_generate["prompt"][
+        "padding_mask"
+    ].sum(1)
+    row = int(np.argmax(new))
+    with _rest_server(exported) as url:
+        texts = list(client["stream"](client["rest_predict"](url), PROMPTS[row], MAX_LENGTH, end))
+    # One text per new token, the last one KerasHub's answer.
+    assert len(texts) == new[row] >= 5
+    assert texts[-1] == keras_hub_generate["text"][row]
