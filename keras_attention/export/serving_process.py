@@ -191,6 +191,11 @@ def stream_tokens(run, token_ids, padding_mask, last):
             break
         cache = {k: v for k, v in answer.items() if k.startswith("cache")}
         answer = run("decode_step", {"token": token, "index": np.int32(index), **cache})
+        if int(answer["index"]) != index + 1:  # a loop that would never end
+            raise ValueError(
+                f"decode_step at index {index} returned index {int(answer['index'])}, "
+                f"not {index + 1}"
+            )
         index, steps = int(answer["index"]), steps + 1
     return tokens, steps
 

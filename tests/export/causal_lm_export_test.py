@@ -151,13 +151,17 @@ def test_served_model_streams_generate_and_equals_keras_hub(exported, keras_hub_
     )
 
 
-def test_streaming_in_python_equals_keras_hub_generate(exported, keras_hub_generate):
-    """A client of the TF 2 loader streams KerasHub's tokens, one per call."""
+@pytest.fixture(scope="module")
+def loaded(exported):
+    """The SavedModel through TF 2's loader, as a Python client loads it."""
     import tensorflow_text  # noqa: F401  (a Python consumer must import it)
 
-    from keras_attention.export.serving_process import stream_tokens
+    return tf.saved_model.load(exported)
 
-    loaded = tf.saved_model.load(exported)
+
+def test_streaming_in_python_equals_keras_hub_generate(loaded, keras_hub_generate):
+    """A client of the TF 2 loader streams KerasHub's tokens, one per call."""
+    from keras_attention.export.serving_process import stream_tokens
 
     def run(name, inputs):
         outputs = loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()})
@@ -178,10 +182,7 @@ def test_streaming_in_python_equals_keras_hub_generate(exported, keras_hub_gener
     assert [t.decode() for t in text] == keras_hub_generate["text"]
 
 
-def test_signatures_refuse_a_cache_index_or_prompt_past_max_length(exported):
-    import tensorflow_text  # noqa: F401
-
-    loaded = tf.saved_model.load(exported)
+def test_signatures_refuse_a_cache_index_or_prompt_past_max_length(loaded):
     prompt = {
         "token_ids": tf.ones([1, MAX_LENGTH + 1], tf.int32),
         "padding_mask": tf.ones([1, MAX_LENGTH + 1], tf.bool),
@@ -256,17 +257,13 @@ def _guide_client():
 
 
 @contextlib.contextmanager
-def _rest_server(path):
+def _rest_server(loaded):
     """A stand-in for TF Serving's REST `predict` (columnar format) over
-    the SavedModel at `path`: `{"outputs": {name: value}}`, or the value
+    the loaded SavedModel: `{"outputs": {name: value}}`, or the value
     alone when the signature has one output, as TF Serving answers."""
     import http.server
     import json
     import threading
-
-    import tensorflow_text  # noqa: F401
-
-    loaded = tf.saved_model.load(path)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
@@ -304,7 +301,7 @@ def _rest_server(path):
         thread.join()
 
 
-def test_the_guide_rest_client_streams_keras_hub_generate(causal_lm, exported, keras_hub_generate):
+def test_the_guide_rest_client_streams_keras_hub_generate(causal_lm, loaded, keras_hub_generate):
     client = _guide_client()
     end = causal_lm.preprocessor.tokenizer.end_token_id
     # The prompt with the most new tokens.
@@ -312,7 +309,7 @@ def test_the_guide_rest_client_streams_keras_hub_generate(causal_lm, exported, k
         "padding_mask"
     ].sum(1)
     row = int(np.argmax(new))
-    with _rest_server(exported) as url:
+    with _rest_server(loaded) as url:
         texts = list(client["stream"](client["rest_predict"](url), PROMPTS[row], MAX_LENGTH, end))
     # One text per new token, the last one KerasHub's answer.
     assert len(texts) == new[row] >= 5
