@@ -40,12 +40,16 @@ def export_causal_lm(
     """Writes a KerasHub causal LM as a SavedModel that TF Serving serves as is.
 
     The causal LM is KerasHub's (`GemmaCausalLM`, `LlamaCausalLM`, ...), with
-    our attention swapped in (`replace_keras_hub_attention(causal_lm)`) or
-    not. Decoding is greedy (KerasHub's `GreedySampler`: the most probable
-    token at each step), over a buffer of `max_length` tokens, prompt
+    our attention swapped in (`replace_keras_hub_attention(causal_lm)`).
+    Decoding is greedy (the most probable token at each step, as KerasHub's
+    `GreedySampler`), over a buffer of `max_length` tokens, prompt
     included, and stops when every row has produced one of
     `stop_token_ids`, as `causal_lm.generate(prompts, max_length=...)` with
-    `causal_lm.compile(sampler="greedy")`.
+    `causal_lm.compile(sampler="greedy")`. A KerasHub causal LM without our
+    attention exports too, but KerasHub's attention layers write their
+    caches with `XlaDynamicUpdateSlice` (`keras.ops.slice_update` on
+    TensorFlow), which TF Serving runs only with XLA: `check_servable`
+    refuses it. Ours write with `TensorScatterUpdate`.
 
     When the preprocessor's tokenizer is a SentencePiece model (Gemma's,
     Llama's, Mistral's), it runs in the graph with tensorflow-text's ops

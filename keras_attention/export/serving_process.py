@@ -172,8 +172,9 @@ def stream_tokens(run, token_ids, padding_mask, last):
     `run(signature, inputs)` answers a request (a dict of arrays). The
     prompt is `(B, P)`, right-padded; rows whose prompt is longer than the
     decoding index feed their own prompt token instead of `next_token`.
-    Returns the `(B, last + 1)` tokens (prompt included) and the number of
-    `decode_step` calls.
+    Returns the `(B, last + 1)` tokens (prompt included), the
+    `(B, last + 1, V)` logits each position was chosen from (zero before
+    the first streamed position) and the number of `decode_step` calls.
     """
     import numpy as np
 
@@ -181,12 +182,13 @@ def stream_tokens(run, token_ids, padding_mask, last):
     tokens = np.zeros((rows, last + 1), token_ids.dtype)
     tokens[:, : min(width, last + 1)] = token_ids[:, : last + 1]
     answer = run("prefill", {"token_ids": token_ids, "padding_mask": padding_mask})
+    logits = np.zeros((rows, last + 1, answer["logits"].shape[-1]), "float32")
     index, steps = int(answer["index"]), 0
     while index <= last:
         in_prompt = padding_mask[:, index] if index < width else np.zeros(rows, bool)
         prompt = token_ids[:, index] if index < width else answer["next_token"]
         token = np.where(in_prompt, prompt, answer["next_token"]).astype("int32")
-        tokens[:, index] = token
+        tokens[:, index], logits[:, index] = token, answer["logits"]
         if index == last:
             break
         cache = {k: v for k, v in answer.items() if k.startswith("cache")}
@@ -197,7 +199,7 @@ def stream_tokens(run, token_ids, padding_mask, last):
                 f"not {index + 1}"
             )
         index, steps = int(answer["index"]), steps + 1
-    return tokens, steps
+    return tokens, logits, steps
 
 
 def _check_streaming(session, signatures, index, arrays):
@@ -223,7 +225,7 @@ def _streamed(session, signatures, index, arrays):
     want = np.asarray(generated["token_ids"])
     # The last position `generate` kept in any row (its prompts at least).
     last = int(np.nonzero(kept.any(axis=0))[0].max()) if kept.any() else 0
-    tokens, steps = stream_tokens(run, token_ids, padding_mask, last)
+    tokens, _, steps = stream_tokens(run, token_ids, padding_mask, last)
     wrong = np.argwhere(kept[:, : last + 1] & (tokens != want[:, : last + 1]))
     mismatches = [
         f"row {row} position {position}: streamed {tokens[row, position]}, "

@@ -72,34 +72,43 @@ def _gemma_causal_lm(seed):
 
 
 @pytest.fixture(scope="module")
-def causal_lm():
-    from keras_attention.layers.keras_hub_conversion import replace_keras_hub_attention
-
-    causal_lm = _gemma_causal_lm(seed=0)
-    assert replace_keras_hub_attention(causal_lm) == 2
-    return causal_lm
-
-
-@pytest.fixture(scope="module")
-def keras_hub_generate(causal_lm):
-    """KerasHub's `generate` (compiled with XLA) on `PROMPTS`: its strings,
-    and its token ids and mask from the same compiled function."""
-    preprocessor = causal_lm.preprocessor
-    text = causal_lm.generate(PROMPTS, max_length=MAX_LENGTH)
+def keras_hub_generate():
+    """KerasHub's own model (its attention), before the swap: `generate`
+    (compiled with XLA) on `PROMPTS`, its strings, and its token ids and
+    mask from the same compiled function; and the logits of an uncached
+    forward pass over those tokens, which each streamed step must give."""
+    model = _gemma_causal_lm(seed=0)
+    preprocessor = model.preprocessor
+    text = model.generate(PROMPTS, max_length=MAX_LENGTH)
     inputs = preprocessor.generate_preprocess(PROMPTS, sequence_length=MAX_LENGTH)
     end = preprocessor.tokenizer.end_token_id
-    outputs = causal_lm.make_generate_function()(inputs, stop_token_ids=(end,))
+    outputs = model.make_generate_function()(inputs, stop_token_ids=(end,))
+    outputs = {k: np.asarray(v) for k, v in outputs.items()}
+    ones = np.ones_like(outputs["padding_mask"])
+    logits = model({"token_ids": outputs["token_ids"], "padding_mask": ones})
     return {
+        "model": model,
         "text": text,
         "prompt": {k: np.asarray(v) for k, v in inputs.items()},
-        **{k: np.asarray(v) for k, v in outputs.items()},
+        "logits": np.asarray(logits),
+        **outputs,
     }
 
 
 @pytest.fixture(scope="module")
-def exported(causal_lm, keras_hub_generate, tmp_path_factory):
-    """Exported after KerasHub's `generate` has traced its XLA function (on
-    the model, and not to be saved with it)."""
+def causal_lm(keras_hub_generate):
+    """The same model with our attention; its Python `generate` (XLA, and
+    traced before the export, which must not save it) gives KerasHub's text."""
+    from keras_attention.layers.keras_hub_conversion import replace_keras_hub_attention
+
+    causal_lm = keras_hub_generate["model"]
+    assert replace_keras_hub_attention(causal_lm) == 2
+    assert causal_lm.generate(PROMPTS, max_length=MAX_LENGTH) == keras_hub_generate["text"]
+    return causal_lm
+
+
+@pytest.fixture(scope="module")
+def exported(causal_lm, tmp_path_factory):
     from keras_attention.export import export_causal_lm
 
     path = str(tmp_path_factory.mktemp("export") / "causal_lm")
@@ -172,12 +181,18 @@ def test_streaming_in_python_equals_keras_hub_generate(loaded, keras_hub_generat
     lengths = prompt["padding_mask"].sum(axis=1)
     # Only the prompt tokens go in, unpadded to max_length.
     width = lengths.max()
-    tokens, steps = stream_tokens(
+    tokens, logits, steps = stream_tokens(
         run, prompt["token_ids"][:, :width], prompt["padding_mask"][:, :width], MAX_LENGTH - 1
     )
     assert steps == MAX_LENGTH - 1 - lengths.min()
     kept = keras_hub_generate["padding_mask"]
     np.testing.assert_array_equal(tokens[kept], keras_hub_generate["token_ids"][kept])
+    # Each step's logits: KerasHub's uncached forward pass at the position before.
+    chosen = kept.copy()
+    chosen[:, : lengths.min()] = False
+    np.testing.assert_allclose(
+        logits[chosen], keras_hub_generate["logits"][:, :-1][chosen[:, 1:]], atol=1e-4
+    )
     text = run("detokenize", {"token_ids": tokens, "padding_mask": kept})["text"]
     assert [t.decode() for t in text] == keras_hub_generate["text"]
 
