@@ -30,8 +30,11 @@ SENTENCES = [
     "attention is all you need",
 ]
 # Ragged on purpose: decoding starts at the shortest prompt's end while the
-# longer rows are still inside theirs; "" is the start token alone.
-PROMPTS = ["the cat", "one two three four", ""]
+# longer rows are still inside theirs. With these weights, "ran" stops at
+# once, "keras" writes 11 varied tokens and the longest runs to max_length.
+# (A prompt of one token, or one whose continuation repeats one token, hides
+# a step written at the wrong position: attention over equal values.)
+PROMPTS = ["keras", "ran", "one two three four"]
 
 
 def _gemma_causal_lm(seed):
