@@ -134,7 +134,9 @@ def export_causal_lm(
         )
     proto = getattr(tokenizer, "proto", None) if preprocessor is not None else None
     text_mode = isinstance(proto, bytes) and hasattr(preprocessor, "generate_preprocess")
-    warmup_prompts = _check_warmup_prompts(owner, warmup_prompts, text_mode, vocabulary_size)
+    warmup_prompts = _check_warmup_prompts(
+        owner, warmup_prompts, text_mode, vocabulary_size, max_length
+    )
     pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
 
     served = _ServedCausalLM(causal_lm, max_length, stop_token_ids, pad_id)
@@ -556,7 +558,7 @@ def _check_stop_token_ids(owner, stop_token_ids, tokenizer, vocabulary_size):
     return tuple(int(validation.as_python_scalar(v)) for v in stop_token_ids)
 
 
-def _check_warmup_prompts(owner, prompts, text_mode, vocabulary_size):
+def _check_warmup_prompts(owner, prompts, text_mode, vocabulary_size, max_length):
     if prompts is None:
         if text_mode:
             return list(DEFAULT_WARMUP_PROMPTS)
@@ -584,15 +586,15 @@ def _check_warmup_prompts(owner, prompts, text_mode, vocabulary_size):
     for prompt in prompts:
         if (
             not isinstance(prompt, (list, tuple))
-            or not prompt
+            or not 0 < len(prompt) <= max_length
             or not all(validation.is_int(i) and 0 <= i < high for i in prompt)
         ):
             raise ValueError(
                 validation.error(
                     owner,
-                    "`warmup_prompts` must be non-empty lists of token ids in "
-                    f"[0, {high}) (the model takes token ids). Received: "
-                    f"warmup_prompts={prompts!r}",
+                    "`warmup_prompts` must be lists of 1 to max_length "
+                    f"({max_length}) token ids in [0, {high}) (the model takes "
+                    f"token ids). Received: warmup_prompts={prompts!r}",
                 )
             )
     return [[int(i) for i in p] for p in prompts]

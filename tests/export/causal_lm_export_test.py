@@ -254,8 +254,9 @@ def test_token_id_mode_without_a_preprocessor_needs_max_length_and_stop_ids(caus
         export_causal_lm(bare, path)
     with pytest.raises(ValueError, match=r'^export_causal_lm: `stop_token_ids="auto"`'):
         export_causal_lm(bare, path, max_length=8)
-    with pytest.raises(ValueError, match=r"^export_causal_lm: `warmup_prompts` must be non-empty"):
-        export_causal_lm(bare, path, max_length=8, stop_token_ids=None, warmup_prompts=[["a"]])
+    for prompts in ([["a"]], [list(range(9))]):
+        with pytest.raises(ValueError, match=r"^export_causal_lm: `warmup_prompts` must be lists"):
+            export_causal_lm(bare, path, max_length=8, stop_token_ids=None, warmup_prompts=prompts)
 
 
 def _guide_client():
@@ -332,3 +333,33 @@ def test_the_guide_rest_client_streams_keras_hub_generate(causal_lm, loaded, ker
     # One text per new token, the last one KerasHub's answer.
     assert len(texts) == new[row] >= 5
     assert texts[-1] == keras_hub_generate["text"][row]
+
+
+def test_token_id_mode_serves_keras_hub_tokens(causal_lm, keras_hub_generate, tmp_path):
+    """Without a tokenizer in the graph, `generate` and the steps take ids."""
+    from keras_attention.export import check_servable
+    from keras_attention.export import export_causal_lm
+    from keras_attention.export.serving_process import stream_tokens
+
+    bare = keras_hub.models.GemmaCausalLM(backbone=causal_lm.backbone, preprocessor=None)
+    prompt = keras_hub_generate["prompt"]
+    width = prompt["padding_mask"].sum(axis=1).max()
+    token_ids, padding_mask = prompt["token_ids"][:, :width], prompt["padding_mask"][:, :width]
+    end = causal_lm.preprocessor.tokenizer.end_token_id
+    path = str(tmp_path / "ids")
+    export_causal_lm(bare, path, max_length=MAX_LENGTH, stop_token_ids=[end])
+    report = check_servable(path, load=False)
+    assert report.ok and "TensorScatterUpdate" in report.op_counts, report.summary()
+    loaded = tf.saved_model.load(path)
+    assert "tokenize" not in loaded.signatures
+
+    def run(name, inputs):
+        outputs = loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()})
+        return {k: v.numpy() for k, v in outputs.items()}
+
+    served = run("generate", {"token_ids": token_ids, "padding_mask": padding_mask})
+    kept = keras_hub_generate["padding_mask"]
+    np.testing.assert_array_equal(served["padding_mask"], kept)
+    np.testing.assert_array_equal(served["token_ids"][kept], keras_hub_generate["token_ids"][kept])
+    tokens, _, _ = stream_tokens(run, token_ids, padding_mask, MAX_LENGTH - 1)
+    np.testing.assert_array_equal(tokens[kept], keras_hub_generate["token_ids"][kept])
