@@ -273,6 +273,8 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(built, tmp_path):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python, pip = str(venv / "bin" / "python"), [str(venv / "bin" / "python"), "-m", "pip"]
     wheel = str(built["wheel"])
+    # Outside the venv: pip never uninstalls what lies outside its environment, so nothing
+    # of this environment can be removed through the links.
     dependencies = tmp_path / "dependencies"
     _link_installed(_wheel_requirements(wheel), dependencies)
     (site_packages,) = (venv / "lib").glob("python*/site-packages")
