@@ -423,3 +423,74 @@ def test_from_keras_hub_refuses_what_it_cannot_compute():
     centred.build((B, T, HIDDEN))
     with pytest.raises(ValueError, match=r"CachedGemma3Attention\.use_bidirectional_attention"):
         MultiHeadAttention.from_keras_hub(centred)
+
+
+def _cached_step_ops(layer, x, mask, cache, index):
+    """The primitive / op names of one traced cached call of `layer`."""
+    if BACKEND == "jax":
+        import jax
+        from jax.extend.core import jaxprs_in_params
+
+        def step(cache):
+            return layer(x, attention_mask=mask, cache=cache, cache_update_index=index)
+
+        def names(jaxpr):
+            for equation in jaxpr.eqns:
+                yield equation.primitive.name
+                for inner in jaxprs_in_params(equation.params):
+                    yield from names(inner)
+
+        return set(names(jax.make_jaxpr(step)(cache).jaxpr))
+    import tensorflow as tf
+
+    step = tf.function(
+        lambda cache: layer(x, attention_mask=mask, cache=cache, cache_update_index=index)
+    )
+    return {op.type for op in step.get_concrete_function(cache).graph.get_operations()}
+
+
+def test_swapped_gemma_reads_and_writes_keras_hubs_cache_as_it_is():
+    """#51: ours permutes Gemma's query and key features and turns pairs
+    (2i, 2i + 1), so the cache it writes is KerasHub's bit for bit, and the
+    swapped layer passes the cache it is given straight to ours: a cached
+    step traces no gather (it took two of the whole key cache per step)."""
+    make, _ = _families()["gemma"]
+    theirs = make()
+    theirs.build((B, T_MAX, HIDDEN))
+    rng = np.random.default_rng(5)
+    _randomise(theirs, rng)
+    swapped = conversion.KerasHubAttention(
+        MultiHeadAttention.from_keras_hub(theirs), "CachedGemmaAttention"
+    )
+    assert swapped.attention.rotary.interleaved
+    x = rng.normal(size=(B, T_MAX, HIDDEN)).astype("float32")
+    _, rows = _masks(rng)
+    their_cache = our_cache = _empty_cache("gemma", 2, 8)
+    for start, stop in ((0, 3), (3, 4), (4, 5)):
+        mask = rows[:, start:stop]
+        want, their_cache = theirs(
+            x[:, start:stop], attention_mask=mask, cache=their_cache, cache_update_index=start
+        )
+        got, our_cache = swapped(
+            x[:, start:stop], attention_mask=mask, cache=our_cache, cache_update_index=start
+        )
+        np.testing.assert_allclose(_numpy(got), _numpy(want), atol=TOLERANCE, rtol=TOLERANCE)
+        np.testing.assert_array_equal(_numpy(our_cache), _numpy(their_cache))
+    assert conversion.to_keras_hub_cache(our_cache, theirs) is our_cache
+    assert conversion.from_keras_hub_cache(their_cache, theirs) is their_cache
+    names = _cached_step_ops(swapped, x[:, 5:6], rows[:, 5:6], our_cache, 5)
+    assert names and not {n for n in names if "gather" in n.lower()}, sorted(names)
+
+
+def test_swapped_gemma_generates_keras_hubs_tokens():
+    """#51: greedy `generate` of a small Gemma causal LM on our attention
+    (interleaved rotary, its cache KerasHub's) gives KerasHub's own tokens,
+    with random weights that make them vary."""
+    lm = _gemma_lm(seed=9)
+    reference = _gemma_lm(weights=lm.get_weights())
+    prompt = _prompt()
+    want = _numpy(reference.generate(prompt, stop_token_ids=None)["token_ids"])
+    assert len(np.unique(want[:, 3:])) > 2  # the generated tokens vary
+    assert conversion.replace_keras_hub_attention(lm) == 1
+    got = lm.generate(prompt, stop_token_ids=None)["token_ids"]
+    np.testing.assert_array_equal(_numpy(got), want)
