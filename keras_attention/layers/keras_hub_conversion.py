@@ -446,24 +446,33 @@ class KerasHubAttention(keras.layers.Layer):
         # Gemma 3's decoder passes index 0 for its uncached call's default.
         if cache is None:
             return self.attention(hidden_states, attention_mask=attention_mask, training=training)
-        ours = _ours_from_theirs(cache, self.family)
+        # Ours reads every family's cache as it is, Gemma 3's (keys, values)
+        # pair too: no per-step conversion (`to_keras_hub_cache`).
         out, new = self.attention(
             hidden_states,
             attention_mask=attention_mask,
-            cache=ours,
+            cache=cache,
             cache_update_index=cache_update_index,
             training=training,
         )
         if cache_update_mask is not None and cache_update_index is not None:
             # Gemma 3: rows whose mask is False keep their old cache entries.
-            length = ops.shape(hidden_states)[1]
-            start = [0, 0, cache_update_index, 0, 0]
-            size = list(ops.shape(new)[:2]) + [length] + list(ops.shape(new)[3:])
-            written = ops.slice(new, start, size)
-            kept = ops.slice(ours, start, size)
-            keep = ops.reshape(ops.cast(cache_update_mask, "bool"), (-1, 1, length, 1, 1))
-            new = ops.slice_update(new, start, ops.where(keep, written, kept))
-        return out, _theirs_from_ours(new, self.family)
+            new = tuple(
+                _keep_where_masked(part, old, cache_update_mask, cache_update_index)
+                for part, old in zip(new, cache, strict=True)
+            )
+        return out, new
+
+
+def _keep_where_masked(new, old, cache_update_mask, index):
+    """`new` `(B, T_max, Hkv, D)` with the rows written at `index` that
+    `cache_update_mask` `(B, Tq)` leaves False taken from `old`."""
+    length = ops.shape(cache_update_mask)[1]
+    start = [0, index, 0, 0]
+    size = [ops.shape(new)[0], length] + list(ops.shape(new)[2:])
+    keep = ops.reshape(ops.cast(cache_update_mask, "bool"), (-1, length, 1, 1))
+    kept = ops.where(keep, ops.slice(new, start, size), ops.slice(old, start, size))
+    return ops.slice_update(new, start, kept)
 
 
 # Keras' compiled functions and KerasHub's `generate`: set to None, each is

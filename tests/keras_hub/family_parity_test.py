@@ -425,28 +425,43 @@ def test_from_keras_hub_refuses_what_it_cannot_compute():
         MultiHeadAttention.from_keras_hub(centred)
 
 
-def _cached_step_ops(layer, x, mask, cache, index):
-    """The primitive / op names of one traced cached call of `layer`."""
+def _cached_step_ops(layer, x, mask, cache, index, **kwargs):
+    """`(op or primitive name, largest output size)` of each op of one
+    traced cached call of `layer`."""
+
+    def step(cache):
+        return layer(x, attention_mask=mask, cache=cache, cache_update_index=index, **kwargs)
+
     if BACKEND == "jax":
         import jax
         from jax.extend.core import jaxprs_in_params
 
-        def step(cache):
-            return layer(x, attention_mask=mask, cache=cache, cache_update_index=index)
-
-        def names(jaxpr):
+        def ops_of(jaxpr):
             for equation in jaxpr.eqns:
-                yield equation.primitive.name
+                sizes = [int(np.prod(v.aval.shape)) for v in equation.outvars]
+                yield equation.primitive.name, max(sizes, default=0)
                 for inner in jaxprs_in_params(equation.params):
-                    yield from names(inner)
+                    yield from ops_of(inner)
 
-        return set(names(jax.make_jaxpr(step)(cache).jaxpr))
+        return list(ops_of(jax.make_jaxpr(step)(cache).jaxpr))
     import tensorflow as tf
 
-    step = tf.function(
-        lambda cache: layer(x, attention_mask=mask, cache=cache, cache_update_index=index)
-    )
-    return {op.type for op in step.get_concrete_function(cache).graph.get_operations()}
+    graph = tf.function(step).get_concrete_function(cache).graph
+    return [
+        (op.type, max((o.shape.num_elements() or 0 for o in op.outputs), default=0))
+        for op in graph.get_operations()
+    ]
+
+
+def _copies_of_the_cache(ops_and_sizes, key_cache_size):
+    """The gathers, stacks and concatenations that output at least a whole
+    key cache: a per-step conversion of the cache."""
+    copying = ("gather", "pack", "concat", "stack")
+    return [
+        (name, size)
+        for name, size in ops_and_sizes
+        if any(word in name.lower() for word in copying) and size >= key_cache_size
+    ]
 
 
 def test_swapped_gemma_reads_and_writes_keras_hubs_cache_as_it_is():
@@ -478,8 +493,48 @@ def test_swapped_gemma_reads_and_writes_keras_hubs_cache_as_it_is():
         np.testing.assert_array_equal(_numpy(our_cache), _numpy(their_cache))
     assert conversion.to_keras_hub_cache(our_cache, theirs) is our_cache
     assert conversion.from_keras_hub_cache(their_cache, theirs) is their_cache
-    names = _cached_step_ops(swapped, x[:, 5:6], rows[:, 5:6], our_cache, 5)
-    assert names and not {n for n in names if "gather" in n.lower()}, sorted(names)
+    traced = _cached_step_ops(swapped, x[:, 5:6], rows[:, 5:6], our_cache, 5)
+    assert traced and not [name for name, _ in traced if "gather" in name.lower()], traced
+    assert not _copies_of_the_cache(traced, B * T_MAX * 2 * 8)
+
+
+def test_swapped_gemma3_writes_its_cache_pair_without_stacking_it():
+    """#51: Gemma 3's `(keys, values)` cache reaches ours as a pair, each
+    written in place (stacking the two copied the whole cache per layer per
+    step), and comes back as a pair with KerasHub's contents."""
+    make, _ = _families()["gemma3"]
+    theirs = make()
+    theirs.build((B, T_MAX, HIDDEN))
+    rng = np.random.default_rng(6)
+    _randomise(theirs, rng)
+    swapped = conversion.KerasHubAttention(
+        MultiHeadAttention.from_keras_hub(theirs), "CachedGemma3Attention"
+    )
+    x = rng.normal(size=(B, T_MAX, HIDDEN)).astype("float32")
+    _, rows = _masks(rng)
+    update = keras.ops.convert_to_tensor(np.array([[True], [False]]))  # row 1 keeps its own
+    their_cache = our_cache = _empty_cache("gemma3", 2, 8)
+    for start, stop in ((0, 3), (3, 4)):
+        mask, kwargs = rows[:, start:stop], {}
+        if start:
+            kwargs["cache_update_mask"] = update
+        want, their_cache = theirs(
+            x[:, start:stop], mask, their_cache, cache_update_index=start, **kwargs
+        )
+        got, our_cache = swapped(
+            x[:, start:stop], mask, our_cache, cache_update_index=start, **kwargs
+        )
+        np.testing.assert_allclose(_numpy(got), _numpy(want), atol=TOLERANCE, rtol=TOLERANCE)
+    assert isinstance(our_cache, tuple)
+    for ours_part, their_part in zip(our_cache, their_cache, strict=True):
+        np.testing.assert_allclose(
+            _numpy(ours_part), _numpy(their_part), atol=TOLERANCE, rtol=TOLERANCE
+        )
+    assert not _numpy(our_cache[0])[1, 3].any()  # the masked row was not written
+    traced = _cached_step_ops(
+        swapped, x[:, 4:5], rows[:, 4:5], our_cache, 4, cache_update_mask=update
+    )
+    assert traced and not _copies_of_the_cache(traced, B * T_MAX * 2 * 8), traced
 
 
 def test_swapped_gemma_generates_keras_hubs_tokens():
