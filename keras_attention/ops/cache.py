@@ -20,8 +20,10 @@ def update_cache(cache, update, index):
     """Returns `cache` with `update` written at time `index`.
 
     Args:
-        cache: `(B, 2, T_max, Hkv, D)` keys (`[:, 0]`) and values (`[:, 1]`).
-        update: `(B, 2, Tq, Hkv, D)` keys/values of `Tq` new steps.
+        cache: `(B, 2, T_max, Hkv, D)` keys (`[:, 0]`) and values (`[:, 1]`)
+            (or `(B, 1, T_max, Hkv, D)`: one of a pair's parts, `write_cache`).
+        update: `(B, 2, Tq, Hkv, D)` keys/values of `Tq` new steps (`(B, 1,
+            ...)` for one part).
         index: int or scalar int tensor, the time of the first new step. As
             in `slice_update`, it is clamped to `[0, T_max - Tq]` so a
             compiled loop never writes outside the cache.
