@@ -603,6 +603,7 @@ LAYER_CASES = {
         ("scaling", {"scaling": "ntk"}),
         ("original_max_length", {"scaling": "yarn"}),
         ("rotary_fraction", {"rotary_fraction": 1.5}),
+        ("interleaved", {"interleaved": "yes"}),
     ],
     "SinusoidalPositionEncoding": [
         ("max_wavelength", {"max_wavelength": "1e4"}),
