@@ -35,6 +35,7 @@ from keras_attention.ops import loops
 from keras_attention.ops import masking
 from keras_attention.ops import memory_efficient
 from keras_attention.ops import online_softmax
+from keras_attention.ops import tiling
 from keras_attention.ops.score_modifier import ScoreModifier
 
 
@@ -153,6 +154,114 @@ def block_plan(
     valid = ops.logical_and(in_range, ops.logical_not(repeated))
     index = ops.clip(index, 0, ops.maximum(num_key_blocks - 1, 0))
     return index, valid
+
+
+def sparse_tile_plan(
+    mask,
+    query_length,
+    key_length=None,
+    *,
+    block_size,
+    window_blocks,
+    global_blocks=0,
+    random_plan=None,
+    global_tokens=None,
+):
+    """The `TilePlan` of the block-sparse pattern under `mask`.
+
+    Query block `i` visits the key blocks of `block_plan` (the window, the
+    global blocks, its random blocks; backwards when `mask` is causal), the
+    key blocks holding a global token, and every key block when it holds a
+    global query row (the first `global_blocks` blocks, the global tokens).
+    Each visited tile is *full* when the pattern lets every pair through and
+    `mask` (causal, window, key mask, padding, segment ids) provably hides
+    none, else *partial*; a tile `mask` hides entirely is skipped.
+
+    The plan carries the pattern (`TilePlan.pattern`): the blockwise kernel
+    given it (`memory_efficient_attention(..., tile_plan=plan)`) computes
+    block-sparse attention, as `block_sparse_attention` does.
+
+    Args:
+        mask: an `AttentionMask` (or None) whose rules are the same in every
+            head: no `mask_mod`, prefix length, per-head mask or key
+            positions.
+        query_length, key_length: static ints (`key_length` defaults to
+            `query_length`).
+        block_size, window_blocks, global_blocks, random_plan, global_tokens:
+            the pattern, as `block_sparse_attention` takes it.
+
+    Returns:
+        A `TilePlan` with query and key blocks of `block_size`.
+    """
+    owner = "sparse_tile_plan"
+    mask = attention_masks.AttentionMask() if mask is None else mask
+    if not isinstance(mask, attention_masks.AttentionMask):
+        raise TypeError(
+            f"{owner}: `mask` must be an AttentionMask or None. Received: mask={mask!r}"
+        )
+    if (
+        mask.mask_mod is not None
+        or mask.prefix_length is not None
+        or mask.per_head
+        or mask.key_positions is not None
+    ):
+        raise ValueError(
+            f"{owner}: the pattern's plan takes rules that are the same in every example "
+            "and head. Received: an AttentionMask with a mask_mod, prefix length, "
+            "per-head mask or key positions"
+        )
+    query_length = checks.positive_int(owner, "query_length", query_length)
+    key_length = checks.positive_int(
+        owner, "key_length", query_length if key_length is None else key_length
+    )
+    block_size = checks.positive_int(owner, "block_size", block_size)
+    window_blocks = checks.non_negative_int(owner, "window_blocks", window_blocks)
+    global_blocks = checks.non_negative_int(owner, "global_blocks", global_blocks)
+    checks.tensor(owner, "random_plan", random_plan, rank=2, allow_none=True)
+    tokens = _checked_tokens(owner, global_tokens)
+    return _pattern_plan(
+        mask,
+        query_length,
+        key_length,
+        block_size,
+        window_blocks,
+        global_blocks,
+        random_plan,
+        tokens,
+    )
+
+
+def _checked_tokens(owner, global_tokens):
+    if global_tokens is not None and (
+        not isinstance(global_tokens, (list, tuple))
+        or not all(validation.is_int(t) and t >= 0 for t in global_tokens)
+    ):
+        raise ValueError(
+            f"{owner}: `global_tokens` must be a tuple of non-negative token positions "
+            f"or None. Received: global_tokens={global_tokens!r}"
+        )
+    return tuple(sorted(set(global_tokens or ())))
+
+
+def _pattern_plan(
+    mask, q_len, k_len, block_size, window_blocks, global_blocks, random_plan, tokens
+):
+    """`sparse_tile_plan` without the checks of its lengths and tokens."""
+    nq, nk = -(-q_len // block_size), -(-k_len // block_size)
+    index, valid = block_plan(
+        nq,
+        nk,
+        window_blocks=window_blocks,
+        global_blocks=global_blocks,
+        random_plan=random_plan,
+        causal=mask.causal,
+    )
+    # (nq, S) slots -> (nq, nk) table of the pattern's tiles.
+    hits = ops.logical_and(ops.one_hot(index, nk, dtype="bool"), valid[:, :, None])
+    rows = tuple(range(min(global_blocks * block_size, q_len))) + tokens
+    q_block, k_block = min(block_size, q_len), min(block_size, k_len)  # nq, nk unchanged
+    blocks = ops.any(hits, axis=1)
+    return tiling.from_pattern(mask, q_len, k_len, q_block, k_block, blocks, rows, tokens)
 
 
 def _pad_time(x, length, axis=1, value=0):
@@ -834,14 +943,7 @@ def block_sparse_attention(
     block_size = checks.positive_int(owner, "block_size", block_size)
     window_blocks = checks.non_negative_int(owner, "window_blocks", window_blocks)
     global_blocks = checks.non_negative_int(owner, "global_blocks", global_blocks)
-    if global_tokens is not None and (
-        not isinstance(global_tokens, (list, tuple))
-        or not all(validation.is_int(t) and t >= 0 for t in global_tokens)
-    ):
-        raise ValueError(
-            f"{owner}: `global_tokens` must be a tuple of non-negative token positions "
-            f"or None. Received: global_tokens={global_tokens!r}"
-        )
+    _checked_tokens(owner, global_tokens)
     return_weights = checks.flag(owner, "return_weights", return_weights)
     chunk_blocks = checks.positive_int(owner, "chunk_blocks", chunk_blocks, allow_none=True)
     scale = checks.scale(owner, scale)

@@ -659,3 +659,70 @@ def test_a_bad_scores_argument_is_named():
             window_blocks=1,
             scores=ScoreModifier(sink_logits=keras.ops.zeros((3,))),
         )
+
+
+# ------------------------------------------------------ the pattern's plan
+def _documents(length, starts=(0, 13, 26)):
+    """int32 `(T,)` ids of documents starting at `starts` (contiguous)."""
+    return np.searchsorted(np.asarray(starts), np.arange(length), side="right") - 1
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["padding", "packed documents"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_the_patterns_tile_plan_is_each_tiles_exact_kind(pattern, causal, documents):
+    """`ops.sparse_tile_plan`: the tiles the pattern opens (window, global
+    and random blocks, global tokens' columns, global rows' whole rows) are
+    visited, full exactly where the pattern and the mask (causal, a key mask
+    with padding, packed documents) let every pair through, and skipped
+    where nothing is: the NumPy classification of the float64 reference's
+    pattern (4 x 4 tiles, 37 tokens: the last block is padded)."""
+    from keras_attention import ops as ka_ops
+    from tests.ops.kernel_contract_test import exact_tile_kinds
+
+    batch, length, bs = 2, 37, 4
+    plan = np.random.default_rng(5).integers(0, 2**20, (3, pattern["random_blocks"]))
+    key_mask = np.ones((batch, length), bool)
+    key_mask[1, 29:] = False
+    shape = (pattern["window_blocks"], pattern["global_blocks"], plan, pattern["tokens"], causal)
+    allowed = reference_pattern(length, length, bs, *shape)[None] & key_mask[:, None, :]
+    fields = dict(causal=causal, key_mask=keras.ops.convert_to_tensor(key_mask))
+    if documents:
+        ids = np.broadcast_to(_documents(length), (batch, length))
+        allowed = allowed & (ids[:, :, None] == ids[:, None, :])
+        fields.update(query_segment_ids=ids, key_segment_ids=ids)
+    tile_plan = ka_ops.sparse_tile_plan(
+        AttentionMask(**fields),
+        length,
+        block_size=bs,
+        window_blocks=pattern["window_blocks"],
+        global_blocks=pattern["global_blocks"],
+        random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
+        global_tokens=pattern["tokens"],
+    )
+    kinds = exact_tile_kinds(allowed[:, None], bs, bs)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(tile_plan.tiles()), kinds)
+    assert all(np.any(kinds == kind) for kind in (0, 1, 2))  # every kind occurs
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(mask="causal"), TypeError, "sparse_tile_plan: `mask` must be .*mask='causal'"),
+        (dict(query_length=0), ValueError, "sparse_tile_plan.*query_length=0"),
+        (dict(block_size=-4), ValueError, "sparse_tile_plan.*block_size=-4"),
+        (dict(global_tokens=(1, -2)), ValueError, r"sparse_tile_plan.*global_tokens=\(1, -2\)"),
+        (
+            dict(mask=AttentionMask(causal=True, prefix_length=3)),
+            ValueError,
+            "sparse_tile_plan: the pattern's plan takes rules that are the same",
+        ),
+    ],
+)
+def test_the_patterns_tile_plan_refuses_bad_arguments(kwargs, error, message):
+    from keras_attention import ops as ka_ops
+
+    arguments = dict(mask=None, query_length=8, block_size=4, window_blocks=1)
+    arguments.update(kwargs)
+    with pytest.raises(error, match=message):
+        ka_ops.sparse_tile_plan(arguments.pop("mask"), arguments.pop("query_length"), **arguments)
