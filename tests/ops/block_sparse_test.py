@@ -275,12 +275,13 @@ def test_compiles_and_differentiates():
 # gradient. Its outputs and gradients are checked against dense softmax
 # attention under the equivalent mask, with hand-written NumPy gradients.
 RECOMPUTE_CASES = [
-    # pattern, causal, chunk_blocks (10 query blocks of 4 tokens at T = 37)
-    (PATTERNS[0], False, 3),  # BigBird: window + global blocks + random
+    # pattern, causal, block size (10 query blocks of 4 tokens at T = 37)
+    (PATTERNS[0], False, 4),  # BigBird: window + global blocks + random
     (PATTERNS[0], True, 4),
-    (PATTERNS[1], True, 1),  # local only, causal window
-    (PATTERNS[2], True, 3),  # Longformer global tokens
-    (PATTERNS[3], False, 100),  # one chunk larger than the sequence
+    (PATTERNS[1], True, 4),  # local only, causal window
+    (PATTERNS[2], True, 4),  # Longformer global tokens
+    (PATTERNS[3], False, 8),
+    (PATTERNS[1], True, 64),  # one block larger than the sequence
 ]
 
 
@@ -296,9 +297,9 @@ def _padded_pattern_case(pattern, causal, bs, batch=2, length=37):
     return query, key, value, plan, key_mask, allowed
 
 
-@pytest.mark.parametrize("pattern, causal, chunk_blocks", RECOMPUTE_CASES)
-def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, chunk_blocks):
-    batch, length, bs = 2, 37, 4
+@pytest.mark.parametrize("pattern, causal, bs", RECOMPUTE_CASES)
+def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, bs):
+    batch, length = 2, 37
     query, key, value, plan, key_mask, allowed = _padded_pattern_case(pattern, causal, bs)
     cotangent = (
         np.random.default_rng(9)
@@ -317,7 +318,6 @@ def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, c
             random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
             global_tokens=pattern["tokens"],
             mask=AttentionMask(causal=causal, key_mask=keras.ops.convert_to_tensor(key_mask)),
-            chunk_blocks=chunk_blocks,
         )
 
     expected, _ = reference_attention(query, key, value, allowed)
@@ -365,7 +365,6 @@ def test_dropout_inside_the_kernel_matches_the_reference_fed_its_mask(
             random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
             global_tokens=pattern["tokens"],
             mask=AttentionMask(causal=causal, key_mask=keras.ops.convert_to_tensor(key_mask)),
-            chunk_blocks=3,
             dropout_rate=rate,
             dropout_seed=seed,
             return_weights=return_weights,
@@ -404,7 +403,6 @@ def test_recomputing_path_gives_zero_rows_and_gradients_without_keys():
             global_blocks=1,
             global_tokens=(9,),
             mask=AttentionMask(key_mask=keras.ops.convert_to_tensor(key_mask)),
-            chunk_blocks=2,
         )
 
     output = keras.ops.convert_to_numpy(_on_jax_compiled(attend)(query, key, value))
@@ -418,7 +416,7 @@ def test_recomputing_path_gives_zero_rows_and_gradients_without_keys():
 
 
 @pytest.mark.tf_only
-def test_recomputing_path_runs_its_chunks_one_at_a_time_in_tf_graphs():
+def test_recomputing_path_runs_its_query_blocks_one_at_a_time_in_tf_graphs():
     # The memory-linear path is taken (it is the one with loops), and TF
     # graph mode runs its chunks serially (the default of ten chunks in
     # flight would hold ten chunks' scores); the global-row strip's exact
@@ -436,7 +434,6 @@ def test_recomputing_path_runs_its_chunks_one_at_a_time_in_tf_graphs():
             window_blocks=3,
             global_blocks=1,
             global_tokens=(9,),
-            chunk_blocks=3,
         )
 
     found = while_loop_parallelism(attend, [query, key, value])
@@ -480,7 +477,7 @@ def _spy_rows(monkeypatch):
     """The list each block-row path appends "recomputing" or "gathered" to."""
     ran = []
     for name, label in (
-        ("_recomputed_block_rows", "recomputing"),
+        ("_swept_attention", "recomputing"),
         ("_gathered_block_rows", "gathered"),
     ):
         original = getattr(block_sparse, name)
@@ -529,7 +526,6 @@ def test_every_score_modifier_on_both_paths_values_and_gradients(modifier, path,
             global_tokens=pattern["tokens"],
             mask=AttentionMask(key_mask=keras.ops.convert_to_tensor(key_mask)),
             scores=_score_modifier(modifier, given.get("sinks"), given.get("slopes")),
-            chunk_blocks=2,
             return_weights=path == "gathered",
         )
         return result[0] if path == "gathered" else result
@@ -578,7 +574,6 @@ def test_score_modifiers_with_dropout_inside_the_recomputing_path():
             global_tokens=pattern["tokens"],
             mask=AttentionMask(causal=True, key_mask=keras.ops.convert_to_tensor(key_mask)),
             scores=_score_modifier("all", sinks),
-            chunk_blocks=2,
             dropout_rate=rate,
             dropout_seed=seed,
         )
@@ -621,7 +616,6 @@ def test_rows_without_keys_stay_zero_with_every_modifier(return_weights):
             global_tokens=(9,),
             mask=AttentionMask(key_mask=keras.ops.convert_to_tensor(key_mask[: q.shape[0]])),
             scores=_score_modifier("all", sinks),
-            chunk_blocks=2,
             return_weights=return_weights,
         )
         return result[0] if return_weights else result
@@ -726,3 +720,26 @@ def test_the_patterns_tile_plan_refuses_bad_arguments(kwargs, error, message):
     arguments.update(kwargs)
     with pytest.raises(error, match=message):
         ka_ops.sparse_tile_plan(arguments.pop("mask"), arguments.pop("query_length"), **arguments)
+
+
+def test_the_blockwise_kernel_given_the_patterns_plan_computes_block_sparse_attention():
+    """The plan carries its pattern (`TilePlan.pattern`): the blockwise
+    kernel restricted by it equals the float64 reference of the pattern."""
+    from keras_attention import ops as ka_ops
+    from keras_attention.ops.memory_efficient import memory_efficient_attention
+
+    pattern = dict(window_blocks=1, global_blocks=1, random_blocks=1, tokens=(14,))
+    query, key, value, plan, key_mask, allowed = _padded_pattern_case(pattern, True, 4, length=21)
+    mask = AttentionMask(causal=True, key_mask=keras.ops.convert_to_tensor(key_mask))
+    tile_plan = ka_ops.sparse_tile_plan(
+        mask,
+        21,
+        block_size=4,
+        window_blocks=1,
+        global_blocks=1,
+        random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
+        global_tokens=(14,),
+    )
+    output = memory_efficient_attention(query, key, value, mask=mask, tile_plan=tile_plan)
+    expected, _ = reference_attention(query, key, value, allowed)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
