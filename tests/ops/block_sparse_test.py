@@ -115,13 +115,19 @@ def test_pattern_is_sparse_and_not_trivially_dense():
     assert 0.2 < allowed.mean() < 0.8
 
 
-def test_cross_attention_with_different_lengths_and_attention_mask():
+@pytest.mark.parametrize("pair_mask", [True, False], ids=["gathered", "engine"])
+def test_cross_attention_with_different_lengths_and_attention_mask(pair_mask, monkeypatch):
+    """13 queries, 22 keys: a random pair mask (the gathered path) or a key
+    mask (the engine's sweep over the pattern's 4 x 7 tiles)."""
     batch, tq, tv, bs = 2, 13, 22, 4
     query, key, value = _inputs(batch, tq, tv, seed=1)
     plan = np.array([[7, 3], [2, 9]])
     attention_mask = np.random.default_rng(2).random((batch, tq, tv)) > 0.3
+    if not pair_mask:
+        attention_mask = np.broadcast_to(attention_mask[:, :1], attention_mask.shape)
     allowed = reference_pattern(tq, tv, bs, 3, 1, plan, (5,)) & attention_mask
     expected, _ = reference_attention(query, key, value, allowed)
+    ran = _spy_rows(monkeypatch)
     output = _run(
         query,
         key,
@@ -131,8 +137,9 @@ def test_cross_attention_with_different_lengths_and_attention_mask():
         global_blocks=1,
         random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
         global_tokens=(5,),
-        attention_mask=attention_mask,
+        **dict(attention_mask=attention_mask) if pair_mask else dict(key_mask=attention_mask[:, 0]),
     )
+    assert ran == ["gathered" if pair_mask else "recomputing"]
     np.testing.assert_allclose(output, expected, atol=1e-5)
 
 
