@@ -6,7 +6,8 @@ SparseAttention's default pattern (blocks of 64, a window of 3 blocks, 2
 global blocks, 3 random blocks), causal or not.
 
 "engine" is the kernel now: one sweep of `tiled_engine.TiledSweep` over
-`sparse_tile_plan`'s tiles (64 x 64), global rows included. "before" is
+`sparse_tile_plan`'s tiles (64 x 64), and one of exact attention (the
+engine's default tiles) for the global blocks' rows. "before" is
 `block_sparse.py` of commit `--baseline` (default: main before the engine),
 loaded from git into this process: its own `_recomputed_block_rows` (chunks
 of 16 query blocks against their gathered key blocks) plus a blockwise strip
