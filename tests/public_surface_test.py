@@ -248,6 +248,11 @@ CASES = {
         ("num_heads", lambda: ka.ops.alibi_slopes("8")),
         ("num_heads", lambda: ka.ops.alibi_slopes(0)),
     ],
+    "keras_attention.ops.block_sparse.sparse_tile_plan": [
+        ("mask", lambda: ka.ops.sparse_tile_plan("causal", 8, block_size=4, window_blocks=1)),
+        ("window_blocks", lambda: ka.ops.sparse_tile_plan(None, 8, block_size=4, window_blocks=-1)),
+        ("block_size", lambda: ka.ops.sparse_tile_plan(None, 8, block_size=0, window_blocks=1)),
+    ],
     "keras_attention.ops.block_sparse.block_plan": [
         ("window_blocks", lambda: ka.ops.block_plan(2, 2, window_blocks="3")),
         ("window_blocks", lambda: ka.ops.block_plan(2, 2, window_blocks=-1)),

@@ -41,16 +41,16 @@ class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
     under the same masks, which is the same answer; longer sequences run
     the sparse kernel.
 
-    The keys of each query block are gathered and attended with one small
-    dense matmul (as BigBird does): time and memory grow linearly with the
-    length, never forming an `L x L` matrix. Any length works: inputs are
-    padded to whole blocks internally and the padding is masked. See
-    `keras_attention.ops.block_sparse` for the exact pattern. With static
-    lengths the block rows run in chunks of query blocks under a recomputing
-    gradient, so forward + backward keeps only `O(L * key_dim)` tensors (at
-    L = 16384, 8 heads of 64: about 1 GiB above TensorFlow's own); training
-    with `dropout > 0` stays there too (the kernel draws each chunk's keep
-    bits from a hash of a per-call seed and the positions, again in the
+    Each query block attends to the key blocks of its pattern (as BigBird
+    does): time and memory grow linearly with the length, never forming an
+    `L x L` matrix. Any length works: inputs are padded to whole blocks
+    internally and the padding is masked. See `keras_attention.ops.block_sparse`
+    for the exact pattern. With static lengths the call is one sweep of the
+    tiled engine (the blockwise kernel's) over the pattern's tile plan
+    (`ops.sparse_tile_plan`) under a recomputing gradient, so forward +
+    backward keeps only `O(L * key_dim)` tensors; training with
+    `dropout > 0` stays there too (the kernel draws each tile's keep bits
+    from a hash of a per-call seed and the positions, again in the
     backward: `ops.dropout_keep_mask` materialises them). An explicit
     `attention_mask`, returned or captured weights, or unknown lengths use
     autodiff over the gathered keys instead, which holds
@@ -226,7 +226,7 @@ class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             return (output, weights) if return_weights else output
         # Dropout runs inside the kernel (keep bits hashed from a seed drawn
         # per call, recomputed in its backward), so training stays on the
-        # recomputing, memory-linear path.
+        # engine's memory-linear path.
         result = block_sparse.block_sparse_attention(
             query,
             key,

@@ -3,6 +3,7 @@
 from keras_attention.ops.attention_mask import AttentionMask
 from keras_attention.ops.block_sparse import block_plan
 from keras_attention.ops.block_sparse import block_sparse_attention
+from keras_attention.ops.block_sparse import sparse_tile_plan
 from keras_attention.ops.dropout import dropout_keep_mask
 from keras_attention.ops.favor import causal_linear_attention
 from keras_attention.ops.favor import favor_attention
@@ -44,6 +45,7 @@ __all__ = [
     "weighted_sum",
     "block_plan",
     "block_sparse_attention",
+    "sparse_tile_plan",
     "dropout_keep_mask",
     "causal_linear_attention",
     "favor_attention",

@@ -240,6 +240,8 @@ class TiledSweep:
             batch, head, rows, cols = self.tile_indices(i, j)
             batch = batch if self.mask.batch_dependent_rules else None
             allowed = masking.merge_masks(allowed, self.mask.rules(batch, head, rows, cols))
+        if self.plan.pattern is not None:  # a block-sparse plan's pairs only
+            allowed = masking.merge_masks(allowed, self.plan.pattern.tile(i, j))
         return allowed
 
     def tile_indices(self, i, j):

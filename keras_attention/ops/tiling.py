@@ -23,6 +23,11 @@ length), the block extremes of segment ids and of the padding masks; a
 A plan is sound (a tile marked full has no masked pair; a skipped tile has
 no visible pair), not always tight: what the bounds cannot decide is partial.
 
+`ops.sparse_tile_plan` builds one from the block-sparse pattern (BigBird's
+window, global and random blocks, Longformer's global tokens): such a plan
+carries its `BlockPattern`, and restricts what the kernels given it attend
+to (block-sparse attention, FlexAttention's `BlockMask` of a sparse pattern).
+
 A model builds the plan once per batch and passes it to every layer
 (`MultiHeadAttention(...)(x, tile_plan=plan)`) and both passes use it.
 """
@@ -47,6 +52,10 @@ class TilePlan:
             each kind query block `i` visits.
         full_indices, partial_indices: `(nq, nk)` int32; row `i` starts with
             the visited key blocks of that kind.
+        pattern: a `BlockPattern` (`from_pattern`), or None. A plan with a
+            pattern also restricts what is seen: a kernel given it computes
+            block-sparse attention (the pairs of its tiles, its global rows
+            and columns only), not the mask's exact attention.
     """
 
     def __init__(
@@ -60,6 +69,7 @@ class TilePlan:
         full_indices,
         partial_counts,
         partial_indices,
+        pattern=None,
     ):
         owner = "TilePlan"
         for name, value in (
@@ -92,6 +102,15 @@ class TilePlan:
         self.num_key_blocks = -(-key_length // key_block)
         self.counts = {FULL: full_counts, PARTIAL: partial_counts}
         self.indices = {FULL: full_indices, PARTIAL: partial_indices}
+        if pattern is not None and not isinstance(pattern, BlockPattern):
+            raise TypeError(
+                validation.error(
+                    owner,
+                    "`pattern` must be a BlockPattern or None. Received: "
+                    f"pattern={validation.describe(pattern)}",
+                )
+            )
+        self.pattern = pattern
 
     def kinds(self):
         """`(kind, counts, indices)` for the full, then the partial tiles."""
@@ -213,6 +232,12 @@ def tile_plan(
 def build(mask, q_len, k_len, q_block, k_block, batch_size=None, num_heads=None, examples=None):
     """The plan without argument checks (the kernels' own call); `examples`:
     the `(B,)` global example indices a `mask_mod` sees (default `0..B-1`)."""
+    full, seen = _kinds(mask, q_len, k_len, q_block, k_block, batch_size, num_heads, examples)
+    return _plan(full, seen, q_len, k_len, q_block, k_block)
+
+
+def _kinds(mask, q_len, k_len, q_block, k_block, batch_size=None, num_heads=None, examples=None):
+    """`(full, seen)` `(nq, nk)` booleans of `mask`'s tiles."""
     nq, nk = -(-q_len // q_block), -(-k_len // k_block)
     rows = _Bounds.of(mask.query_offset, nq, q_block, q_len)
     cols = _Bounds.of(0, nk, k_block, k_len)
@@ -230,7 +255,11 @@ def build(mask, q_len, k_len, q_block, k_block, batch_size=None, num_heads=None,
             full, seen = _and(full, part[0]), _and(seen, part[1])
     shape = (nq, nk)
     full = ops.broadcast_to(True if full is None else full, shape)
-    seen = ops.broadcast_to(True if seen is None else seen, shape)
+    return full, ops.broadcast_to(True if seen is None else seen, shape)
+
+
+def _plan(full, seen, q_len, k_len, q_block, k_block, pattern=None):
+    """The `TilePlan` of `(nq, nk)` full / seen tables."""
     partial = ops.logical_and(seen, ops.logical_not(full))
     full = ops.logical_and(seen, full)
     full_counts, full_indices = _compressed(full)
@@ -244,7 +273,109 @@ def build(mask, q_len, k_len, q_block, k_block, batch_size=None, num_heads=None,
         full_indices=full_indices,
         partial_counts=partial_counts,
         partial_indices=partial_indices,
+        pattern=pattern,
     )
+
+
+class BlockPattern:
+    """Which pairs a block-sparse pattern lets through (BigBird, Longformer):
+    every pair of the tiles in `blocks`, every pair of a global row (a query
+    that sees every key) and of a global column (a key every query sees).
+
+    Args:
+        blocks: `(nq, nk)` boolean, the pattern's tiles.
+        rows: `(nq, bq)` boolean, the global query rows, block by block.
+        columns: `(nk, bk)` boolean, the global key columns, block by block.
+    """
+
+    def __init__(self, blocks, rows, columns):
+        self.blocks, self.rows, self.columns = blocks, rows, columns
+
+    def tile(self, i, j):
+        """`(1, 1, 1, bq, bk)` boolean: the pairs of tile (i, j) it lets through."""
+        inside = _take(_take(self.blocks, i), j)
+        rows = _take(self.rows, i)[:, None]
+        return ops.logical_or(ops.logical_or(inside, rows), _take(self.columns, j)[None, :])[
+            None, None, None
+        ]
+
+
+def from_pattern(mask, q_len, k_len, q_block, k_block, blocks, global_rows=(), global_columns=()):
+    """The `TilePlan` of a block-sparse pattern under `mask` (no argument
+    checks: `ops.sparse_tile_plan` is the public builder).
+
+    A tile is visited when it is one of the pattern's `blocks` (`(nq, nk)`
+    boolean) or holds a global row or
+    column (the static positions `global_rows` / `global_columns`), and the
+    mask lets some pair of it through (tiles of `q_block` x `k_block`: the
+    pattern's block, capped at each length); it is full when the pattern lets
+    every pair through (a tile of `blocks`, a block of global rows) and the
+    mask's bounds prove every pair visible. The global rows' and columns'
+    pairs are evaluated as strips of the mask (`O(L * globals)`), so the
+    tiles they alone open are exact; the pattern's tiles are classified from
+    the mask's bounds (`_kinds`). The mask's rules must be the same in every
+    example and head (no `mask_mod`, per-example prefix or key positions).
+    """
+    nq, nk = -(-q_len // q_block), -(-k_len // k_block)
+    rows = _flags(global_rows, nq, q_block, q_len)  # (nq, bq)
+    columns = _flags(global_columns, nk, k_block, k_len)  # (nk, bk)
+    pattern = BlockPattern(blocks, rows, columns)
+    full, seen = _kinds(mask, q_len, k_len, q_block, k_block)
+    real_rows = ops.reshape(ops.arange(nq * q_block), (nq, q_block)) < q_len
+    every_row = ops.all(ops.logical_or(rows, ops.logical_not(real_rows)), axis=1)
+    full = ops.logical_and(full, ops.logical_or(blocks, every_row[:, None]))
+    seen = ops.logical_and(seen, blocks)
+    rows_index = [r for r in sorted(set(global_rows)) if r < q_len]
+    columns_index = [c for c in sorted(set(global_columns)) if c < k_len]
+    if rows_index:  # (R, Tk) strip -> its rows' blocks x key blocks
+        strip = ops.any(_strip(mask, rows_index, list(range(k_len))), axis=0)
+        strip = ops.any(_blocks(strip, k_block, k_len, False), axis=2)  # (R, nk)
+        owner = ops.one_hot(ops.convert_to_tensor(rows_index) // q_block, nq, dtype="int32")
+        hits = ops.matmul(ops.transpose(owner), ops.cast(strip, "int32"))
+        seen = ops.logical_or(seen, hits > 0)
+    if columns_index:  # (Tq, G) strip -> query blocks x its columns' blocks
+        strip = ops.any(_strip(mask, list(range(q_len)), columns_index), axis=0)
+        strip = ops.any(_blocks(ops.transpose(strip), q_block, q_len, False), axis=2)  # (G, nq)
+        owner = ops.one_hot(ops.convert_to_tensor(columns_index) // k_block, nk, dtype="int32")
+        hits = ops.matmul(ops.transpose(ops.cast(strip, "int32")), owner)
+        seen = ops.logical_or(seen, hits > 0)
+    return _plan(ops.logical_and(full, seen), seen, q_len, k_len, q_block, k_block, pattern)
+
+
+def _flags(positions, num_blocks, block, length):
+    """`(num_blocks, block)` boolean: which of the positions `< length` are in
+    `positions` (a static tuple)."""
+    flags = ops.zeros((num_blocks * block,), "bool")
+    kept = [p for p in positions if p < length]
+    if kept:
+        hit = ops.equal(ops.arange(num_blocks * block)[:, None], ops.convert_to_tensor(kept)[None])
+        flags = ops.any(hit, axis=1)
+    return ops.reshape(flags, (num_blocks, block))
+
+
+def _strip(mask, rows, cols):
+    """`(B|1, R, C)` boolean: whether query `rows[r]` may see key `cols[c]`
+    (static indices) under `mask`'s masks, segment ids and positional rules."""
+    rows_t = ops.convert_to_tensor(rows, dtype="int32")
+    cols_t = ops.convert_to_tensor(cols, dtype="int32")
+    allowed = ops.ones((1, len(rows), len(cols)), "bool")
+    if mask.query_mask is not None:
+        allowed = ops.logical_and(allowed, ops.take(mask.query_mask, rows_t, axis=1)[:, :, None])
+    if mask.key_mask is not None:
+        allowed = ops.logical_and(allowed, ops.take(mask.key_mask, cols_t, axis=1)[:, None, :])
+    if mask.pair_mask is not None:
+        pair = ops.take(ops.take(mask.pair_mask[:, 0], rows_t, axis=1), cols_t, axis=2)
+        allowed = ops.logical_and(allowed, pair)
+    if mask.has_segments:
+        query_ids = ops.take(ops.cast(mask.query_segment_ids, "int32"), rows_t, axis=1)
+        key_ids = ops.take(ops.cast(mask.key_segment_ids, "int32"), cols_t, axis=1)
+        allowed = ops.logical_and(allowed, mask.segments(query_ids[:, :, None], key_ids[:, None]))
+    if mask.has_positional:
+        positions = mask.query_positions(0, max(rows) + 1)
+        allowed = ops.logical_and(
+            allowed, mask.positional(ops.take(positions, rows_t), cols_t)[None]
+        )
+    return allowed
 
 
 class _Bounds:

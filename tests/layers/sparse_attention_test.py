@@ -154,14 +154,13 @@ def test_dropout_stays_on_the_memory_linear_path(monkeypatch):
     from keras_attention.ops import block_sparse
 
     rates = []
-    original = block_sparse._recomputed_block_rows
+    original = block_sparse._swept_attention
 
     def spy(*args, **kwargs):
-        bits = kwargs["keep_bits"]
-        rates.append(None if bits is None else 1.0 - 1.0 / bits.scale)
+        rates.append(kwargs["dropout_rate"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(block_sparse, "_recomputed_block_rows", spy)
+    monkeypatch.setattr(block_sparse, "_swept_attention", spy)
     query = random_inputs((1, 16, 8))
     layer = SparseAttention(2, 4, block_size=4, window_blocks=1, random_blocks=0, dropout=0.5)
     first, second = (to_numpy(layer(query, training=True)) for _ in range(2))

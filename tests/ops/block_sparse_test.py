@@ -115,13 +115,19 @@ def test_pattern_is_sparse_and_not_trivially_dense():
     assert 0.2 < allowed.mean() < 0.8
 
 
-def test_cross_attention_with_different_lengths_and_attention_mask():
+@pytest.mark.parametrize("pair_mask", [True, False], ids=["gathered", "engine"])
+def test_cross_attention_with_different_lengths_and_attention_mask(pair_mask, monkeypatch):
+    """13 queries, 22 keys: a random pair mask (the gathered path) or a key
+    mask (the engine's sweep over the pattern's 4 x 7 tiles)."""
     batch, tq, tv, bs = 2, 13, 22, 4
     query, key, value = _inputs(batch, tq, tv, seed=1)
     plan = np.array([[7, 3], [2, 9]])
     attention_mask = np.random.default_rng(2).random((batch, tq, tv)) > 0.3
+    if not pair_mask:
+        attention_mask = np.broadcast_to(attention_mask[:, :1], attention_mask.shape)
     allowed = reference_pattern(tq, tv, bs, 3, 1, plan, (5,)) & attention_mask
     expected, _ = reference_attention(query, key, value, allowed)
+    ran = _spy_rows(monkeypatch)
     output = _run(
         query,
         key,
@@ -131,8 +137,9 @@ def test_cross_attention_with_different_lengths_and_attention_mask():
         global_blocks=1,
         random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
         global_tokens=(5,),
-        attention_mask=attention_mask,
+        **dict(attention_mask=attention_mask) if pair_mask else dict(key_mask=attention_mask[:, 0]),
     )
+    assert ran == ["gathered" if pair_mask else "recomputing"]
     np.testing.assert_allclose(output, expected, atol=1e-5)
 
 
@@ -275,12 +282,13 @@ def test_compiles_and_differentiates():
 # gradient. Its outputs and gradients are checked against dense softmax
 # attention under the equivalent mask, with hand-written NumPy gradients.
 RECOMPUTE_CASES = [
-    # pattern, causal, chunk_blocks (10 query blocks of 4 tokens at T = 37)
-    (PATTERNS[0], False, 3),  # BigBird: window + global blocks + random
+    # pattern, causal, block size (10 query blocks of 4 tokens at T = 37)
+    (PATTERNS[0], False, 4),  # BigBird: window + global blocks + random
     (PATTERNS[0], True, 4),
-    (PATTERNS[1], True, 1),  # local only, causal window
-    (PATTERNS[2], True, 3),  # Longformer global tokens
-    (PATTERNS[3], False, 100),  # one chunk larger than the sequence
+    (PATTERNS[1], True, 4),  # local only, causal window
+    (PATTERNS[2], True, 4),  # Longformer global tokens
+    (PATTERNS[3], False, 8),
+    (PATTERNS[1], True, 64),  # one block larger than the sequence
 ]
 
 
@@ -296,9 +304,9 @@ def _padded_pattern_case(pattern, causal, bs, batch=2, length=37):
     return query, key, value, plan, key_mask, allowed
 
 
-@pytest.mark.parametrize("pattern, causal, chunk_blocks", RECOMPUTE_CASES)
-def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, chunk_blocks):
-    batch, length, bs = 2, 37, 4
+@pytest.mark.parametrize("pattern, causal, bs", RECOMPUTE_CASES)
+def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, bs):
+    batch, length = 2, 37
     query, key, value, plan, key_mask, allowed = _padded_pattern_case(pattern, causal, bs)
     cotangent = (
         np.random.default_rng(9)
@@ -317,7 +325,6 @@ def test_recomputing_path_matches_dense_outputs_and_gradients(pattern, causal, c
             random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
             global_tokens=pattern["tokens"],
             mask=AttentionMask(causal=causal, key_mask=keras.ops.convert_to_tensor(key_mask)),
-            chunk_blocks=chunk_blocks,
         )
 
     expected, _ = reference_attention(query, key, value, allowed)
@@ -365,7 +372,6 @@ def test_dropout_inside_the_kernel_matches_the_reference_fed_its_mask(
             random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
             global_tokens=pattern["tokens"],
             mask=AttentionMask(causal=causal, key_mask=keras.ops.convert_to_tensor(key_mask)),
-            chunk_blocks=3,
             dropout_rate=rate,
             dropout_seed=seed,
             return_weights=return_weights,
@@ -404,7 +410,6 @@ def test_recomputing_path_gives_zero_rows_and_gradients_without_keys():
             global_blocks=1,
             global_tokens=(9,),
             mask=AttentionMask(key_mask=keras.ops.convert_to_tensor(key_mask)),
-            chunk_blocks=2,
         )
 
     output = keras.ops.convert_to_numpy(_on_jax_compiled(attend)(query, key, value))
@@ -418,7 +423,7 @@ def test_recomputing_path_gives_zero_rows_and_gradients_without_keys():
 
 
 @pytest.mark.tf_only
-def test_recomputing_path_runs_its_chunks_one_at_a_time_in_tf_graphs():
+def test_recomputing_path_runs_its_query_blocks_one_at_a_time_in_tf_graphs():
     # The memory-linear path is taken (it is the one with loops), and TF
     # graph mode runs its chunks serially (the default of ten chunks in
     # flight would hold ten chunks' scores); the global-row strip's exact
@@ -436,7 +441,6 @@ def test_recomputing_path_runs_its_chunks_one_at_a_time_in_tf_graphs():
             window_blocks=3,
             global_blocks=1,
             global_tokens=(9,),
-            chunk_blocks=3,
         )
 
     found = while_loop_parallelism(attend, [query, key, value])
@@ -480,7 +484,7 @@ def _spy_rows(monkeypatch):
     """The list each block-row path appends "recomputing" or "gathered" to."""
     ran = []
     for name, label in (
-        ("_recomputed_block_rows", "recomputing"),
+        ("_swept_attention", "recomputing"),
         ("_gathered_block_rows", "gathered"),
     ):
         original = getattr(block_sparse, name)
@@ -529,7 +533,6 @@ def test_every_score_modifier_on_both_paths_values_and_gradients(modifier, path,
             global_tokens=pattern["tokens"],
             mask=AttentionMask(key_mask=keras.ops.convert_to_tensor(key_mask)),
             scores=_score_modifier(modifier, given.get("sinks"), given.get("slopes")),
-            chunk_blocks=2,
             return_weights=path == "gathered",
         )
         return result[0] if path == "gathered" else result
@@ -578,7 +581,6 @@ def test_score_modifiers_with_dropout_inside_the_recomputing_path():
             global_tokens=pattern["tokens"],
             mask=AttentionMask(causal=True, key_mask=keras.ops.convert_to_tensor(key_mask)),
             scores=_score_modifier("all", sinks),
-            chunk_blocks=2,
             dropout_rate=rate,
             dropout_seed=seed,
         )
@@ -621,7 +623,6 @@ def test_rows_without_keys_stay_zero_with_every_modifier(return_weights):
             global_tokens=(9,),
             mask=AttentionMask(key_mask=keras.ops.convert_to_tensor(key_mask[: q.shape[0]])),
             scores=_score_modifier("all", sinks),
-            chunk_blocks=2,
             return_weights=return_weights,
         )
         return result[0] if return_weights else result
@@ -659,3 +660,93 @@ def test_a_bad_scores_argument_is_named():
             window_blocks=1,
             scores=ScoreModifier(sink_logits=keras.ops.zeros((3,))),
         )
+
+
+# ------------------------------------------------------ the pattern's plan
+def _documents(length, starts=(0, 13, 26)):
+    """int32 `(T,)` ids of documents starting at `starts` (contiguous)."""
+    return np.searchsorted(np.asarray(starts), np.arange(length), side="right") - 1
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["padding", "packed documents"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_the_patterns_tile_plan_is_each_tiles_exact_kind(pattern, causal, documents):
+    """`ops.sparse_tile_plan`: the tiles the pattern opens (window, global
+    and random blocks, global tokens' columns, global rows' whole rows) are
+    visited, full exactly where the pattern and the mask (causal, a key mask
+    with padding, packed documents) let every pair through, and skipped
+    where nothing is: the NumPy classification of the float64 reference's
+    pattern (4 x 4 tiles, 37 tokens: the last block is padded)."""
+    from keras_attention import ops as ka_ops
+    from tests.ops.kernel_contract_test import exact_tile_kinds
+
+    batch, length, bs = 2, 37, 4
+    plan = np.random.default_rng(5).integers(0, 2**20, (3, pattern["random_blocks"]))
+    key_mask = np.ones((batch, length), bool)
+    key_mask[1, 29:] = False
+    shape = (pattern["window_blocks"], pattern["global_blocks"], plan, pattern["tokens"], causal)
+    allowed = reference_pattern(length, length, bs, *shape)[None] & key_mask[:, None, :]
+    fields = dict(causal=causal, key_mask=keras.ops.convert_to_tensor(key_mask))
+    if documents:
+        ids = np.broadcast_to(_documents(length), (batch, length))
+        allowed = allowed & (ids[:, :, None] == ids[:, None, :])
+        fields.update(query_segment_ids=ids, key_segment_ids=ids)
+    tile_plan = ka_ops.sparse_tile_plan(
+        AttentionMask(**fields),
+        length,
+        block_size=bs,
+        window_blocks=pattern["window_blocks"],
+        global_blocks=pattern["global_blocks"],
+        random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
+        global_tokens=pattern["tokens"],
+    )
+    kinds = exact_tile_kinds(allowed[:, None], bs, bs)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(tile_plan.tiles()), kinds)
+    assert all(np.any(kinds == kind) for kind in (0, 1, 2))  # every kind occurs
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(mask="causal"), TypeError, "sparse_tile_plan: `mask` must be .*mask='causal'"),
+        (dict(query_length=0), ValueError, "sparse_tile_plan.*query_length=0"),
+        (dict(block_size=-4), ValueError, "sparse_tile_plan.*block_size=-4"),
+        (dict(global_tokens=(1, -2)), ValueError, r"sparse_tile_plan.*global_tokens=\(1, -2\)"),
+        (
+            dict(mask=AttentionMask(causal=True, prefix_length=3)),
+            ValueError,
+            "sparse_tile_plan: the pattern's plan takes rules that are the same",
+        ),
+    ],
+)
+def test_the_patterns_tile_plan_refuses_bad_arguments(kwargs, error, message):
+    from keras_attention import ops as ka_ops
+
+    arguments = dict(mask=None, query_length=8, block_size=4, window_blocks=1)
+    arguments.update(kwargs)
+    with pytest.raises(error, match=message):
+        ka_ops.sparse_tile_plan(arguments.pop("mask"), arguments.pop("query_length"), **arguments)
+
+
+def test_the_blockwise_kernel_given_the_patterns_plan_computes_block_sparse_attention():
+    """The plan carries its pattern (`TilePlan.pattern`): the blockwise
+    kernel restricted by it equals the float64 reference of the pattern."""
+    from keras_attention import ops as ka_ops
+    from keras_attention.ops.memory_efficient import memory_efficient_attention
+
+    pattern = dict(window_blocks=1, global_blocks=1, random_blocks=1, tokens=(14,))
+    query, key, value, plan, key_mask, allowed = _padded_pattern_case(pattern, True, 4, length=21)
+    mask = AttentionMask(causal=True, key_mask=keras.ops.convert_to_tensor(key_mask))
+    tile_plan = ka_ops.sparse_tile_plan(
+        mask,
+        21,
+        block_size=4,
+        window_blocks=1,
+        global_blocks=1,
+        random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
+        global_tokens=(14,),
+    )
+    output = memory_efficient_attention(query, key, value, mask=mask, tile_plan=tile_plan)
+    expected, _ = reference_attention(query, key, value, allowed)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
