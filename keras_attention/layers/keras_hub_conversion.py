@@ -33,11 +33,13 @@ windows and ALiBi above are measured under it. ALiBi as KerasHub writes it
 per row where keys precede queries, so the two agree under the causal mask.
 """
 
+import inspect
 import math
 
 import keras
 import numpy as np
 from keras import ops
+from keras.src.backend import get_keras_mask
 
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 
@@ -414,6 +416,110 @@ def _check_cache_shape(owner, cache):
         )
 
 
+# ------------------------------------------------- decoder masks as rules
+class DecoderMaskRules:
+    """What a KerasHub decoder block's attention mask says, kept as rules:
+    causal (at the cache index under a cache), and `key_mask` `(B, Tk)`
+    (the padding mask, KerasHub's key mask), or None. The swap makes each
+    block return this instead of its dense `(B, Tq, Tk)` mask
+    (`use_mask_rules`), and `KerasHubAttention` hands it to ours as
+    `key_mask=` and `use_causal_mask=True`, so no `Tq x Tk` tensor is built;
+    the windows are our layer's own (`sliding_window`)."""
+
+    def __init__(self, key_mask=None):
+        self.key_mask = key_mask
+
+    def arguments(self):
+        """Our layer's call arguments for these rules."""
+        return {"key_mask": self.key_mask, "use_causal_mask": True}
+
+
+# Each decoder block's mask method (by family: Llama, Mistral, Qwen, Qwen 3
+# and GPT-OSS name the first, Gemma, Gemma 3 and BLOOM the second).
+MASK_METHODS = ("_compute_self_attention_mask", "_compute_attention_mask")
+# Their arguments' names in each family, read by name.
+_SEQUENCE = ("decoder_sequence", "x")
+_PADDING = ("decoder_padding_mask", "padding_mask")
+_CACHE = ("self_attention_cache", "cache")
+
+
+def _named(arguments, names):
+    return next((arguments[name] for name in names if name in arguments), None)
+
+
+def _cache_length(cache):
+    """Key slots of a block's cache: `(B, 2, T, Hkv, D)`, or Gemma 3's
+    `(keys, values)` with keys `(B, T, Hkv, D)`."""
+    if isinstance(cache, (tuple, list)):
+        return cache[0].shape[1]
+    return cache.shape[2]
+
+
+def mask_rules(arguments):
+    """`DecoderMaskRules` for a block's mask method called with
+    `arguments` (by name), or None where the mask says more than causal
+    and padding (a custom `decoder_attention_mask`, Gemma 3's image
+    tokens, BLOOM without its causal mask, a padding mask that does not
+    cover a cache's keys): that call builds KerasHub's dense mask."""
+    if arguments.get("decoder_attention_mask") is not None:
+        return None
+    if arguments.get("vision_mask") is not None:
+        return None
+    if not arguments.get("use_causal_mask", True):
+        return None  # BLOOM's ALiBi equals ours under the causal mask only
+    sequence = _named(arguments, _SEQUENCE)
+    padding = _named(arguments, _PADDING)
+    if padding is None and sequence is not None:
+        padding = get_keras_mask(sequence)  # KerasHub's fallback, as merged there
+    cache = _named(arguments, _CACHE)
+    if padding is not None and cache is not None:
+        # KerasHub's padding mask masks keys: under a cache it must span it.
+        slots, length = _cache_length(cache), padding.shape[-1]
+        if slots is None or length != slots:
+            return None
+    return DecoderMaskRules(padding)
+
+
+def use_mask_rules(block):
+    """Makes `block` (a KerasHub decoder block) return `DecoderMaskRules`
+    from its mask method where `mask_rules` can say what its mask says;
+    the method is replaced on the instance only, and the original runs
+    otherwise. True when `block` has such a method."""
+    for name in MASK_METHODS:
+        original = getattr(type(block), name, None)
+        if original is None:
+            continue
+        signature = inspect.signature(original)
+
+        def rules_or_dense(*args, _original=original, _signature=signature, **kwargs):
+            bound = _signature.bind(block, *args, **kwargs)
+            bound.apply_defaults()
+            rules = mask_rules(bound.arguments)
+            return _original(block, *args, **kwargs) if rules is None else rules
+
+        # An instance attribute, not Keras-tracked state: the block's config
+        # and weights are unchanged.
+        object.__setattr__(block, name, rules_or_dense)
+        return True
+    return False
+
+
+def _attention_arguments(attention_mask):
+    """Our layer's mask arguments for what a decoder block passed."""
+    if isinstance(attention_mask, DecoderMaskRules):
+        return attention_mask.arguments()
+    return {"attention_mask": attention_mask}
+
+
+def _block_arguments(block, family):
+    """Constructor arguments of ours that a family keeps in its decoder
+    block: Mistral's window is in the block's mask, not its attention."""
+    window = getattr(block, "sliding_window", None)
+    if family == "CachedMistralAttention" and window:
+        return {"sliding_window": int(window)}
+    return {}
+
+
 # ------------------------------------------------------- in a backbone
 class KerasHubAttention(keras.layers.Layer):
     """Our `MultiHeadAttention` behind a KerasHub decoder's call signature
@@ -439,16 +545,17 @@ class KerasHubAttention(keras.layers.Layer):
         cache_update_mask=None,
         training=None,
     ):
+        masks = _attention_arguments(attention_mask)
         # Gemma 3's decoder passes index 0 for its uncached call's default.
         if cache is None:
-            return self.attention(hidden_states, attention_mask=attention_mask, training=training)
+            return self.attention(hidden_states, training=training, **masks)
         ours = _ours_from_theirs(cache, self.family)
         out, new = self.attention(
             hidden_states,
-            attention_mask=attention_mask,
             cache=ours,
             cache_update_index=cache_update_index,
             training=training,
+            **masks,
         )
         if cache_update_mask is not None and cache_update_index is not None:
             # Gemma 3: rows whose mask is False keep their old cache entries.
@@ -613,7 +720,8 @@ def replace_keras_hub_attention(model=None, **overrides):
                     "MultiHeadAttention.from_keras_hub and call them directly. "
                     f"Received: a {type(backbone).__name__}"
                 )
-            ours = MultiHeadAttention.from_keras_hub(old, **overrides)
+            arguments = {**_block_arguments(block, family), **overrides}
+            ours = MultiHeadAttention.from_keras_hub(old, **arguments)
             new = KerasHubAttention(ours, family, name=f"{old.name}_keras_attention")
             new.build()
             swaps.append((block, attribute, old, new))
@@ -623,6 +731,7 @@ def replace_keras_hub_attention(model=None, **overrides):
         block._tracker.untrack(old)
         setattr(block, attribute, new)
         block._tracker.lock()
+        use_mask_rules(block)
     if swaps:
         # Object attributes, not Keras-tracked state.
         object.__setattr__(backbone, "__class__", _swapped_class(type(backbone)))
