@@ -42,6 +42,7 @@ from keras import ops
 from keras.src.backend import get_keras_mask
 
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.ops import cache as ring_cache
 
 __all__ = ["from_keras_hub_cache", "replace_keras_hub_attention", "to_keras_hub_cache"]
 
@@ -558,15 +559,70 @@ class KerasHubAttention(keras.layers.Layer):
             **masks,
         )
         if cache_update_mask is not None and cache_update_index is not None:
-            # Gemma 3: rows whose mask is False keep their old cache entries.
-            length = ops.shape(hidden_states)[1]
-            start = [0, 0, cache_update_index, 0, 0]
-            size = list(ops.shape(new)[:2]) + [length] + list(ops.shape(new)[3:])
-            written = ops.slice(new, start, size)
-            kept = ops.slice(ours, start, size)
-            keep = ops.reshape(ops.cast(cache_update_mask, "bool"), (-1, 1, length, 1, 1))
-            new = ops.slice_update(new, start, ops.where(keep, written, kept))
+            new = _keep_unmasked(ours, new, cache_update_mask, cache_update_index)
         return out, _theirs_from_ours(new, self.family)
+
+
+def _keep_unmasked(old, new, cache_update_mask, index):
+    """Gemma 3: rows whose `cache_update_mask` is False keep their old cache
+    entries at the positions written. In a window's ring (`use_window_caches`)
+    a write past the slots wraps, and the slot held another position: every
+    row is rewritten there (text only: the rewritten keys are the prefill's)."""
+    length = ops.shape(cache_update_mask)[1]
+    slots = ops.shape(new)[2]
+    index = ops.cast(index, "int32")
+    update = ops.logical_or(ops.cast(cache_update_mask, "bool"), index + length > slots)
+    start = [0, 0, ops.minimum(index, slots - length), 0, 0]
+    size = list(ops.shape(new)[:2]) + [length] + list(ops.shape(new)[3:])
+    written = ops.slice(new, start, size)
+    kept = ops.slice(old, start, size)
+    update = ops.reshape(update, (-1, 1, length, 1, 1))
+    return ops.slice_update(new, start, ops.where(update, written, kept))
+
+
+# -------------------------------------------- window caches in `generate`
+def _ring_from_full(cache, layer, written):
+    """Gemma 3's `(keys, values)` cache of `layer` (a `KerasHubAttention`),
+    filled by position, as the ring our layer reads once positions
+    `0 .. written - 1` are written (`ops.cache.ring_positions`): the
+    `sliding_window` (plus sink) slots, or `cache` itself where the window
+    is none or as long."""
+    window = layer.attention.sliding_window
+    keys, values = cache
+    sinks = layer.attention.sink_tokens or 0
+    if window is None or keys.shape[1] is None or window + sinks >= keys.shape[1]:
+        return cache
+    positions = ring_cache.ring_positions(window + sinks, written, sinks)
+    return ops.take(keys, positions, axis=1), ops.take(values, positions, axis=1)
+
+
+def use_window_caches(causal_lm, layers):
+    """Makes a Gemma 3 causal LM's `generate` keep its local layers' caches
+    at window size. KerasHub's `_build_cache` fills one `(keys, values)`
+    pair of `max_length` slots per layer with the prefill, and its sampler
+    carries the tuple through its loop whatever each pair's length; here,
+    on the instance, each pair of a layer with a window is then cut to the
+    ring of `sliding_window` slots holding the last keys before the first
+    decoding step (`index = min(prompt lengths)`, where KerasHub's sampler
+    starts). `layers` are the blocks' `KerasHubAttention`, in order. With
+    images the caches stay full: their update mask keeps the prefill's
+    image keys at their positions."""
+    original = type(causal_lm)._build_cache
+
+    def build_cache(token_ids, img_embeddings, vision_mask, padding_mask, vision_indices):
+        hidden, cache = original(
+            causal_lm, token_ids, img_embeddings, vision_mask, padding_mask, vision_indices
+        )
+        if img_embeddings is not None:
+            return hidden, cache
+        # The sampler's first step writes position `index - 1`: the ring
+        # holds what a cache written up to `index` holds.
+        index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        return hidden, tuple(
+            _ring_from_full(pair, layer, index) for pair, layer in zip(cache, layers, strict=True)
+        )
+
+    object.__setattr__(causal_lm, "_build_cache", build_cache)
 
 
 # Keras' compiled functions and KerasHub's `generate`: set to None, each is
@@ -732,6 +788,8 @@ def replace_keras_hub_attention(model=None, **overrides):
         setattr(block, attribute, new)
         block._tracker.lock()
         use_mask_rules(block)
+    if swaps and model is not backbone and swaps[0][3].family == "CachedGemma3Attention":
+        use_window_caches(model, [new for _, _, _, new in swaps])
     if swaps:
         # Object attributes, not Keras-tracked state.
         object.__setattr__(backbone, "__class__", _swapped_class(type(backbone)))

@@ -227,3 +227,71 @@ def test_causal_and_padding_become_rules():
     assert rules.arguments() == {"key_mask": padding, "use_causal_mask": True}
     spanning = dict(padding_mask=padding, cache=(np.ones((B, T, 2, 8)), np.ones((B, T, 2, 8))))
     assert conversion.mask_rules(spanning).key_mask is padding
+
+
+def _gemma3_lm(seed, window):
+    """A 2-block Gemma 3 causal LM (both blocks local, as KerasHub makes the
+    first 5 of every 6) with greedy sampling and random weights."""
+    backbone = keras_hub.models.Gemma3Backbone(
+        vocabulary_size=40,
+        image_size=16,
+        num_layers=2,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+        head_dim=8,
+        use_sliding_window_attention=True,
+        sliding_window_size=window,
+        vision_encoder=None,
+    )
+    rng = np.random.default_rng(seed)
+    backbone.set_weights([rng.normal(scale=0.5, size=w.shape) for w in backbone.get_weights()])
+    lm = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=None)
+    lm.compile(sampler="greedy")
+    return lm
+
+
+def _generate(lm, prompt):
+    """Gemma 3's compiled `generate_step` (its `generate` wants images)."""
+    lm.make_generate_function()
+    return _numpy(lm.generate_function(prompt, stop_token_ids=None)["token_ids"])
+
+
+def _sampler_steps(lm, ids, padding):
+    """The logits of the steps Gemma 3's sampler takes, eagerly: the prefill,
+    then from the shortest prompt's end each position with its update
+    mask (prompt tokens keep their prefill keys)."""
+    _, cache = lm._build_cache(ids, None, None, padding, None)
+    logits = []
+    for t in range(int(padding.sum(axis=-1).min()), ids.shape[1]):
+        step, _, cache = lm.call_with_cache(
+            ids[:, t - 1 : t], cache, t - 1, cache_update_mask=~padding[:, t - 1 : t]
+        )
+        logits.append(_numpy(step))
+    return np.concatenate(logits, axis=1)
+
+
+def test_gemma3_generate_keeps_local_caches_at_window_size():
+    """After the swap a Gemma 3 causal LM's local layers decode from rings
+    of `sliding_window` slots (4, not the 14 of the sequence) and give
+    KerasHub's own logits at every step of its sampler and its tokens:
+    prompts of 6 and 9 tokens, right-padded as KerasHub's generate takes
+    them, so the rings have wrapped before the first step and the longer
+    prompt's tokens are fed again over wrapped slots."""
+    lm = _gemma3_lm(seed=2, window=4)
+    rng = np.random.default_rng(3)
+    ids = np.zeros((B, 14), "int32")
+    ids[0, :6] = rng.integers(1, 40, size=6)
+    ids[1, :9] = rng.integers(1, 40, size=9)
+    padding = ids > 0
+    prompt = {"token_ids": ids, "padding_mask": padding}
+    want = _generate(lm, prompt)
+    want_steps = _sampler_steps(lm, want.astype("int32"), padding)
+
+    conversion.replace_keras_hub_attention(lm)
+    _, cache = lm._build_cache(ids, None, None, padding, None)
+    assert [tuple(keys.shape) for keys, _ in cache] == [(B, 4, 1, 8)] * 2
+    got_steps = _sampler_steps(lm, want.astype("int32"), padding)
+    np.testing.assert_allclose(got_steps, want_steps, atol=TOLERANCE, rtol=TOLERANCE)
+    np.testing.assert_array_equal(_generate(lm, prompt), want)
