@@ -734,9 +734,14 @@ def replace_keras_hub_attention(model=None, **overrides):
     optimizer was built for KerasHub's variables must be compiled again
     before `fit`. The swap is recorded in the backbone's config, so a
     `.keras` file of the backbone or its causal LM loads with ours. The
-    Llama, Mistral, Qwen, Qwen 3, Gemma, Gemma 3 and GPT-OSS families are
-    supported (Falcon's decoder passes an ALiBi tensor ours does not take).
-    `overrides` go to our constructor (e.g. `memory_efficient=True`).
+    Llama, Mistral, Qwen, Qwen 3, Gemma, Gemma 3, GPT-OSS and BLOOM
+    families are supported (Falcon's decoder passes an ALiBi tensor ours
+    does not take). Each decoder block hands its causal and padding mask
+    to ours as rules (`use_mask_rules`), so no `(B, L, L)` mask is built
+    and memory stays linear in the length; a Gemma 3 causal LM's
+    `generate` keeps its local layers' caches at window size
+    (`use_window_caches`). `overrides` go to our constructor (e.g.
+    `memory_efficient=True`).
     """
     from keras_attention.layers.multi_head_attention import MultiHeadAttention
 

@@ -99,19 +99,22 @@ def _numpy(x):
 
 
 def _cached_logits(lm, family, ids, padding):
-    """Logits of a cached prefill over the whole cache at real tokens, then
-    a single step rewriting position 5. Gemma 3's prefill takes the padding
-    mask (its keys span the cache); the others' cached calls take none."""
+    """Hidden states of a cached prefill over the whole cache at real
+    tokens, then the logits of a single step. Gemma 3's prefill is its
+    `_build_cache` with the padding mask (its keys span the cache), and its
+    step the sampler's first (`min(prompt lengths) - 1`), where the swap
+    cuts its local caches to rings; the others' cached calls take no
+    padding and rewrite position 5."""
     if family == "gemma3":
-        _, cache = lm._build_cache(ids, None, None, padding, None)
-        logits, _, cache = lm.call_with_cache(ids, cache, 0, padding_mask=padding)
+        prefill, cache = lm._build_cache(ids, None, None, padding, None)
+        at = int(padding.sum(axis=-1).min()) - 1
         step = {"cache_update_mask": keras.ops.ones((B, 1), "bool")}
     else:
         _, cache = lm._build_cache(ids)
-        logits, _, cache = lm.call_with_cache(ids, cache, 0)
-        step = {}
-    prefill = _numpy(logits)[padding.astype(bool)]
-    logits, _, cache = lm.call_with_cache(ids[:, 5:6], cache, 5, **step)
+        _, prefill, cache = lm.call_with_cache(ids, cache, 0)
+        at, step = 5, {}
+    prefill = _numpy(prefill)[padding.astype(bool)]
+    logits, _, cache = lm.call_with_cache(ids[:, at : at + 1], cache, at, **step)
     return prefill, _numpy(logits)
 
 
