@@ -123,17 +123,24 @@ def rotary_frequencies(spec, head_dim):
 
 
 def rotate(x, positions, spec):
-    """`x (B, T, H, D)` with each pair `(x[i], x[i + d/2])` turned by
-    `position * theta_i` (`positions`: `(T,)` or `(B, T)`)."""
+    """`x (B, T, H, D)` with each pair `(x[i], x[i + d/2])` (with
+    `spec["interleaved"]`, `(x[2i], x[2i + 1])`) turned by `position *
+    theta_i` (`positions`: `(T,)` or `(B, T)`)."""
     d, inverse = rotary_frequencies(spec, x.shape[-1])
     angles = np.reshape(np.asarray(positions, np.float64), (-1, x.shape[1]))[..., None] * inverse
     cos, sin = np.cos(angles)[:, :, None], np.sin(angles)[:, :, None]
     if spec.get("scaling") == "yarn":  # the temperature, on both rotations
         temperature = 0.1 * np.log(spec.get("scaling_factor", 1.0)) + 1
         cos, sin = cos * temperature, sin * temperature
-    first, second = x[..., : d // 2], x[..., d // 2 : d]
+    if spec.get("interleaved"):
+        first, second = x[..., 0:d:2], x[..., 1:d:2]
+    else:
+        first, second = x[..., : d // 2], x[..., d // 2 : d]
     turned_first = first * cos - second * sin
     turned_second = second * cos + first * sin
+    if spec.get("interleaved"):
+        pairs = np.stack([turned_first, turned_second], axis=-1)
+        return np.concatenate([pairs.reshape(*x.shape[:-1], d), x[..., d:]], axis=-1)
     return np.concatenate([turned_first, turned_second, x[..., d:]], axis=-1)
 
 

@@ -463,6 +463,11 @@ CASES = {
         # An existing file is no SavedModel directory (checked before the translator's work).
         ("path", lambda: ka_export().export_translator(_servable(), os.path.abspath(__file__))),
     ],
+    "keras_attention.export.causal_lm.export_causal_lm": [
+        ("causal_lm", lambda: ka_export().export_causal_lm("causal_lm", "/tmp/x")),
+        # An existing file is no SavedModel directory (checked before any tracing).
+        ("path", lambda: ka_export().export_causal_lm(_causal_lm(), os.path.abspath(__file__))),
+    ],
     "keras_attention.export.warmup.write_warmup_requests": [
         ("saved_model_dir", lambda: ka_export().write_warmup_requests(5, [])),
         ("saved_model_dir", lambda: ka_export().write_warmup_requests("/nonexistent/sm", [])),
@@ -598,6 +603,7 @@ LAYER_CASES = {
         ("scaling", {"scaling": "ntk"}),
         ("original_max_length", {"scaling": "yarn"}),
         ("rotary_fraction", {"rotary_fraction": 1.5}),
+        ("interleaved", {"interleaved": "yes"}),
     ],
     "SinusoidalPositionEncoding": [
         ("max_wavelength", {"max_wavelength": "1e4"}),
@@ -694,6 +700,24 @@ def _servable():
     import types
 
     return types.SimpleNamespace(serving_outputs=lambda *args: None)
+
+
+def _causal_lm():
+    """Enough of a KerasHub causal LM for `export_causal_lm`'s type check."""
+
+    class CausalLM(keras.Model):
+        def call_with_cache(self, token_ids, cache, cache_update_index):
+            return None
+
+        def _build_cache(self, token_ids):
+            return None
+
+        def generate_step(self, inputs, stop_token_ids=None):
+            return None
+
+    causal_lm = CausalLM()
+    causal_lm.built = True
+    return causal_lm
 
 
 def _decoding_session(*args, **kwargs):

@@ -45,6 +45,11 @@ class CheckReport:
         signatures: every signature, `{name: {"inputs": {...}, "outputs":
             {...}}}` in the same form.
         warmup: one dict per warmup request replayed in the fresh process.
+        streaming: for a causal LM (`export_causal_lm`), one dict per warmup
+            `generate` request streamed through `prefill` and `decode_step`
+            in the fresh process: `decode_steps`, `tokens_compared` and
+            `mismatches` (empty when every streamed token is `generate`'s),
+            and `generate`: what the served `generate` answered, as lists.
         tensorflow_text_version: the tensorflow-text the fresh process
             imported (None when not loaded).
         tf_serving_tensorflow_text_version: the release TF Serving's standard
@@ -59,6 +64,7 @@ class CheckReport:
     signature_inputs: dict = dataclasses.field(default_factory=dict)
     signature_outputs: dict = dataclasses.field(default_factory=dict)
     warmup: list = dataclasses.field(default_factory=list)
+    streaming: list = dataclasses.field(default_factory=list)
     signatures: dict = dataclasses.field(default_factory=dict)
     tensorflow_text_version: str = None
     tf_serving_tensorflow_text_version: str = tf_serving.TENSORFLOW_TEXT_VERSION
@@ -101,6 +107,13 @@ class CheckReport:
                 )
                 lines.append(
                     f"  warmup request {entry['index']} ({entry.get('signature')}): ran ({shapes})"
+                )
+        for entry in self.streaming:
+            if "error" not in entry and not entry["mismatches"]:
+                lines.append(
+                    f"  streamed warmup request {entry['index']}: prefill + "
+                    f"{entry['decode_steps']} decode_step calls gave generate's "
+                    f"{entry.get('tokens_compared', 0)} tokens"
                 )
         lines += [f"  note: {note}" for note in self.notes]
         lines += [f"  PROBLEM: {problem}" for problem in self.problems]
@@ -187,7 +200,10 @@ def check_servable(path, load=True, timeout=600, verbose="auto"):
        tensorflow-text (keras_attention is blocked), the model loads with the
        v1 session loader (`tf.compat.v1.saved_model.loader.load`, as TF
        Serving does) and each request of
-       `assets.extra/tf_serving_warmup_requests` runs.
+       `assets.extra/tf_serving_warmup_requests` runs. For a causal LM
+       (`export_causal_lm`), each warmup `generate` request is then streamed
+       as a client would, `prefill` and one `decode_step` per token, and
+       every token must be `generate`'s (`report.streaming`).
 
     Args:
         path: the SavedModel directory.
@@ -460,3 +476,16 @@ def _check_in_fresh_process(report, ops, timeout):
     for entry in report.warmup:
         if "error" in entry:
             report.problems.append(f"warmup request {entry['index']} failed: {entry['error']}")
+    report.streaming = result.get("streaming", [])
+    for entry in report.streaming:
+        if "error" in entry:
+            report.problems.append(
+                f"streaming warmup request {entry['index']} (prefill, then "
+                f"decode_step per token) failed: {entry['error']}"
+            )
+        elif entry["mismatches"]:
+            report.problems.append(
+                f"streaming warmup request {entry['index']} through prefill and "
+                f"{entry['decode_steps']} decode_step calls differs from generate: "
+                + "; ".join(entry["mismatches"])
+            )

@@ -14,7 +14,11 @@ tensorflow-text, and never keras_attention (the import is blocked):
    Serving uses;
 3. replays every request in `assets.extra/tf_serving_warmup_requests`
    through its signature;
-4. with `--feed`, runs `--signature` (default `serving_default`) on the
+4. for a causal LM (`export_causal_lm`: signatures `generate`, `prefill`
+   and `decode_step`), streams each warmup `generate` request as a client
+   would, `prefill` then `decode_step` once per token, and compares the
+   streamed tokens with `generate`'s (`streaming` in the report);
+5. with `--feed`, runs `--signature` (default `serving_default`) on the
    arrays of an `.npz` file and saves the outputs to `--fetch`; with several
    `--feed`/`--fetch` pairs, runs each and reports each one's error in
    `feed_errors` (None where it ran).
@@ -158,6 +162,92 @@ def _run_signature(session, signature, arrays):
     return dict(zip(names, outputs, strict=True))
 
 
+# The signatures `check_servable` streams through (`export_causal_lm`).
+STREAMING_SIGNATURES = ("generate", "prefill", "decode_step")
+
+
+def stream_tokens(run, token_ids, padding_mask, last):
+    """The streaming client: `prefill`, then `decode_step` once per token.
+
+    `run(signature, inputs)` answers a request (a dict of arrays). The
+    prompt is `(B, P)`, right-padded; rows whose prompt is longer than the
+    decoding index feed their own prompt token instead of `next_token`.
+    Returns the `(B, last + 1)` tokens (prompt included), the
+    `(B, last + 1, V)` logits each position was chosen from (zero before
+    the first streamed position) and the number of `decode_step` calls.
+    """
+    import numpy as np
+
+    rows, width = token_ids.shape
+    tokens = np.zeros((rows, last + 1), token_ids.dtype)
+    tokens[:, : min(width, last + 1)] = token_ids[:, : last + 1]
+    answer = run("prefill", {"token_ids": token_ids, "padding_mask": padding_mask})
+    logits = np.zeros((rows, last + 1, answer["logits"].shape[-1]), "float32")
+    index, steps = int(answer["index"]), 0
+    while index <= last:
+        in_prompt = padding_mask[:, index] if index < width else np.zeros(rows, bool)
+        prompt = token_ids[:, index] if index < width else answer["next_token"]
+        token = np.where(in_prompt, prompt, answer["next_token"]).astype("int32")
+        tokens[:, index], logits[:, index] = token, answer["logits"]
+        if index == last:
+            break
+        cache = {k: v for k, v in answer.items() if k.startswith("cache")}
+        answer = run("decode_step", {"token": token, "index": np.int32(index), **cache})
+        if int(answer["index"]) != index + 1:  # a loop that would never end
+            raise ValueError(
+                f"decode_step at index {index} returned index {int(answer['index'])}, "
+                f"not {index + 1}"
+            )
+        index, steps = int(answer["index"]), steps + 1
+    return tokens, logits, steps
+
+
+def _check_streaming(session, signatures, index, arrays):
+    """Streams warmup request `index` (for `generate`) and compares; an
+    error is reported, not raised."""
+    try:
+        return _streamed(session, signatures, index, arrays)
+    except Exception as error:
+        return {"index": index, "error": f"{type(error).__name__}: {error}"}
+
+
+def _streamed(session, signatures, index, arrays):
+    import numpy as np
+
+    def run(name, inputs):
+        return _run_signature(session, signatures[name], inputs)
+
+    prompt = run("tokenize", arrays) if "text" in arrays else arrays
+    token_ids = np.asarray(prompt["token_ids"], "int32")
+    padding_mask = np.asarray(prompt["padding_mask"], bool)
+    generated = run("generate", arrays)
+    kept = np.asarray(generated["padding_mask"], bool)
+    want = np.asarray(generated["token_ids"])
+    # The last position `generate` kept in any row (its prompts at least).
+    last = int(np.nonzero(kept.any(axis=0))[0].max()) if kept.any() else 0
+    tokens, _, steps = stream_tokens(run, token_ids, padding_mask, last)
+    wrong = np.argwhere(kept[:, : last + 1] & (tokens != want[:, : last + 1]))
+    mismatches = [
+        f"row {row} position {position}: streamed {tokens[row, position]}, "
+        f"generate {want[row, position]}"
+        for row, position in wrong[:5]
+    ]
+    return {
+        "index": index,
+        "rows": len(want),
+        "decode_steps": steps,
+        "tokens_compared": int(kept[:, : last + 1].sum()),
+        "mismatches": mismatches,
+        # What `generate` answered, for a caller to compare with its model.
+        "generate": {
+            name: np.asarray(value).tolist()
+            if name != "text"
+            else [t.decode("utf-8", "replace") for t in np.asarray(value)]
+            for name, value in generated.items()
+        },
+    }
+
+
 def main(argv):
     saved_model_dir, report_path = argv[0], argv[1]
     options = argv[2:]
@@ -193,7 +283,7 @@ def main(argv):
     import numpy as np
     import tensorflow as tf
 
-    report["loaded"], report["warmup"] = False, []
+    report["loaded"], report["warmup"], report["streaming"] = False, [], []
     try:
         graph = tf.Graph()
         with tf.compat.v1.Session(graph=graph) as session:
@@ -223,6 +313,11 @@ def main(argv):
                     except Exception as error:
                         entry["error"] = f"{type(error).__name__}: {error}"
                     report["warmup"].append(entry)
+                    streams = set(STREAMING_SIGNATURES) <= set(signatures)
+                    if streams and "error" not in entry and entry["signature"] == "generate":
+                        report["streaming"].append(
+                            _check_streaming(session, signatures, index, arrays)
+                        )
             if len(feed_paths) == 1:
                 arrays = dict(np.load(feed_paths[0], allow_pickle=True))
                 outputs = _run_signature(session, signatures[signature_name], arrays)

@@ -19,7 +19,7 @@ What each family computes (KerasHub 0.32, read from its code):
 | --- | --- |
 | `LlamaAttention` | rotary (Llama 3.1's scaling when set), GQA, no biases |
 | `CachedMistralAttention` | rotary (linear); its window is in the decoder's mask |
-| `CachedGemmaAttention` | rotary (keys cached in Gemma's interleaved order), soft cap, window |
+| `CachedGemmaAttention` | rotary on pairs `(2i, 2i + 1)` (features permuted), soft cap, window |
 | `CachedGemma3Attention` | + QK-norm (`1 + scale`), its rotary wavelength and scaling |
 | `GptOssAttention` | rotary (YaRN), learned sinks, biases, a window of `W + 1` keys |
 | `FalconAttention` | ALiBi added before the scale (slopes / sqrt(D)), biases |
@@ -229,7 +229,14 @@ def _gemma(layer, owner, family):
         layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense, heads_first=True
     )
     if family == "CachedGemmaAttention":
-        args["rotary"] = RotaryEmbedding(max_wavelength=10000.0)
+        # Gemma rotates halves, then interleaves them (`_gemma_permutation`):
+        # the same as turning pairs (2i, 2i + 1) of projections whose
+        # features are so permuted. Ours writes keys in Gemma's cache order,
+        # and a KerasHub cache is ours as it is, with no per-step gather.
+        order = _gemma_permutation(layer.head_dim)
+        for name in ("query/kernel", "key/kernel"):
+            weights[name] = weights[name][..., order]
+        args["rotary"] = RotaryEmbedding(max_wavelength=10000.0, interleaved=True)
         return args, weights
     if layer.use_bidirectional_attention:
         _refuse(
@@ -354,8 +361,8 @@ def assign(ours, weights):
 # ----------------------------------------------------------------- caches
 def _gemma_permutation(head_dim):
     """Gemma interleaves the rotated halves (`x[:d/2], x[d/2:]` -> pairs) of
-    what it caches: KerasHub's feature `2i` is our `i`, `2i + 1` ours
-    `i + d/2`."""
+    its queries and keys: its feature `2i` is the projection's `i`, `2i + 1`
+    the projection's `i + d/2` (`x[..., order]` puts `x` in Gemma's order)."""
     half = head_dim // 2
     order = np.empty(head_dim, "int64")
     order[0::2] = np.arange(half)
@@ -364,29 +371,26 @@ def _gemma_permutation(head_dim):
 
 
 def _theirs_from_ours(cache, family):
-    """Our `(B, 2, T_max, Hkv, D)` cache in `family`'s layout."""
+    """Our `(B, 2, T_max, Hkv, D)` cache in `family`'s layout: the same
+    tensor (Gemma's too: ours keeps its keys in its feature order), or Gemma
+    3's `(keys, values)` pair."""
     if family == "CachedGemma3Attention":
         return cache[:, 0], cache[:, 1]
-    if family == "CachedGemmaAttention":
-        keys = ops.take(cache[:, 0], _gemma_permutation(cache.shape[-1]), axis=-1)
-        return ops.stack([keys, cache[:, 1]], axis=1)
     return cache
 
 
 def _ours_from_theirs(cache, family):
     """`family`'s cache in our `(B, 2, T_max, Hkv, D)` layout."""
     if family == "CachedGemma3Attention":
-        cache = ops.stack(list(cache), axis=1)
-    if family == "CachedGemmaAttention":
-        inverse = np.argsort(_gemma_permutation(cache.shape[-1]))
-        return ops.stack([ops.take(cache[:, 0], inverse, axis=-1), cache[:, 1]], axis=1)
+        return ops.stack(list(cache), axis=1)
     return cache
 
 
 def to_keras_hub_cache(cache, layer):
     """Our `(B, 2, T_max, Hkv, D)` cache in `layer`'s layout (a KerasHub
-    attention layer): the same tensor for most families, Gemma's keys in
-    its interleaved feature order, Gemma 3's `(keys, values)` tuple."""
+    attention layer): the same tensor for most families (Gemma's too: ours
+    built by `from_keras_hub` writes keys in Gemma's interleaved feature
+    order), Gemma 3's `(keys, values)` tuple."""
     family = family_of(layer, "to_keras_hub_cache")
     _check_cache_shape("to_keras_hub_cache", cache)
     return _theirs_from_ours(cache, family)
@@ -550,34 +554,39 @@ class KerasHubAttention(keras.layers.Layer):
         # Gemma 3's decoder passes index 0 for its uncached call's default.
         if cache is None:
             return self.attention(hidden_states, training=training, **masks)
-        ours = _ours_from_theirs(cache, self.family)
+        # Ours reads every family's cache as it is, Gemma 3's (keys, values)
+        # pair too: no per-step conversion (`to_keras_hub_cache`).
         out, new = self.attention(
             hidden_states,
-            cache=ours,
+            cache=cache,
             cache_update_index=cache_update_index,
             training=training,
             **masks,
         )
         if cache_update_mask is not None and cache_update_index is not None:
-            new = _keep_unmasked(ours, new, cache_update_mask, cache_update_index)
-        return out, _theirs_from_ours(new, self.family)
+            # Gemma 3: rows whose mask is False keep their old cache entries.
+            new = tuple(
+                _keep_where_masked(part, old, cache_update_mask, cache_update_index)
+                for part, old in zip(new, cache, strict=True)
+            )
+        return out, new
 
 
-def _keep_unmasked(old, new, cache_update_mask, index):
-    """Gemma 3: rows whose `cache_update_mask` is False keep their old cache
-    entries at the positions written. In a window's ring (`use_window_caches`)
-    a write past the slots wraps, and the slot held another position: every
-    row is rewritten there (text only: the rewritten keys are the prefill's)."""
+def _keep_where_masked(new, old, cache_update_mask, index):
+    """`new` `(B, T_max, Hkv, D)` with the rows written at `index` that
+    `cache_update_mask` `(B, Tq)` leaves False taken from `old`. In a
+    window's ring (`use_window_caches`) a write past the slots wraps and
+    the slot held another position: every row is rewritten there (text
+    only: the rewritten keys are the prefill's)."""
     length = ops.shape(cache_update_mask)[1]
-    slots = ops.shape(new)[2]
+    slots = ops.shape(new)[1]
     index = ops.cast(index, "int32")
     update = ops.logical_or(ops.cast(cache_update_mask, "bool"), index + length > slots)
-    start = [0, 0, ops.minimum(index, slots - length), 0, 0]
-    size = list(ops.shape(new)[:2]) + [length] + list(ops.shape(new)[3:])
-    written = ops.slice(new, start, size)
-    kept = ops.slice(old, start, size)
-    update = ops.reshape(update, (-1, 1, length, 1, 1))
-    return ops.slice_update(new, start, ops.where(update, written, kept))
+    start = [0, ops.minimum(index, slots - length), 0, 0]
+    size = [ops.shape(new)[0], length] + list(ops.shape(new)[2:])
+    update = ops.reshape(update, (-1, length, 1, 1))
+    kept = ops.where(update, ops.slice(new, start, size), ops.slice(old, start, size))
+    return ops.slice_update(new, start, kept)
 
 
 # -------------------------------------------- window caches in `generate`

@@ -24,7 +24,6 @@ from keras_attention.ops import mods
 from keras_attention.ops import multi_head
 from keras_attention.ops import ring_attention
 from keras_attention.ops import tiling
-from keras_attention.ops.cache import update_cache
 from keras_attention.ops.memory_efficient import memory_efficient_attention
 from keras_attention.ops.shapes import static_shape
 from keras_attention.ops.xla import tensorflow_xla_trace
@@ -198,7 +197,9 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             on long inputs) and the selected weights are computed exactly, in
             `O(heads x rows x Tv)` memory.
         cache: (keyword-only) `(B, 2, T_max, Hkv, D)` keys (`[:, 0]`) and
-            values (`[:, 1]`). With `cache_update_index`, the keys/values of
+            values (`[:, 1]`), or a `(keys, values)` pair of `(B, T_max,
+            Hkv, D)` tensors (KerasHub's Gemma 3 layout; returned as a pair,
+            each written in place, never stacked). With `cache_update_index`, the keys/values of
             `query` (self-attention) are written at that index and the layer
             attends over the whole cache: query step `t`, at absolute position
             `cache_update_index + t`, sees cache positions up to its own with
@@ -859,7 +860,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         nothing wraps, or when the ring is shorter than the window plus the
         new tokens (`sliding_window - 1 + Tq` slots after the sinks): a call
         with more new tokens than that is written by position, as before."""
-        slots, steps = cache.shape[2], query.shape[1]
+        slots, steps = ring_cache.cache_slots(cache), query.shape[1]
         if not self._ring_holds(slots, steps):
             return None
         index = scores_selection.static_int(cache_update_index)
@@ -892,9 +893,25 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
 
     def _check_cache(self, query, value, key, cache, cache_update_index):
         self._check_cacheable()
-        if not hasattr(cache, "shape"):
-            raise TypeError(self._error(f"`cache` must be a tensor. Received: cache={cache!r}"))
-        shape = tuple(cache.shape)
+        if ring_cache.is_pair(cache):
+            shapes = [tuple(getattr(part, "shape", ())) for part in cache]
+            if len(shapes) != 2 or shapes[0] != shapes[1] or len(shapes[0]) != 4:
+                raise ValueError(
+                    self._error(
+                        "a `cache` pair must be (keys, values) of one shape (batch, "
+                        "max_length, num_key_value_heads, key_dim). Received: cache "
+                        f"with shapes {shapes}"
+                    )
+                )
+            shape = shapes[0][:1] + (2,) + shapes[0][1:]  # as the stacked form
+        elif not hasattr(cache, "shape"):
+            raise TypeError(
+                self._error(
+                    f"`cache` must be a tensor or a (keys, values) pair. Received: cache={cache!r}"
+                )
+            )
+        else:
+            shape = tuple(cache.shape)
         expected = (query.shape[0], 2, None, self._num_key_value_heads, self._key_dim)
         if len(shape) != 5 or not all(
             got is None or want is None or got == want
@@ -982,7 +999,8 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             )
         if query_mask is None:
             query_mask = mask
-        batch, steps, cache_length = query.shape[0], query.shape[1], cache.shape[2]
+        batch, steps = query.shape[0], query.shape[1]
+        cache_length = ring_cache.cache_slots(cache)
         for name, given, expected in (
             ("query_mask", query_mask, (batch, steps)),
             ("value_mask", value_mask, (batch, cache_length)),
@@ -1020,12 +1038,11 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 rotary_positions = index + ops.arange(ops.shape(query)[1], dtype="int32")
             step = ops.stack(self._project_key_value(query, query, rotary_positions), axis=1)
             sinks = self._ring_sinks(query, cache, cache_update_index)
-            if sinks is None:
-                cache = update_cache(cache, step, index)  # (B, 2, T_max, Hkv, D)
-            else:  # a window's ring buffer: slots wrap, positions stay absolute
-                cache = ring_cache.write_ring(cache, step, index, sinks)
+            # With sinks, a window's ring buffer: slots wrap, positions stay absolute.
+            cache = ring_cache.write_cache(cache, step, index, sinks)
+            if sinks is not None:
                 written = index + ops.shape(query)[1]
-                slots = ring_cache.ring_positions(cache.shape[2], written, sinks)
+                slots = ring_cache.ring_positions(ring_cache.cache_slots(cache), written, sinks)
                 positions["key_positions"] = slots[None, :]
             positions["query_offset"] = (
                 scores_selection.static_int(cache_update_index)
@@ -1034,6 +1051,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             )
             if not use_causal_mask:  # every written position, none beyond
                 positions["key_length"] = index + ops.shape(query)[1]
+        key, value = ring_cache.keys_and_values(cache)  # (B, T_max, Hkv, D) each
         spec = self._attention_mask(
             layout,
             query,
@@ -1042,15 +1060,14 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             masking.merge_masks(value_mask, key_mask),
             attention_mask,
             ops.shape(query)[1],
-            ops.shape(cache)[2],
+            ops.shape(key)[1],
             use_causal_mask and cache_update_index is not None,
             **positions,
         )
-        key, value = cache[:, 0], cache[:, 1]
         # The cache's masked positions contribute nothing, whatever they hold.
         key = masking.zero_masked(key, spec.key_mask)
         value = masking.zero_masked(value, spec.key_mask)
-        call = _CachedCall(query, spec, layout, tuple(ops.shape(cache[:, 0]))[:2] + (None,))
+        call = _CachedCall(query, spec, layout, tuple(ops.shape(key))[:2] + (None,))
         call.positions = rotary_positions
         projected_query, gate = self._project_query(call)
         return call, projected_query, gate, key, value, cache
@@ -1259,7 +1276,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             query, return_attention_scores, attention_scores_heads, attention_scores_query_range
         )
         if segment_ids is not None or key_segment_ids is not None or prefix_length is not None:
-            key_length = cache.shape[2] if cache is not None else keys.shape[1]
+            key_length = ring_cache.cache_slots(cache) if cache is not None else keys.shape[1]
             self._call_rule_changes(
                 self._layout(len(query.shape)) if len(query.shape) > 3 else None,
                 tuple(query.shape),
@@ -1300,9 +1317,13 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 keras.KerasTensor(tuple(query.shape[:-1]) + tuple(dims), dtype=self.compute_dtype),
             )
             if return_attention_scores:
-                shape = (query.shape[0], self._num_heads, query.shape[1], cache.shape[2])
+                slots = ring_cache.cache_slots(cache)
+                shape = (query.shape[0], self._num_heads, query.shape[1], slots)
                 results += (keras.KerasTensor(shape, dtype=self.compute_dtype),)
-            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+            if ring_cache.is_pair(cache):
+                results += (tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache),)
+            else:
+                results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
         if selection is not None:
             scores = results[1]
             results = (

@@ -18,10 +18,12 @@ class RotaryEmbedding(keras.layers.Layer):
     Rotates each pair of features `(x[i], x[i + d/2])` of a head by the angle
     `position * theta_i`, `theta_i = max_wavelength ** (-2i / d)` (the
     GPT-NeoX / Llama layout: the first half of the rotated features pairs
-    with the second half), so the dot product of a rotated query and a
-    rotated key depends on their positions' difference only. It has no
-    weights; the angles are computed in float32 and the result is cast to
-    the input's dtype.
+    with the second half), or with `interleaved=True` each pair
+    `(x[2i], x[2i + 1])` (the paper's and GPT-J's layout, and the order in
+    which KerasHub's Gemma caches its keys), so the dot product of a rotated
+    query and a rotated key depends on their positions' difference only. It
+    has no weights; the angles are computed in float32 and the result is
+    cast to the input's dtype.
 
     `MultiHeadAttention(rotary=...)` applies it to the projected queries and
     keys at their absolute positions (a decoding cache holds rotated keys),
@@ -63,6 +65,10 @@ class RotaryEmbedding(keras.layers.Layer):
         yarn_truncate: round YaRN's ramp bounds to whole dimensions (as the
             reference implementation).
         low_freq_factor, high_freq_factor: Llama 3.1's bounds.
+        interleaved: pair features `(2i, 2i + 1)` instead of `(i, i + d/2)`
+            (of the `d` rotated ones): the same rotation of the features
+            permuted, so a checkpoint trained in one layout runs in the
+            other once its query and key projections are permuted alike.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -98,6 +104,7 @@ class RotaryEmbedding(keras.layers.Layer):
         yarn_truncate=True,
         low_freq_factor=1.0,
         high_freq_factor=4.0,
+        interleaved=False,
         **kwargs,
     ):
         owner = "RotaryEmbedding"
@@ -138,6 +145,7 @@ class RotaryEmbedding(keras.layers.Layer):
                 f"Received: low_freq_factor={low_freq_factor!r}, "
                 f"high_freq_factor={high_freq_factor!r}"
             )
+        self.interleaved = validation.validate_bool(owner, "interleaved", interleaved)
         super().__init__(**kwargs)
         self.built = True
 
@@ -231,7 +239,10 @@ class RotaryEmbedding(keras.layers.Layer):
         if len(positions.shape) == 1:
             positions = positions[None, :]
         angles = positions[:, :, None] * inverse  # (B, T, d/2)
-        angles = ops.concatenate([angles, angles], axis=-1)
+        if self.interleaved:  # theta_i for features 2i and 2i + 1
+            angles = ops.repeat(angles, 2, axis=-1)
+        else:  # theta_i for features i and i + d/2
+            angles = ops.concatenate([angles, angles], axis=-1)
         for _ in range(len(inputs.shape) - 3):  # over heads
             angles = ops.expand_dims(angles, 2)
         cos, sin = ops.cos(angles), ops.sin(angles)
@@ -239,11 +250,20 @@ class RotaryEmbedding(keras.layers.Layer):
             cos, sin = cos * self.temperature, sin * self.temperature
         x = ops.cast(inputs, "float32")
         rotated, rest = x[..., :dim], x[..., dim:]
-        first, second = rotated[..., : dim // 2], rotated[..., dim // 2 :]
-        rotated = rotated * cos + ops.concatenate([-second, first], axis=-1) * sin
+        rotated = rotated * cos + self._turned(rotated) * sin
         if dim < head_dim:
             rotated = ops.concatenate([rotated, rest], axis=-1)
         return ops.cast(rotated, inputs.dtype)
+
+    def _turned(self, rotated):
+        """Each pair `(a, b)` of `rotated` as `(-b, a)`: a quarter turn."""
+        dim = rotated.shape[-1]
+        if not self.interleaved:
+            first, second = rotated[..., : dim // 2], rotated[..., dim // 2 :]
+            return ops.concatenate([-second, first], axis=-1)
+        pairs = ops.reshape(rotated, (*ops.shape(rotated)[:-1], dim // 2, 2))  # (..., d/2, 2)
+        turned = ops.stack([-pairs[..., 1], pairs[..., 0]], axis=-1)
+        return ops.reshape(turned, ops.shape(rotated))
 
     def __call__(self, inputs, *args, **kwargs):
         # The rotated count, before Keras wraps `call`'s errors: the layer
@@ -307,6 +327,7 @@ class RotaryEmbedding(keras.layers.Layer):
                 "yarn_truncate": self.yarn_truncate,
                 "low_freq_factor": self.low_freq_factor,
                 "high_freq_factor": self.high_freq_factor,
+                "interleaved": self.interleaved,
             }
         )
         return config

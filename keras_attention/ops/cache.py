@@ -20,8 +20,10 @@ def update_cache(cache, update, index):
     """Returns `cache` with `update` written at time `index`.
 
     Args:
-        cache: `(B, 2, T_max, Hkv, D)` keys (`[:, 0]`) and values (`[:, 1]`).
-        update: `(B, 2, Tq, Hkv, D)` keys/values of `Tq` new steps.
+        cache: `(B, 2, T_max, Hkv, D)` keys (`[:, 0]`) and values (`[:, 1]`)
+            (or `(B, 1, T_max, Hkv, D)`: one of a pair's parts, `write_cache`).
+        update: `(B, 2, Tq, Hkv, D)` keys/values of `Tq` new steps (`(B, 1,
+            ...)` for one part).
         index: int or scalar int tensor, the time of the first new step. As
             in `slice_update`, it is clamped to `[0, T_max - Tq]` so a
             compiled loop never writes outside the cache.
@@ -45,13 +47,52 @@ def _scatter_update(cache, update, index):
     indices = tf.stack(
         tf.meshgrid(
             tf.range(tf.shape(cache)[0]),
-            tf.range(2),
+            tf.range(tf.shape(cache)[1]),
             index + tf.range(steps),
             indexing="ij",
         ),
         axis=-1,
     )  # (B, 2, Tq, 3)
     return tf.tensor_scatter_nd_update(cache, indices, update)
+
+
+def is_pair(cache):
+    """Whether `cache` is a `(keys, values)` pair of `(B, T_max, Hkv, D)`
+    tensors (KerasHub's Gemma 3 layout) rather than one `(B, 2, T_max, Hkv,
+    D)` tensor."""
+    return isinstance(cache, (tuple, list))
+
+
+def cache_slots(cache):
+    """The number of time slots `T_max` of `cache` (either form), static
+    or None."""
+    return cache[0].shape[1] if is_pair(cache) else cache.shape[2]
+
+
+def keys_and_values(cache):
+    """`(keys, values)`, each `(B, T_max, Hkv, D)`, of `cache` (either form)."""
+    return tuple(cache) if is_pair(cache) else (cache[:, 0], cache[:, 1])
+
+
+def write_cache(cache, update, index, sink_tokens=None):
+    """`cache` (either form, returned in it) with `update` `(B, 2, Tq, Hkv,
+    D)` written at `index`: by position (`update_cache`), or with
+    `sink_tokens` not None into a ring (`write_ring`). A pair's keys and
+    values are written each in place: stacking them would copy the whole
+    cache at every step."""
+
+    def write(part, step):
+        if sink_tokens is None:
+            return update_cache(part, step, index)
+        return write_ring(part, step, index, sink_tokens)
+
+    if not is_pair(cache):
+        return write(cache, update)
+    # (B, 1, T_max, Hkv, D) views of each part: reshapes, not copies.
+    return tuple(
+        ops.squeeze(write(ops.expand_dims(part, 1), update[:, i : i + 1]), 1)
+        for i, part in enumerate(cache)
+    )
 
 
 def ring_slots(positions, num_slots, sink_tokens=0):

@@ -21,7 +21,13 @@ def sequential_fori_loop(lower, upper, body_fun, init_val, parallel_iterations=1
     """`ops.fori_loop(lower, upper, body_fun, init_val)`, one step at a time.
 
     `parallel_iterations` (TensorFlow only) allows a few steps in flight.
+    On JAX a loop of one static step is its body (a query block that is the
+    whole sequence: no `while` to compile; ring attention's parts are many
+    such calls).
     """
+    static = isinstance(lower, int) and isinstance(upper, int)
+    if static and upper - lower == 1 and keras.backend.backend() == "jax":
+        return body_fun(lower, init_val)
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 

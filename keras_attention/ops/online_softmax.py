@@ -23,6 +23,7 @@ Conventions, everywhere:
   model stays visible.
 """
 
+import keras
 from keras import ops
 
 from keras_attention.ops import checks
@@ -175,6 +176,9 @@ def recomputing_gradient(forward, backward):
     log-sum-exp), so memory stays linear in the sequence length.
     """
 
+    if keras.backend.backend() == "jax":
+        return _jax_recomputing_gradient(forward, backward)
+
     @ops.custom_gradient
     def function(*inputs):
         outputs, saved = forward(*inputs)
@@ -187,6 +191,58 @@ def recomputing_gradient(forward, backward):
             return backward(inputs, saved, upstream)
 
         return outputs, grad
+
+    return function
+
+
+def _jax_recomputing_gradient(forward, backward):
+    """`recomputing_gradient` on JAX: a `jax.custom_vjp` whose functions close
+    over nothing traced. The kernels' sweeps read tensors made in the
+    caller's trace (plan tables, cut masks, positions from `axis_index`);
+    closed over, they leak when JAX transforms the call after tracing it
+    (`jax.grad(jax.jit(f))`, the transpose of a `shard_map` body). So both
+    sweeps are traced to jaxprs here and their constants passed explicitly,
+    as `jax.closure_convert` does for floating values only."""
+    import jax
+
+    def function(*inputs):
+        closed_forward, shapes = jax.make_jaxpr(forward, return_shape=True)(*inputs)
+        out_shape, saved_shape = shapes
+        closed_backward, grad_shape = jax.make_jaxpr(backward, return_shape=True)(
+            inputs, saved_shape, out_shape
+        )
+        forward_tree = jax.tree_util.tree_structure(shapes)
+        grad_tree = jax.tree_util.tree_structure(grad_shape)
+        leaves = jax.tree_util.tree_leaves
+
+        def run_forward(consts, xs):
+            flat = jax.core.eval_jaxpr(closed_forward.jaxpr, consts, *leaves(xs))
+            return jax.tree_util.tree_unflatten(forward_tree, flat)
+
+        @jax.custom_vjp
+        def call(forward_consts, backward_consts, xs):
+            return run_forward(forward_consts, xs)[0]
+
+        def call_forward(forward_consts, backward_consts, xs):
+            outputs, saved = run_forward(forward_consts, xs)
+            return outputs, (forward_consts, backward_consts, xs, saved)
+
+        def call_backward(residuals, upstream):
+            forward_consts, backward_consts, xs, saved = residuals
+            flat = leaves((xs, saved, upstream))
+            grads = jax.core.eval_jaxpr(closed_backward.jaxpr, backward_consts, *flat)
+            grads = jax.tree_util.tree_unflatten(grad_tree, grads)
+            # As `jax.custom_gradient` takes them: a gradient may drop an
+            # input's unit axes or carry another float dtype.
+            grads = tuple(
+                None if g is None else g.reshape(x.shape).astype(x.dtype)
+                for g, x in zip(grads, xs, strict=True)
+            )
+            nothing = jax.tree_util.tree_map(lambda _: None, (forward_consts, backward_consts))
+            return nothing + (tuple(grads),)
+
+        call.defvjp(call_forward, call_backward)
+        return call(list(closed_forward.consts), list(closed_backward.consts), tuple(inputs))
 
     return function
 

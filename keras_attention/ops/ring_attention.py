@@ -9,66 +9,84 @@ every query block has met every key block, and the per-row online softmax
 (running maximum, running sum, running weighted sum, as the blockwise kernel
 `memory_efficient.py`) gives exactly `softmax(q k^T * scale + mask) v`.
 
-No device ever holds more than one `(T/N, T/N)` tile of logits, and each
-step is checkpointed (`jax.checkpoint`): the backward pass, JAX's own
-transpose of the ring (the transpose of a `ppermute` is the reverse
-`ppermute`), recomputes each tile instead of storing it, so per-device
-memory grows as `T/N`.
+Each step's (query block, key block) attention is the tiled engine's
+(`tiled_engine.TiledSweep`, the blockwise kernel's), with the tile plan of
+the block's absolute positions and its statistics; the steps are merged by
+their rows' log-sum-exps (`online_softmax.merge_attention`). No device ever
+holds more than one engine tile of logits, and the engine's recomputing
+backward, inside JAX's own transpose of the ring (the transpose of a
+`ppermute` is the reverse `ppermute`), keeps per-device memory linear in
+`T/N`. Every rule and score modifier of the engine applies on the ring.
 
 The masks come as one `AttentionMask`; a key block that lies wholly outside
 what the device's queries may see (in their future, with the causal rule) is
 skipped (`lax.cond`): its tile is never computed, though the block still
-moves on round the ring. The running softmax is `online_softmax`'s.
+moves on round the ring.
 
 JAX only: the collectives are JAX's. The engines' own pieces are used
 throughout (`shard_map`, `ppermute`, the mesh of `keras.distribution`).
 """
 
+import functools
 import math
-
-from keras import ops
 
 from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import checks
-from keras_attention.ops import masking
 from keras_attention.ops import online_softmax
+from keras_attention.ops import tiled_engine
+from keras_attention.ops import tiling
 from keras_attention.ops.score_modifier import ScoreModifier
 
+# Queries and keys per tile of the engine inside each device's block.
+_RING_TILE = 512
 
-def _block_update(state, q, k, v, key_mask, rows, cols, mask, scores=None, extra=None):
-    """One key/value block folded into the running softmax of a query block.
+
+def _block_update(q, k, v, key_mask, rows, cols, mask, scores=None, extra=None, key_tile=None):
+    """A query block's attention over the key block a device holds, by the
+    tiled engine: `(out (B, bq, H, Dv), {"logsumexp", "max"} (B, H, bq))`,
+    both float32.
 
     `q`: `(B, bq, H, D)` (scaled), `k`/`v`: `(B, bk, H, D|Dv)`, `key_mask`:
-    `(B, bk)` boolean or None; `rows`/`cols`: the blocks' absolute positions,
-    for the rules of the `AttentionMask` `mask` and the `ScoreModifier`
-    `scores`. `extra`: `{"batch": (B,) global example indices, "query_ids" /
-    "key_ids": the blocks' segment ids, "weights": the score_mod's weights}`.
+    `(B, bk)` boolean or None; `rows`: the queries' absolute positions
+    (contiguous), `cols` the keys' (a zigzag block's two halves), for the
+    rules of the `AttentionMask` `mask` and the `ScoreModifier` `scores`
+    (without sinks: the ring adds them once). `extra`: `{"batch": (B,)
+    global example indices, "query_ids" / "key_ids": the blocks' segment
+    ids}`; `key_tile`: the engine's keys per tile (a zigzag half at most).
+    The tile plan of these positions (`_part_plan`) skips the tiles the
+    rules hide, and the engine's recomputing backward keeps memory linear.
     """
     extra = extra or {}
-    batch = extra.get("batch")
-    if batch is None:
-        batch = ops.arange(q.shape[0], dtype="int32")
-    batch = ops.reshape(batch, (-1, 1, 1, 1))
-    head = ops.reshape(ops.arange(q.shape[2], dtype="int32"), (1, -1, 1, 1))
-    row_index, col_index = ops.reshape(rows, (1, 1, -1, 1)), ops.reshape(cols, (1, 1, 1, -1))
-    logits = ops.einsum("bqhd,bkhd->bhqk", q, k)
-    if scores is not None and scores.changes_logits:
-        logits = scores.apply(
-            logits, batch, head, row_index, col_index, weights=extra.get("weights")
-        )
-    allowed = None if key_mask is None else key_mask[:, None, None, :]
-    if mask.has_rules:
-        allowed = masking.merge_masks(allowed, mask.rules(batch, head, row_index, col_index))
-    if extra.get("query_ids") is not None:
-        same = mask.segments(
-            extra["query_ids"][:, None, :, None], extra["key_ids"][:, None, None, :]
-        )
-        allowed = masking.merge_masks(allowed, same)
-    return online_softmax.update(
-        state,
-        online_softmax.mask_logits(logits, allowed),
-        lambda probs: ops.einsum("bhqk,bkhd->bhqd", probs, v),
+    part = mask.replace(
+        query_offset=rows[0],
+        key_positions=cols[None, :],
+        key_mask=key_mask,
+        query_segment_ids=extra.get("query_ids"),
+        key_segment_ids=extra.get("key_ids"),
     )
+    q_block = min(_RING_TILE, q.shape[1])
+    k_block = min(_RING_TILE, key_tile or k.shape[1])
+    sweep = tiled_engine.TiledSweep(
+        q,
+        k,
+        v,
+        part,
+        scale=1.0,
+        q_block=q_block,
+        k_block=k_block,
+        scores=scores,
+        keep=None,
+        stats=True,
+        examples=extra.get("batch"),
+    )
+    return sweep.run(_part_plan(part, q.shape, k.shape, q_block, k_block, extra.get("batch")))
+
+
+def _part_plan(part, q_shape, k_shape, q_block, k_block, examples):
+    """The tile plan of one ring step's part (its own function: the tests
+    count the tiles each device visits through it)."""
+    batch, q_len, heads = q_shape[0], q_shape[1], q_shape[2]
+    return tiling.build(part, q_len, k_shape[1], q_block, k_block, batch, heads, examples=examples)
 
 
 def _block_positions(index, block, parts, num_devices):
@@ -116,7 +134,6 @@ def _ring(
     round the ring with the keys; sinks and the score_mod's weights are the
     same on every device.
     """
-    import jax
     import jax.numpy as jnp
     from jax import lax
 
@@ -136,29 +153,34 @@ def _ring(
     if batch_axis is not None:
         examples = examples + lax.axis_index(batch_axis) * batch
     row_shape = (batch, heads, q_size)
-    states = []
-    for _ in range(parts):
-        state = online_softmax.initial_state(row_shape, value_dim)
-        if sinks is not None:  # a key with logit sink[h] and a zero value
-            sink = jnp.broadcast_to(jnp.reshape(sinks, (1, heads, 1)), row_shape)
-            state = (sink, jnp.ones(row_shape, jnp.float32), state[2])
-        states.append(state)
+    # The merged attention of each query part so far: a learned sink is a
+    # part of its own (logit `sink[h]`, a zero value), counted once.
+    start = jnp.full(row_shape, -jnp.inf, jnp.float32)
+    if sinks is not None:
+        start = jnp.broadcast_to(jnp.reshape(sinks, (1, heads, 1)), row_shape)
+    merged = [
+        (
+            jnp.zeros((batch, q_size, heads, value_dim), jnp.float32),
+            {"logsumexp": start, "max": start},
+        )
+        for _ in range(parts)
+    ]
+    if scores is not None:
+        scores = ScoreModifier(
+            soft_cap=scores.soft_cap,
+            alibi_slopes=scores.alibi_slopes,
+            score_mod=scores.score_mod,
+            score_mod_weights=tuple(weights),
+        )
     # Device i sends to i + 1: at step s, device i holds the block of i - s.
     permutation = [(i, (i + 1) % num_devices) for i in range(num_devices)]
-    update = jax.checkpoint(
-        lambda state, q, k, v, m, rows, cols, q_ids, k_ids, w: _block_update(
-            state,
-            q,
-            k,
-            v,
-            m,
-            rows,
-            cols,
-            mask,
-            scores,
-            extra={"batch": examples, "query_ids": q_ids, "key_ids": k_ids, "weights": w},
-        ),
-    )
+
+    def nothing(q_part):
+        empty = jnp.full(row_shape, -jnp.inf, jnp.float32)
+        return jnp.zeros(q_part.shape[:3] + (value_dim,), jnp.float32), {
+            "logsumexp": empty,
+            "max": empty,
+        }
 
     def visible(rows, cols):
         """Whether a row of `rows` may see a key of `cols` (both contiguous)."""
@@ -166,65 +188,58 @@ def _ring(
         seen = cols[-1] >= start
         return seen if stop is None else jnp.logical_and(seen, cols[0] < stop)
 
+    def attend(q_part, k, v, rows, cols, key_mask, q_ids, k_ids):
+        extra = {"batch": examples, "query_ids": q_ids, "key_ids": k_ids}
+        return _block_update(
+            q_part, k, v, key_mask, rows, cols, mask, scores, extra, key_tile=k_size
+        )
+
     for step in range(num_devices):
         source = (index - step) % num_devices
         cols = _block_positions(source, k_block, parts, num_devices)
+        every_col = cols[0] if parts == 1 else jnp.concatenate(cols)
         for qp in range(parts):
-            for kp in range(parts):
-                piece = (slice(None), slice(kp * k_size, (kp + 1) * k_size))
-                k_part, v_part = k[piece], v[piece]
-                m_part = None if key_mask is None else key_mask[piece]
-                ids_part = None if key_ids is None else key_ids[piece]
-                operands = (
-                    states[qp],
-                    q_parts[qp],
-                    k_part,
-                    v_part,
-                    m_part,
-                    rows[qp],
-                    cols[kp],
-                    id_parts[qp],
-                    ids_part,
-                    tuple(weights),
+            operands = (q_parts[qp], k, v, rows[qp], every_col, key_mask, id_parts[qp], key_ids)
+            if mask.has_positional:
+                seen = [visible(rows[qp], c) for c in cols]
+                part = lax.cond(
+                    functools.reduce(jnp.logical_or, seen),
+                    attend,
+                    lambda q_part, *rest: nothing(q_part),
+                    *operands,
                 )
-                if mask.has_positional:
-                    states[qp] = lax.cond(
-                        visible(rows[qp], cols[kp]),
-                        lambda *o: update(*o),
-                        lambda state, *rest: state,
-                        *operands,
-                    )
-                else:
-                    states[qp] = update(*operands)
+            else:
+                part = attend(*operands)
+            merged[qp] = online_softmax.merge_attention(
+                [merged[qp][0], part[0]], [merged[qp][1], part[1]]
+            )
         if step < num_devices - 1:
             k, v = lax.ppermute((k, v), axis, permutation)
             if key_mask is not None:
                 key_mask = lax.ppermute(key_mask, axis, permutation)
             if key_ids is not None:
                 key_ids = lax.ppermute(key_ids, axis, permutation)
-    finished = [online_softmax.finish(state) for state in states]
-    out = jnp.concatenate([f[0] for f in finished], axis=2)
-    out = jnp.transpose(out, (0, 2, 1, 3))  # (B, bq, H, Dv)
+    out = jnp.concatenate([m[0] for m in merged], axis=1)  # (B, bq, H, Dv)
     if query_mask is not None:
         out = jnp.where(query_mask[:, :, None, None], out, 0.0)
     if not stats:
         return out
-    return (out,) + _row_statistics(finished, states, query_mask)
+    return (out,) + _row_statistics(merged, query_mask)
 
 
-def _row_statistics(finished, states, query_mask):
+def _row_statistics(merged, query_mask):
     """`(logsumexp, max)`, each `(B, H, bq)`, of the device's rows (the
     definition of `dense_attention.row_statistics`: `-inf` for a row with no
     key, a row its query mask hides included)."""
     import jax
     import jax.numpy as jnp
 
-    lse = jnp.concatenate([f[1] for f in finished], axis=2)
-    seen = jnp.concatenate([jnp.not_equal(s[1], 0.0) for s in states], axis=2)
-    peak = jax.lax.stop_gradient(jnp.concatenate([s[0] for s in states], axis=2))
+    lse = jnp.concatenate([m[1]["logsumexp"] for m in merged], axis=2)
+    peak = jax.lax.stop_gradient(jnp.concatenate([m[1]["max"] for m in merged], axis=2))
     if query_mask is not None:
-        seen = jnp.logical_and(seen, query_mask[:, None, :])
-    return jnp.where(seen, lse, -jnp.inf), jnp.where(seen, peak, -jnp.inf)
+        hidden = jnp.logical_not(query_mask[:, None, :])
+        lse, peak = jnp.where(hidden, -jnp.inf, lse), jnp.where(hidden, -jnp.inf, peak)
+    return lse, peak
 
 
 BALANCES = ("auto", "zigzag", "contiguous")

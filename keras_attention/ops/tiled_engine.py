@@ -108,9 +108,26 @@ class TiledSweep:
         scores: a `ScoreModifier` or None.
         keep: `(dropout_rate, seed, rows)` or None.
         return_statistics: also return each row's log-sum-exp and maximum.
+        examples: the `(B,)` int32 global indices of the examples, as the
+            rules and mods see them (ring attention's batch shard), or None
+            (`0..B-1`).
     """
 
-    def __init__(self, query, key, value, mask, *, scale, q_block, k_block, scores, keep, stats):
+    def __init__(
+        self,
+        query,
+        key,
+        value,
+        mask,
+        *,
+        scale,
+        q_block,
+        k_block,
+        scores,
+        keep,
+        stats,
+        examples=None,
+    ):
         self.mask, self.stats = mask, stats
         self.q_len, self.k_len = query.shape[1], key.shape[1]
         self.num_heads, self.num_kv_heads = query.shape[2], key.shape[2]
@@ -122,6 +139,9 @@ class TiledSweep:
         self.k = to_time_blocks(ops.cast(key, "float32"), self.nk, k_block)
         self.v = to_time_blocks(ops.cast(value, "float32"), self.nk, k_block)
         self.batch = ops.shape(self.q)[1]
+        if examples is None:
+            examples = ops.arange(self.batch, dtype="int32")
+        self.examples = ops.reshape(examples, (-1, 1, 1, 1, 1))
         self.head_index = ops.reshape(
             ops.arange(self.num_heads, dtype="int32"), (1, self.num_kv_heads, self.groups, 1, 1)
         )
@@ -226,7 +246,7 @@ class TiledSweep:
         """`(batch, head, q_idx, k_idx)` of tile (i, j), broadcastable to it.
         Past the sequence's end (the last tiles' padding, hidden or dropped)
         the last real position is repeated, so a mod's lookups stay in range."""
-        batch = ops.reshape(ops.arange(self.batch, dtype="int32"), (-1, 1, 1, 1, 1))
+        batch = self.examples
         rows = self.mask.query_positions(i * self.q_block, self.q_block)
         if self.nq * self.q_block != self.q_len:
             rows = ops.minimum(rows, self.mask.query_positions(self.q_len - 1, 1))
@@ -340,6 +360,8 @@ class TiledSweep:
             def every(t, state):
                 return step(_take(order, t), state, True)
 
+            if self.nk == 1:  # visited or not: no loop to compile (ring attention's parts)
+                return ops.cond(count > 0, lambda: every(0, state), lambda: state)
             return sequential_fori_loop(0, count, every, state)
         for kind, counts, indices in self.plan.kinds():
             row = _take(indices, i)

@@ -210,8 +210,9 @@ def tile_plan(
     )
 
 
-def build(mask, q_len, k_len, q_block, k_block, batch_size=None, num_heads=None):
-    """The plan without argument checks (the kernels' own call)."""
+def build(mask, q_len, k_len, q_block, k_block, batch_size=None, num_heads=None, examples=None):
+    """The plan without argument checks (the kernels' own call); `examples`:
+    the `(B,)` global example indices a `mask_mod` sees (default `0..B-1`)."""
     nq, nk = -(-q_len // q_block), -(-k_len // k_block)
     rows = _Bounds.of(mask.query_offset, nq, q_block, q_len)
     cols = _Bounds.of(0, nk, k_block, k_len)
@@ -223,7 +224,7 @@ def build(mask, q_len, k_len, q_block, k_block, batch_size=None, num_heads=None)
         _padding(mask, q_len, k_len, q_block, k_block),
         _segments(mask, q_block, nq, k_block, nk),
         _pairs(mask, q_len, k_len, q_block, k_block),
-        _mask_mod(mask, rows, q_block, q_len, k_block, k_len, batch_size, num_heads),
+        _mask_mod(mask, rows, q_block, q_len, k_block, k_len, batch_size, num_heads, examples),
     ):
         if part is not None:
             full, seen = _and(full, part[0]), _and(seen, part[1])
@@ -374,13 +375,15 @@ def _pairs(mask, q_len, k_len, q_block, k_block):
     return reduce(ops.all, True), reduce(ops.any, False)
 
 
-def _mask_mod(mask, rows, q_block, q_len, k_block, k_len, batch_size, num_heads):
+def _mask_mod(mask, rows, q_block, q_len, k_block, k_len, batch_size, num_heads, examples):
     """A `mask_mod` evaluated one query block at a time over every key:
     `(B, H, bq, Tk)` booleans per step, reduced to the block's row of tiles."""
     if mask.mask_mod is None:
         return None
     nq, nk = -(-q_len // q_block), -(-k_len // k_block)
-    batch = ops.reshape(ops.arange(batch_size or 1, dtype="int32"), (-1, 1, 1, 1))
+    if examples is None:
+        examples = ops.arange(batch_size or 1, dtype="int32")
+    batch = ops.reshape(examples, (-1, 1, 1, 1))
     head = ops.reshape(ops.arange(num_heads or 1, dtype="int32"), (1, -1, 1, 1))
     # Padding positions repeat the last real one (as the kernel's tiles do).
     cols = ops.minimum(ops.arange(nk * k_block, dtype="int32"), k_len - 1)

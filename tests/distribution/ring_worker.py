@@ -162,16 +162,21 @@ def blocks_computed(mesh):
     a zigzag tile is a (half-block x half-block) tile.
     """
     counts = {}
-    original = ring._block_update
+    original = ring._part_plan
     devices = mesh.shape["sequence"]
 
-    def counted(state, q, k, v, key_mask, rows, cols, *rest, **named):
+    def counted(part, q_shape, *rest):
+        plan = original(part, q_shape, *rest)
+        visited = sum(counts.sum() for _, counts, _ in plan.kinds())
         jax.debug.callback(
-            lambda first, size: calls.append((int(first), int(size))), rows[0], rows.shape[0]
+            lambda first, size, tiles: calls.append((int(first), int(size), int(tiles))),
+            part.query_offset,
+            q_shape[1],
+            visited,
         )
-        return original(state, q, k, v, key_mask, rows, cols, *rest, **named)
+        return plan
 
-    ring._block_update = counted
+    ring._part_plan = counted
     try:
         for name, causal, balance in (
             ("full", False, "auto"),
@@ -191,16 +196,16 @@ def blocks_computed(mesh):
             jax.block_until_ready(out)
             jax.effects_barrier()
             per_device = [0] * devices
-            for first, size in calls:
+            for first, size, tiles in calls:
                 block = first // size  # which block (or half-block) of the sequence
                 if size * devices == q.shape[1]:
                     device = block
                 else:  # zigzag: half-blocks i and 2N - 1 - i on device i
                     device = block if block < devices else 2 * devices - 1 - block
-                per_device[device] += 1
+                per_device[device] += tiles
             counts[name] = per_device
     finally:
-        ring._block_update = original
+        ring._part_plan = original
     return counts
 
 

@@ -426,3 +426,129 @@ def test_from_keras_hub_refuses_what_it_cannot_compute():
     centred.build((B, T, HIDDEN))
     with pytest.raises(ValueError, match=r"CachedGemma3Attention\.use_bidirectional_attention"):
         MultiHeadAttention.from_keras_hub(centred)
+
+
+def _cached_step_ops(layer, x, mask, cache, index, **kwargs):
+    """`(op or primitive name, largest output size)` of each op of one
+    traced cached call of `layer`."""
+
+    def step(cache):
+        return layer(x, attention_mask=mask, cache=cache, cache_update_index=index, **kwargs)
+
+    if BACKEND == "jax":
+        import jax
+        from jax.extend.core import jaxprs_in_params
+
+        def ops_of(jaxpr):
+            for equation in jaxpr.eqns:
+                sizes = [int(np.prod(v.aval.shape)) for v in equation.outvars]
+                yield equation.primitive.name, max(sizes, default=0)
+                for inner in jaxprs_in_params(equation.params):
+                    yield from ops_of(inner)
+
+        return list(ops_of(jax.make_jaxpr(step)(cache).jaxpr))
+    import tensorflow as tf
+
+    graph = tf.function(step).get_concrete_function(cache).graph
+    return [
+        (op.type, max((o.shape.num_elements() or 0 for o in op.outputs), default=0))
+        for op in graph.get_operations()
+    ]
+
+
+def _copies_of_the_cache(ops_and_sizes, key_cache_size):
+    """The gathers, stacks and concatenations that output at least a whole
+    key cache: a per-step conversion of the cache."""
+    copying = ("gather", "pack", "concat", "stack")
+    return [
+        (name, size)
+        for name, size in ops_and_sizes
+        if any(word in name.lower() for word in copying) and size >= key_cache_size
+    ]
+
+
+def test_swapped_gemma_reads_and_writes_keras_hubs_cache_as_it_is():
+    """#51: ours permutes Gemma's query and key features and turns pairs
+    (2i, 2i + 1), so the cache it writes is KerasHub's bit for bit, and the
+    swapped layer passes the cache it is given straight to ours: a cached
+    step traces no gather (it took two of the whole key cache per step)."""
+    make, _ = _families()["gemma"]
+    theirs = make()
+    theirs.build((B, T_MAX, HIDDEN))
+    rng = np.random.default_rng(5)
+    _randomise(theirs, rng)
+    swapped = conversion.KerasHubAttention(
+        MultiHeadAttention.from_keras_hub(theirs), "CachedGemmaAttention"
+    )
+    assert swapped.attention.rotary.interleaved
+    x = rng.normal(size=(B, T_MAX, HIDDEN)).astype("float32")
+    _, rows = _masks(rng)
+    their_cache = our_cache = _empty_cache("gemma", 2, 8)
+    for start, stop in ((0, 3), (3, 4), (4, 5)):
+        mask = rows[:, start:stop]
+        want, their_cache = theirs(
+            x[:, start:stop], attention_mask=mask, cache=their_cache, cache_update_index=start
+        )
+        got, our_cache = swapped(
+            x[:, start:stop], attention_mask=mask, cache=our_cache, cache_update_index=start
+        )
+        np.testing.assert_allclose(_numpy(got), _numpy(want), atol=TOLERANCE, rtol=TOLERANCE)
+        np.testing.assert_array_equal(_numpy(our_cache), _numpy(their_cache))
+    assert conversion.to_keras_hub_cache(our_cache, theirs) is our_cache
+    assert conversion.from_keras_hub_cache(their_cache, theirs) is their_cache
+    traced = _cached_step_ops(swapped, x[:, 5:6], rows[:, 5:6], our_cache, 5)
+    assert traced and not [name for name, _ in traced if "gather" in name.lower()], traced
+    assert not _copies_of_the_cache(traced, B * T_MAX * 2 * 8)
+
+
+def test_swapped_gemma3_writes_its_cache_pair_without_stacking_it():
+    """#51: Gemma 3's `(keys, values)` cache reaches ours as a pair, each
+    written in place (stacking the two copied the whole cache per layer per
+    step), and comes back as a pair with KerasHub's contents."""
+    make, _ = _families()["gemma3"]
+    theirs = make()
+    theirs.build((B, T_MAX, HIDDEN))
+    rng = np.random.default_rng(6)
+    _randomise(theirs, rng)
+    swapped = conversion.KerasHubAttention(
+        MultiHeadAttention.from_keras_hub(theirs), "CachedGemma3Attention"
+    )
+    x = rng.normal(size=(B, T_MAX, HIDDEN)).astype("float32")
+    _, rows = _masks(rng)
+    update = keras.ops.convert_to_tensor(np.array([[True], [False]]))  # row 1 keeps its own
+    their_cache = our_cache = _empty_cache("gemma3", 2, 8)
+    for start, stop in ((0, 3), (3, 4)):
+        mask, kwargs = rows[:, start:stop], {}
+        if start:
+            kwargs["cache_update_mask"] = update
+        want, their_cache = theirs(
+            x[:, start:stop], mask, their_cache, cache_update_index=start, **kwargs
+        )
+        got, our_cache = swapped(
+            x[:, start:stop], mask, our_cache, cache_update_index=start, **kwargs
+        )
+        np.testing.assert_allclose(_numpy(got), _numpy(want), atol=TOLERANCE, rtol=TOLERANCE)
+    assert isinstance(our_cache, tuple)
+    for ours_part, their_part in zip(our_cache, their_cache, strict=True):
+        np.testing.assert_allclose(
+            _numpy(ours_part), _numpy(their_part), atol=TOLERANCE, rtol=TOLERANCE
+        )
+    assert not _numpy(our_cache[0])[1, 3].any()  # the masked row was not written
+    traced = _cached_step_ops(
+        swapped, x[:, 4:5], rows[:, 4:5], our_cache, 4, cache_update_mask=update
+    )
+    assert traced and not _copies_of_the_cache(traced, B * T_MAX * 2 * 8), traced
+
+
+def test_swapped_gemma_generates_keras_hubs_tokens():
+    """#51: greedy `generate` of a small Gemma causal LM on our attention
+    (interleaved rotary, its cache KerasHub's) gives KerasHub's own tokens,
+    with random weights that make them vary."""
+    lm = _gemma_lm(seed=9)
+    reference = _gemma_lm(weights=lm.get_weights())
+    prompt = _prompt()
+    want = _numpy(reference.generate(prompt, stop_token_ids=None)["token_ids"])
+    assert len(np.unique(want[:, 3:])) > 2  # the generated tokens vary
+    assert conversion.replace_keras_hub_attention(lm) == 1
+    got = lm.generate(prompt, stop_token_ids=None)["token_ids"]
+    np.testing.assert_array_equal(_numpy(got), want)

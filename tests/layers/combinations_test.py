@@ -94,6 +94,7 @@ ROTARY = {
         "original_max_length": 16,
     },
     "partial": {"max_wavelength": 100.0, "rotary_fraction": 0.5},
+    "interleaved": {"max_wavelength": 100.0, "interleaved": True},
 }
 QK_NORM_EPSILON = 1e-3
 

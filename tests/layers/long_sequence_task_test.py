@@ -1,8 +1,8 @@
 """A small long-range task: read out a marked token from far away.
 
-Each sequence of 128 random tokens has one marked position in its first half;
-the model must output that token at the last position, at least 64 tokens
-away, well outside SparseAttention's 24-token window. Two residual attention
+Each sequence of 64 random tokens has one marked position in its first half;
+the model must output that token at the last position, at least 32 tokens
+away, outside SparseAttention's 24-token window. Two residual attention
 layers: exact attention can look directly; SparseAttention has to route
 through its global block (layer 1 gathers into it, layer 2 reads from it),
 as BigBird does; Performer approximates the direct look. Both must learn it
@@ -17,7 +17,7 @@ from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import PerformerAttention
 from keras_attention.layers import SparseAttention
 
-LENGTH, VOCAB = 128, 8
+LENGTH, VOCAB = 64, 8
 
 
 def retrieval_data(count, seed):
@@ -48,7 +48,11 @@ def train_and_score(make_attention):
         jit_compile=False,
     )
     x, y = retrieval_data(2048, seed=0)
-    model.fit(x, y, batch_size=64, epochs=7, verbose=0)
+    # 64 tokens in batches of 128: CPU time 52 s for the three models, against 81 s for
+    # 128 tokens in batches of 64 (each model learns it either way; measured 2026-12-06).
+    # Fewer epochs or examples leave SparseAttention short (4 epochs: 16% accuracy; 1024
+    # examples in batches of 64: 83%).
+    model.fit(x, y, batch_size=128, epochs=7, verbose=0)
     x_test, y_test = retrieval_data(512, seed=1)
     return model.evaluate(x_test, y_test, verbose=0)[1]
 

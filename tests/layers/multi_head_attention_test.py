@@ -424,17 +424,21 @@ def test_memory_efficient_path_trains_in_fit_with_jit_compile():
 
 
 # ------------------------------------------------------------------- caching
-def _decode_with_cache(layer, sequence, compiled, slots=None):
+def _decode_with_cache(layer, sequence, compiled, slots=None, pair=False):
     """Feeds `sequence` one step at a time through a self-attention cache (of
-    `slots` slots; one per token by default)."""
+    `slots` slots; one per token by default), one tensor or, with `pair`, a
+    `(keys, values)` pair that each step must return as a pair."""
     batch, length, _ = sequence.shape
     cache = ops.zeros((batch, 2, slots or length, layer.num_key_value_heads, layer.key_dim))
+    if pair:
+        cache = (cache[:, 0], cache[:, 1])
     outputs = ops.zeros((batch, length, 8))
 
     def step(index, state):
         cache, outputs = state
         token = ops.slice(sequence, (0, index, 0), (batch, 1, sequence.shape[-1]))
         out, cache = layer(token, cache=cache, cache_update_index=index, use_causal_mask=True)
+        assert isinstance(cache, tuple) == pair  # the form given
         outputs = ops.slice_update(outputs, (0, index, 0), out)
         return cache, outputs
 
@@ -466,6 +470,7 @@ def _decode_with_cache(layer, sequence, compiled, slots=None):
                     cache_update_index=index,
                     use_causal_mask=True,
                 )
+                assert isinstance(cache, tuple) == pair
                 return cache, jax.lax.dynamic_update_slice(outputs, out, (0, index, 0))
 
             return jax.lax.fori_loop(0, length, step_fn, (cache, outputs))[1]
@@ -493,14 +498,16 @@ def _random_weights(layer, x, seed=3):
     layer.set_weights([rng.normal(scale=0.5, size=w.shape) for w in layer.get_weights()])
 
 
+@pytest.mark.parametrize("pair", [False, True], ids=["stacked", "pair"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
-def test_a_window_cache_shorter_than_the_sequence_wraps_and_decodes_exactly(compiled):
+def test_a_window_cache_shorter_than_the_sequence_wraps_and_decodes_exactly(compiled, pair):
     """#51 where it meets the engine: a layer with a sliding window and sink
     tokens decodes 14 tokens through a cache of 6 slots (2 sinks + the
     window of 4): the slots wrap as a ring buffer, the keys keep their
     absolute positions (rotary, ALiBi, the window and the sinks read them)
     and every step equals the full causal call. Written by position, as
-    before, the 6 slots would have lost the keys the later steps need."""
+    before, the 6 slots would have lost the keys the later steps need. The
+    cache as one tensor or as KerasHub's Gemma 3 `(keys, values)` pair."""
     sequence = ops.convert_to_tensor(random_inputs((2, 14, 8), seed=16))
     layer = MultiHeadAttention(
         num_heads=4,
@@ -513,8 +520,32 @@ def test_a_window_cache_shorter_than_the_sequence_wraps_and_decodes_exactly(comp
     )
     _random_weights(layer, sequence)  # biases too: the cache holds projected keys
     full = to_numpy(layer(sequence, use_causal_mask=True))
-    decoded = to_numpy(_decode_with_cache(layer, sequence, compiled, slots=6))
+    decoded = to_numpy(_decode_with_cache(layer, sequence, compiled, slots=6, pair=pair))
     np.testing.assert_allclose(decoded, full, atol=1e-5)
+
+
+def test_a_cache_pair_is_written_in_place_as_the_stacked_cache():
+    """#51: a `(keys, values)` pair written by position holds what the
+    stacked cache holds, and gives the same output; symbolic calls give a
+    pair of the same shapes; a pair of mismatched shapes is refused."""
+    layer = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2, rotary=True)
+    tokens = random_inputs((2, 3, 8), seed=19)
+    _random_weights(layer, tokens)
+    stacked = ops.zeros((2, 2, 5, 2, 4))
+    pair = (stacked[:, 0], stacked[:, 1])
+    for start, stop in ((0, 2), (2, 3)):
+        want, stacked = layer(tokens[:, start:stop], cache=stacked, cache_update_index=start)
+        got, pair = layer(tokens[:, start:stop], cache=pair, cache_update_index=start)
+        np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-6)
+    assert isinstance(pair, tuple)
+    for part, index in zip(pair, (0, 1), strict=True):
+        np.testing.assert_allclose(to_numpy(part), to_numpy(stacked)[:, index], atol=1e-6)
+    symbolic = layer.compute_output_spec(
+        keras.KerasTensor((2, 1, 8)), cache=pair, cache_update_index=3
+    )
+    assert [tuple(p.shape) for p in symbolic[1]] == [(2, 5, 2, 4)] * 2
+    with pytest.raises(ValueError, match=r"a `cache` pair must be \(keys, values\) of one shape"):
+        layer(tokens[:, :1], cache=(pair[0], pair[1][:, :4]), cache_update_index=0)
 
 
 def test_endless_generation_from_a_64_slot_cache():

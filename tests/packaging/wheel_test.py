@@ -1,5 +1,10 @@
 """The built wheel, installed as a user installs it: a fresh venv, only the extras named.
 
+The venv's dependencies are this environment's installed distributions, linked in (only
+those the wheel's requirements need, transitively): pip resolves the wheel's requirements
+against them rather than unpacking TensorFlow again, which was most of this file's two
+minutes.
+
 `python -m build` runs on a copy of the tracked files (so nothing untracked or
 built locally can fill a gap); the wheel must hold every tracked file under
 `keras_attention/`, and the sdist everything README.md points to.
@@ -178,13 +183,105 @@ WIDGET_IMPORT = (
 )
 
 
+def _wheel_requirements(wheel, extras=()):
+    """The wheel's own Requires-Dist lines that apply with `extras` (markers evaluated)."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = archive.read(name).decode()
+    lines = [
+        line.split(":", 1)[1].strip()
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    return [
+        requirement
+        for requirement in map(Requirement, lines)
+        if requirement.marker is None
+        or any(requirement.marker.evaluate({"extra": extra}) for extra in ("", *extras))
+    ]
+
+
+def _installed_closure(requirements):
+    """The distributions of this test's environment that `requirements` need, transitively."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    installed = {canonicalize_name(d.metadata["Name"]): d for d in metadata.distributions()}
+    # `requirements` apply as they are (their markers are the caller's); their own
+    # requirements apply with the extras asked of them.
+    needed, todo = {}, [(requirement, None) for requirement in requirements]
+    while todo:
+        requirement, extra = todo.pop()
+        marker = requirement.marker if extra is not None else None
+        if marker is not None and not marker.evaluate({"extra": extra}):
+            continue
+        name = canonicalize_name(requirement.name)
+        if name in needed:
+            continue
+        distribution = installed.get(name)
+        if distribution is None:  # pip installs it from the index, as for a user
+            continue
+        needed[name] = distribution
+        todo += [
+            (Requirement(line), extra)
+            for line in distribution.requires or []
+            for extra in ("", *requirement.extras)
+        ]
+    return needed, installed
+
+
+def _link_installed(requirements, target):
+    """Links the installed files of what `requirements` need into `target`, and nothing of
+    any other distribution: a venv that has `target` on its path then holds those
+    distributions as if pip had installed them (without unpacking TensorFlow again, most of
+    the time this test took), and pip, resolving the wheel's requirements, finds them there."""
+    needed, installed = _installed_closure(requirements)
+    owners = {}  # relative path (and every folder above it) -> the distributions owning it
+    for name, distribution in installed.items():
+        for file in distribution.files or []:
+            parts = file.parts
+            if parts[0] == "..":  # console scripts outside site-packages
+                continue
+            for depth in range(1, len(parts) + 1):
+                owners.setdefault(parts[:depth], set()).add(name)
+    linked = set(needed)
+    for name, distribution in needed.items():
+        assert distribution.files, f"{name} lists no files (RECORD): cannot link it"
+        for file in distribution.files:
+            parts = file.parts
+            if parts[0] == "..":
+                continue
+            # The shallowest folder (or the file) that no distribution outside `needed` shares.
+            depth = next(d for d in range(1, len(parts) + 1) if owners[parts[:d]] <= linked)
+            link = target.joinpath(*parts[:depth])
+            if not os.path.lexists(link):
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(distribution.locate_file(pathlib.Path(*parts[:depth])))
+
+
 def test_wheel_installs_and_runs_in_a_fresh_venv(built, tmp_path):
+    # A venv of its own with the wheel installed in it; its dependencies are the ones this
+    # environment installed (the closure of the wheel's Requires-Dist, and nothing else: the
+    # extras' absence is checked below), linked in through a .pth file. pip resolves the
+    # wheel's requirements against them (a version outside the wheel's ranges would be
+    # installed again, and so would anything missing).
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python, pip = str(venv / "bin" / "python"), [str(venv / "bin" / "python"), "-m", "pip"]
     wheel = str(built["wheel"])
+    # Outside the venv: pip never uninstalls what lies outside its environment, so nothing
+    # of this environment can be removed through the links.
+    dependencies = tmp_path / "dependencies"
+    _link_installed(_wheel_requirements(wheel), dependencies)
+    (site_packages,) = (venv / "lib").glob("python*/site-packages")
+    (site_packages / "installed_dependencies.pth").write_text(f"{dependencies}\n")
 
-    _run(pip + ["install", "-q", wheel], cwd=tmp_path)
+    installed = _run(pip + ["install", wheel], cwd=tmp_path).stdout
+    assert "Successfully installed keras-attention-layers" in installed, installed
     assert "layer ok" in _run([python, "-c", LAYER_CHECK], cwd=tmp_path).stdout
     # The README's 30-second example, on the bare install it tells users to make.
     example = _run([python, "-c", _readme_first_example()], cwd=tmp_path)
@@ -198,6 +295,7 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(built, tmp_path):
     )
     assert "is not a SavedModel" in missing.stderr
 
+    _link_installed(_wheel_requirements(wheel, ("text", "widgets")), dependencies)
     _run(pip + ["install", "-q", f"{wheel}[text,widgets]"], cwd=tmp_path)
     assert "widgets ok" in _run([python, "-c", WIDGET_IMPORT], cwd=tmp_path).stdout
     demo = tmp_path / "demo"

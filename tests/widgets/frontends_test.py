@@ -612,6 +612,11 @@ def same_numbers(read, expected, atol=1e-6):
     )
 
 
+def page_id(value):
+    """Test ids: the themes one page is checked in, `light+dark`."""
+    return "+".join(value) if isinstance(value, tuple) else None
+
+
 def assert_no_script_ran(page):
     page.wait_for_timeout(300)
     assert page.alerts == []
@@ -700,26 +705,37 @@ def assert_painted(page, rows, num_source):
 
 
 # The Seq2Seq stepper in every front end, light and Dark; the Transformer's in Voila (its
-# cheapest front end; the page's BokehJS code is the same for both translators).
-WALKS = [(f, theme, "walk") for f in FRONT_ENDS for theme in (None, "JupyterLab Dark")] + [
-    ("voila", None, "walk_transformer"),
+# cheapest front end; the page's BokehJS code is the same for both translators). JupyterLab
+# and Notebook 7 switch themes by command: one page (one kernel) walks in light, then again in
+# Dark; Voila is served dark by its URL, a page of its own.
+WALKS = [(f, ("light", "dark"), "walk") for f in ("lab", "notebook")] + [
+    ("voila", ("light",), "walk"),
+    ("voila", ("dark",), "walk"),
+    ("voila", ("light",), "walk_transformer"),
 ]
 
 
-@pytest.mark.parametrize(("front_end", "theme", "notebook"), WALKS)
-def test_stepper_paints_every_row_after_reset_and_back(run, front_end, theme, notebook):
-    opened = open_in_layout(run, notebook, front_end, 1280, theme)
+@pytest.mark.parametrize(("front_end", "themes", "notebook"), WALKS, ids=page_id)
+def test_stepper_paints_every_row_after_reset_and_back(run, front_end, themes, notebook):
+    served_dark = themes == ("dark",)
+    opened = open_in_layout(run, notebook, front_end, 1280, DARK if served_dark else None)
     try:
-        walk_reset_next_back_next(opened)
-        if theme:  # every label readable on the dark background (WCAG 3:1), no framed boxes
-            bokeh_page.assert_text_contrasts(opened.page)
-            bokeh_page.assert_no_frames(opened.page)
+        rows = 3  # the notebook's steps
+        for theme in themes:
+            if theme == "dark" and not served_dark:
+                switch_theme(opened.page, DARK)
+            rows = walk_reset_next_back_next(opened, rows)
+            if theme == "dark":  # every label readable on the dark background (WCAG 3:1), no frames
+                bokeh_page.assert_text_contrasts(opened.page)
+                bokeh_page.assert_no_frames(opened.page)
     finally:
-        if theme:
+        if "dark" in themes:
             restore_light_theme(opened)
 
 
-def walk_reset_next_back_next(opened):
+def walk_reset_next_back_next(opened, drawn_rows):
+    """From `drawn_rows` rows on the page: Reset, Next token until the end, Back, Next token;
+    every row and bar painted after each click. Returns the rows drawn at the end."""
     kernel = opened.kernel_state()
     num_source, page = kernel["num_source"], opened.page
     assert kernel["tokens"][:2] == ["he", "hit"] and len(kernel["tokens"]) == 3  # 3rd forced
@@ -734,8 +750,8 @@ def walk_reset_next_back_next(opened):
         page.wait_for_timeout(300)  # BokehJS paints on the next frame
         assert_painted(page, rows, num_source)
 
-    opened.wait(f"{rows_are}{3 * num_source}; }})()")
-    assert_painted(page, 3, num_source)
+    opened.wait(f"{rows_are}{drawn_rows * num_source}; }})()")
+    assert_painted(page, drawn_rows, num_source)
     click_and_check("Reset", 0)
     rows, next_button = 0, page.get_by_role("button", name="Next token")
     while not next_button.is_disabled():
@@ -748,6 +764,7 @@ def walk_reset_next_back_next(opened):
     click_and_check("Back", rows - 1)
     click_and_check("Next token", rows)
     opened.screenshot("_walk")
+    return rows
 
 
 def test_voila_first_shows_the_greedy_translation_with_the_lectures_alignment(run, artifacts):
@@ -1061,12 +1078,18 @@ def assert_stepper_panels_drawn(stepper, rows, transformer):
     assert_holds(alignment["x"], alignment["data"]["col"], "alignment columns")
 
 
-# (front end, viewport width, JupyterLab theme): each page opens at 1280 px; the panels
-# test then widens the same page to 1920 px (one kernel run per layout, not two).
-LAYOUTS = [(front_end, 1280, None) for front_end in FRONT_ENDS] + [("lab", 1280, "JupyterLab Dark")]
-# Light and dark in every front end (Lab and Notebook 7 switch by command, Voila is served
-# dark by its URL and cannot switch back, which the panels test above also checks).
-THEMED_LAYOUTS = [(f, 1280, theme) for f in FRONT_ENDS for theme in (None, "JupyterLab Dark")]
+DARK = "JupyterLab Dark"
+# (front end, themes): each page opens at 1280 px in light; the panels test then widens the
+# same page to 1920 px (one kernel run per layout, not two), and in JupyterLab switches the
+# same page to Dark and checks it again (and back to light).
+PANEL_PAGES = [("lab", ("light", "dark")), ("notebook", ("light",)), ("voila", ("light",))]
+# Light and dark in every front end: JupyterLab and Notebook 7 switch by command, so one page
+# (one kernel) is checked in light, then in Dark (and light again); Voila is served dark by its
+# URL and cannot switch back, a page of its own.
+THEMED_PAGES = [(f, ("light", "dark")) for f in ("lab", "notebook")] + [
+    ("voila", ("light",)),
+    ("voila", ("dark",)),
+]
 WIDE = {"width": 1920, "height": 1080}
 
 
@@ -1086,14 +1109,16 @@ def open_in_layout(run, notebook, front_end, width, theme):
             "document.body.dataset.jpThemeLight === 'false'", timeout=60_000
         )
     elif theme:
-        opened.page.evaluate(
-            f"() => window.jupyterapp.commands.execute('apputils:change-theme', "
-            f"{{theme: {theme!r}}})"
-        )
-        opened.page.wait_for_function(
-            "document.body.dataset.jpThemeLight === 'false'", timeout=60_000
-        )
+        switch_theme(opened.page, theme)
     return opened
+
+
+def switch_theme(page, theme):
+    """JupyterLab's or Notebook 7's theme command; waits until the page is dark."""
+    page.evaluate(
+        f"() => window.jupyterapp.commands.execute('apputils:change-theme', {{theme: {theme!r}}})"
+    )
+    page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=60_000)
 
 
 def restore_light_theme(opened):
@@ -1117,9 +1142,9 @@ def assert_panels_sized(page, wide):
             assert width_px >= 1.25 * designed, (name, width_px, designed, page.viewport_size)
 
 
-@pytest.mark.parametrize(("front_end", "width", "theme"), LAYOUTS)
-def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end, width, theme):
-    opened = open_in_layout(run, "panels", front_end, width, theme)
+@pytest.mark.parametrize(("front_end", "themes"), PANEL_PAGES, ids=page_id)
+def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end, themes):
+    opened = open_in_layout(run, "panels", front_end, 1280, None)
     try:
         kernel = opened.kernel_state()
         assert kernel["tokens"] == [["he", "hit", "me"]] * 2
@@ -1127,46 +1152,67 @@ def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end,
             f"({READ_STEPPERS})().length === 2 && ({READ_STEPPERS})().every("
             "(s) => new Set(s.alignment.data.row).size === 3)"
         )
-        steppers = by_translator(opened.page.evaluate(READ_STEPPERS))
-        for name, stepper in steppers.items():
-            assert_stepper_panels_drawn(stepper, 3, name == "transformer")
-        # Both steppers' every axis and title, as painted: no overlapping tick labels, nothing cut.
-        text_boxes.assert_legible(opened.page, minimum_axes=20)
-        # After a step taken in the page, the ranges are the new step's.
-        opened.page.get_by_role("button", name="Next token").first.click()
-        opened.wait(f"({READ_STEPPERS})().some((s) => s.alignment.data.row.includes(3))")
-        opened.page.wait_for_timeout(500)
-        assert_stepper_panels_drawn(
-            by_translator(opened.page.evaluate(READ_STEPPERS))["seq2seq"], 4, False
-        )
-        assert_backgrounds(opened.page, dark=bool(theme))
-        if theme:
-            bokeh_page.assert_text_contrasts(opened.page)
-        assert_panels_sized(opened.page, wide=False)
-        save_stepper_figures(opened, theme)
-        # The same page widened to 1920 px: the panels follow the cell, and stay legible.
-        opened.page.set_viewport_size(WIDE)
-        from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-        with contextlib.suppress(PlaywrightTimeout):  # the assertion below says what was drawn
-            opened.wait(
-                f"({READ_PANEL_WIDTHS})()"
-                ".every(([name, drawn, designed]) => drawn >= 1.25 * designed)",
-                timeout_s=30,
-            )
-        opened.page.wait_for_timeout(500)
-        assert_panels_sized(opened.page, wide=True)
-        text_boxes.assert_legible(opened.page, minimum_axes=20)
+        rows = 3  # the Seq2Seq stepper's; one more each time a step is taken in the page
+        for theme in themes:
+            if theme == "dark":
+                switch_theme(opened.page, DARK)
+                opened.page.wait_for_timeout(500)  # BokehJS repaints on the next frame
+            rows = check_panels(opened, rows, dark=theme == "dark")
     finally:
-        if theme:
+        if "dark" in themes:
             restore_light_theme(opened)
-    if theme:  # and back to light when the theme is switched back
+    if "dark" in themes:  # and back to light when the theme is switched back
         opened.wait(
             f"({READ_BACKGROUNDS})().every(([a, b]) => [a, b].every("
             "(c) => c === '#ffffff' || c === 'null'))",
             timeout_s=30,
         )
     assert_no_script_ran(opened.page)
+
+
+def check_panels(opened, rows, dark):
+    """Both steppers' panels as drawn (the Seq2Seq one at `rows` rows), then after a step
+    taken in the page (Next token in light; Back in Dark, where the untrained Seq2Seq
+    translator may have ended its sentence), at 1280 px and widened to 1920 px. Returns the
+    Seq2Seq rows now."""
+    steppers = by_translator(opened.page.evaluate(READ_STEPPERS))
+    for name, stepper in steppers.items():
+        assert_stepper_panels_drawn(
+            stepper, rows if name == "seq2seq" else 3, name == "transformer"
+        )
+    # Both steppers' every axis and title, as painted: no overlapping tick labels, nothing cut.
+    text_boxes.assert_legible(opened.page, minimum_axes=20)
+    # After a step taken in the page, the ranges are the new step's.
+    button, rows = ("Back", rows - 1) if dark else ("Next token", rows + 1)
+    opened.page.get_by_role("button", name=button).first.click()
+    opened.wait(
+        f"({READ_STEPPERS})().some((s) => !s.alignment.title.includes('layer')"
+        f" && new Set(s.alignment.data.row).size === {rows})"
+    )
+    opened.page.wait_for_timeout(500)
+    assert_stepper_panels_drawn(
+        by_translator(opened.page.evaluate(READ_STEPPERS))["seq2seq"], rows, False
+    )
+    assert_backgrounds(opened.page, dark=dark)
+    if dark:
+        bokeh_page.assert_text_contrasts(opened.page)
+    assert_panels_sized(opened.page, wide=False)
+    save_stepper_figures(opened, dark)
+    # The same page widened to 1920 px: the panels follow the cell, and stay legible.
+    viewport = opened.page.viewport_size
+    opened.page.set_viewport_size(WIDE)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    with contextlib.suppress(PlaywrightTimeout):  # the assertion below says what was drawn
+        opened.wait(
+            f"({READ_PANEL_WIDTHS})().every(([name, drawn, designed]) => drawn >= 1.25 * designed)",
+            timeout_s=30,
+        )
+    opened.page.wait_for_timeout(500)
+    assert_panels_sized(opened.page, wide=True)
+    text_boxes.assert_legible(opened.page, minimum_axes=20)
+    opened.page.set_viewport_size(viewport)
+    return rows
 
 
 def save_stepper_figures(opened, theme):
@@ -1255,9 +1301,10 @@ READ_DETAIL_BOTTOMS = """
 """
 
 
-@pytest.mark.parametrize(("front_end", "width", "theme"), THEMED_LAYOUTS)
-def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, width, theme):
-    opened = open_in_layout(run, "head_view", front_end, width, theme)
+@pytest.mark.parametrize(("front_end", "themes"), THEMED_PAGES, ids=page_id)
+def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, themes):
+    served_dark = themes == ("dark",)
+    opened = open_in_layout(run, "head_view", front_end, 1280, DARK if served_dark else None)
     try:
         opened.kernel_state()
         # The token labels arrive with the kernel's first frame, which a loaded
@@ -1268,60 +1315,76 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, wid
             timeout_s=60,
         )
         opened.page.wait_for_timeout(500)  # nothing touched: this is the first draw
-        views = opened.page.evaluate(READ_HEAD_VIEWS)
-        for view, length in zip(views, (10, 64), strict=True):
-            low, high = min(view["y"]), max(view["y"])
-            for side in ("query", "key"):
-                positions = [
-                    p for s, p in zip(view["side"], view["position"], strict=True) if s == side
-                ]
-                assert positions == list(range(length))
-                # Every token's label is inside the drawn range (one label per token, none cut) ...
-                shown = [p for p in positions if low < p < high]
-                assert shown == positions, (
-                    f"{side} labels drawn: {len(shown)} of {length} (range {view['y']})"
-                )
-            # ... with room for it (9pt labels, at least 12 px a row) ...
-            assert view["height"] / (high - low) >= 12, (view["height"], view["y"])
-            # ... and every line starts and ends inside the panel.
-            assert all(low < v < high for v in view["rows"] + view["cols"])
-        # Every explorer panel (detail heatmap, head view, model view) legible as painted ...
-        text_boxes.assert_legible(opened.page, minimum_axes=10)
-        if theme:  # ... its labels readable on the dark background (WCAG 3:1), no framed boxes
-            bokeh_page.assert_text_contrasts(opened.page)
-            bokeh_page.assert_no_frames(opened.page)
-        screenshot = opened.page.locator(".widget-vbox").nth(1)
-        screenshot.scroll_into_view_if_needed()
-        screenshot.screenshot(path=str(opened.directory / f"{opened.name}_long.png"))
-        # The long explorer's overview keeps its width and stays inside the widget's box
-        # (it was squeezed to 55 px and cut at the right beside the file browser, #42).
-        opened.wait(f"({READ_OVERVIEW_FIT})().length === 1", timeout_s=30)
-        overviews = opened.page.evaluate(READ_OVERVIEW_FIT)
-        for _name, drawn, designed, right, box_right in overviews:
-            assert drawn >= designed - 1 and right <= box_right + 1, overviews
+        for theme in themes:  # ... in each theme (nothing touched but the theme)
+            if theme == "dark" and not served_dark:
+                switch_theme(opened.page, DARK)
+                opened.page.wait_for_timeout(500)  # BokehJS repaints on the next frame
+            assert_head_views_first_draw(opened, dark=theme == "dark")
         # The new views of #38, as painted, in the long explorer: its rollout (a window
         # and an overview), beside the head grids (the short explorer's with its loss).
         opened.page.get_by_label("layer").nth(1).select_option("rollout (all layers)")
         opened.wait(
             f"({READ_DETAIL})()?.title === 'rollout (all layers), mean of heads'", timeout_s=60
         )
-        opened.wait(f"({READ_OVERVIEW_FIT})().length === 1", timeout_s=30)
-        opened.page.wait_for_timeout(500)
-        grids = opened.page.evaluate(READ_HEAD_GRIDS)
-        assert sorted(grids) == [[2, 2, 0, False], [2, 2, 0, True]], grids
-        assert "loss " in opened.page.inner_text("body")
-        text_boxes.assert_legible(opened.page, minimum_axes=14)
-        if theme:
-            bokeh_page.assert_text_contrasts(opened.page)
-        # No empty area under the long window's heatmap: with the bars under it, it ends
-        # where the tall head view beside it ends (#42).
-        bottoms = opened.page.evaluate(READ_DETAIL_BOTTOMS)
-        tall = [b for b in bottoms if b[3] >= 64 * 15]
-        assert len(tall) == 1, bottoms
-        for detail, bars, view, _height in tall:
-            assert detail < bars and abs(bars - view) <= 4, bottoms
-        opened.screenshot("_rollout")
+        for theme in reversed(themes):  # Dark first where the page is dark now
+            if theme == "light" and "dark" in themes:
+                restore_light_theme(opened)
+            assert_rollout_drawn(opened, dark=theme == "dark")
     finally:
-        if theme:
+        if "dark" in themes:
             restore_light_theme(opened)
     assert_no_script_ran(opened.page)
+
+
+def assert_head_views_first_draw(opened, dark):
+    views = opened.page.evaluate(READ_HEAD_VIEWS)
+    for view, length in zip(views, (10, 64), strict=True):
+        low, high = min(view["y"]), max(view["y"])
+        for side in ("query", "key"):
+            positions = [
+                p for s, p in zip(view["side"], view["position"], strict=True) if s == side
+            ]
+            assert positions == list(range(length))
+            # Every token's label is inside the drawn range (one label per token, none cut) ...
+            shown = [p for p in positions if low < p < high]
+            assert shown == positions, (
+                f"{side} labels drawn: {len(shown)} of {length} (range {view['y']})"
+            )
+        # ... with room for it (9pt labels, at least 12 px a row) ...
+        assert view["height"] / (high - low) >= 12, (view["height"], view["y"])
+        # ... and every line starts and ends inside the panel.
+        assert all(low < v < high for v in view["rows"] + view["cols"])
+    # Every explorer panel (detail heatmap, head view, model view) legible as painted ...
+    text_boxes.assert_legible(opened.page, minimum_axes=10)
+    if dark:  # ... its labels readable on the dark background (WCAG 3:1), no framed boxes
+        bokeh_page.assert_text_contrasts(opened.page)
+        bokeh_page.assert_no_frames(opened.page)
+    screenshot = opened.page.locator(".widget-vbox").nth(1)
+    screenshot.scroll_into_view_if_needed()
+    suffix = "_dark" if dark and not opened.name.endswith("_dark") else ""
+    screenshot.screenshot(path=str(opened.directory / f"{opened.name}{suffix}_long.png"))
+    # The long explorer's overview keeps its width and stays inside the widget's box
+    # (it was squeezed to 55 px and cut at the right beside the file browser, #42).
+    opened.wait(f"({READ_OVERVIEW_FIT})().length === 1", timeout_s=30)
+    overviews = opened.page.evaluate(READ_OVERVIEW_FIT)
+    for _name, drawn, designed, right, box_right in overviews:
+        assert drawn >= designed - 1 and right <= box_right + 1, overviews
+
+
+def assert_rollout_drawn(opened, dark):
+    opened.wait(f"({READ_OVERVIEW_FIT})().length === 1", timeout_s=30)
+    opened.page.wait_for_timeout(500)
+    grids = opened.page.evaluate(READ_HEAD_GRIDS)
+    assert sorted(grids) == [[2, 2, 0, False], [2, 2, 0, True]], grids
+    assert "loss " in opened.page.inner_text("body")
+    text_boxes.assert_legible(opened.page, minimum_axes=14)
+    if dark:
+        bokeh_page.assert_text_contrasts(opened.page)
+    # No empty area under the long window's heatmap: with the bars under it, it ends
+    # where the tall head view beside it ends (#42).
+    bottoms = opened.page.evaluate(READ_DETAIL_BOTTOMS)
+    tall = [b for b in bottoms if b[3] >= 64 * 15]
+    assert len(tall) == 1, bottoms
+    for detail, bars, view, _height in tall:
+        assert detail < bars and abs(bars - view) <= 4, bottoms
+    opened.screenshot("_rollout_dark" if dark and not opened.name.endswith("_dark") else "_rollout")
