@@ -33,13 +33,16 @@ windows and ALiBi above are measured under it. ALiBi as KerasHub writes it
 per row where keys precede queries, so the two agree under the causal mask.
 """
 
+import inspect
 import math
 
 import keras
 import numpy as np
 from keras import ops
+from keras.src.backend import get_keras_mask
 
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.ops import cache as ring_cache
 
 __all__ = ["from_keras_hub_cache", "replace_keras_hub_attention", "to_keras_hub_cache"]
 
@@ -418,6 +421,110 @@ def _check_cache_shape(owner, cache):
         )
 
 
+# ------------------------------------------------- decoder masks as rules
+class DecoderMaskRules:
+    """What a KerasHub decoder block's attention mask says, kept as rules:
+    causal (at the cache index under a cache), and `key_mask` `(B, Tk)`
+    (the padding mask, KerasHub's key mask), or None. The swap makes each
+    block return this instead of its dense `(B, Tq, Tk)` mask
+    (`use_mask_rules`), and `KerasHubAttention` hands it to ours as
+    `key_mask=` and `use_causal_mask=True`, so no `Tq x Tk` tensor is built;
+    the windows are our layer's own (`sliding_window`)."""
+
+    def __init__(self, key_mask=None):
+        self.key_mask = key_mask
+
+    def arguments(self):
+        """Our layer's call arguments for these rules."""
+        return {"key_mask": self.key_mask, "use_causal_mask": True}
+
+
+# Each decoder block's mask method (by family: Llama, Mistral, Qwen, Qwen 3
+# and GPT-OSS name the first, Gemma, Gemma 3 and BLOOM the second).
+MASK_METHODS = ("_compute_self_attention_mask", "_compute_attention_mask")
+# Their arguments' names in each family, read by name.
+_SEQUENCE = ("decoder_sequence", "x")
+_PADDING = ("decoder_padding_mask", "padding_mask")
+_CACHE = ("self_attention_cache", "cache")
+
+
+def _named(arguments, names):
+    return next((arguments[name] for name in names if name in arguments), None)
+
+
+def _cache_length(cache):
+    """Key slots of a block's cache: `(B, 2, T, Hkv, D)`, or Gemma 3's
+    `(keys, values)` with keys `(B, T, Hkv, D)`."""
+    if isinstance(cache, (tuple, list)):
+        return cache[0].shape[1]
+    return cache.shape[2]
+
+
+def mask_rules(arguments):
+    """`DecoderMaskRules` for a block's mask method called with
+    `arguments` (by name), or None where the mask says more than causal
+    and padding (a custom `decoder_attention_mask`, Gemma 3's image
+    tokens, BLOOM without its causal mask, a padding mask that does not
+    cover a cache's keys): that call builds KerasHub's dense mask."""
+    if arguments.get("decoder_attention_mask") is not None:
+        return None
+    if arguments.get("vision_mask") is not None:
+        return None
+    if not arguments.get("use_causal_mask", True):
+        return None  # BLOOM's ALiBi equals ours under the causal mask only
+    sequence = _named(arguments, _SEQUENCE)
+    padding = _named(arguments, _PADDING)
+    if padding is None and sequence is not None:
+        padding = get_keras_mask(sequence)  # KerasHub's fallback, as merged there
+    cache = _named(arguments, _CACHE)
+    if padding is not None and cache is not None:
+        # KerasHub's padding mask masks keys: under a cache it must span it.
+        slots, length = _cache_length(cache), padding.shape[-1]
+        if slots is None or length != slots:
+            return None
+    return DecoderMaskRules(padding)
+
+
+def use_mask_rules(block):
+    """Makes `block` (a KerasHub decoder block) return `DecoderMaskRules`
+    from its mask method where `mask_rules` can say what its mask says;
+    the method is replaced on the instance only, and the original runs
+    otherwise. True when `block` has such a method."""
+    for name in MASK_METHODS:
+        original = getattr(type(block), name, None)
+        if original is None:
+            continue
+        signature = inspect.signature(original)
+
+        def rules_or_dense(*args, _original=original, _signature=signature, **kwargs):
+            bound = _signature.bind(block, *args, **kwargs)
+            bound.apply_defaults()
+            rules = mask_rules(bound.arguments)
+            return _original(block, *args, **kwargs) if rules is None else rules
+
+        # An instance attribute, not Keras-tracked state: the block's config
+        # and weights are unchanged.
+        object.__setattr__(block, name, rules_or_dense)
+        return True
+    return False
+
+
+def _attention_arguments(attention_mask):
+    """Our layer's mask arguments for what a decoder block passed."""
+    if isinstance(attention_mask, DecoderMaskRules):
+        return attention_mask.arguments()
+    return {"attention_mask": attention_mask}
+
+
+def _block_arguments(block, family):
+    """Constructor arguments of ours that a family keeps in its decoder
+    block: Mistral's window is in the block's mask, not its attention."""
+    window = getattr(block, "sliding_window", None)
+    if family == "CachedMistralAttention" and window:
+        return {"sliding_window": int(window)}
+    return {}
+
+
 # ------------------------------------------------------- in a backbone
 class KerasHubAttention(keras.layers.Layer):
     """Our `MultiHeadAttention` behind a KerasHub decoder's call signature
@@ -443,17 +550,18 @@ class KerasHubAttention(keras.layers.Layer):
         cache_update_mask=None,
         training=None,
     ):
+        masks = _attention_arguments(attention_mask)
         # Gemma 3's decoder passes index 0 for its uncached call's default.
         if cache is None:
-            return self.attention(hidden_states, attention_mask=attention_mask, training=training)
+            return self.attention(hidden_states, training=training, **masks)
         # Ours reads every family's cache as it is, Gemma 3's (keys, values)
         # pair too: no per-step conversion (`to_keras_hub_cache`).
         out, new = self.attention(
             hidden_states,
-            attention_mask=attention_mask,
             cache=cache,
             cache_update_index=cache_update_index,
             training=training,
+            **masks,
         )
         if cache_update_mask is not None and cache_update_index is not None:
             # Gemma 3: rows whose mask is False keep their old cache entries.
@@ -466,13 +574,64 @@ class KerasHubAttention(keras.layers.Layer):
 
 def _keep_where_masked(new, old, cache_update_mask, index):
     """`new` `(B, T_max, Hkv, D)` with the rows written at `index` that
-    `cache_update_mask` `(B, Tq)` leaves False taken from `old`."""
+    `cache_update_mask` `(B, Tq)` leaves False taken from `old`. In a
+    window's ring (`use_window_caches`) a write past the slots wraps and
+    the slot held another position: every row is rewritten there (text
+    only: the rewritten keys are the prefill's)."""
     length = ops.shape(cache_update_mask)[1]
-    start = [0, index, 0, 0]
+    slots = ops.shape(new)[1]
+    index = ops.cast(index, "int32")
+    update = ops.logical_or(ops.cast(cache_update_mask, "bool"), index + length > slots)
+    start = [0, ops.minimum(index, slots - length), 0, 0]
     size = [ops.shape(new)[0], length] + list(ops.shape(new)[2:])
-    keep = ops.reshape(ops.cast(cache_update_mask, "bool"), (-1, length, 1, 1))
-    kept = ops.where(keep, ops.slice(new, start, size), ops.slice(old, start, size))
+    update = ops.reshape(update, (-1, length, 1, 1))
+    kept = ops.where(update, ops.slice(new, start, size), ops.slice(old, start, size))
     return ops.slice_update(new, start, kept)
+
+
+# -------------------------------------------- window caches in `generate`
+def _ring_from_full(cache, layer, written):
+    """Gemma 3's `(keys, values)` cache of `layer` (a `KerasHubAttention`),
+    filled by position, as the ring our layer reads once positions
+    `0 .. written - 1` are written (`ops.cache.ring_positions`): the
+    `sliding_window` (plus sink) slots, or `cache` itself where the window
+    is none or as long."""
+    window = layer.attention.sliding_window
+    keys, values = cache
+    sinks = layer.attention.sink_tokens or 0
+    if window is None or keys.shape[1] is None or window + sinks >= keys.shape[1]:
+        return cache
+    positions = ring_cache.ring_positions(window + sinks, written, sinks)
+    return ops.take(keys, positions, axis=1), ops.take(values, positions, axis=1)
+
+
+def use_window_caches(causal_lm, layers):
+    """Makes a Gemma 3 causal LM's `generate` keep its local layers' caches
+    at window size. KerasHub's `_build_cache` fills one `(keys, values)`
+    pair of `max_length` slots per layer with the prefill, and its sampler
+    carries the tuple through its loop whatever each pair's length; here,
+    on the instance, each pair of a layer with a window is then cut to the
+    ring of `sliding_window` slots holding the last keys before the first
+    decoding step (`index = min(prompt lengths)`, where KerasHub's sampler
+    starts). `layers` are the blocks' `KerasHubAttention`, in order. With
+    images the caches stay full: their update mask keeps the prefill's
+    image keys at their positions."""
+    original = type(causal_lm)._build_cache
+
+    def build_cache(token_ids, img_embeddings, vision_mask, padding_mask, vision_indices):
+        hidden, cache = original(
+            causal_lm, token_ids, img_embeddings, vision_mask, padding_mask, vision_indices
+        )
+        if img_embeddings is not None:
+            return hidden, cache
+        # The sampler's first step writes position `index - 1`: the ring
+        # holds what a cache written up to `index` holds.
+        index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        return hidden, tuple(
+            _ring_from_full(pair, layer, index) for pair, layer in zip(cache, layers, strict=True)
+        )
+
+    object.__setattr__(causal_lm, "_build_cache", build_cache)
 
 
 # Keras' compiled functions and KerasHub's `generate`: set to None, each is
@@ -584,9 +743,14 @@ def replace_keras_hub_attention(model=None, **overrides):
     optimizer was built for KerasHub's variables must be compiled again
     before `fit`. The swap is recorded in the backbone's config, so a
     `.keras` file of the backbone or its causal LM loads with ours. The
-    Llama, Mistral, Qwen, Qwen 3, Gemma, Gemma 3 and GPT-OSS families are
-    supported (Falcon's decoder passes an ALiBi tensor ours does not take).
-    `overrides` go to our constructor (e.g. `memory_efficient=True`).
+    Llama, Mistral, Qwen, Qwen 3, Gemma, Gemma 3, GPT-OSS and BLOOM
+    families are supported (Falcon's decoder passes an ALiBi tensor ours
+    does not take). Each decoder block hands its causal and padding mask
+    to ours as rules (`use_mask_rules`), so no `(B, L, L)` mask is built
+    and memory stays linear in the length; a Gemma 3 causal LM's
+    `generate` keeps its local layers' caches at window size
+    (`use_window_caches`). `overrides` go to our constructor (e.g.
+    `memory_efficient=True`).
     """
     from keras_attention.layers.multi_head_attention import MultiHeadAttention
 
@@ -626,7 +790,8 @@ def replace_keras_hub_attention(model=None, **overrides):
                     "MultiHeadAttention.from_keras_hub and call them directly. "
                     f"Received: a {type(backbone).__name__}"
                 )
-            ours = MultiHeadAttention.from_keras_hub(old, **overrides)
+            arguments = {**_block_arguments(block, family), **overrides}
+            ours = MultiHeadAttention.from_keras_hub(old, **arguments)
             new = KerasHubAttention(ours, family, name=f"{old.name}_keras_attention")
             new.build()
             swaps.append((block, attribute, old, new))
@@ -636,6 +801,9 @@ def replace_keras_hub_attention(model=None, **overrides):
         block._tracker.untrack(old)
         setattr(block, attribute, new)
         block._tracker.lock()
+        use_mask_rules(block)
+    if swaps and model is not backbone and swaps[0][3].family == "CachedGemma3Attention":
+        use_window_caches(model, [new for _, _, _, new in swaps])
     if swaps:
         # Object attributes, not Keras-tracked state.
         object.__setattr__(backbone, "__class__", _swapped_class(type(backbone)))

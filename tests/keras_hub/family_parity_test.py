@@ -286,6 +286,9 @@ def _cached_steps(lm, family, ids):
     """Logits of a cached prefill (at `T_MAX`) then single steps."""
     padding = np.ones(ids.shape, "int32")
     if family == "gemma3":
+        # Prompts of 3 tokens: the swap cuts Gemma 3's local caches to rings
+        # where its sampler starts (position 3), so the steps begin there.
+        padding[:, 3:] = 0
         hidden, cache = lm._build_cache(ids, None, None, padding, None)
     else:
         hidden, cache = lm._build_cache(ids)

@@ -1,0 +1,149 @@
+"""A swapped KerasHub backbone and causal LM at 32768 tokens (#51 item 3).
+
+A tiny Gemma 2-style configuration (2 blocks: a local layer with a 512-key
+window, then a global one; 4 query heads of 16, 2 key/value heads, hidden
+64, vocabulary 256), random weights, batch 1, float32:
+
+- `ours`: the backbone after `replace_keras_hub_attention(lm,
+  memory_efficient=True)` (the blockwise kernel at every length: `"auto"`
+  materialises the logits while they fit the memory budget), one
+  compiled forward pass (`predict_on_batch`) over `L` tokens, padding mask
+  all ones. The decoder blocks hand causal and padding to our layer as rules
+  (no `(B, L, L)` mask).
+- `ours_generate`: the swapped causal LM's `generate` on a prompt of
+  `L - 1` tokens with `max_length=L`: a cached prefill over `L` slots, then
+  one step.
+- `theirs` / `theirs_generate`: the same calls on KerasHub's own model,
+  which builds the dense mask and logits, at each of `--their-lengths`, in a
+  process capped at `--cap-gib` of address space; the largest length that
+  fits is the row to read.
+
+Each row runs in its own process (a fresh `ru_maxrss`): the call traced and
+run once (`first_s`), then timed once more (`seconds`); the peak RSS is the
+process's. TensorFlow or JAX by KERAS_BACKEND.
+
+    PYTHONPATH=$PWD KERAS_BACKEND=tensorflow python benchmarks/keras_hub_long_backbone.py
+    PYTHONPATH=$PWD KERAS_BACKEND=tensorflow python benchmarks/keras_hub_long_backbone.py \\
+        --lengths 8192,16384,32768 --their-lengths 4096,8192,16384 --cap-gib 10
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+VOCABULARY, WINDOW = 256, 512
+
+
+def _model():
+    import keras_hub
+    import numpy as np
+
+    backbone = keras_hub.models.GemmaBackbone(
+        vocabulary_size=VOCABULARY,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=64,
+        intermediate_dim=128,
+        head_dim=16,
+        use_sliding_window_attention=True,  # block 0 local, block 1 global
+        sliding_window_size=WINDOW,
+    )
+    rng = np.random.default_rng(0)
+    backbone.set_weights([rng.normal(scale=0.05, size=w.shape) for w in backbone.get_weights()])
+    lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+    lm.compile(sampler="greedy")
+    return lm
+
+
+def run(kind, length):
+    import numpy as np
+
+    from keras_attention.layers import keras_hub_conversion
+
+    lm = _model()
+    if kind.startswith("ours"):
+        keras_hub_conversion.replace_keras_hub_attention(lm, memory_efficient=True)
+    ids = np.random.default_rng(1).integers(1, VOCABULARY, size=(1, length)).astype("int32")
+    if kind.endswith("generate"):
+        padding = np.ones((1, length), bool)
+        padding[:, -1] = False  # a prompt of L - 1 tokens: one step after the prefill
+        inputs = {"token_ids": ids, "padding_mask": padding}
+
+        def call():
+            return lm.generate(inputs, max_length=length, stop_token_ids=None)["token_ids"]
+
+    else:
+        inputs = {"token_ids": ids, "padding_mask": np.ones((1, length), "int32")}
+
+        def call():
+            return lm.backbone.predict_on_batch(inputs)
+
+    start = time.perf_counter()
+    out = np.asarray(call())
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    out = np.asarray(call())
+    seconds = time.perf_counter() - start
+    finite = bool(np.all(np.isfinite(out))) if out.dtype.kind == "f" else True
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return dict(
+        kind=kind,
+        length=length,
+        seconds=round(seconds, 2),
+        first_s=round(first, 2),
+        peak_rss_mib=round(peak),
+        finite=finite,
+    )
+
+
+def in_child(kind, length, cap_gib=None):
+    """`run`'s row from a fresh process, or the reason it died."""
+
+    def limit():
+        if cap_gib:
+            cap = int(cap_gib * 2**30)
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", kind, str(length)],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        env=os.environ,
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    tail = (done.stderr.strip().splitlines() or ["?"])[-1][:160]
+    return dict(kind=kind, length=length, failed=f"rc {done.returncode}: {tail}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="8192,16384,32768")
+    parser.add_argument("--their-lengths", default="4096,8192,16384")
+    parser.add_argument("--cap-gib", type=float, default=10.0)
+    parser.add_argument("--kinds", default="ours,ours_generate,theirs,theirs_generate")
+    parser.add_argument("--child", nargs=2)
+    args = parser.parse_args()
+    if args.child:
+        kind, length = args.child
+        print("RESULT " + json.dumps(run(kind, int(length))), flush=True)
+        return
+    import keras
+
+    for kind in args.kinds.split(","):
+        ours = kind.startswith("ours")
+        lengths = args.lengths if ours else args.their_lengths
+        for length in (int(n) for n in lengths.split(",")):
+            row = in_child(kind, length, None if ours else args.cap_gib)
+            print(json.dumps(dict(backend=keras.backend.backend(), **row)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
