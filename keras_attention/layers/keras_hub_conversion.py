@@ -639,6 +639,10 @@ def use_window_caches(causal_lm, layers):
 COMPILED_FUNCTIONS = ("train_function", "test_function", "predict_function", "generate_function")
 # Where a swapped backbone's config records the swap.
 SWAP_CONFIG_KEY = "keras_attention_swap"
+# 2: Gemma's query / key features in Gemma's order, rotary interleaved. Files
+# of format 1 of the classes below hold other weights under the same names.
+SWAP_FORMAT = 2
+_FORMAT_2_CLASSES = ("GemmaBackbone",)
 _SWAPPED_CLASSES = {}  # KerasHub backbone class -> its swapped subclass
 
 
@@ -663,6 +667,7 @@ class KerasHubBackboneOnOurAttention:
                 "registered_name": keras.saving.get_registered_name(base),
             },
             "overrides": keras.saving.serialize_keras_object(self._keras_attention_overrides),
+            "format": SWAP_FORMAT,
         }
         return config
 
@@ -670,6 +675,18 @@ class KerasHubBackboneOnOurAttention:
     def from_config(cls, config):
         config = dict(config)
         swap = config.pop(SWAP_CONFIG_KEY)
+        base = swap["keras_hub_class"]["class_name"]
+        if swap.get("format", 1) < 2 and base in _FORMAT_2_CLASSES:
+            raise ValueError(
+                f"{base}.from_config: this swapped {base} was saved by an earlier "
+                "keras-attention, whose Gemma layers held their query and key "
+                "kernels in another feature order (half-split rotary; now Gemma's "
+                "own order with interleaved rotary, so the cache is KerasHub's). "
+                "Its weights would load without error and give wrong outputs: "
+                "load the model with KerasHub's own layers (or the earlier "
+                "keras-attention) and call `replace_keras_hub_attention` again. "
+                f"Received: a swap config with format {swap.get('format', 1)}"
+            )
         # Safe mode is the caller's: Keras' loading scope reaches these calls.
         backbone = keras.saving.deserialize_keras_object(
             {**swap["keras_hub_class"], "config": config}

@@ -405,6 +405,12 @@ def test_swapped_backbone_and_causal_lm_round_trip_through_keras_files(tmp_path)
         for block in backbone.transformer_layers:
             assert isinstance(block.attention.attention, MultiHeadAttention)
             assert block.attention.attention.memory_efficient
+    # A Gemma file of the earlier format (kernels for the half-split rotary)
+    # would load those weights under the same names and answer wrongly.
+    config = lm.backbone.get_config()
+    del config[conversion.SWAP_CONFIG_KEY]["format"]
+    with pytest.raises(ValueError, match=r"GemmaBackbone\.from_config: .*earlier keras-attention"):
+        type(lm.backbone).from_config(config)
 
 
 def test_from_keras_hub_refuses_what_it_cannot_compute():
