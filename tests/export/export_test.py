@@ -35,6 +35,63 @@ def exported_transformer(trained_transformer, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def exported_check(exported):
+    """`check_servable(exported)`'s report, and what its fresh serving
+    process returned (replayed where only the judging of it is tested)."""
+    from keras_attention.export import check
+
+    real, recorded = check.run_in_serving_process, []
+
+    def record(*args, **kwargs):
+        recorded.append(real(*args, **kwargs))
+        return recorded[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(check, "run_in_serving_process", record)
+        report = check.check_servable(exported)
+    (fresh,) = recorded
+    return report, fresh
+
+
+def _feed(texts, **inputs):
+    return {"text": np.array(texts, dtype=object), **inputs}
+
+
+@pytest.fixture(scope="module")
+def served_translator(exported):
+    """`{test: (fresh-process report, answers)}` for the requests the tests
+    below send to `exported`: one serving process answers them all (a
+    process costs ~8 s of CPU to start). Each answer is an outputs dict, or
+    the error string of a refused request."""
+    from keras_attention.export.check import run_feeds_in_serving_process
+
+    requests = {
+        "same_outputs": [
+            ("serving_default", _feed(TEXTS)),
+            ("beam_search", _feed(TEXTS, beam_width=np.int32(3))),
+        ],
+        "bad_requests": [
+            ("beam_search", _feed(["one"], beam_width=np.int32(9))),
+            ("serving_default", {"text": np.array([1, 2], dtype=np.int32)}),
+        ],
+        "not_1d": [
+            (name, {**_rest_feed(body), **extra})
+            for name, extra in NOT_1D_SIGNATURES
+            for body in [body for body, _ in NOT_1D_CASES] + [NOT_1D_GOOD]
+        ],
+    }
+    flat = [request for group in requests.values() for request in group]
+    result, answers = run_feeds_in_serving_process(
+        exported, [feed for _, feed in flat], signature=[name for name, _ in flat]
+    )
+    served, start = {}, 0
+    for group, group_requests in requests.items():
+        served[group] = (result, answers[start : start + len(group_requests)])
+        start += len(group_requests)
+    return served
+
+
 def _cli(*args):
     return subprocess.run(
         [sys.executable, "-m", "keras_attention.export", *args],
@@ -61,10 +118,8 @@ def _assert_servable(report, layout_rank):
     assert any(tf_serving.TENSORFLOW_TEXT_VERSION in note for note in report.notes)
 
 
-def test_exported_translator_passes_check_servable(exported):
-    from keras_attention.export import check_servable
-
-    report = check_servable(exported)
+def test_exported_translator_passes_check_servable(exported_check):
+    report, _ = exported_check
     _assert_servable(report, layout_rank=3)
     assert report.signature_inputs == {"text": "string (None,)"}
     assert report.op_sources["MatMul"] == "tensorflow"
@@ -88,10 +143,16 @@ def test_transformer_passes_check_servable_at_each_beam_width(
     _assert_servable(check_servable(path), layout_rank=5)
 
 
-def test_checker_flags_text_ops_tf_serving_does_not_link(exported, monkeypatch):
+def test_checker_flags_text_ops_tf_serving_does_not_link(exported, exported_check, monkeypatch):
+    import copy
+
     from keras_attention.export import check
     from keras_attention.export import check_servable
 
+    # The fresh process's answer is replayed: what is tested is how the
+    # checker judges it (the process itself ran in `exported_check`).
+    _, fresh = exported_check
+    monkeypatch.setattr(check, "run_in_serving_process", lambda *a, **k: copy.deepcopy(fresh))
     linked = check.tf_serving.TENSORFLOW_TEXT_OPS - {"CaseFoldUTF8"}
     monkeypatch.setattr(check.tf_serving, "TENSORFLOW_TEXT_OPS", linked)
     report = check_servable(exported)
@@ -134,15 +195,17 @@ def _assert_same(outputs, expected, layout):
         assert outputs["score"][row] == pytest.approx(translation.score, abs=1e-4)
 
 
-def test_fresh_process_without_keras_attention_gives_the_same_outputs(trained_translator, exported):
+def test_fresh_process_without_keras_attention_gives_the_same_outputs(
+    trained_translator, served_translator
+):
 
     def same(alignment):
         return alignment
 
-    default, beam = _served(
-        exported,
-        [("serving_default", TEXTS, {}), ("beam_search", TEXTS, {"beam_width": np.int32(3)})],
-    )
+    result, (default, beam) = served_translator["same_outputs"]
+    assert result["keras_attention_importable"] is False
+    for answer in (default, beam):
+        assert result["loaded"] and isinstance(answer, dict), answer
     _assert_same(default, trained_translator.translate(TEXTS), same)
     _assert_same(beam, trained_translator.translate(TEXTS, beam_width=3), same)
 
@@ -160,10 +223,8 @@ def test_served_transformer_matches_translate_per_mode(trained_transformer, expo
     _assert_same(greedy, trained_transformer.translate(TEXTS), layout)
 
 
-def test_signatures_refuse_bad_requests(exported):
+def test_signatures_refuse_bad_requests(exported, served_translator):
     import tensorflow_text  # noqa: F401  (a Python consumer must import it)
-
-    from keras_attention.export.check import run_feeds_in_serving_process
 
     loaded = tf.saved_model.load(exported)
     with pytest.raises(tf.errors.InvalidArgumentError, match="string"):
@@ -189,14 +250,7 @@ def test_signatures_refuse_bad_requests(exported):
                 text=tf.constant(["one"]), beam_width=tf.constant(width)
             )
     # TF Serving's path: the v1 session loader in a process without us.
-    result, (too_wide, not_text) = run_feeds_in_serving_process(
-        exported,
-        [
-            {"text": np.array(["one"], dtype=object), "beam_width": np.int32(9)},
-            {"text": np.array([1, 2], dtype=np.int32)},
-        ],
-        signature=["beam_search", "serving_default"],
-    )
+    result, (too_wide, not_text) = served_translator["bad_requests"]
     assert result["loaded"] and result["keras_attention_importable"] is False
     assert "must be at most 4" in too_wide
     assert "'text' expects string but int32 is provided" in not_text
@@ -227,33 +281,31 @@ TEXT_RANK = (
 )
 
 
-def test_served_signatures_refuse_a_text_batch_that_is_not_1d(trained_translator, exported):
+# A 2-D batch was once answered from its first string ("noir" dropped).
+# TF Serving's REST API turns these bodies into rank-2 and rank-0 tensors.
+NOT_1D_CASES = [
+    ('{"instances": [["three one", "four"]]}', "1,2"),
+    ('{"inputs": {"text": [["three"], ["one"]]}}', "2,1"),
+    ('{"inputs": "three one"}', ""),
+]
+# A 1-D batch in row format is served as translate() answers it.
+NOT_1D_TEXTS = ["three one", "four", ""]
+NOT_1D_GOOD = '{"instances": ["three one", "four", ""]}'
+NOT_1D_SIGNATURES = [("serving_default", {}), ("beam_search", {"beam_width": np.int32(2)})]
+
+
+def test_served_signatures_refuse_a_text_batch_that_is_not_1d(
+    trained_translator, exported, served_translator
+):
     import tensorflow_text  # noqa: F401  (a Python consumer must import it)
 
-    from keras_attention.export.check import run_feeds_in_serving_process
-
-    # A 2-D batch was once answered from its first string ("noir" dropped).
-    # TF Serving's REST API turns these bodies into rank-2 and rank-0 tensors.
-    cases = [
-        ('{"instances": [["three one", "four"]]}', "1,2"),
-        ('{"inputs": {"text": [["three"], ["one"]]}}', "2,1"),
-        ('{"inputs": "three one"}', ""),
-    ]
-    # A 1-D batch in row format is served as translate() answers it.
-    texts = ["three one", "four", ""]
-    good = _rest_feed('{"instances": ["three one", "four", ""]}')
+    cases, texts, signatures = NOT_1D_CASES, NOT_1D_TEXTS, NOT_1D_SIGNATURES
     # TF Serving's loader, in a process without keras_attention: the graph's
     # own check is all that stands between the request and the model (the
-    # feed bypasses session.run's Python shape check). One process answers
-    # every request of both signatures.
-    signatures = [("serving_default", {}), ("beam_search", {"beam_width": np.int32(2)})]
-    feeds = [
-        {**feed, **extra}
-        for _, extra in signatures
-        for feed in [_rest_feed(body) for body, _ in cases] + [good]
-    ]
-    names = [name for name, _ in signatures for _ in range(len(cases) + 1)]
-    result, answers = run_feeds_in_serving_process(exported, feeds, signature=names)
+    # feed bypasses session.run's Python shape check). The shared process
+    # answered every request of both signatures, in `NOT_1D_SIGNATURES` order.
+    result, answers = served_translator["not_1d"]
+    assert len(answers) == len(signatures) * (len(cases) + 1)
     assert result["keras_attention_importable"] is False and result["loaded"]
     for index, (name, extra) in enumerate(signatures):
         served = answers[index * (len(cases) + 1) : (index + 1) * (len(cases) + 1)]
