@@ -166,7 +166,7 @@ def logits_gradient(probs, d_probs, delta):
     return probs * (d_probs - ops.expand_dims(delta, -1))
 
 
-def recomputing_gradient(forward, backward):
+def recomputing_gradient(forward, backward, closure_free=False):
     """`f(*inputs)` whose gradient is `backward`, with nothing autodiff keeps.
 
     `forward(*inputs) -> (outputs, saved)` and
@@ -174,9 +174,15 @@ def recomputing_gradient(forward, backward):
     forward pass's intermediates are dropped: the backward recomputes what
     it needs from `inputs` and `saved` (for attention: the outputs and the
     log-sum-exp), so memory stays linear in the sequence length.
+
+    `closure_free=True` (the tiled engine): on JAX, the two functions are
+    traced and their constants passed explicitly (`_jax_recomputing_gradient`),
+    so JAX may transform the call after tracing it. Its gradients must have
+    their inputs' shapes (the Performer kernel's do not, and keeps Keras'
+    `custom_gradient`).
     """
 
-    if keras.backend.backend() == "jax":
+    if closure_free and keras.backend.backend() == "jax":
         return _jax_recomputing_gradient(forward, backward)
 
     @ops.custom_gradient

@@ -394,7 +394,7 @@ class TiledSweep:
         """`(B, Tq, H, Dv)` float32, and the statistics when asked."""
         self.plan = plan
         self.check_mods()
-        attend = online_softmax.recomputing_gradient(self.forward, self.backward)
+        attend = online_softmax.recomputing_gradient(self.forward, self.backward, closure_free=True)
         out = attend(self.q, self.k, self.v, *self.sink_inputs, *self.score_weights)
         if not self.stats:
             return _from_query_blocks(out, self.q_len), None
