@@ -24,6 +24,10 @@
 #   pip download $P h5py==3.14.0
 #   pip download $P packaging==26.4
 #
+# The device image read on 2026-11-17 (the device tool's KINDS.md) has JAX
+# 0.11.2, absl-py, h5py, rich (and its parts), ml-dtypes, numpy and
+# packaging: only keras, namex and optree need carrying (2.9 MB).
+#
 # Then, from a session that has the device, one call that carries .whl:
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600)
 # The script keeps itself inside ~8 minutes (per-section deadlines); extra

@@ -53,6 +53,16 @@ def test_smoke_run_checks_every_layer_and_times_every_implementation(tmp_path):
     # The "dense" variant (flash_attention=False, no weights asked for) runs
     # the materialised composite kernel, as Keras does.
     assert kernels["blockwise"] == "blockwise" and kernels["dense"] == "composite"
+    # What the compiled program runs, read from its text, agrees: the dense
+    # kernel holds the 128 x 96 weights in one tensor, the tiled ones never.
+    mha = [r for r in rows if r["layer"] == "MultiHeadAttention"]
+    compiled = {(r["variant"], r["dtype"]): r["compiled"] for r in mha}
+    assert compiled["dense", "float32"] == "128x96 in one tensor"
+    assert compiled["blockwise", "bfloat16"].startswith("no 128x96 tensor")
+    for variant in ("blockwise + mods", "blockwise rotary", "blockwise dropout (training)"):
+        assert compiled[variant, "float32"].startswith("no 128x128 tensor"), variant
+    # The bounded cache decodes through its ring on the device (#51).
+    assert {d for v, d in compiled if v.startswith("ring cache decode")} == {"float32", "bfloat16"}
 
     speed = report["speed"]
     assert report["matmul"] and report["matmul"][0]["tflops"] > 0
