@@ -139,8 +139,9 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             each device keeps its query block while key/value blocks rotate
             with `jax.lax.ppermute`), so no device holds more than a
             `(T/N, T/N)` tile of logits. The axis size must divide both
-            sequence lengths. Query, key and causal masks are supported;
-            `attention_mask`, `sliding_window`, dropout and returned or
+            sequence lengths. Query, key and causal masks, a sliding window
+            with sink tokens, segment ids, prefixes and every score modifier
+            are supported; `attention_mask`, dropout and returned or
             captured weights are not (ValueError).
         logit_soft_cap: (keyword-only) `c`: logits become `c * tanh(logit / c)`
             (Gemma 2 and 3), or None.
@@ -406,7 +407,6 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 )
             for argument, given, received in (
                 ("dropout", self.dropout > 0.0, dropout),
-                ("sliding_window", sliding_window is not None, sliding_window),
                 ("flash_attention", flash_attention is not None, flash_attention),
             ):
                 if given:

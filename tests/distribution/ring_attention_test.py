@@ -77,10 +77,11 @@ def test_multi_head_attention_sequence_parallel_matches_exact(results):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("call", ["documents", "prefix"])
+@pytest.mark.parametrize("call", ["documents", "prefix", "window"])
 def test_rules_and_modifiers_on_the_ring_match_the_float64_reference(results, call):
     """Soft cap, ALiBi, a `score_mod`, learned sinks and a `mask_mod`, with
-    packed documents or a prefix per example, per ring tile (#36)."""
+    packed documents, a prefix per example, or a causal sliding window with
+    sink tokens, per ring tile (#36, #50)."""
     modified = results["layer"]["modified"][call]
     assert modified["kernel"] == "ring"
     assert modified["finite"]
@@ -121,10 +122,6 @@ def test_bad_input_names_the_argument_the_mesh_and_the_shape(results, case, mess
     [
         (dict(sequence_parallel=3), r"`sequence_parallel` must be None or the name"),
         (dict(sequence_parallel="sequence", dropout=0.1), r"does not support `dropout`"),
-        (
-            dict(sequence_parallel="sequence", sliding_window=4),
-            r"does not support `sliding_window`.*sliding_window=4",
-        ),
         (
             dict(sequence_parallel="sequence", flash_attention=False),
             r"does not support `flash_attention`",

@@ -291,18 +291,22 @@ def modified_checks(mesh, distribution, x, mask, cotangent):
     length = x.shape[1]
     documents = np.array([[0] * 5 + [1] * 11, [0] * 9 + [1] * 7], "int32")
     prefix = np.array([3, 6], "int32")
+    window = dict(sliding_window=5, sink_tokens=2)  # #50: every rule on the ring
     calls = {
-        "documents": dict(segment_ids=documents, use_causal_mask=True),
-        "prefix": dict(prefix_length=prefix),
+        "documents": ({}, dict(segment_ids=documents, use_causal_mask=True)),
+        "prefix": ({}, dict(prefix_length=prefix)),
+        "window": (window, dict(use_causal_mask=True)),
     }
     report = {}
     with distribution.scope():
-        layer = ka.MultiHeadAttention(4, 4, sequence_parallel="sequence", **options)
-        layer.build(x.shape, x.shape)
-        rng = np.random.default_rng(2)
-        layer.set_weights([rng.normal(scale=0.7, size=w.shape) for w in layer.get_weights()])
-        weights = {w.path.split("/", 1)[1]: np.asarray(w.value, np.float64) for w in layer.weights}
-        for name, call in calls.items():
+        for name, (rules, call) in calls.items():
+            layer = ka.MultiHeadAttention(4, 4, sequence_parallel="sequence", **options, **rules)
+            layer.build(x.shape, x.shape)
+            rng = np.random.default_rng(2)
+            layer.set_weights([rng.normal(scale=0.7, size=w.shape) for w in layer.get_weights()])
+            weights = {
+                w.path.split("/", 1)[1]: np.asarray(w.value, np.float64) for w in layer.weights
+            }
             ran = []
             original = ring.ring_attention
 
@@ -320,7 +324,8 @@ def modified_checks(mesh, distribution, x, mask, cotangent):
                 rows,
                 rows,
                 True,
-                None,
+                rules.get("sliding_window"),
+                sink_tokens=rules.get("sink_tokens"),
                 prefix=prefix if name == "prefix" else None,
                 mask_mod=True,
                 batch=x.shape[0],
