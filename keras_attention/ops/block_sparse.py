@@ -351,8 +351,9 @@ def _swept_attention(query, key, value, mask, pattern, **options):
     bits at absolute positions, segment ids compared per tile). Masked query
     rows are computed as any other (the caller zeroes them)."""
     mask = mask.replace(query_mask=None)
+    attend = memory_efficient.memory_efficient_attention
     if masking.is_statically_empty(query, key):
-        return masking.empty_attention(query, value)
+        return attend(query, key, value, mask=mask, **options)  # zeros, -inf statistics
     block_size, window_blocks, global_blocks, random_plan, tokens = pattern
     # The global blocks' rows see every key: exact attention in the engine's
     # default, larger tiles (at 8192 tokens in TF graph mode their 64 x 64
@@ -369,12 +370,18 @@ def _swept_attention(query, key, value, mask, pattern, **options):
         tuple(sorted(set(tokens or ()))),
         apart,
     )
-    attend = memory_efficient.memory_efficient_attention
     output = attend(query, key, value, mask=mask, tile_plan=plan, **options)
     if not apart:
         return output
     rows = attend(query[:, :apart], key, value, mask=mask.rows(0, apart), **options)
-    return ops.concatenate([rows, output[:, apart:]], axis=1)
+    if not options.get("return_statistics"):
+        return ops.concatenate([rows, output[:, apart:]], axis=1)
+    (rows, row_statistics), (output, statistics) = rows, output
+    statistics = {
+        name: ops.concatenate([row_statistics[name], stat[:, :, apart:]], axis=2)
+        for name, stat in statistics.items()
+    }
+    return ops.concatenate([rows, output[:, apart:]], axis=1), statistics
 
 
 def _gathered_block_rows(
@@ -517,6 +524,7 @@ def block_sparse_attention(
     return_weights=False,
     dropout_rate=0.0,
     dropout_seed=None,
+    return_statistics=False,
 ):
     """Block-sparse softmax attention over projected multi-head tensors.
 
@@ -571,9 +579,17 @@ def block_sparse_attention(
             engine computes each tile's bits again in its backward, so it
             stays linear in memory. The seed is an integer or
             an integer scalar tensor (a new one per training step).
+        return_statistics: also return each row's log-sum-exp and maximum
+            over the keys the pattern and the mask let it see (and the sink),
+            `{"logsumexp", "max"}` of `(B, H, Tq)` float32, `-inf` where a
+            row sees nothing, as `memory_efficient_attention` returns them
+            (`merge_attention` combines parts). On the tiled engine's path
+            only: not with dense weights, a `dropout` callable, a pair mask,
+            a `mask_mod` or unknown lengths (ValueError).
 
     Returns:
-        `output (B, Tq, H, Dv)` and, with `return_weights`, the weights.
+        `output (B, Tq, H, Dv)` and, with `return_weights`, the weights;
+        with `return_statistics`, `(output, statistics)`.
 
     Memory: with static lengths, no dropout callable, no pair mask or
     `mask_mod` and no dense weights asked for (the usual training and
@@ -615,6 +631,7 @@ def block_sparse_attention(
             )
         dropouts.check_seed(owner, "dropout_seed", dropout_seed)
     mask = _checked_mask(owner, mask)
+    return_statistics = checks.flag(owner, "return_statistics", return_statistics)
     if _sweeps(query, key, mask, dropout, return_weights):
         return _swept_attention(
             query,
@@ -626,6 +643,15 @@ def block_sparse_attention(
             scores=scores,
             dropout_rate=dropout_rate,
             dropout_seed=dropout_seed,
+            return_statistics=return_statistics,
+        )
+    if return_statistics:
+        raise ValueError(
+            f"{owner}: `return_statistics=True` needs the tiled engine's path: static "
+            "lengths, no `dropout` callable, no dense weights, no pair mask or "
+            f"`mask_mod`. Received: return_weights={return_weights}, dropout={dropout!r}, "
+            f"a pair mask: {mask.pair_mask is not None}, a mask_mod: "
+            f"{mask.mask_mod is not None}, lengths {query.shape[1]} and {key.shape[1]}"
         )
     return _gathered_attention(
         query,
