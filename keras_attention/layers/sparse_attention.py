@@ -51,10 +51,10 @@ class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
     backward keeps only `O(L * key_dim)` tensors; training with
     `dropout > 0` stays there too (the kernel draws each tile's keep bits
     from a hash of a per-call seed and the positions, again in the
-    backward: `ops.dropout_keep_mask` materialises them). An explicit
-    `attention_mask`, returned or captured weights, or unknown lengths use
-    autodiff over the gathered keys instead, which holds
-    `O(L * S * block_size)` (several times more).
+    backward: `ops.dropout_keep_mask` materialises them), and so do an
+    explicit `attention_mask` and a `mask_mod`, cut per tile. Returned or
+    captured weights, or unknown lengths use autodiff over the gathered keys
+    instead, which holds `O(L * S * block_size)` (several times more).
 
     The projections are those of `MultiHeadAttention` (both are
     `BaseMultiHeadAttention`), so `trainable_weights` move between the two

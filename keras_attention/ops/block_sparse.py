@@ -248,7 +248,17 @@ def _checked_tokens(owner, global_tokens):
 
 
 def _pattern_plan(
-    mask, q_len, k_len, block_size, window_blocks, global_blocks, random_plan, tokens, apart=0
+    mask,
+    q_len,
+    k_len,
+    block_size,
+    window_blocks,
+    global_blocks,
+    random_plan,
+    tokens,
+    apart=0,
+    batch_size=None,
+    num_heads=None,
 ):
     """`sparse_tile_plan` without the checks of its lengths and tokens; the
     first `apart` rows (the global blocks', attended by another call) visit
@@ -270,7 +280,9 @@ def _pattern_plan(
     blocks = ops.any(hits, axis=1)
     if apart:
         blocks = ops.logical_and(blocks, (ops.arange(nq) * block_size >= apart)[:, None])
-    return tiling.from_pattern(mask, q_len, k_len, q_block, k_block, blocks, rows, tokens)
+    return tiling.from_pattern(
+        mask, q_len, k_len, q_block, k_block, blocks, rows, tokens, batch_size, num_heads
+    )
 
 
 def _pad_time(x, length, axis=1, value=0):
@@ -330,16 +342,10 @@ def _block_softmax(logits, allowed, sinks):
 def _sweeps(query, key, mask, dropout, return_weights):
     """Whether the call runs on the tiled engine: static lengths, and a
     softmax the backward can replay (no dropout callable: a fresh mask per
-    call; no dense weights; no explicit pair mask or `mask_mod`, which are
-    `O(Tq * Tv)` here and go through the gathered path)."""
+    call), no dense weights. A pair mask and a `mask_mod` are evaluated per
+    tile there, as by the blockwise kernel."""
     static = isinstance(query.shape[1], int) and isinstance(key.shape[1], int)
-    return (
-        static
-        and dropout is None
-        and not return_weights
-        and mask.pair_mask is None
-        and mask.mask_mod is None
-    )
+    return static and dropout is None and not return_weights
 
 
 def _swept_attention(query, key, value, mask, pattern, **options):
@@ -369,6 +375,8 @@ def _swept_attention(query, key, value, mask, pattern, **options):
         random_plan,
         tuple(sorted(set(tokens or ()))),
         apart,
+        ops.shape(query)[0],
+        query.shape[2],
     )
     output = attend(query, key, value, mask=mask, tile_plan=plan, **options)
     if not apart:
@@ -546,13 +554,13 @@ def block_sparse_attention(
             mask keys inside the pattern, and the pattern looks backwards
             when it is causal. Masked query rows still get weights (the
             caller zeroes them); they do not change other rows. Segment ids
-            (packed documents) are compared per tile on the memory-linear
-            path (no `(Tq, Tv)` mask), and a tile of the pattern holding
-            only other documents' keys is skipped. With a `mask_mod` (one
-            for every head), a `dropout` callable, dense weights or a pair
-            mask, segment ids join the pair mask. A prefix length is
-            refused (the causal pattern never holds the blocks it would
-            open).
+            (packed documents), the pair mask and a `mask_mod` (a head's own
+            too) are evaluated per tile on the memory-linear path (no
+            `(Tq, Tv)` mask), and a tile of the pattern they leave empty is
+            skipped. With a `dropout` callable or dense weights (the
+            gathered path), segment ids and a `mask_mod` (one for every
+            head) join the pair mask. A prefix length is refused (the causal
+            pattern never holds the blocks it would open).
         scale: score multiplier; default `1 / sqrt(D)`.
         scores: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a
             `score_mod` with its weights), or None. Every path applies it to
@@ -584,16 +592,16 @@ def block_sparse_attention(
             `{"logsumexp", "max"}` of `(B, H, Tq)` float32, `-inf` where a
             row sees nothing, as `memory_efficient_attention` returns them
             (`merge_attention` combines parts). On the tiled engine's path
-            only: not with dense weights, a `dropout` callable, a pair mask,
-            a `mask_mod` or unknown lengths (ValueError).
+            only: not with dense weights, a `dropout` callable or unknown
+            lengths (ValueError).
 
     Returns:
         `output (B, Tq, H, Dv)` and, with `return_weights`, the weights;
         with `return_statistics`, `(output, statistics)`.
 
-    Memory: with static lengths, no dropout callable, no pair mask or
-    `mask_mod` and no dense weights asked for (the usual training and
-    serving case, `dropout_rate` included), the call is one sweep of the
+    Memory: with static lengths, no dropout callable and no dense weights
+    asked for (the usual training and serving case, `dropout_rate`, pair
+    masks and `mask_mod` included), the call is one sweep of the
     tiled engine over `sparse_tile_plan`'s tiles under a custom gradient that
     recomputes each tile's probabilities in the backward, so forward +
     backward holds only `O(L * D)` tensors plus one tile's scores; the
@@ -648,10 +656,9 @@ def block_sparse_attention(
     if return_statistics:
         raise ValueError(
             f"{owner}: `return_statistics=True` needs the tiled engine's path: static "
-            "lengths, no `dropout` callable, no dense weights, no pair mask or "
-            f"`mask_mod`. Received: return_weights={return_weights}, dropout={dropout!r}, "
-            f"a pair mask: {mask.pair_mask is not None}, a mask_mod: "
-            f"{mask.mask_mod is not None}, lengths {query.shape[1]} and {key.shape[1]}"
+            "lengths, no `dropout` callable, no dense weights. Received: "
+            f"return_weights={return_weights}, dropout={dropout!r}, lengths "
+            f"{query.shape[1]} and {key.shape[1]}"
         )
     return _gathered_attention(
         query,
@@ -731,8 +738,8 @@ def _gathered_attention(
     dropout_seed,
 ):
     """Block-sparse attention by autodiff over the gathered key blocks (the
-    general path: dense weights, a dropout callable, a pair mask or a
-    `mask_mod`, unknown lengths), the global rows as a dense `(R, Tv)` strip."""
+    general path: dense weights, a dropout callable, unknown lengths), the
+    global rows as a dense `(R, Tv)` strip."""
     owner = "block_sparse_attention"
     block_size, window_blocks, global_blocks, random_plan, global_tokens = pattern
     if mask.has_segments or mask.mask_mod is not None:

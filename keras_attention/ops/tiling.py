@@ -300,7 +300,18 @@ class BlockPattern:
         ]
 
 
-def from_pattern(mask, q_len, k_len, q_block, k_block, blocks, global_rows=(), global_columns=()):
+def from_pattern(
+    mask,
+    q_len,
+    k_len,
+    q_block,
+    k_block,
+    blocks,
+    global_rows=(),
+    global_columns=(),
+    batch_size=None,
+    num_heads=None,
+):
     """The `TilePlan` of a block-sparse pattern under `mask` (no argument
     checks: `ops.sparse_tile_plan` is the public builder).
 
@@ -311,16 +322,19 @@ def from_pattern(mask, q_len, k_len, q_block, k_block, blocks, global_rows=(), g
     pattern's block, capped at each length); it is full when the pattern lets
     every pair through (a tile of `blocks`, a block of global rows) and the
     mask's bounds prove every pair visible. The global rows' and columns'
-    pairs are evaluated as strips of the mask (`O(L * globals)`), so the
-    tiles they alone open are exact; the pattern's tiles are classified from
-    the mask's bounds (`_kinds`). The mask's rules must be the same in every
-    example and head (no `mask_mod`, per-example prefix or key positions).
+    pairs are evaluated as strips of the mask (`O(L * globals)`, without its
+    `mask_mod`: a strip may open a tile the mod closes, which the sweep then
+    evaluates), so the tiles they alone open are exact; the pattern's tiles
+    are classified from the mask's bounds (`_kinds`; a `mask_mod` evaluated
+    for `batch_size` examples and `num_heads` heads). The positional rules
+    must be the same in every example (no per-example prefix or key
+    positions).
     """
     nq, nk = -(-q_len // q_block), -(-k_len // k_block)
     rows = _flags(global_rows, nq, q_block, q_len)  # (nq, bq)
     columns = _flags(global_columns, nk, k_block, k_len)  # (nk, bk)
     pattern = BlockPattern(blocks, rows, columns)
-    full, seen = _kinds(mask, q_len, k_len, q_block, k_block)
+    full, seen = _kinds(mask, q_len, k_len, q_block, k_block, batch_size, num_heads)
     real_rows = ops.reshape(ops.arange(nq * q_block), (nq, q_block)) < q_len
     every_row = ops.all(ops.logical_or(rows, ops.logical_not(real_rows)), axis=1)
     full = ops.logical_and(full, ops.logical_or(blocks, every_row[:, None]))

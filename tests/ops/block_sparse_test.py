@@ -115,10 +115,11 @@ def test_pattern_is_sparse_and_not_trivially_dense():
     assert 0.2 < allowed.mean() < 0.8
 
 
-@pytest.mark.parametrize("pair_mask", [True, False], ids=["gathered", "engine"])
+@pytest.mark.parametrize("pair_mask", [True, False], ids=["pair mask", "key mask"])
 def test_cross_attention_with_different_lengths_and_attention_mask(pair_mask, monkeypatch):
-    """13 queries, 22 keys: a random pair mask (the gathered path) or a key
-    mask (the engine's sweep over the pattern's 4 x 7 tiles)."""
+    """13 queries, 22 keys: a random pair mask or a key mask, both on the
+    engine's sweep over the pattern's 4 x 7 tiles (#50: the pair mask is cut
+    per tile, as in the blockwise kernel)."""
     batch, tq, tv, bs = 2, 13, 22, 4
     query, key, value = _inputs(batch, tq, tv, seed=1)
     plan = np.array([[7, 3], [2, 9]])
@@ -139,42 +140,46 @@ def test_cross_attention_with_different_lengths_and_attention_mask(pair_mask, mo
         global_tokens=(5,),
         **dict(attention_mask=attention_mask) if pair_mask else dict(key_mask=attention_mask[:, 0]),
     )
-    assert ran == ["gathered" if pair_mask else "recomputing"]
+    assert ran == ["recomputing"]
     np.testing.assert_allclose(output, expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("with_mask_mod", [False, True], ids=["segments", "segments+mask_mod"])
-def test_packed_documents_and_a_mask_mod_join_the_pattern(with_mask_mod, monkeypatch):
-    """Segment ids and a `mask_mod` (#36) restrict the pattern's keys further,
-    values and gradients against the NumPy reference of the pattern AND the
-    rules. Segment ids alone are compared inside the recomputing kernel's
-    chunks (no dense `(Tq, Tv)` mask is built: `AttentionMask.dense` is made
-    to fail); with a `mask_mod` both join the dense pair mask."""
+@pytest.mark.parametrize("mod", [None, "shared", "per head"])
+def test_packed_documents_and_a_mask_mod_join_the_pattern(mod, monkeypatch):
+    """Segment ids and a `mask_mod` (#36), one for every head or a head's
+    own, restrict the pattern's keys further, values and gradients against
+    the NumPy reference of the pattern AND the rules. All are evaluated per
+    tile by the engine's sweep (#50): no dense `(Tq, Tv)` mask is built
+    (`AttentionMask.dense` is made to fail)."""
     batch, length, bs = 2, 21, 4
     query, key, value = _inputs(batch, length, length, seed=3)
     plan = np.array([[4, 1]] * 6)
     ids = np.array([[0] * 8 + [1] * 13, [0] * 3 + [1] * 12 + [2] * 6], "int32")
     rows, cols = np.arange(length)[:, None], np.arange(length)[None]
+    per_head = int(mod == "per head")
 
     def mask_mod(batch, head, q_idx, k_idx):
-        return keras.ops.not_equal((q_idx + k_idx + batch) % 5, 0)
+        return keras.ops.not_equal((q_idx + k_idx + batch + head * per_head) % 5, 0)
 
     allowed = reference_pattern(length, length, bs, 3, 1, plan, (9,), causal=True) & (
         ids[:, :, None] == ids[:, None, :]
     )
-    if with_mask_mod:
-        allowed &= (rows + cols + np.arange(batch)[:, None, None]) % 5 != 0
-    else:
+    if mod is not None:
+        head = np.arange(query.shape[2])[None, :, None, None] * per_head
+        allowed = allowed[:, None] & (
+            (rows + cols + np.arange(batch)[:, None, None, None] + head) % 5 != 0
+        )
 
-        def no_dense(*args, **kwargs):
-            raise AssertionError("segment ids alone must not build a dense mask")
+    def no_dense(*args, **kwargs):
+        raise AssertionError("the engine's path must not build a dense mask")
 
-        monkeypatch.setattr(AttentionMask, "dense", no_dense)
+    monkeypatch.setattr(AttentionMask, "dense", no_dense)
+    ran = _spy_rows(monkeypatch)
     mask = AttentionMask(
         causal=True,
         query_segment_ids=ids,
         key_segment_ids=ids,
-        mask_mod=mask_mod if with_mask_mod else None,
+        mask_mod=None if mod is None else mask_mod,
     )
 
     def attend(q, k, v):
@@ -193,6 +198,7 @@ def test_packed_documents_and_a_mask_mod_join_the_pattern(with_mask_mod, monkeyp
     cotangent = np.random.default_rng(4).standard_normal(value.shape).astype("float32")
     expected, _ = reference_attention(query, key, value, allowed)
     output = _on_jax_compiled(attend)(query, key, value)
+    assert ran and set(ran) == {"recomputing"}
     np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
     grads = input_gradients(attend, [query, key, value], cotangent, jit=True)
     expected_grads = reference_gradients(query, key, value, allowed, cotangent)
