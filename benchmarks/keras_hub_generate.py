@@ -131,11 +131,11 @@ def _generate(lm, inputs):
     return time.perf_counter() - wall, time.process_time() - cpu, tokens
 
 
-def compare(family, layers=4, hidden=64, batch=2, new_tokens=240, repeats=5):
+def compare(family, layers=4, hidden=64, batch=2, new_tokens=240, repeats=5, window=WINDOW):
     """Median `generate` seconds (wall and CPU) of KerasHub's LM and ours,
     alternated in this process after one untimed (compiling) call each;
     raises if any call's tokens differ from KerasHub's."""
-    theirs, ours = build(family, layers, hidden)
+    theirs, ours = build(family, layers, hidden, window=window)
     inputs = prompt(family, batch, new_tokens)
     *_, want = _generate(theirs, inputs)
     times = {"keras_hub": ([], []), "ours": ([], [])}
@@ -233,13 +233,22 @@ def main(argv=None):
     print(
         f"backend {keras.backend.backend()}: {args.layers} layers, hidden {args.hidden}, "
         f"batch {args.batch}, {PROMPT}-token prompt + {args.new_tokens} new tokens, "
-        f"greedy; median of {args.repeats} alternated calls after the compiling one"
+        f"greedy, windows of {args.window}; median of {args.repeats} alternated calls "
+        "after the compiling one"
     )
     print("| family | KerasHub s | ours s | ours / KerasHub | CPU s: KerasHub | ours | ratio |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows = []
     for family in args.families:
-        row = compare(family, args.layers, args.hidden, args.batch, args.new_tokens, args.repeats)
+        row = compare(
+            family,
+            args.layers,
+            args.hidden,
+            args.batch,
+            args.new_tokens,
+            args.repeats,
+            window=args.window,
+        )
         rows.append(row)
         print(
             f"| {family} | {row['keras_hub_s']:.3f} | {row['ours_s']:.3f} | {row['ratio']:.2f}x "

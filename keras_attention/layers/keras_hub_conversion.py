@@ -554,39 +554,31 @@ class KerasHubAttention(keras.layers.Layer):
         # Gemma 3's decoder passes index 0 for its uncached call's default.
         if cache is None:
             return self.attention(hidden_states, training=training, **masks)
+        if cache_update_mask is not None and cache_update_index is not None:
+            masks["cache_update_mask"] = _rows_to_write(
+                cache_update_mask, cache_update_index, ring_cache.cache_slots(cache)
+            )
         # Ours reads every family's cache as it is, Gemma 3's (keys, values)
-        # pair too: no per-step conversion (`to_keras_hub_cache`).
-        out, new = self.attention(
+        # pair too (no per-step conversion, `to_keras_hub_cache`), and writes
+        # only the rows of Gemma 3's `cache_update_mask` before attending,
+        # as KerasHub's layer.
+        return self.attention(
             hidden_states,
             cache=cache,
             cache_update_index=cache_update_index,
             training=training,
             **masks,
         )
-        if cache_update_mask is not None and cache_update_index is not None:
-            # Gemma 3: rows whose mask is False keep their old cache entries.
-            new = tuple(
-                _keep_where_masked(part, old, cache_update_mask, cache_update_index)
-                for part, old in zip(new, cache, strict=True)
-            )
-        return out, new
 
 
-def _keep_where_masked(new, old, cache_update_mask, index):
-    """`new` `(B, T_max, Hkv, D)` with the rows written at `index` that
-    `cache_update_mask` `(B, Tq)` leaves False taken from `old`. In a
-    window's ring (`use_window_caches`) a write past the slots wraps and
-    the slot held another position: every row is rewritten there (text
+def _rows_to_write(cache_update_mask, index, slots):
+    """Gemma 3's `cache_update_mask` `(B, Tq)` (prompt tokens fed again keep
+    their prefill keys), or every row once a window's ring
+    (`use_window_caches`) wraps, where the slot held another position (text
     only: the rewritten keys are the prefill's)."""
     length = ops.shape(cache_update_mask)[1]
-    slots = ops.shape(new)[1]
-    index = ops.cast(index, "int32")
-    update = ops.logical_or(ops.cast(cache_update_mask, "bool"), index + length > slots)
-    start = [0, ops.minimum(index, slots - length), 0, 0]
-    size = [ops.shape(new)[0], length] + list(ops.shape(new)[2:])
-    update = ops.reshape(update, (-1, length, 1, 1))
-    kept = ops.where(update, ops.slice(new, start, size), ops.slice(old, start, size))
-    return ops.slice_update(new, start, kept)
+    wrapped = ops.cast(index, "int32") + length > slots
+    return ops.logical_or(ops.cast(cache_update_mask, "bool"), wrapped)
 
 
 # -------------------------------------------- window caches in `generate`
