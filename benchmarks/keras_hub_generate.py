@@ -10,8 +10,19 @@ alternate, theirs then ours, `--repeats` times, and the medians are printed
 with the ratio ours / KerasHub. The tokens of every call must be KerasHub's
 (the script stops otherwise).
 
+`--cache-length L` measures memory instead: each LM's `generate` on a buffer
+of `L` tokens stops after one step (every token a stop token), and the bytes
+of the cache its `_build_cache` hands the sampler (the cache the decoding
+loop carries) are printed, KerasHub's and ours. The windowed families
+(`gemma2`: Gemma with local even layers; `mistral`; `gpt_oss`: local odd
+layers; `gemma3`: local layers) have windows of `--window` keys (64), so
+after the swap their local layers carry rings of that many slots (GPT-OSS
+one more).
+
     KERAS_BACKEND=tensorflow python benchmarks/keras_hub_generate.py
     KERAS_BACKEND=jax python benchmarks/keras_hub_generate.py --families gemma llama gemma3
+    KERAS_BACKEND=jax python benchmarks/keras_hub_generate.py --cache-length 4096 \
+        --families gemma2 mistral gpt_oss gemma3
 """
 
 import argparse
@@ -31,11 +42,12 @@ import numpy as np  # noqa: E402
 
 from keras_attention.layers import keras_hub_conversion  # noqa: E402
 
-FAMILIES = ("gemma", "llama", "gemma3")
+FAMILIES = ("gemma", "llama", "gemma3", "gemma2", "mistral", "gpt_oss")
 PROMPT = 16
+WINDOW = 64
 
 
-def _backbone(family, layers, hidden, vocabulary):
+def _backbone(family, layers, hidden, vocabulary, window=WINDOW):
     import keras_hub
 
     common = dict(
@@ -57,20 +69,36 @@ def _backbone(family, layers, hidden, vocabulary):
             image_size=16,
             vision_encoder=None,
             use_sliding_window_attention=True,
-            sliding_window_size=64,
+            sliding_window_size=window,
             **common,
         )
         return backbone, models.Gemma3CausalLM
+    if family == "gemma2":
+        backbone = models.GemmaBackbone(
+            head_dim=hidden // 4,
+            use_sliding_window_attention=True,
+            sliding_window_size=window,
+            **common,
+        )
+        return backbone, models.GemmaCausalLM
+    if family == "mistral":
+        return models.MistralBackbone(sliding_window=window, **common), models.MistralCausalLM
+    if family == "gpt_oss":
+        # GPT-OSS's window keeps `window + 1` keys.
+        backbone = models.GptOssBackbone(
+            num_experts=2, top_k=2, head_dim=hidden // 4, sliding_window=window, **common
+        )
+        return backbone, models.GptOssCausalLM
     raise ValueError(f"keras_hub_generate: unknown family. Received: family={family!r}")
 
 
-def build(family, layers=4, hidden=64, vocabulary=256, seed=0):
+def build(family, layers=4, hidden=64, vocabulary=256, seed=0, window=WINDOW):
     """`(theirs, ours)`: two causal LMs with the same random weights, ours
     with every attention layer swapped for ours."""
     lms = []
     weights = None
     for _ in range(2):
-        backbone, causal_lm = _backbone(family, layers, hidden, vocabulary)
+        backbone, causal_lm = _backbone(family, layers, hidden, vocabulary, window)
         lm = causal_lm(backbone=backbone, preprocessor=None)
         lm.compile(sampler="greedy")
         if weights is None:
@@ -103,11 +131,11 @@ def _generate(lm, inputs):
     return time.perf_counter() - wall, time.process_time() - cpu, tokens
 
 
-def compare(family, layers=4, hidden=64, batch=2, new_tokens=240, repeats=5):
+def compare(family, layers=4, hidden=64, batch=2, new_tokens=240, repeats=5, window=WINDOW):
     """Median `generate` seconds (wall and CPU) of KerasHub's LM and ours,
     alternated in this process after one untimed (compiling) call each;
     raises if any call's tokens differ from KerasHub's."""
-    theirs, ours = build(family, layers, hidden)
+    theirs, ours = build(family, layers, hidden, window=window)
     inputs = prompt(family, batch, new_tokens)
     *_, want = _generate(theirs, inputs)
     times = {"keras_hub": ([], []), "ours": ([], [])}
@@ -128,6 +156,67 @@ def compare(family, layers=4, hidden=64, batch=2, new_tokens=240, repeats=5):
     return row
 
 
+def _record_cache_bytes(lm):
+    """A list that gets the bytes of each cache `lm._build_cache` returns."""
+    recorded = []
+    build_cache = lm._build_cache
+
+    def spy(*args):
+        hidden, cache = build_cache(*args)
+        parts = keras.tree.flatten(cache)
+        recorded.append(
+            sum(
+                int(np.prod(part.shape))
+                * np.dtype(keras.backend.standardize_dtype(part.dtype)).itemsize
+                for part in parts
+            )
+        )
+        return hidden, cache
+
+    object.__setattr__(lm, "_build_cache", spy)
+    return recorded
+
+
+def cache_bytes(family, cache_length, layers=4, hidden=64, batch=2, vocabulary=256, window=WINDOW):
+    """The bytes of the cache KerasHub's `generate` and ours carry through
+    their decoding loop at a buffer of `cache_length` tokens (one step:
+    every token stops), and whether the two gave the same tokens."""
+    theirs, ours = build(family, layers, hidden, vocabulary, window=window)
+    inputs = prompt(family, batch, cache_length - PROMPT, vocabulary)
+    row = {"family": family, "cache_length": cache_length}
+    tokens = []
+    for name, lm in (("keras_hub", theirs), ("ours", ours)):
+        recorded = _record_cache_bytes(lm)
+        output = lm.generate(inputs, stop_token_ids=tuple(range(vocabulary)))
+        tokens.append(np.asarray(output["token_ids"]))
+        row[f"{name}_bytes"] = recorded[-1]
+    row["same_tokens"] = bool(np.array_equal(*tokens))
+    row["ratio"] = row["ours_bytes"] / row["keras_hub_bytes"]
+    return row
+
+
+def main_cache_bytes(args):
+    print(
+        f"backend {keras.backend.backend()}: {args.layers} layers, hidden {args.hidden}, "
+        f"batch {args.batch}, windows of {args.window} keys, a buffer of {args.cache_length} "
+        "tokens: bytes of the cache the decoding loop carries"
+    )
+    print("| family | KerasHub bytes | ours bytes | ours / KerasHub | same tokens |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    rows = []
+    for family in args.families:
+        row = cache_bytes(
+            family, args.cache_length, args.layers, args.hidden, args.batch, window=args.window
+        )
+        rows.append(row)
+        print(
+            f"| {family} | {row['keras_hub_bytes']:,} | {row['ours_bytes']:,} | "
+            f"{row['ratio']:.3f} | {row['same_tokens']} |",
+            flush=True,
+        )
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", default=["gemma", "llama"], choices=FAMILIES)
@@ -136,17 +225,30 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=240)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cache-length", type=int, default=None)
+    parser.add_argument("--window", type=int, default=WINDOW)
     args = parser.parse_args(argv)
+    if args.cache_length is not None:
+        return main_cache_bytes(args)
     print(
         f"backend {keras.backend.backend()}: {args.layers} layers, hidden {args.hidden}, "
         f"batch {args.batch}, {PROMPT}-token prompt + {args.new_tokens} new tokens, "
-        f"greedy; median of {args.repeats} alternated calls after the compiling one"
+        f"greedy, windows of {args.window}; median of {args.repeats} alternated calls "
+        "after the compiling one"
     )
     print("| family | KerasHub s | ours s | ours / KerasHub | CPU s: KerasHub | ours | ratio |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows = []
     for family in args.families:
-        row = compare(family, args.layers, args.hidden, args.batch, args.new_tokens, args.repeats)
+        row = compare(
+            family,
+            args.layers,
+            args.hidden,
+            args.batch,
+            args.new_tokens,
+            args.repeats,
+            window=args.window,
+        )
         rows.append(row)
         print(
             f"| {family} | {row['keras_hub_s']:.3f} | {row['ours_s']:.3f} | {row['ratio']:.2f}x "

@@ -554,68 +554,71 @@ class KerasHubAttention(keras.layers.Layer):
         # Gemma 3's decoder passes index 0 for its uncached call's default.
         if cache is None:
             return self.attention(hidden_states, training=training, **masks)
+        if cache_update_mask is not None and cache_update_index is not None:
+            masks["cache_update_mask"] = _rows_to_write(
+                cache_update_mask, cache_update_index, ring_cache.cache_slots(cache)
+            )
         # Ours reads every family's cache as it is, Gemma 3's (keys, values)
-        # pair too: no per-step conversion (`to_keras_hub_cache`).
-        out, new = self.attention(
+        # pair too (no per-step conversion, `to_keras_hub_cache`), and writes
+        # only the rows of Gemma 3's `cache_update_mask` before attending,
+        # as KerasHub's layer.
+        return self.attention(
             hidden_states,
             cache=cache,
             cache_update_index=cache_update_index,
             training=training,
             **masks,
         )
-        if cache_update_mask is not None and cache_update_index is not None:
-            # Gemma 3: rows whose mask is False keep their old cache entries.
-            new = tuple(
-                _keep_where_masked(part, old, cache_update_mask, cache_update_index)
-                for part, old in zip(new, cache, strict=True)
-            )
-        return out, new
 
 
-def _keep_where_masked(new, old, cache_update_mask, index):
-    """`new` `(B, T_max, Hkv, D)` with the rows written at `index` that
-    `cache_update_mask` `(B, Tq)` leaves False taken from `old`. In a
-    window's ring (`use_window_caches`) a write past the slots wraps and
-    the slot held another position: every row is rewritten there (text
+def _rows_to_write(cache_update_mask, index, slots):
+    """Gemma 3's `cache_update_mask` `(B, Tq)` (prompt tokens fed again keep
+    their prefill keys), or every row once a window's ring
+    (`use_window_caches`) wraps, where the slot held another position (text
     only: the rewritten keys are the prefill's)."""
     length = ops.shape(cache_update_mask)[1]
-    slots = ops.shape(new)[1]
-    index = ops.cast(index, "int32")
-    update = ops.logical_or(ops.cast(cache_update_mask, "bool"), index + length > slots)
-    start = [0, ops.minimum(index, slots - length), 0, 0]
-    size = [ops.shape(new)[0], length] + list(ops.shape(new)[2:])
-    update = ops.reshape(update, (-1, length, 1, 1))
-    kept = ops.where(update, ops.slice(new, start, size), ops.slice(old, start, size))
-    return ops.slice_update(new, start, kept)
+    wrapped = ops.cast(index, "int32") + length > slots
+    return ops.logical_or(ops.cast(cache_update_mask, "bool"), wrapped)
 
 
 # -------------------------------------------- window caches in `generate`
 def _ring_from_full(cache, layer, written):
-    """Gemma 3's `(keys, values)` cache of `layer` (a `KerasHubAttention`),
-    filled by position, as the ring our layer reads once positions
-    `0 .. written - 1` are written (`ops.cache.ring_positions`): the
-    `sliding_window` (plus sink) slots, or `cache` itself where the window
-    is none or as long."""
-    window = layer.attention.sliding_window
-    keys, values = cache
-    sinks = layer.attention.sink_tokens or 0
-    if window is None or keys.shape[1] is None or window + sinks >= keys.shape[1]:
+    """`layer`'s cache (a `KerasHubAttention`'s: Gemma 3's `(keys, values)`
+    pair, or one `(B, 2, T, Hkv, D)` tensor), filled by position, as the
+    ring our layer reads once positions `0 .. written - 1` are written
+    (`ops.cache.ring_positions`): the `sliding_window` (plus sink) slots, or
+    `cache` itself where the window is none or as long."""
+    slots = _window_slots(layer)
+    length = ring_cache.cache_slots(cache)
+    if slots is None or length is None or slots >= length:
         return cache
-    positions = ring_cache.ring_positions(window + sinks, written, sinks)
-    return ops.take(keys, positions, axis=1), ops.take(values, positions, axis=1)
+    positions = ring_cache.ring_positions(slots, written, layer.attention.sink_tokens or 0)
+    if ring_cache.is_pair(cache):
+        return tuple(ops.take(part, positions, axis=1) for part in cache)
+    return ops.take(cache, positions, axis=2)
 
 
-def use_window_caches(causal_lm, layers):
-    """Makes a Gemma 3 causal LM's `generate` keep its local layers' caches
-    at window size. KerasHub's `_build_cache` fills one `(keys, values)`
-    pair of `max_length` slots per layer with the prefill, and its sampler
+def _window_slots(layer):
+    """The slots a window's ring needs for one-token steps (the window plus
+    the sinks), or None for a layer without a window."""
+    window = layer.attention.sliding_window
+    return None if window is None else window + (layer.attention.sink_tokens or 0)
+
+
+def _first_step_index(padding_mask):
+    """Where KerasHub's sampler starts: the shortest prompt's length (its
+    first step writes position `index - 1`, so the ring holds what a cache
+    written up to `index` holds)."""
+    return ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+
+
+def _use_pair_window_caches(causal_lm, layers):
+    """Gemma 3: KerasHub's `_build_cache` fills one `(keys, values)` pair
+    of `max_length` slots per layer with the prefill, and its sampler
     carries the tuple through its loop whatever each pair's length; here,
-    on the instance, each pair of a layer with a window is then cut to the
-    ring of `sliding_window` slots holding the last keys before the first
-    decoding step (`index = min(prompt lengths)`, where KerasHub's sampler
-    starts). `layers` are the blocks' `KerasHubAttention`, in order. With
-    images the caches stay full: their update mask keeps the prefill's
-    image keys at their positions."""
+    on the instance, each pair of a layer with a window is then cut to its
+    ring before the first decoding step. With images the caches stay full:
+    their update mask keeps the prefill's image keys at their positions."""
     original = type(causal_lm)._build_cache
 
     def build_cache(token_ids, img_embeddings, vision_mask, padding_mask, vision_indices):
@@ -624,14 +627,114 @@ def use_window_caches(causal_lm, layers):
         )
         if img_embeddings is not None:
             return hidden, cache
-        # The sampler's first step writes position `index - 1`: the ring
-        # holds what a cache written up to `index` holds.
-        index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+        index = _first_step_index(padding_mask)
         return hidden, tuple(
             _ring_from_full(pair, layer, index) for pair, layer in zip(cache, layers, strict=True)
         )
 
     object.__setattr__(causal_lm, "_build_cache", build_cache)
+
+
+# The causal LMs whose `_build_cache` stacks every layer's cache in one
+# `(B, num_layers, 2, T, Hkv, D)` tensor and whose layers can have a window
+# (KerasHub 0.32): how `call_with_cache` calls a block (its cache arguments)
+# and whether it scales the token embeddings by sqrt(hidden_dim) (Gemma).
+_STACKED_CACHE_LMS = {
+    "GemmaCausalLM": ("cache", "cache_update_index", True),
+    "MistralCausalLM": ("self_attention_cache", "self_attention_cache_update_index", False),
+    "GptOssCausalLM": ("self_attention_cache", "self_attention_cache_update_index", False),
+    "QwenCausalLM": ("self_attention_cache", "self_attention_cache_update_index", False),
+    "Qwen3CausalLM": ("self_attention_cache", "self_attention_cache_update_index", False),
+}
+
+
+def _stacked_cache_calls(causal_lm):
+    for klass in type(causal_lm).__mro__:
+        if klass.__name__ in _STACKED_CACHE_LMS and klass.__module__.startswith("keras_hub"):
+            return _STACKED_CACHE_LMS[klass.__name__]
+    return None
+
+
+def _use_stacked_window_caches(causal_lm, layers, calls):
+    """Gemma (2), Mistral, GPT-OSS, Qwen, Qwen 3: KerasHub's `_build_cache`
+    fills one `(B, num_layers, 2, T, Hkv, D)` tensor, which its
+    `call_with_cache` slices per layer and stacks again at every step. In
+    `generate` (where the prompts' padding mask says where the sampler
+    starts) the prefill's tensor is split instead into a tuple of one
+    `(B, 2, slots, Hkv, D)` cache per layer: a window's ring on local
+    layers (`sliding_window` slots, plus sinks), `T` slots on the others;
+    `call_with_cache` given such a tuple calls each block with its own and
+    returns the tuple (no per-step stack of every layer's cache). Called
+    without a padding mask in scope (the export's prefill, a direct
+    `_build_cache(token_ids)`), both keep KerasHub's stacked tensor."""
+    cache_argument, index_argument, scaled_embedding = calls
+    kind = type(causal_lm)
+    build_original, call_original = kind._build_cache, kind.call_with_cache
+    generate_original = kind.generate_step
+    prompt_masks = []  # the padding mask of the `generate_step` being traced
+
+    def generate_step(inputs, *args, **kwargs):
+        prompt_masks.append(inputs["padding_mask"])
+        try:
+            return generate_original(causal_lm, inputs, *args, **kwargs)
+        finally:
+            prompt_masks.pop()
+
+    def build_cache(token_ids):
+        hidden, cache = build_original(causal_lm, token_ids)
+        length = token_ids.shape[1]
+        slots = [_window_slots(layer) for layer in layers]
+        if not prompt_masks or length is None or all(s is None or s >= length for s in slots):
+            return hidden, cache
+        index = _first_step_index(prompt_masks[-1])
+        return hidden, tuple(
+            _ring_from_full(cache[:, i], layer, index) for i, layer in enumerate(layers)
+        )
+
+    def call_with_cache(token_ids, cache, cache_update_index):
+        if not isinstance(cache, (tuple, list)):
+            return call_original(causal_lm, token_ids, cache, cache_update_index)
+        backbone = causal_lm.backbone
+        x = backbone.token_embedding(token_ids)
+        if scaled_embedding:
+            x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
+        caches = []
+        for block, layer_cache in zip(backbone.transformer_layers, cache, strict=True):
+            x, layer_cache = block(
+                x, **{cache_argument: layer_cache, index_argument: cache_update_index}
+            )[:2]
+            caches.append(layer_cache)
+        hidden_states = x = backbone.layer_norm(x)
+        logits = backbone.token_embedding(x, reverse=True)
+        return logits, hidden_states, tuple(caches)
+
+    for name, method in (
+        ("generate_step", generate_step),
+        ("_build_cache", build_cache),
+        ("call_with_cache", call_with_cache),
+    ):
+        object.__setattr__(causal_lm, name, method)
+
+
+def use_window_caches(causal_lm, layers):
+    """Makes a causal LM's `generate` keep its local layers' caches at
+    window size: rings of `sliding_window` slots (plus sinks) that our
+    layer addresses by absolute position (`MultiHeadAttention`'s
+    `cache=`), cut from the prefill's cache where KerasHub's sampler starts
+    (`min(prompt lengths)`). `layers` are the blocks' `KerasHubAttention`,
+    in order. True when the causal LM is one this covers (Gemma 3's pair
+    per layer, or a stacked cache of `_STACKED_CACHE_LMS`) and a layer has
+    a window; methods are replaced on the instance only."""
+    if not any(_window_slots(layer) is not None for layer in layers):
+        return False  # also for an empty `layers`
+    if layers[0].family == "CachedGemma3Attention":
+        _use_pair_window_caches(causal_lm, layers)
+        return True
+    calls = _stacked_cache_calls(causal_lm)
+    if calls is None:
+        return False
+    _use_stacked_window_caches(causal_lm, layers, calls)
+    return True
 
 
 # Keras' compiled functions and KerasHub's `generate`: set to None, each is
@@ -717,6 +820,18 @@ def _swapped_class(base):
     return _SWAPPED_CLASSES[base]
 
 
+def _swapped_layers(backbone):
+    """The `KerasHubAttention` of each decoder block of `backbone`, in order
+    (empty unless every block has one)."""
+    layers = [
+        getattr(block, attribute)
+        for block in backbone.transformer_layers
+        for attribute in ATTENTION_ATTRIBUTES
+        if isinstance(getattr(block, attribute, None), KerasHubAttention)
+    ]
+    return layers if len(layers) == len(backbone.transformer_layers) else []
+
+
 def _is_backbone(model):
     blocks = getattr(model, "transformer_layers", None)
     return isinstance(model, keras.Model) and isinstance(blocks, (list, tuple)) and bool(blocks)
@@ -764,9 +879,11 @@ def replace_keras_hub_attention(model=None, **overrides):
     families are supported (Falcon's decoder passes an ALiBi tensor ours
     does not take). Each decoder block hands its causal and padding mask
     to ours as rules (`use_mask_rules`), so no `(B, L, L)` mask is built
-    and memory stays linear in the length; a Gemma 3 causal LM's
-    `generate` keeps its local layers' caches at window size
-    (`use_window_caches`). `overrides` go to our constructor (e.g.
+    and memory stays linear in the length; a causal LM's `generate` keeps
+    its local layers' caches at window size (`use_window_caches`: Gemma,
+    Gemma 3, Mistral, GPT-OSS, Qwen, Qwen 3). A loaded causal LM has our
+    layers from its file; swapping it again (0 replaced) restores its
+    window caches. `overrides` go to our constructor (e.g.
     `memory_efficient=True`).
     """
     from keras_attention.layers.multi_head_attention import MultiHeadAttention
@@ -819,8 +936,10 @@ def replace_keras_hub_attention(model=None, **overrides):
         setattr(block, attribute, new)
         block._tracker.lock()
         use_mask_rules(block)
-    if swaps and model is not backbone and swaps[0][3].family == "CachedGemma3Attention":
-        use_window_caches(model, [new for _, _, _, new in swaps])
+    if model is not backbone:
+        # A loaded swapped causal LM has ours already: swapping it again
+        # gives it the window caches, which live on the instance.
+        use_window_caches(model, _swapped_layers(backbone))
     if swaps:
         # Object attributes, not Keras-tracked state.
         object.__setattr__(backbone, "__class__", _swapped_class(type(backbone)))

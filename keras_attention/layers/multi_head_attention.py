@@ -215,6 +215,11 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             (inside `tf.function` / `jax.jit`, e.g. a compiled decoding loop)
             cannot be checked: an index beyond the cache is clamped to
             `T_max - Tq` by the dynamic update slice, as XLA does.
+        cache_update_mask: (keyword-only) with `cache_update_index`, `(B,
+            Tq)` booleans: where False, that step's keys/values are not
+            written and its slot keeps what the cache held (KerasHub's Gemma
+            3 argument: prompt tokens fed again keep their prefill keys); the
+            step attends over the cache as written.
         segment_ids: (keyword-only) `(B, Tq)` integers: documents packed
             into one sequence; a query sees the keys of its own document.
         key_segment_ids: (keyword-only) `(B, Tv)` (or `(B, T_max)` with a
@@ -983,6 +988,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         mask,
         cache,
         cache_update_index,
+        cache_update_mask=None,
     ):
         """Validation of a call with a cache; returns the query and masks."""
         self._check_tensor("query", query)
@@ -1010,6 +1016,15 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         self._check_mask(
             "attention_mask", attention_mask, (batch, steps, cache_length), broadcast=True
         )
+        if cache_update_mask is not None and cache_update_index is None:
+            raise ValueError(
+                self._error(
+                    "`cache_update_mask` says which steps a call writes: pass "
+                    "`cache_update_index` too. Received: cache_update_mask with "
+                    "cache_update_index=None"
+                )
+            )
+        self._check_mask("cache_update_mask", cache_update_mask, (batch, steps))
         return query, query_mask
 
     def _cached_call(
@@ -1023,6 +1038,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         cache,
         cache_update_index,
         position_ids=None,
+        cache_update_mask=None,
     ):
         """`(call, projected query, gate, key, value, new cache)` of a call
         with a cache: the query's keys/values are written at
@@ -1039,7 +1055,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             step = ops.stack(self._project_key_value(query, query, rotary_positions), axis=1)
             sinks = self._ring_sinks(query, cache, cache_update_index)
             # With sinks, a window's ring buffer: slots wrap, positions stay absolute.
-            cache = ring_cache.write_cache(cache, step, index, sinks)
+            cache = ring_cache.write_cache(cache, step, index, sinks, cache_update_mask)
             if sinks is not None:
                 written = index + ops.shape(query)[1]
                 slots = ring_cache.ring_positions(ring_cache.cache_slots(cache), written, sinks)
@@ -1097,6 +1113,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         attention_scores_query_range=None,
         cache=None,
         cache_update_index=None,
+        cache_update_mask=None,
         segment_ids=None,
         key_segment_ids=None,
         prefix_length=None,
@@ -1116,13 +1133,17 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             query, return_attention_scores, attention_scores_heads, attention_scores_query_range
         )
         if cache is None:
-            if cache_update_index is not None:
-                raise ValueError(
-                    self._error(
-                        "`cache_update_index` needs a `cache`. Received: "
-                        f"cache_update_index={cache_update_index!r}, cache=None"
+            for name, given in (
+                ("cache_update_index", cache_update_index),
+                ("cache_update_mask", cache_update_mask),
+            ):
+                if given is not None:
+                    raise ValueError(
+                        self._error(
+                            f"`{name}` needs a `cache`. Received: {name}="
+                            f"{given if name == 'cache_update_index' else 'a mask'!r}, cache=None"
+                        )
                     )
-                )
             call = self._prepare_inputs(
                 query,
                 value,
@@ -1162,6 +1183,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 mask,
                 cache,
                 cache_update_index,
+                cache_update_mask,
             )
             call, projected_query, gate, projected_key, projected_value, cache = self._cached_call(
                 query,
@@ -1173,6 +1195,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 cache,
                 cache_update_index,
                 self._check_position_ids(position_ids, None, tuple(query.shape)),
+                cache_update_mask,
             )
         call.mask = self._with_call_rules(
             call.mask,
@@ -1245,6 +1268,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         attention_scores_query_range=None,
         cache=None,
         cache_update_index=None,
+        cache_update_mask=None,
         segment_ids=None,
         key_segment_ids=None,
         prefix_length=None,

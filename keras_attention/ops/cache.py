@@ -74,14 +74,21 @@ def keys_and_values(cache):
     return tuple(cache) if is_pair(cache) else (cache[:, 0], cache[:, 1])
 
 
-def write_cache(cache, update, index, sink_tokens=None):
+def write_cache(cache, update, index, sink_tokens=None, update_mask=None):
     """`cache` (either form, returned in it) with `update` `(B, 2, Tq, Hkv,
     D)` written at `index`: by position (`update_cache`), or with
     `sink_tokens` not None into a ring (`write_ring`). A pair's keys and
     values are written each in place: stacking them would copy the whole
-    cache at every step."""
+    cache at every step. `update_mask` `(B, Tq)` bool, or None: where False,
+    the slot keeps what it held (its old rows are read before the write, so
+    the write stays in place under XLA)."""
 
     def write(part, step):
+        if update_mask is not None:
+            keep = ops.reshape(ops.cast(update_mask, "bool"), (-1, 1, ops.shape(step)[2], 1, 1))
+            step = ops.where(
+                keep, ops.cast(step, part.dtype), _written_slots(part, step, index, sink_tokens)
+            )
         if sink_tokens is None:
             return update_cache(part, step, index)
         return write_ring(part, step, index, sink_tokens)
@@ -93,6 +100,20 @@ def write_cache(cache, update, index, sink_tokens=None):
         ops.squeeze(write(ops.expand_dims(part, 1), update[:, i : i + 1]), 1)
         for i, part in enumerate(cache)
     )
+
+
+def _written_slots(cache, update, index, sink_tokens=None):
+    """What `cache` `(B, n, T_max, Hkv, D)` holds in the slots that
+    `update`'s `Tq` steps at `index` are written to (as `update_cache`
+    clamps the index, or the ring's slots)."""
+    steps, num_slots = update.shape[2], cache.shape[2]
+    index = ops.cast(index, "int32")
+    if sink_tokens is None:
+        start = ops.clip(index, 0, num_slots - steps)
+        size = list(ops.shape(cache)[:2]) + [steps] + list(ops.shape(cache)[3:])
+        return ops.slice(cache, (0, 0, start, 0, 0), size)
+    positions = index + ops.arange(steps, dtype="int32")
+    return ops.take(cache, ring_slots(positions, num_slots, sink_tokens), axis=2)
 
 
 def ring_slots(positions, num_slots, sink_tokens=0):

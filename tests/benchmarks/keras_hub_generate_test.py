@@ -38,3 +38,18 @@ def test_benchmark_times_keras_hub_and_ours_on_the_same_tokens(capsys, monkeypat
         assert row["tokens"].shape == (2, script.PROMPT + 3)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gemma")]
     assert len(printed) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.benchmark
+def test_cache_bytes_of_window_rings_against_keras_hubs_full_caches(capsys, monkeypatch):
+    """`--cache-length`: a windowed family's swapped LM carries rings on its
+    local layers (Mistral: every layer, 4 slots of 24), Llama full caches."""
+    script = _script(monkeypatch)
+    rows = script.main(
+        ["--cache-length", "24", "--window", "4", "--families", "mistral", "llama"]
+        + ["--layers", "1", "--hidden", "16"]
+    )
+    ratios = {row["family"]: row["ratio"] for row in rows}
+    assert ratios == {"mistral": 4 / 24, "llama": 1.0}
+    assert all(row["same_tokens"] and row["keras_hub_bytes"] > 0 for row in rows)

@@ -510,7 +510,10 @@ def test_swapped_gemma_reads_and_writes_keras_hubs_cache_as_it_is():
 def test_swapped_gemma3_writes_its_cache_pair_without_stacking_it():
     """#51: Gemma 3's `(keys, values)` cache reaches ours as a pair, each
     written in place (stacking the two copied the whole cache per layer per
-    step), and comes back as a pair with KerasHub's contents."""
+    step), and comes back as a pair with KerasHub's contents. A row its
+    `cache_update_mask` leaves False is not written, and its query attends
+    over the cache as written (the slot's old entry, visible to it here),
+    as KerasHub's."""
     make, _ = _families()["gemma3"]
     theirs = make()
     theirs.build((B, T_MAX, HIDDEN))
@@ -520,7 +523,8 @@ def test_swapped_gemma3_writes_its_cache_pair_without_stacking_it():
         MultiHeadAttention.from_keras_hub(theirs), "CachedGemma3Attention"
     )
     x = rng.normal(size=(B, T_MAX, HIDDEN)).astype("float32")
-    _, rows = _masks(rng)
+    causal = np.tril(np.ones((T_MAX, T_MAX), "int32"))
+    rows = np.broadcast_to(causal, (B, T_MAX, T_MAX))  # no padding: every slot visible
     update = keras.ops.convert_to_tensor(np.array([[True], [False]]))  # row 1 keeps its own
     their_cache = our_cache = _empty_cache("gemma3", 2, 8)
     for start, stop in ((0, 3), (3, 4)):

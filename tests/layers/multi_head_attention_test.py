@@ -685,6 +685,39 @@ def test_bad_cache_shape_and_index_are_rejected():
         uneven(token, cache=cache, cache_update_index=0)
 
 
+@pytest.mark.parametrize("slots", [6, 3], ids=["by-position", "ring"])
+def test_cache_update_mask_leaves_the_slots_of_false_rows_as_they_were(slots):
+    """Row 0 written, row 1 not: row 1's slot keeps its old entry bit for
+    bit (by position, and in a window's ring after it wrapped), row 0's
+    slot takes what the unmasked call writes. (That the step attends over
+    the cache as written is checked against KerasHub's Gemma 3 layer in
+    tests/keras_hub/family_parity_test.py.)"""
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, num_key_value_heads=1, sliding_window=3)
+    token = random_inputs((2, 1, 8))
+    old = np.random.default_rng(0).normal(size=(2, 2, slots, 1, 4)).astype("float32")
+    index = 4  # slot 4, or slot 1 of the 3-slot ring
+    written = 4 % slots
+    _, full = layer(token, cache=old, cache_update_index=index)
+    update = np.array([[True], [False]])
+    _, kept = layer(token, cache=old, cache_update_index=index, cache_update_mask=update)
+    full, kept = keras.ops.convert_to_numpy(full), keras.ops.convert_to_numpy(kept)
+    np.testing.assert_array_equal(kept[1], old[1])
+    np.testing.assert_array_equal(kept[0], full[0])
+    assert not np.array_equal(full[1, :, written], old[1, :, written])  # the write would change it
+
+
+def test_cache_update_mask_is_checked():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    token = random_inputs((1, 1, 8))
+    cache = np.zeros((1, 2, 5, 2, 4), "float32")
+    with pytest.raises(ValueError, match=r"`cache_update_mask` needs a `cache`"):
+        layer(token, cache_update_mask=np.ones((1, 1), bool))
+    with pytest.raises(ValueError, match=r"pass `cache_update_index` too"):
+        layer(token, cache=cache, cache_update_mask=np.ones((1, 1), bool))
+    with pytest.raises(ValueError, match=r"`cache_update_mask` must have shape.*\(1, 2\)"):
+        layer(token, cache=cache, cache_update_index=0, cache_update_mask=np.ones((1, 2), bool))
+
+
 def _cross_without_key_positions(layer, x, y, pos, ids):
     return layer(x, y, position_ids=pos)
 
