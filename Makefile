@@ -19,8 +19,13 @@ TEST_ENV := TF_CPP_MIN_LOG_LEVEL=2
 # XLA:CPU's newer fusion emitters cost more to compile than the classic elemental
 # emitter they replace (600 small programs: 21.6 s -> 12.9 s; wrapped_call_test +
 # kernel_contract_test on JAX 123 s -> 96 s, measured 2026-12-05); both are XLA's
-# own code generators, and test-compat keeps the default one.
-FAST_XLA := XLA_FLAGS="$(XLA_FLAGS) --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# own code generators, and test-compat keeps the default one. XLA:CPU also splits
+# each program's LLVM module into parts compiled in parallel, which on
+# these small programs costs more than it gains: one part (how the code is
+# partitioned for codegen, not what it computes) took kernel_contract_test +
+# wrapped_call_test on JAX from 76.8 s to 68.8 s of CPU (2 alternated pairs,
+# 2026-12-06), JAX's fuzz test 53.6 -> 50.5 s.
+FAST_XLA := XLA_FLAGS="$(XLA_FLAGS) --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 
 .PHONY: install demo lint format test test-tf test-jax test-benchmarks test-compat test-compat-full dist docs figures clean
 

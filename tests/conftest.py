@@ -115,6 +115,9 @@ LONG_FILES = [
     "tests/examples/distributed_training_test.py",  # 46
     "tests/models/keras_saving_test.py",  # 39
     "tests/docs/readme_test.py",  # 38
+    # Not listed before 2026-12-06 (its run: 1003 s): the ring worker's setup
+    # alone took 31 s there (38 s of CPU, alone, on 2026-12-06).
+    "tests/distribution/ring_attention_test.py",  # 35
     "tests/distribution/jax_distribution_test.py",  # 34
     # The longest of `make test-jax` (the same run), long on TensorFlow too.
     "tests/layers/sparse_attention_test.py",  # JAX 47
@@ -123,6 +126,9 @@ LONG_FILES = [
     "tests/layers/multi_head_attention_test.py",  # JAX 43
     "tests/ops/block_sparse_test.py",  # JAX 42
     "tests/keras_hub/family_parity_test.py",  # JAX 84 (KerasHub's layers op by op)
+    # Not listed before 2026-12-06: its tests' calls summed 40 s on JAX that day
+    # (alone, loaded machine; Gemma 3's generate 13 s), TensorFlow too.
+    "tests/keras_hub/mask_rules_test.py",  # JAX ~35
     "tests/keras_hub/keras_hub_substitution_test.py",  # JAX 37
     "tests/keras_ported/keras_multi_head_attention_test.py",  # JAX 29
     "tests/layers/wrapped_call_test.py",  # JAX 26

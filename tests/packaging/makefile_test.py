@@ -83,6 +83,7 @@ def test_make_test_compiles_fast_and_test_compat_at_xla_defaults():
         (line,) = pytest_lines(target)
         assert "--xla_backend_optimization_level=0" in line, line
         assert "--xla_cpu_use_fusion_emitters=false" in line, line
+        assert "--xla_cpu_parallel_codegen_split_count=1" in line, line
     compat = pytest_lines("test-compat")
     assert len(compat) == 2 and not any("XLA_FLAGS" in line for line in compat), compat
 
