@@ -13,6 +13,15 @@ window, then a global one; 4 query heads of 16, 2 key/value heads, hidden
 - `ours_generate`: the swapped causal LM's `generate` on a prompt of
   `L - 1` tokens with `max_length=L`: a cached prefill over `L` slots, then
   one step.
+- `ours_decode` / `theirs_decode` (#51's window caches): a tiny Mistral
+  (2 layers, every one with a `--window`-key sliding window; otherwise the
+  Gemma sizes above) generates `--new-tokens` after a prompt of
+  `L - new_tokens`, `max_length=L`. Ours decodes from window-sized ring
+  caches on every layer (the swap's `generate`), KerasHub's from caches
+  of `L` slots. Reported: the decoding rate, `(new_tokens - 1)` over the
+  difference between this call and the same compiled call with one new
+  token (the prefill and one step); `keras_hub_generate.py --cache-bytes`
+  measures the carried caches' bytes.
 - `theirs` / `theirs_generate`: the same calls on KerasHub's own model,
   which builds the dense mask and logits, at each of `--their-lengths`, in a
   process capped at `--cap-gib` of address space; the largest length that
@@ -36,6 +45,64 @@ import sys
 import time
 
 VOCABULARY, WINDOW = 256, 512
+
+
+def _mistral(window):
+    import keras_hub
+    import numpy as np
+
+    backbone = keras_hub.models.MistralBackbone(
+        vocabulary_size=VOCABULARY,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=64,
+        intermediate_dim=128,
+        head_dim=16,
+        sliding_window=window,
+    )
+    rng = np.random.default_rng(0)
+    backbone.set_weights([rng.normal(scale=0.05, size=w.shape) for w in backbone.get_weights()])
+    lm = keras_hub.models.MistralCausalLM(backbone=backbone, preprocessor=None)
+    lm.compile(sampler="greedy")
+    return lm
+
+
+def decode(kind, length, new_tokens, window):
+    """The decoding rate of `generate` after a long prompt (see the module
+    docstring)."""
+    import numpy as np
+
+    from keras_attention.layers import keras_hub_conversion
+
+    lm = _mistral(window)
+    if kind.startswith("ours"):
+        keras_hub_conversion.replace_keras_hub_attention(lm, memory_efficient=True)
+    ids = np.random.default_rng(1).integers(1, VOCABULARY, size=(1, length)).astype("int32")
+
+    def call(new):
+        padding = np.ones((1, length), bool)
+        padding[:, length - new :] = False
+        inputs = {"token_ids": ids, "padding_mask": padding}
+        start = time.perf_counter()
+        out = lm.generate(inputs, max_length=length, stop_token_ids=None)["token_ids"]
+        np.asarray(out)
+        return time.perf_counter() - start
+
+    first = call(new_tokens)  # traces and compiles
+    one = min(call(1) for _ in range(2))
+    many = min(call(new_tokens) for _ in range(2))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return dict(
+        kind=kind,
+        length=length,
+        new_tokens=new_tokens,
+        window=window,
+        decode_tokens_per_s=round((new_tokens - 1) / max(many - one, 1e-9), 1),
+        seconds=round(many, 2),
+        first_s=round(first, 2),
+        peak_rss_mib=round(peak),
+    )
 
 
 def _model():
@@ -101,8 +168,9 @@ def run(kind, length):
     )
 
 
-def in_child(kind, length, cap_gib=None):
+def in_child(kind, length, cap_gib=None, extra=()):
     """`run`'s row from a fresh process, or the reason it died."""
+    extra = list(extra)
 
     def limit():
         if cap_gib:
@@ -110,7 +178,7 @@ def in_child(kind, length, cap_gib=None):
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
     done = subprocess.run(
-        [sys.executable, __file__, "--child", kind, str(length)],
+        [sys.executable, __file__, "--child", kind, str(length)] + extra,
         capture_output=True,
         text=True,
         preexec_fn=limit,
@@ -129,11 +197,17 @@ def main():
     parser.add_argument("--their-lengths", default="4096,8192,16384")
     parser.add_argument("--cap-gib", type=float, default=10.0)
     parser.add_argument("--kinds", default="ours,ours_generate,theirs,theirs_generate")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--window", type=int, default=WINDOW)
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
         kind, length = args.child
-        print("RESULT " + json.dumps(run(kind, int(length))), flush=True)
+        if kind.endswith("decode"):
+            row = decode(kind, int(length), args.new_tokens, args.window)
+        else:
+            row = run(kind, int(length))
+        print("RESULT " + json.dumps(row), flush=True)
         return
     import keras
 
@@ -141,7 +215,8 @@ def main():
         ours = kind.startswith("ours")
         lengths = args.lengths if ours else args.their_lengths
         for length in (int(n) for n in lengths.split(",")):
-            row = in_child(kind, length, None if ours else args.cap_gib)
+            extra = ["--new-tokens", str(args.new_tokens), "--window", str(args.window)]
+            row = in_child(kind, length, None if ours else args.cap_gib, extra)
             print(json.dumps(dict(backend=keras.backend.backend(), **row)), flush=True)
 
 

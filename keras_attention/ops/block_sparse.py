@@ -740,164 +740,178 @@ def _gathered_attention(
     """Block-sparse attention by autodiff over the gathered key blocks (the
     general path: dense weights, a dropout callable, unknown lengths), the
     global rows as a dense `(R, Tv)` strip."""
-    owner = "block_sparse_attention"
     block_size, window_blocks, global_blocks, random_plan, global_tokens = pattern
-    if mask.has_segments or mask.mask_mod is not None:
-        # Packed documents and a `mask_mod` join the explicit pair mask (the
-        # general, O(Tq * Tv) path runs).
-        extra = attention_masks.AttentionMask(
-            query_segment_ids=mask.query_segment_ids,
-            key_segment_ids=mask.key_segment_ids,
-            mask_mod=mask.mask_mod,
-            query_offset=mask.query_offset,
-        ).dense(_length(query, 1), _length(key, 1), ops.shape(query)[0], query.shape[2])
-        if extra.shape[1] != 1:
-            raise ValueError(
-                f"{owner}: a `mask_mod` that depends on the head gives a per-head mask, "
-                "which the block-sparse pattern does not take. Received: a mask_mod "
-                f"whose mask has shape {tuple(extra.shape)}"
-            )
-        pair = extra if mask.pair_mask is None else ops.logical_and(mask.pair_mask, extra)
-        mask = mask.replace(
-            pair_mask=pair, query_segment_ids=None, key_segment_ids=None, mask_mod=None
-        )
-    key_mask = mask.key_mask
-    attention_mask = None if mask.pair_mask is None else mask.pair_mask[:, 0]
-    causal = mask.causal
-    # Rows are independent (the caller zeroes masked query rows); the
-    # positional rules are the description's, evaluated inside the pattern.
-    rules = mask.replace(query_mask=None, key_mask=None, pair_mask=None)
-    dtype = query.dtype
+    mask = _joined_pair_mask(mask, query, key)
     if masking.is_statically_empty(query, key):
         # No query, or nothing to attend to: the zeros of a fully masked row.
         return masking.empty_attention(query, value, return_weights=return_weights)
-    head_dim = query.shape[-1]
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    query_length = _length(query, 1)
-    key_length = _length(key, 1)
-    nq = _ceil_div(query_length, block_size)
-    nk = _ceil_div(key_length, block_size)
-    padded_query_length = nq * block_size
-    padded_key_length = nk * block_size
-    # NaN/Inf at a key reaches only the queries whose blocks and masks see it.
-    key, value = masking.confine_nonfinite(key, value)
-
-    # (B, H, T, D) with the time axis padded to whole blocks.
-    q = ops.transpose(_pad_time(query, padded_query_length), (0, 2, 1, 3))
-    k = ops.transpose(_pad_time(key, padded_key_length), (0, 2, 1, 3))
-    v = ops.transpose(_pad_time(value, padded_key_length), (0, 2, 1, 3))
-    q = q * ops.cast(scale, dtype)
-    batch, heads = ops.shape(q)[0], q.shape[1]
-    keep_bits = None
-    if dropout_rate > 0.0:
-        keep_bits = dropouts.KeepBits(dropout_seed, dropout_rate, batch, heads)
-
-    key_valid = ops.less(ops.arange(padded_key_length), key_length)[None, :]
-    if key_mask is not None:
-        key_valid = ops.logical_and(
-            key_valid,
-            _pad_time(masking.to_bool_mask(key_mask), padded_key_length, value=False),
-        )  # (B or 1, Tkp)
-    if attention_mask is not None:
-        attention_mask = masking.to_bool_mask(attention_mask)
-        attention_mask = _pad_time(attention_mask, padded_query_length, axis=1, value=False)
-        attention_mask = _pad_time(
-            attention_mask, padded_key_length, axis=2, value=False
-        )  # (B, Tqp, Tkp)
-    query_positions = ops.arange(padded_query_length, dtype="int32")
-
-    # ---------------------------------------------------------- block rows
+    lengths = _length(query, 1), _length(key, 1)
+    sweep = _Gathered(query, key, value, mask, block_size, scale, dropout_rate, dropout_seed)
     index, slot_valid = block_plan(
-        nq,
-        nk,
+        sweep.nq,
+        sweep.nk,
         window_blocks=window_blocks,
         global_blocks=global_blocks,
         random_plan=random_plan,
-        causal=causal,
+        causal=mask.causal,
     )
-    num_slots = index.shape[1]
-    q_block_positions = ops.reshape(query_positions, (nq, block_size))
-
-    # Longformer global tokens as extra keys for every block row.
     tokens = tuple(sorted(set(global_tokens or ())))
-    token_k = token_v = token_mask = token_positions = None
-    if tokens:
-        token_positions = ops.convert_to_tensor(tokens, dtype="int32")  # (G,)
-        token_index = ops.minimum(token_positions, padded_key_length - 1)
-        token_valid = ops.take(key_valid, token_index, axis=1)  # (B or 1, G)
-        token_valid = ops.logical_and(token_valid, ops.less(token_positions, key_length)[None])
-        token_block = token_positions // block_size
-        covered = ops.any(
-            ops.logical_and(
-                ops.equal(index[:, :, None], token_block[None, None, :]),
-                slot_valid[:, :, None],
-            ),
-            axis=1,
-        )  # (nq, G): the token is already inside one of the row's blocks
-        token_mask = ops.logical_and(token_valid[:, None, :], ops.logical_not(covered)[None])[
-            :, :, None, :
-        ]  # (B or 1, nq, 1, G)
-        if rules.has_positional:
-            token_mask = ops.logical_and(
-                token_mask,
-                rules.allows(q_block_positions[:, :, None], token_positions[None, None, :])[None],
-            )
-        if attention_mask is not None:
-            columns = ops.take(attention_mask, token_index, axis=2)  # (B, Tqp, G)
-            token_mask = ops.logical_and(
-                token_mask, ops.reshape(columns, (-1, nq, block_size, len(tokens)))
-            )
-        token_k = ops.take(k, token_index, axis=2)  # (B, H, G, D)
-        token_v = ops.take(v, token_index, axis=2)
-
+    token_k, token_v, token_mask, token_positions = sweep.global_columns(tokens, index, slot_valid)
     output, weights = _gathered_block_rows(
-        q,
-        k,
-        v,
+        sweep.q,
+        sweep.k,
+        sweep.v,
         index,
         slot_valid,
-        key_valid,
-        attention_mask,
-        q_block_positions,
+        sweep.key_valid,
+        sweep.attention_mask,
+        sweep.q_block_positions,
         token_k,
         token_v,
         token_mask,
         block_size=block_size,
-        rules=rules,
+        rules=sweep.rules,
         dropout=dropout,
-        keep_bits=keep_bits,
+        keep_bits=sweep.keep_bits,
         token_positions=token_positions,
         modifier=scores,
-        query_length=query_length,
-        key_length=key_length,
+        query_length=lengths[0],
+        key_length=lengths[1],
     )
-
-    # ---------------------------------------------------- global query rows
     # Queries in the first `global_blocks` blocks and at `global_tokens`
     # attend to every key: a dense `(R, Tv)` strip, still linear in length.
     rows = tuple(sorted(set(range(global_blocks * block_size)) | set(tokens)))
     row_weights = None
     if rows:
+        output, row_weights = sweep.global_rows(output, rows, scores, dropout, lengths)
+    output = ops.transpose(output[:, :, : lengths[0]], (0, 2, 1, 3))
+    if not return_weights:
+        return output
+    dense = sweep.dense_weights(weights, index, slot_valid, token_positions, rows, row_weights)
+    return output, dense[:, :, : lengths[0], : lengths[1]]
+
+
+def _joined_pair_mask(mask, query, key):
+    """`mask` with packed documents and a `mask_mod` joined into its pair
+    mask (the gathered path compares them densely, `O(Tq * Tv)`)."""
+    if not (mask.has_segments or mask.mask_mod is not None):
+        return mask
+    extra = attention_masks.AttentionMask(
+        query_segment_ids=mask.query_segment_ids,
+        key_segment_ids=mask.key_segment_ids,
+        mask_mod=mask.mask_mod,
+        query_offset=mask.query_offset,
+    ).dense(_length(query, 1), _length(key, 1), ops.shape(query)[0], query.shape[2])
+    if extra.shape[1] != 1:
+        raise ValueError(
+            "block_sparse_attention: a `mask_mod` that depends on the head gives a "
+            "per-head mask, which the block-sparse pattern's gathered path (dense "
+            "weights, a dropout callable, unknown lengths) does not take. Received: "
+            f"a mask_mod whose mask has shape {tuple(extra.shape)}"
+        )
+    pair = extra if mask.pair_mask is None else ops.logical_and(mask.pair_mask, extra)
+    return mask.replace(pair_mask=pair, query_segment_ids=None, key_segment_ids=None, mask_mod=None)
+
+
+class _Gathered:
+    """One call of the gathered path: the inputs padded to whole blocks and
+    laid out `(B, H, T, D)`, the queries scaled, the keys' validity, and the
+    steps that read them (the global columns and rows, the dense weights)."""
+
+    def __init__(self, query, key, value, mask, block_size, scale, dropout_rate, dropout_seed):
+        dtype = self.dtype = query.dtype
+        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+        self.block_size = block_size
+        self.query_length, self.key_length = _length(query, 1), _length(key, 1)
+        self.nq = _ceil_div(self.query_length, block_size)
+        self.nk = _ceil_div(self.key_length, block_size)
+        self.padded_query_length = self.nq * block_size
+        self.padded_key_length = self.nk * block_size
+        # NaN/Inf at a key reaches only the queries whose blocks and masks see it.
+        key, value = masking.confine_nonfinite(key, value)
+        q = ops.transpose(_pad_time(query, self.padded_query_length), (0, 2, 1, 3))
+        self.k = ops.transpose(_pad_time(key, self.padded_key_length), (0, 2, 1, 3))
+        self.v = ops.transpose(_pad_time(value, self.padded_key_length), (0, 2, 1, 3))
+        self.q = q * ops.cast(scale, dtype)
+        self.batch, self.heads = ops.shape(q)[0], q.shape[1]
+        self.keep_bits = None
+        if dropout_rate > 0.0:
+            self.keep_bits = dropouts.KeepBits(dropout_seed, dropout_rate, self.batch, self.heads)
+        # Rows are independent (the caller zeroes masked query rows); the
+        # positional rules are the description's, evaluated inside the pattern.
+        self.rules = mask.replace(query_mask=None, key_mask=None, pair_mask=None)
+        key_valid = ops.less(ops.arange(self.padded_key_length), self.key_length)[None, :]
+        if mask.key_mask is not None:
+            key_valid = ops.logical_and(
+                key_valid,
+                _pad_time(masking.to_bool_mask(mask.key_mask), self.padded_key_length, value=False),
+            )
+        self.key_valid = key_valid  # (B or 1, Tkp)
+        attention_mask = None if mask.pair_mask is None else mask.pair_mask[:, 0]
+        if attention_mask is not None:
+            attention_mask = masking.to_bool_mask(attention_mask)
+            attention_mask = _pad_time(
+                attention_mask, self.padded_query_length, axis=1, value=False
+            )
+            attention_mask = _pad_time(attention_mask, self.padded_key_length, axis=2, value=False)
+        self.attention_mask = attention_mask  # (B, Tqp, Tkp) or None
+        positions = ops.arange(self.padded_query_length, dtype="int32")
+        self.q_block_positions = ops.reshape(positions, (self.nq, block_size))
+
+    def global_columns(self, tokens, index, slot_valid):
+        """Longformer's global tokens as extra keys for every block row:
+        `(keys, values, mask, positions)`, each None without tokens."""
+        if not tokens:
+            return None, None, None, None
+        positions = ops.convert_to_tensor(tokens, dtype="int32")  # (G,)
+        token_index = ops.minimum(positions, self.padded_key_length - 1)
+        valid = ops.take(self.key_valid, token_index, axis=1)  # (B or 1, G)
+        valid = ops.logical_and(valid, ops.less(positions, self.key_length)[None])
+        covered = ops.any(
+            ops.logical_and(
+                ops.equal(index[:, :, None], (positions // self.block_size)[None, None, :]),
+                slot_valid[:, :, None],
+            ),
+            axis=1,
+        )  # (nq, G): the token is already inside one of the row's blocks
+        token_mask = ops.logical_and(valid[:, None, :], ops.logical_not(covered)[None])[
+            :, :, None, :
+        ]  # (B or 1, nq, 1, G)
+        if self.rules.has_positional:
+            token_mask = ops.logical_and(
+                token_mask,
+                self.rules.allows(self.q_block_positions[:, :, None], positions[None, None, :])[
+                    None
+                ],
+            )
+        if self.attention_mask is not None:
+            columns = ops.take(self.attention_mask, token_index, axis=2)  # (B, Tqp, G)
+            token_mask = ops.logical_and(
+                token_mask, ops.reshape(columns, (-1, self.nq, self.block_size, len(tokens)))
+            )
+        token_k = ops.take(self.k, token_index, axis=2)  # (B, H, G, D)
+        token_v = ops.take(self.v, token_index, axis=2)
+        return token_k, token_v, token_mask, positions
+
+    def global_rows(self, output, rows, scores, dropout, lengths):
+        """`output` with the global rows' dense `(R, Tv)` strips written in,
+        and their weights `(B, H, R, Tkp)`."""
+        dtype, keys = self.dtype, self.padded_key_length
         row_positions = ops.convert_to_tensor(rows, dtype="int32")  # (R,)
-        row_index = ops.minimum(row_positions, padded_query_length - 1)
-        row_q = ops.take(q, row_index, axis=2)  # (B, H, R, D)
-        row_mask = key_valid[:, None, :]  # (B or 1, 1, Tkp)
-        if rules.has_positional:
+        row_index = ops.minimum(row_positions, self.padded_query_length - 1)
+        row_q = ops.take(self.q, row_index, axis=2)  # (B, H, R, D)
+        row_mask = self.key_valid[:, None, :]  # (B or 1, 1, Tkp)
+        if self.rules.has_positional:
             row_mask = ops.logical_and(
                 row_mask,
-                rules.positional(row_positions, ops.arange(padded_key_length, dtype="int32"))[None],
+                self.rules.positional(row_positions, ops.arange(keys, dtype="int32"))[None],
             )
-        if attention_mask is not None:
-            row_mask = ops.logical_and(row_mask, ops.take(attention_mask, row_index, axis=1))
-        row_scores = ops.einsum("bhrd,bhkd->bhrk", row_q, k)
+        if self.attention_mask is not None:
+            row_mask = ops.logical_and(row_mask, ops.take(self.attention_mask, row_index, axis=1))
+        row_scores = ops.einsum("bhrd,bhkd->bhrk", row_q, self.k)
         if scores is not None and scores.changes_logits:
             indices = _block_indices(
-                batch,
-                heads,
-                row_positions,
-                ops.arange(padded_key_length, dtype="int32"),
-                query_length,
-                key_length,
+                self.batch, self.heads, row_positions, ops.arange(keys, dtype="int32"), *lengths
             )
             row_scores = scores.apply(ops.cast(row_scores, "float32"), *indices)
         row_weights = dense_attention.softmax_with_sinks(
@@ -905,46 +919,48 @@ def _gathered_attention(
         )
         row_weights = ops.cast(row_weights, dtype)
         row_dropped = row_weights if dropout is None else dropout(row_weights)
-        if keep_bits is not None:
-            keep = keep_bits.keep(
-                keep_bits.rows(row_positions)[..., None],
-                keep_bits.columns(ops.arange(padded_key_length, dtype="int32")),
+        if self.keep_bits is not None:
+            bits = self.keep_bits
+            keep = bits.keep(
+                bits.rows(row_positions)[..., None], bits.columns(ops.arange(keys, dtype="int32"))
             )
-            row_dropped = ops.where(keep, row_weights, 0.0) * keep_bits.scale
-        row_output = ops.einsum("bhrk,bhkd->bhrd", row_dropped, v)
+            row_dropped = ops.where(keep, row_weights, 0.0) * bits.scale
+        row_output = ops.einsum("bhrk,bhkd->bhrd", row_dropped, self.v)
         # Scatter the rows back with a one-hot matrix (rows past the end of
         # the sequence one-hot to nothing).
-        scatter = ops.one_hot(row_positions, padded_query_length, dtype=dtype)
-        is_row = ops.sum(scatter, axis=0)  # (Tqp,)
-        output = output * (1 - is_row)[None, None, :, None] + ops.einsum(
-            "rt,bhrd->bhtd", scatter, row_output
+        self.scatter = ops.one_hot(row_positions, self.padded_query_length, dtype=dtype)
+        self.is_row = ops.sum(self.scatter, axis=0)  # (Tqp,)
+        output = output * (1 - self.is_row)[None, None, :, None] + ops.einsum(
+            "rt,bhrd->bhtd", self.scatter, row_output
         )
+        return output, row_weights
 
-    output = ops.transpose(output[:, :, :query_length], (0, 2, 1, 3))
-    if not return_weights:
-        return output
-
-    # ------------------------------------------- dense weights (O(Tq * Tv))
-    slot_one_hot = (
-        ops.one_hot(index, nk, dtype=weights.dtype)
-        * ops.cast(slot_valid, weights.dtype)[:, :, None]
-    )  # (nq, S, nk)
-    per_slot = ops.reshape(
-        weights[..., : num_slots * block_size],
-        (batch, heads, nq, block_size, num_slots, block_size),
-    )
-    dense = ops.einsum("bhiqsk,isj->bhiqjk", per_slot, slot_one_hot)
-    dense = ops.reshape(dense, (batch, heads, padded_query_length, padded_key_length))
-    if tokens:
-        token_one_hot = ops.one_hot(token_positions, padded_key_length, dtype=weights.dtype)
-        token_weights = ops.reshape(
-            weights[..., num_slots * block_size :],
-            (batch, heads, padded_query_length, len(tokens)),
+    def dense_weights(self, weights, index, slot_valid, token_positions, rows, row_weights):
+        """The block rows', global columns' and global rows' weights
+        scattered into one dense `(B, H, Tqp, Tkp)` array (`O(Tq * Tv)`)."""
+        batch, heads, bs = self.batch, self.heads, self.block_size
+        num_slots = index.shape[1]
+        slot_one_hot = (
+            ops.one_hot(index, self.nk, dtype=weights.dtype)
+            * ops.cast(slot_valid, weights.dtype)[:, :, None]
+        )  # (nq, S, nk)
+        per_slot = ops.reshape(
+            weights[..., : num_slots * bs], (batch, heads, self.nq, bs, num_slots, bs)
         )
-        dense = dense + ops.einsum("bhqg,gk->bhqk", token_weights, token_one_hot)
-    if rows:
-        scatter = ops.cast(scatter, weights.dtype)
-        dense = dense * (1 - ops.cast(is_row, weights.dtype))[:, None] + ops.einsum(
-            "rt,bhrk->bhtk", scatter, row_weights
-        )
-    return output, dense[:, :, :query_length, :key_length]
+        dense = ops.einsum("bhiqsk,isj->bhiqjk", per_slot, slot_one_hot)
+        dense = ops.reshape(dense, (batch, heads, self.padded_query_length, self.padded_key_length))
+        if token_positions is not None:
+            token_one_hot = ops.one_hot(
+                token_positions, self.padded_key_length, dtype=weights.dtype
+            )
+            token_weights = ops.reshape(
+                weights[..., num_slots * bs :],
+                (batch, heads, self.padded_query_length, token_positions.shape[0]),
+            )
+            dense = dense + ops.einsum("bhqg,gk->bhqk", token_weights, token_one_hot)
+        if rows:
+            scatter = ops.cast(self.scatter, weights.dtype)
+            dense = dense * (1 - ops.cast(self.is_row, weights.dtype))[:, None] + ops.einsum(
+                "rt,bhrk->bhtk", scatter, row_weights
+            )
+        return dense
