@@ -17,6 +17,9 @@ tests' `test_a_window_cache_shorter_than_the_sequence_wraps...`).
 
     KERAS_BACKEND=tensorflow python benchmarks/bounded_cache.py
     KERAS_BACKEND=jax python benchmarks/bounded_cache.py --contexts 4096 65536
+    # StreamingLLM: 10,000 tokens from an empty context through the ring
+    KERAS_BACKEND=tensorflow python benchmarks/bounded_cache.py --contexts 0 \
+        --steps 10000 --repeats 1 --kinds ring
 """
 
 import argparse
@@ -97,6 +100,7 @@ def main():
     parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 65536])
     parser.add_argument("--steps", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kinds", nargs="+", default=["full", "ring"], choices=["full", "ring"])
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # context, kind: a child
     args = parser.parse_args()
     if args.one:
@@ -110,7 +114,7 @@ def main():
     )
     print(f"{'context':>8} {'cache':>6} {'tokens/s':>9} {'peak MiB':>9} {'cache MiB':>10}")
     for context in args.contexts:
-        for kind in ("full", "ring"):
+        for kind in args.kinds:
             child = subprocess.run(
                 [
                     sys.executable,

@@ -439,6 +439,13 @@ def _decode_with_cache(layer, sequence, compiled, slots=None, pair=False):
         token = ops.slice(sequence, (0, index, 0), (batch, 1, sequence.shape[-1]))
         out, cache = layer(token, cache=cache, cache_update_index=index, use_causal_mask=True)
         assert isinstance(cache, tuple) == pair  # the form given
+        if compiled == "graph":  # Keras' slice_update is an XLA op on TensorFlow
+            import tensorflow as tf
+
+            rows = tf.tensor_scatter_nd_update(
+                tf.transpose(outputs, (1, 0, 2)), [[index]], tf.transpose(out, (1, 0, 2))
+            )
+            return cache, tf.transpose(rows, (1, 0, 2))
         outputs = ops.slice_update(outputs, (0, index, 0), out)
         return cache, outputs
 
@@ -478,7 +485,24 @@ def _decode_with_cache(layer, sequence, compiled, slots=None, pair=False):
         return run(trainable)
     import tensorflow as tf
 
+    if compiled == "graph":  # TF Serving's loop: a tf.while_loop with no XLA op
+        function = tf.function(loop, jit_compile=False).get_concrete_function()
+        definition = function.graph.as_graph_def()
+        kinds = {node.op for node in definition.node}
+        for library_function in definition.library.function:
+            kinds |= {node.op for node in library_function.node_def}
+        assert "While" in kinds or "StatelessWhile" in kinds
+        assert not [kind for kind in kinds if kind.startswith("Xla")], kinds
+        return function()
     return tf.function(loop, jit_compile=True)()
+
+
+GRAPH = pytest.param(
+    "graph",
+    marks=pytest.mark.skipif(
+        keras.backend.backend() != "tensorflow", reason="TensorFlow's graph without XLA"
+    ),
+)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
@@ -499,7 +523,7 @@ def _random_weights(layer, x, seed=3):
 
 
 @pytest.mark.parametrize("pair", [False, True], ids=["stacked", "pair"])
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize("compiled", [False, True, GRAPH], ids=["eager", "xla", "graph"])
 def test_a_window_cache_shorter_than_the_sequence_wraps_and_decodes_exactly(compiled, pair):
     """#51 where it meets the engine: a layer with a sliding window and sink
     tokens decodes 14 tokens through a cache of 6 slots (2 sinks + the
@@ -507,7 +531,9 @@ def test_a_window_cache_shorter_than_the_sequence_wraps_and_decodes_exactly(comp
     absolute positions (rotary, ALiBi, the window and the sinks read them)
     and every step equals the full causal call. Written by position, as
     before, the 6 slots would have lost the keys the later steps need. The
-    cache as one tensor or as KerasHub's Gemma 3 `(keys, values)` pair."""
+    cache as one tensor or as KerasHub's Gemma 3 `(keys, values)` pair;
+    eager, compiled (XLA, `jax.jit`), and in a `tf.while_loop` with no XLA
+    op (`graph`), as a SavedModel's step runs under TF Serving."""
     sequence = ops.convert_to_tensor(random_inputs((2, 14, 8), seed=16))
     layer = MultiHeadAttention(
         num_heads=4,
