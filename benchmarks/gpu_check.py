@@ -217,6 +217,10 @@ def layer_cases():
 
     mha_ = mha
 
+    def sparse(**chosen):
+        pattern = dict(block_size=16, window_blocks=3, global_blocks=1)
+        return lambda **kw: L.SparseAttention(2, 32, **pattern, **chosen, **kw)
+
     dense = {"flash_attention": None, "memory_efficient": False}
     mha = [
         _cross_case(mha(flash_attention=True), "fused", dense),
@@ -311,31 +315,10 @@ def layer_cases():
         "SparseAttention": [
             # Sparse on the tiled engine gained every score modifier (#50).
             _self_case(
-                lambda **kw: L.SparseAttention(
-                    2,
-                    32,
-                    block_size=16,
-                    window_blocks=3,
-                    global_blocks=1,
-                    random_blocks=0,
-                    logit_soft_cap=20.0,
-                    alibi=True,
-                    **kw,
-                ),
+                sparse(random_blocks=0, logit_soft_cap=20.0, alibi=True),
                 variant="soft cap + ALiBi",
             ),
-            _self_case(
-                lambda **kw: L.SparseAttention(
-                    2,
-                    32,
-                    block_size=16,
-                    window_blocks=3,
-                    global_blocks=1,
-                    random_blocks=1,
-                    seed=0,
-                    **kw,
-                )
-            ),
+            _self_case(sparse(random_blocks=1, seed=0)),
         ],
         "TransformerEncoderBlock": [
             _self_case(

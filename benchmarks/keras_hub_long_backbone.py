@@ -47,11 +47,14 @@ import time
 VOCABULARY, WINDOW = 256, 512
 
 
-def _mistral(window):
+def _lm(family, **window):
+    """A tiny causal LM of KerasHub's `family` ("Gemma" or "Mistral") with
+    random weights and the greedy sampler; `window`: its window arguments."""
     import keras_hub
     import numpy as np
 
-    backbone = keras_hub.models.MistralBackbone(
+    models = keras_hub.models
+    backbone = getattr(models, f"{family}Backbone")(
         vocabulary_size=VOCABULARY,
         num_layers=2,
         num_query_heads=4,
@@ -59,11 +62,11 @@ def _mistral(window):
         hidden_dim=64,
         intermediate_dim=128,
         head_dim=16,
-        sliding_window=window,
+        **window,
     )
     rng = np.random.default_rng(0)
     backbone.set_weights([rng.normal(scale=0.05, size=w.shape) for w in backbone.get_weights()])
-    lm = keras_hub.models.MistralCausalLM(backbone=backbone, preprocessor=None)
+    lm = getattr(models, f"{family}CausalLM")(backbone=backbone, preprocessor=None)
     lm.compile(sampler="greedy")
     return lm
 
@@ -75,7 +78,7 @@ def decode(kind, length, new_tokens, window):
 
     from keras_attention.layers import keras_hub_conversion
 
-    lm = _mistral(window)
+    lm = _lm("Mistral", sliding_window=window)
     if kind.startswith("ours"):
         keras_hub_conversion.replace_keras_hub_attention(lm, memory_efficient=True)
     ids = np.random.default_rng(1).integers(1, VOCABULARY, size=(1, length)).astype("int32")
@@ -106,25 +109,8 @@ def decode(kind, length, new_tokens, window):
 
 
 def _model():
-    import keras_hub
-    import numpy as np
-
-    backbone = keras_hub.models.GemmaBackbone(
-        vocabulary_size=VOCABULARY,
-        num_layers=2,
-        num_query_heads=4,
-        num_key_value_heads=2,
-        hidden_dim=64,
-        intermediate_dim=128,
-        head_dim=16,
-        use_sliding_window_attention=True,  # block 0 local, block 1 global
-        sliding_window_size=WINDOW,
-    )
-    rng = np.random.default_rng(0)
-    backbone.set_weights([rng.normal(scale=0.05, size=w.shape) for w in backbone.get_weights()])
-    lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
-    lm.compile(sampler="greedy")
-    return lm
+    # Gemma 2's layout: block 0 local, block 1 global.
+    return _lm("Gemma", use_sliding_window_attention=True, sliding_window_size=WINDOW)
 
 
 def run(kind, length):
