@@ -24,7 +24,8 @@ def test_the_long_backbone_benchmark_reports_ours_and_theirs(backend):
         [
             sys.executable,
             os.path.join(ROOT, "benchmarks", "keras_hub_long_backbone.py"),
-            *("--lengths", "64", "--their-lengths", "64", "--kinds", "ours,theirs"),
+            *("--lengths", "64", "--their-lengths", "64", "--new-tokens", "4", "--window", "16"),
+            *("--kinds", "ours,theirs,ours_decode,theirs_decode"),
         ],
         check=True,
         capture_output=True,
@@ -33,5 +34,8 @@ def test_the_long_backbone_benchmark_reports_ours_and_theirs(backend):
         env=dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=ROOT),
     )
     rows = [json.loads(line) for line in done.stdout.strip().splitlines()]
-    assert [(row["kind"], row["length"]) for row in rows] == [("ours", 64), ("theirs", 64)], rows
-    assert all(row["finite"] and row["peak_rss_mib"] > 0 for row in rows), rows
+    kinds = ["ours", "theirs", "ours_decode", "theirs_decode"]
+    assert [(row["kind"], row["length"]) for row in rows] == [(k, 64) for k in kinds], rows
+    assert all(row["finite"] and row["peak_rss_mib"] > 0 for row in rows[:2]), rows
+    # The decode rows: a rate for the 4 new tokens after a 60-token prompt.
+    assert all(row["decode_tokens_per_s"] > 0 and row["new_tokens"] == 4 for row in rows[2:]), rows
