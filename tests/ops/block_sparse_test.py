@@ -655,18 +655,11 @@ def test_statistics_off_the_engines_path_are_refused_by_name():
     """Statistics come from the tiled engine's sweep: a call that takes the
     gathered path (dense weights here) is told why, before any backend op."""
     query, key, value = _inputs(1, 9, 9)
+    both = dict(return_weights=True, return_statistics=True)
     with pytest.raises(
         ValueError, match=r"block_sparse_attention: `return_statistics=True` needs.*weights=True"
     ):
-        _run(
-            query,
-            key,
-            value,
-            block_size=4,
-            window_blocks=1,
-            return_weights=True,
-            return_statistics=True,
-        )
+        _run(query, key, value, block_size=4, window_blocks=1, **both)
 
 
 def test_a_bad_scores_argument_is_named():
