@@ -622,12 +622,36 @@ def block_sparse_attention(
     _checked_tokens(owner, global_tokens)
     return_weights = checks.flag(owner, "return_weights", return_weights)
     scale = checks.scale(owner, scale)
+    scores = _checked_scores(owner, scores, query.shape[2])
+    dropout_rate = _checked_dropout(owner, dropout, dropout_rate, dropout_seed)
+    mask = _checked_mask(owner, mask)
+    return_statistics = checks.flag(owner, "return_statistics", return_statistics)
+    pattern = (block_size, window_blocks, global_blocks, random_plan, global_tokens)
+    options = dict(scale=scale, scores=scores, dropout_rate=dropout_rate, dropout_seed=dropout_seed)
+    if _sweeps(query, key, mask, dropout, return_weights):
+        return _swept_attention(
+            query, key, value, mask, pattern, return_statistics=return_statistics, **options
+        )
+    if return_statistics:
+        raise ValueError(
+            f"{owner}: `return_statistics=True` needs the tiled engine's path: static "
+            "lengths, no `dropout` callable, no dense weights. Received: "
+            f"return_weights={return_weights}, dropout={dropout!r}, lengths "
+            f"{query.shape[1]} and {key.shape[1]}"
+        )
+    return _gathered_attention(
+        query, key, value, mask, pattern, dropout=dropout, return_weights=return_weights, **options
+    )
+
+
+def _checked_dropout(owner, dropout, dropout_rate, dropout_seed):
+    """The checked `dropout_rate`: a callable `dropout` or a rate with its
+    seed, not both."""
     if dropout is not None and not callable(dropout):
         raise TypeError(
             f"{owner}: `dropout` must be a callable (such as a Dropout layer) or None. "
             f"Received: dropout={dropout!r}"
         )
-    scores = _checked_scores(owner, scores, query.shape[2])
     dropout_rate = validation.validate_rate(owner, "dropout_rate", dropout_rate)
     if dropout_rate > 0.0:
         if dropout is not None or dropout_seed is None:
@@ -638,41 +662,7 @@ def block_sparse_attention(
                 f"dropout_seed={dropout_seed!r}, dropout={dropout!r}"
             )
         dropouts.check_seed(owner, "dropout_seed", dropout_seed)
-    mask = _checked_mask(owner, mask)
-    return_statistics = checks.flag(owner, "return_statistics", return_statistics)
-    if _sweeps(query, key, mask, dropout, return_weights):
-        return _swept_attention(
-            query,
-            key,
-            value,
-            mask,
-            (block_size, window_blocks, global_blocks, random_plan, global_tokens),
-            scale=scale,
-            scores=scores,
-            dropout_rate=dropout_rate,
-            dropout_seed=dropout_seed,
-            return_statistics=return_statistics,
-        )
-    if return_statistics:
-        raise ValueError(
-            f"{owner}: `return_statistics=True` needs the tiled engine's path: static "
-            "lengths, no `dropout` callable, no dense weights. Received: "
-            f"return_weights={return_weights}, dropout={dropout!r}, lengths "
-            f"{query.shape[1]} and {key.shape[1]}"
-        )
-    return _gathered_attention(
-        query,
-        key,
-        value,
-        mask,
-        (block_size, window_blocks, global_blocks, random_plan, global_tokens),
-        scale=scale,
-        scores=scores,
-        dropout=dropout,
-        return_weights=return_weights,
-        dropout_rate=dropout_rate,
-        dropout_seed=dropout_seed,
-    )
+    return dropout_rate
 
 
 def _checked_scores(owner, scores, heads):
