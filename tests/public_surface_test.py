@@ -89,6 +89,27 @@ def _translator():
     return FakeTranslator()
 
 
+def _causal_session(**kwargs):
+    from keras_attention.models import CausalDecodingSession
+
+    ids = keras.Input((None,), dtype="int32")
+    hidden = keras.layers.Embedding(4, 4)(ids)
+    hidden = ka.MultiHeadAttention(num_heads=1, key_dim=4)(hidden, hidden, use_causal_mask=True)
+    arguments = {
+        "model": keras.Model(ids, keras.layers.Dense(4)(hidden)),
+        "max_length": 4,
+        "vocabulary": ["a", "b", "c", "d"],
+        **kwargs,
+    }
+    return CausalDecodingSession(arguments.pop("model"), "a", **arguments)
+
+
+def _sampling(**kwargs):
+    from keras_attention.models import Sampling
+
+    return Sampling(**kwargs)
+
+
 def _seq2seq(**kwargs):
     from keras_attention.models import Seq2SeqTranslator
 
@@ -429,6 +450,17 @@ CASES = {
         ("text", lambda: _decoding_session(_translator(), 5)),
         ("top_k", lambda: _decoding_session(_translator(), "he hit", top_k=0)),
     ],
+    "keras_attention.models.causal_decoding.CausalDecodingSession": [
+        ("max_length", lambda: _causal_session(max_length=0)),
+        ("vocabulary", lambda: _causal_session(vocabulary=None)),
+        ("model", lambda: _causal_session(model="model")),
+        ("sampler", lambda: _causal_session(sampler=3)),
+    ],
+    "keras_attention.models.causal_decoding.Sampling": [
+        ("temperature", lambda: _sampling(temperature=0)),
+        ("top_p", lambda: _sampling(top_p=1.5)),
+        ("top_k", lambda: _sampling(top_k=0)),
+    ],
     "keras_attention.models.text_processing.TextEncoder": [
         ("max_length", lambda: _text_encoder(max_length="5")),
         ("max_length", lambda: _text_encoder(max_length=0)),
@@ -656,6 +688,12 @@ EXEMPT = {
     ),
     "keras_attention.models.decoding.Translation": (
         "a record our translators return (a dataclass), not built from user input"
+    ),
+    "keras_attention.models.causal_decoding.CausalDecodingStep": (
+        "a record a CausalDecodingSession returns (a dataclass), not built from user input"
+    ),
+    "keras_attention.models.causal_decoding.CacheView": (
+        "a record a CausalDecodingStep holds (a dataclass), not built from user input"
     ),
     "keras_attention.models.decoding.DecodingStep": (
         "a record a DecodingSession returns (a dataclass), not built from user input"

@@ -680,13 +680,15 @@ def _use_stacked_window_caches(causal_lm, layers, calls):
         finally:
             prompt_masks.pop()
 
-    def build_cache(token_ids):
+    def build_cache(token_ids, padding_mask=None):
         hidden, cache = build_original(causal_lm, token_ids)
         length = token_ids.shape[1]
         slots = [_window_slots(layer) for layer in layers]
-        if not prompt_masks or length is None or all(s is None or s >= length for s in slots):
+        if padding_mask is None and prompt_masks:
+            padding_mask = prompt_masks[-1]
+        if padding_mask is None or length is None or all(s is None or s >= length for s in slots):
             return hidden, cache
-        index = _first_step_index(prompt_masks[-1])
+        index = _first_step_index(padding_mask)
         return hidden, tuple(
             _ring_from_full(cache[:, i], layer, index) for i, layer in enumerate(layers)
         )
@@ -714,6 +716,19 @@ def _use_stacked_window_caches(causal_lm, layers, calls):
         ("call_with_cache", call_with_cache),
     ):
         object.__setattr__(causal_lm, name, method)
+
+
+def generation_cache(causal_lm, token_ids, padding_mask):
+    """`(hidden_states, cache)` as the swapped causal LM's `generate` starts
+    from prompts `token_ids` with `padding_mask`: KerasHub's prefill, cut to
+    window rings where `use_window_caches` applies (the decoding stepper
+    steps from it with `call_with_cache`)."""
+    kind = type(causal_lm)
+    if "padding_mask" in inspect.signature(kind._build_cache).parameters:  # Gemma 3
+        return causal_lm._build_cache(token_ids, None, None, padding_mask, None)
+    if causal_lm.__dict__.get("_build_cache") is not None:  # window caches on this instance
+        return causal_lm._build_cache(token_ids, padding_mask)
+    return causal_lm._build_cache(token_ids)
 
 
 def use_window_caches(causal_lm, layers):

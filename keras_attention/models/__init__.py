@@ -15,6 +15,10 @@ _LAZY = {
     "TransformerTranslator": "keras_attention.models.transformer_translator",
     "Translator": "keras_attention.models.translator_base",
     "TextEncoder": "keras_attention.models.text_processing",
+    "CausalDecodingSession": "keras_attention.models.causal_decoding",
+    "CausalDecodingStep": "keras_attention.models.causal_decoding",
+    "CacheView": "keras_attention.models.causal_decoding",
+    "Sampling": "keras_attention.models.causal_decoding",
 }
 
 

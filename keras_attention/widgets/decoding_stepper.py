@@ -1,5 +1,6 @@
-"""Step through a translator's decoding one token at a time."""
+"""Step through a translator's or a causal LM's decoding one token at a time."""
 
+import functools
 import types
 
 import ipywidgets
@@ -7,6 +8,7 @@ import numpy as np
 from bokeh.layouts import column
 from bokeh.layouts import row
 from bokeh.models import LinearColorMapper
+from bokeh.models import TapTool
 
 from keras_attention import validation
 from keras_attention.widgets import _frames
@@ -16,6 +18,8 @@ from keras_attention.widgets._component import FreshBokehModel as BokehModel
 from keras_attention.widgets._component import escape
 
 MEAN_OF_HEADS = "mean of heads"
+# The layer choice that shows attention rollout over every layer (causal LMs).
+ROLLOUT = "rollout (all layers)"
 
 
 class DecodingStepper(Component):
@@ -50,12 +54,36 @@ class DecodingStepper(Component):
     `export_html(stepper, path)` writes the decoded line as one offline page
     whose step slider (and layer/head selects) work without a kernel.
 
+    **Causal language models.** `DecodingStepper(causal_lm, prompt,
+    max_length=...)` steps a KerasHub causal LM with our attention swapped in
+    (`replace_keras_hub_attention`), or a Keras model of our layers from
+    token ids to logits (`vocabulary=` its tokens), through a
+    `CausalDecodingSession`: greedy by default, or `sampler=` (a KerasHub
+    sampler, e.g. `TopKSampler(k=5, seed=1, temperature=0.8)`, or
+    `keras_attention.models.Sampling(temperature, top_k, top_p, seed)`).
+    Decoding to the end leaves `stepper.output_text` equal to
+    `causal_lm.generate(prompt, max_length=...)` with the same sampler. The
+    columns are then the context's positions: each row is the new token's
+    attention over the tokens before it, computed for that row only (a
+    cached step). Below the alignment, the model view draws every layer and
+    head's row for the current token (click a row to show it above; the
+    layer choice also offers the rollout over every layer), and the cache
+    panel shows which position each slot of every layer's cache holds: a
+    full cache, or a sliding window's ring (its slots wrap, so a local layer
+    forgets what left its window) with its sink slots pinned, the slot just
+    written in orange.
+
     Args:
         translator: an object with `supports_decoding_session` True and
-            `decoding_session(text, top_k=...)`.
-        text: the source sentence.
+            `decoding_session(text, top_k=...)`; or a causal LM (above).
+        text: the source sentence; or the prompt (a string; tokens of
+            `vocabulary` for a plain Keras model).
         top_k: number of candidates shown.
         reserved_rows: heatmap rows laid out up front (it grows past them).
+        max_length: (causal LMs) prompt plus output, as in `generate`.
+        sampler: (causal LMs) None or "greedy", a KerasHub sampler, or
+            `keras_attention.models.Sampling`.
+        vocabulary: (a plain Keras causal model) its token strings.
 
     Attributes:
         widget: the ipywidgets box to display.
@@ -68,16 +96,42 @@ class DecodingStepper(Component):
             source vector times its weight, then the context vector).
     """
 
-    def __init__(self, translator, text, *, top_k=5, reserved_rows=None):
-        if not getattr(translator, "supports_decoding_session", False) or not callable(
-            getattr(translator, "decoding_session", None)
-        ):
+    def __init__(
+        self,
+        translator,
+        text,
+        *,
+        top_k=5,
+        reserved_rows=None,
+        max_length=None,
+        sampler=None,
+        vocabulary=None,
+    ):
+        self.causal = not getattr(translator, "supports_decoding_session", False)
+        if self.causal and not _is_causal_model(translator):
             raise TypeError(
-                "DecodingStepper: `translator` must support decoding sessions "
-                "(`supports_decoding_session` True and a `decoding_session(text, top_k)` "
-                "method, like keras_attention.models translators). "
-                f"Received: {type(translator).__name__}"
+                "DecodingStepper: the model must be a translator that supports "
+                "decoding sessions (`supports_decoding_session` True and a "
+                "`decoding_session(text, top_k)` method, like keras_attention.models "
+                "translators), a KerasHub causal LM with our attention, or a Keras "
+                f"model of our layers. Received: {type(translator).__name__}"
             )
+        if self.causal:
+            self._start_causal(
+                translator, text, top_k, reserved_rows, max_length, sampler, vocabulary
+            )
+            return
+        for argument, value in (
+            ("max_length", max_length),
+            ("sampler", sampler),
+            ("vocabulary", vocabulary),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"DecodingStepper: `{argument}` is for causal language models; a "
+                    "translator decodes to its own max length, greedily. Received: "
+                    f"{argument}={value!r}"
+                )
         if not isinstance(text, str) or not text.strip():
             raise ValueError(
                 f"DecodingStepper: `text` must be a non-empty string. Received: text={text!r}"
@@ -111,11 +165,54 @@ class DecodingStepper(Component):
         self.source_tokens = [str(token) for token in self.session.source_tokens]
         values = getattr(self.session, "values", None)
         self.values = None if values is None else np.asarray(values, dtype="float64")
+        self._finish_init(reserved_rows)
+
+    def _start_causal(self, model, prompt, top_k, reserved_rows, max_length, sampler, vocabulary):
+        """A causal LM's stepper: the session is a `CausalDecodingSession`;
+        the columns are the context's positions (prompt and output), each
+        step's row the new token's attention over them."""
+        if max_length is None:
+            raise ValueError(
+                "DecodingStepper: a causal LM needs `max_length` (the length of "
+                "prompt plus output, as in `generate`). Received: max_length=None"
+            )
+        if not validation.is_int(top_k) or top_k < 1:
+            raise ValueError(
+                f"DecodingStepper: `top_k` must be a positive integer. Received: top_k={top_k!r}"
+            )
+        if reserved_rows is not None and (
+            not validation.is_int(reserved_rows) or reserved_rows < 1
+        ):
+            raise ValueError(
+                "DecodingStepper: `reserved_rows` must be a positive integer. "
+                f"Received: reserved_rows={reserved_rows!r}"
+            )
+        self.translator = self.model = model
+        self.text = prompt
+        self.top_k = int(top_k)
+        self._session_arguments = dict(
+            max_length=max_length, top_k=self.top_k, sampler=sampler, vocabulary=vocabulary
+        )
+        self.session = _CausalSession(model, prompt, **self._session_arguments)
+        self.prompt_tokens = list(self.session.source_tokens)
+        # One column per context position a step can attend (the last step's
+        # query sits at max_length - 2); labels come with each frame.
+        self.source_tokens = [""] * (self.session.max_length - 1)
+        self.values = None
+        self._finish_init(reserved_rows, causal_layers=self.session.num_attention_layers)
+
+    def _new_session(self):
+        if self.causal:
+            return _CausalSession(self.model, self.text, **self._session_arguments)
+        return self.translator.decoding_session(self.text, top_k=self.top_k)
+
+    def _finish_init(self, reserved_rows, causal_layers=None):
         self.position = 0
         # Token ids of the furthest line decoded so far; Back and the slider
         # replay it, a forced candidate truncates it.
         self._path = []
         self._updating = False
+        self._causal_layers = causal_layers
         num_source = len(self.source_tokens)
         self._reserved_rows = reserved_rows or 4
         # Square cells sized so the heatmap fits a notebook column; long
@@ -130,7 +227,14 @@ class DecodingStepper(Component):
     def _stage_arguments(self):
         """What the stage panels and their frames are drawn from (`_stage_figures`,
         `_StepperView`, the export's `_standalone`)."""
-        return (self.source_tokens, self.values, self.top_k, self._cell, self._reserved_rows)
+        return (
+            self.source_tokens,
+            self.values,
+            self.top_k,
+            self._cell,
+            self._reserved_rows,
+            self._causal_layers,
+        )
 
     def _build_figures(self, num_source):
         panels = _stage_figures(*self._stage_arguments())
@@ -145,12 +249,18 @@ class DecodingStepper(Component):
             "weighted_sum_source",
             "candidate_figure",
             "candidate_source",
+            "cache_figure",
+            "cache_source",
+            "heads_figure",
+            "heads_source",
             "figures_layout",
         ):
             setattr(self, name, getattr(panels, name))
         self._view = _StepperView(*self._stage_arguments())
         self._models = _frame_models(panels)
         self.candidate_source.selected.on_change("indices", self._on_candidate_tap)
+        if self.heads_source is not None:
+            self.heads_source.selected.on_change("indices", self._on_head_tap)
         self.bokeh_widget = BokehModel(self.figures_layout)
         # A source too wide for the page scrolls inside the output, not the page.
         self.bokeh_widget.layout = ipywidgets.Layout(width="100%", overflow="auto")
@@ -179,7 +289,10 @@ class DecodingStepper(Component):
         self.head_choice.layout.display = "none"
         self.output_html = ipywidgets.HTML()
         self.source_html = ipywidgets.HTML(
-            "<b>source:</b> " + " ".join(f"<code>{escape(t)}</code>" for t in self.source_tokens)
+            "<b>prompt:</b> " + " ".join(f"<code>{escape(t)}</code>" for t in self.prompt_tokens)
+            if self.causal
+            else "<b>source:</b> "
+            + " ".join(f"<code>{escape(t)}</code>" for t in self.source_tokens)
         )
         self.status_html = ipywidgets.HTML()
         self.candidate_buttons = [
@@ -227,6 +340,12 @@ class DecodingStepper(Component):
     def history(self):
         return self.session.history
 
+    @property
+    def output_text(self):
+        """The text so far: the translation, or for a causal LM what its
+        `generate` returns (prompt included)."""
+        return self.session.output_text
+
     def standalone_layout(self):
         """A Bokeh layout that replays this decoding without a kernel (`export_html`).
 
@@ -236,14 +355,16 @@ class DecodingStepper(Component):
         drive the same four stage panels and the alignment heatmap with
         BokehJS callbacks. The widget's own state is not touched.
         """
-        session = self.translator.decoding_session(self.text, top_k=self.top_k)
+        session = self._new_session()
         if self._path:
             steps = [session.step(force_token=token_id) for token_id in self._path]
         else:
             steps = []
             while not session.done:
                 steps.append(session.step())
-        return _standalone(steps, self._stage_arguments())
+        return _standalone(
+            steps, self._stage_arguments(), self.prompt_tokens if self.causal else None
+        )
 
     def next_token(self, force_token=None):
         """Decode one more token (or `force_token`); returns the step, or None when done."""
@@ -317,6 +438,30 @@ class DecodingStepper(Component):
         self.candidate_source.selected.indices = []  # a later tap on the same bar counts again
         self._on_candidate(new[0])
 
+    def _on_head_tap(self, _attr, _old, new):
+        """A click on a row of the model view shows that layer and head."""
+        if not new:
+            return
+        self.heads_source.selected.indices = []
+        heads = np.asarray(self.history[-1].attention).shape[1] if self.history else 0
+        if heads:
+            self.show(*divmod(int(self.heads_source.data["row"][new[0]]), heads))
+
+    def show(self, layer, head=MEAN_OF_HEADS):
+        """Show `layer` (an index, or `ROLLOUT`) and `head` (an index or the mean of heads)."""
+        if layer not in self.layer_choice.options or head not in self.head_choice.options:
+            raise ValueError(
+                "DecodingStepper.show: `layer` and `head` must be among the choices "
+                f"{list(self.layer_choice.options)} and {list(self.head_choice.options)}. "
+                f"Received: layer={layer!r}, head={head!r}"
+            )
+        self._updating = True
+        try:
+            self.layer_choice.value, self.head_choice.value = layer, head
+        finally:
+            self._updating = False
+        self._refresh_step_views()
+
     def _on_play_tick(self, change):
         if self._updating or not self.play.playing:
             return
@@ -344,7 +489,8 @@ class DecodingStepper(Component):
         num_layers, num_heads, _ = attention.shape
         self._updating = True
         try:
-            self.layer_choice.options = list(range(num_layers))
+            rollout = [ROLLOUT] if getattr(step, "rollout", None) is not None else []
+            self.layer_choice.options = [*range(num_layers), *rollout]
             self.layer_choice.value = num_layers - 1
             self.head_choice.options = [MEAN_OF_HEADS, *range(num_heads)]
             self.head_choice.value = MEAN_OF_HEADS
@@ -390,7 +536,7 @@ class DecodingStepper(Component):
             self._set_status("")
             return
         step = history[-1]
-        distribution = self.select(step.attention)
+        distribution = self._view._row(step, *self._choice())
         candidates = list(step.candidates)[: self.top_k]
         for index, candidate_button in enumerate(self.candidate_buttons):
             if index < len(candidates):
@@ -402,8 +548,11 @@ class DecodingStepper(Component):
                 candidate_button.layout.display = "none"
         words = [escape(token) for token in self._output_tokens()]
         words[-1] = f"<mark>{words[-1]}</mark>"
+        if self.causal:
+            words = [f"<code>{escape(t)}</code>" for t in self.prompt_tokens] + words
         self.output_html.value = (
-            f"<b>output:</b> {' '.join(words)} &nbsp; <small>(step {self.position}: "
+            f"<b>{'text' if self.causal else 'output'}:</b> {' '.join(words)} "
+            f"&nbsp; <small>(step {self.position}: "
             f"<code>{escape(step.token)}</code> p={step.probability:.3f}; "
             f"attention sums to {distribution.sum():.3f})</small>"
         )
@@ -411,6 +560,28 @@ class DecodingStepper(Component):
 
     def _set_status(self, text):
         self.status_html.value = f"<i>{escape(text)}</i>" if text else ""
+
+
+def _is_causal_model(model):
+    """A KerasHub causal LM (`call_with_cache` and a preprocessor) or a
+    Keras model (token ids to logits) the causal session can step."""
+    import keras
+
+    return isinstance(model, keras.Model)
+
+
+@functools.cache
+def _causal_session_class():
+    from keras_attention.models import causal_decoding
+
+    class StepperSession(causal_decoding.CausalDecodingSession):
+        owner = "DecodingStepper"  # errors name what the user called
+
+    return StepperSession
+
+
+def _CausalSession(*args, **kwargs):  # noqa: N802 (a class made on first use)
+    return _causal_session_class()(*args, **kwargs)
 
 
 def select(array, layer, head):
@@ -427,6 +598,8 @@ def select(array, layer, head):
 
 
 def choice_label(layer, head):
+    if layer == ROLLOUT:
+        return ROLLOUT
     return f"layer {layer}, " + (head if head == MEAN_OF_HEADS else f"head {head}")
 
 
@@ -444,19 +617,57 @@ class _StepperView:
         "candidate": "4. Prediction",
     }
 
-    def __init__(self, source_tokens, values, top_k, cell, reserved_rows):
+    def __init__(self, source_tokens, values, top_k, cell, reserved_rows, causal_layers=None):
         self.source_tokens = list(source_tokens)
         self.values = values
         self.top_k = top_k
         self.cell = cell
         self.reserved_rows = reserved_rows
+        # A causal LM's stepper: its columns are context positions, labelled per frame.
+        self.causal_layers = causal_layers
+
+    def _row(self, step, layer, head):
+        """One step's row at the layer and head (or its rollout), over every
+        column (a causal step attends the positions before it; the later
+        columns are 0)."""
+        row_ = step.rollout if layer == ROLLOUT else select(step.attention, layer, head)
+        return np.pad(row_, (0, len(self.source_tokens) - len(row_)))
+
+    def _every_head(self, history, tokens):
+        """The model view of a causal step: one row per (layer, head) over the context."""
+        if not history:
+            matrix, labels = np.zeros((0, len(tokens))), []
+        else:
+            attention = np.asarray(history[-1].attention, "float64")
+            layers, heads = attention.shape[:2]
+            matrix = np.stack(
+                [
+                    self._row(history[-1], layer, head)
+                    for layer in range(layers)
+                    for head in range(heads)
+                ]
+            )
+            labels = [f"L{layer} H{head}" for layer in range(layers) for head in range(heads)]
+        ticks, overrides = figures.tick_labels(labels)
+        rows = max(len(labels), 1)
+        return figures.heatmap_data(matrix, tokens, labels), {
+            "heads_y_range": {"start": rows - 0.5, "end": -0.5},
+            "heads_figure": {"height": max(180, 16 * rows + 150)},
+            "heads_y_ticker": {"ticks": ticks},
+            "heads_y_axis": {"major_label_overrides": overrides},
+            "heads_x_ticker": {"ticks": figures.tick_labels(tokens)[0]},
+            "heads_x_axis": {"major_label_overrides": figures.tick_labels(tokens)[1]},
+        }
 
     def frame(self, history, layer, head, show_choice=False):
         tokens, num_source = self.source_tokens, len(self.source_tokens)
+        if self.causal_layers is not None and history:
+            context = [str(token) for token in history[-1].context_tokens]
+            tokens = context + tokens[len(context) :]
         position = len(history)
         output_tokens = [str(step.token) for step in history]
         matrix = (
-            np.stack([select(step.attention, layer, head) for step in history])
+            np.stack([self._row(step, layer, head) for step in history])
             if history
             else np.zeros((0, num_source))
         )
@@ -480,8 +691,12 @@ class _StepperView:
         if history:
             step = history[-1]
             titles = _stage_titles(step, position)
-            distribution = select(step.attention, layer, head)
-            scores = None if step.scores is None else select(step.scores, layer, head)
+            distribution = self._row(step, layer, head)
+            scores = (
+                None
+                if step.scores is None or layer == ROLLOUT
+                else select(step.scores, layer, head)
+            )
             candidates = list(step.candidates)[: self.top_k]
             chosen = step.token
         else:
@@ -529,6 +744,14 @@ class _StepperView:
                     "weighted_title": {"text": titles["weighted"]},
                 }
             )
+        if self.causal_layers is not None:
+            props.update(_context_axes(tokens))
+            data["heads_source"], heads_props = self._every_head(history, tokens)
+            props.update(heads_props)
+            caches = history[-1].caches if history else None
+            if caches is not None:
+                data["cache_source"] = cache_data(caches, history[-1].context_tokens)
+                props.update(_cache_props(caches, position, history[-1].token))
         padded = candidates + [("", 0.0)] * (self.top_k - len(candidates))
         data["candidate_source"] = figures.candidate_data(padded, chosen=chosen)
         # Short labels keep the bars (and the title above them) wide; hover shows the token.
@@ -583,6 +806,70 @@ class _StepperView:
         return rows, [*(f"w x {t}" for t in tokens), "= context"], features
 
 
+def _context_axes(tokens):
+    """Frame properties labelling the context axes with this step's tokens."""
+    ticks, labels = figures.tick_labels(tokens)
+    bar_ticks, bar_labels = figures.tick_labels(
+        tokens, max_labels=figures.labels_that_fit(STAGE_WIDTH - 80, slanted=True)
+    )
+    return {
+        "alignment_x_ticker": {"ticks": ticks},
+        "alignment_x_axis": {"major_label_overrides": labels},
+        "distribution_x_ticker": {"ticks": bar_ticks},
+        "distribution_x_axis": {"major_label_overrides": bar_labels},
+    }
+
+
+# Cache cells: a slot not written yet, one holding a position, a sink slot
+# (pinned to the first positions), and the slot this step wrote.
+CACHE_COLORS = {"empty": "#e6e6e6", "held": "#8fb3d9", "sink": "#9b7fc2", "written": "#e07b39"}
+
+
+def cache_data(caches, context_tokens):
+    """The cache panel's columns: one cell per (layer, slot), with the
+    position the slot holds (-1: empty), its token and its state."""
+    data = {key: [] for key in ("row", "col", "position", "label", "token", "state", "color")}
+    for layer, view in enumerate(caches):
+        for slot, position in enumerate(np.asarray(view.positions).tolist()):
+            if position < 0:
+                state = "empty"
+            elif slot == view.written_slot:
+                state = "written"
+            elif slot < view.sink_tokens:
+                state = "sink"
+            else:
+                state = "held"
+            data["row"].append(layer)
+            data["col"].append(slot)
+            data["position"].append(int(position))
+            data["label"].append("" if position < 0 else str(position))
+            data["token"].append("" if position < 0 else str(context_tokens[position]))
+            data["state"].append(state)
+            data["color"].append(CACHE_COLORS[state])
+    return data
+
+
+def _cache_props(caches, position, token):
+    labels = {
+        layer: f"layer {layer}: "
+        + (
+            "every position"
+            if view.window is None
+            else f"window {view.window}"
+            + (f" + {view.sink_tokens} sinks" if view.sink_tokens else "")
+        )
+        for layer, view in enumerate(caches)
+    }
+    return {
+        "cache_figure": {"visible": True},
+        "cache_y_axis": {"major_label_overrides": labels},
+        "cache_title": {
+            "text": f"5. The cache after step {position}: the slot each position sits in "
+            f"(orange: {_quoted(token)}'s query token just written)"
+        },
+    }
+
+
 def _frame_models(panels):
     """The models a stepper frame sets, by the keys `_StepperView.frame` uses."""
     models = {
@@ -604,6 +891,26 @@ def _frame_models(panels):
         "candidate_y_axis": panels.candidate_figure.yaxis[0],
         "candidate_y_ticker": panels.candidate_figure.yaxis[0].ticker,
     }
+    if panels.cache_figure is not None:
+        models.update(
+            {
+                "alignment_x_axis": panels.heatmap_figure.xaxis[0],
+                "alignment_x_ticker": panels.heatmap_figure.xaxis[0].ticker,
+                "distribution_x_axis": panels.distribution_figure.xaxis[0],
+                "distribution_x_ticker": panels.distribution_figure.xaxis[0].ticker,
+                "heads_source": panels.heads_source,
+                "heads_figure": panels.heads_figure,
+                "heads_y_range": panels.heads_figure.y_range,
+                "heads_y_axis": panels.heads_figure.yaxis[0],
+                "heads_y_ticker": panels.heads_figure.yaxis[0].ticker,
+                "heads_x_axis": panels.heads_figure.xaxis[0],
+                "heads_x_ticker": panels.heads_figure.xaxis[0].ticker,
+                "cache_source": panels.cache_source,
+                "cache_figure": panels.cache_figure,
+                "cache_title": panels.cache_figure.title,
+                "cache_y_axis": panels.cache_figure.yaxis[0],
+            }
+        )
     weighted = panels.weighted_sum_figure
     if weighted is not None:
         models.update(
@@ -625,8 +932,9 @@ def _heatmap_height(cell, rows):
     return rows * cell + 150
 
 
-def _stage_figures(source_tokens, values, top_k, cell, rows):
-    """The stepper's Bokeh figures (blank): one panel per stage and the alignment heatmap."""
+def _stage_figures(source_tokens, values, top_k, cell, rows, causal_layers=None):
+    """The stepper's Bokeh figures (blank): one panel per stage and the alignment
+    heatmap; for a causal LM also the cache panel (hidden until a step has caches)."""
     num_source = len(source_tokens)
     zeros = np.zeros(num_source)
     label_room = 40 + 7 * min(24, max([len(t) for t in source_tokens] + [4]))
@@ -636,7 +944,7 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
         source_tokens,
         [],
         title="Alignment (one row per output token)",
-        x_axis_label="source",
+        x_axis_label="context position" if causal_layers is not None else "source",
         y_axis_label="output",
         # At least room for its title with the layer and head on one line.
         rows=rows,
@@ -652,7 +960,7 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
         y_axis_label="score",
         fixed_scale=False,
         color="#7a7a7a",
-        width=400,
+        width=STAGE_WIDTH,
     )
     panels.scores_source = figures.heatmap_source(panels.scores_figure)
     panels.scores_source.name = "scores_source"
@@ -660,7 +968,7 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
         zeros,
         source_tokens,
         title="2. Softmax distribution",
-        width=400,
+        width=STAGE_WIDTH,
     )
     panels.distribution_source = figures.heatmap_source(panels.distribution_figure)
     panels.distribution_source.name = "distribution_source"
@@ -679,7 +987,7 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
     else:
         panels.weighted_sum_figure = panels.weighted_sum_source = None
     panels.candidate_figure = figures.candidate_bars(
-        [("", 0.0)] * top_k, title="4. Prediction", width=400
+        [("", 0.0)] * top_k, title="4. Prediction", width=STAGE_WIDTH
     )
     panels.candidate_source = figures.heatmap_source(panels.candidate_figure)
     panels.candidate_source.name = "candidate_source"
@@ -712,28 +1020,112 @@ def _stage_figures(source_tokens, values, top_k, cell, rows):
         for pair in (stages[:2], stages[2:])
         if pair
     ]
+    panels.cache_figure = panels.cache_source = None
+    panels.heads_figure = panels.heads_source = None
+    below = [panels.heatmap_figure]
+    if causal_layers is not None:
+        panels.heads_figure = figures.heatmap(
+            np.zeros((0, num_source)),
+            source_tokens,
+            [],
+            title="Every layer and head for this token (click a row to show it above)",
+            x_axis_label="context position",
+            y_axis_label="layer, head",
+            rows=1,
+            width=panels.heatmap_figure.width,
+            height=180,
+            toolbar=False,
+        )
+        panels.heads_figure.name = "heads_figure"
+        panels.heads_source = figures.heatmap_source(panels.heads_figure)
+        panels.heads_source.name = "heads_source"
+        panels.heads_figure.add_tools(TapTool())
+        below.insert(0, panels.heads_figure)
+        panels.cache_figure = _cache_figure(causal_layers, len(source_tokens) + 1, cell)
+        panels.cache_source = panels.cache_figure.select_one({"name": "cache_source"})
+        below.append(panels.cache_figure)
     panels.figures_layout = figures.stretch(
-        column(*rows_, panels.heatmap_figure),
-        min_width=max([r.min_width for r in rows_] + [panels.heatmap_figure.width]),
+        column(*rows_, *below),
+        min_width=max([r.min_width for r in rows_] + [f.width for f in below]),
     )
     return panels
 
 
-# The widest a stage panel grows in a wide cell (two side by side fill ~1500 px).
+# A stage panel's designed width, and the widest it grows in a wide cell (two
+# side by side fill ~1500 px).
+STAGE_WIDTH = 400
 STAGE_MAX_WIDTH = 760
+
+
+def _cache_figure(num_layers, num_slots, cell):
+    """The cache panel: a row per attention layer, a cell per slot, labelled
+    with the position the slot holds (hover: its token), coloured by state."""
+    from bokeh.models import ColumnDataSource
+    from bokeh.models import HoverTool
+    from bokeh.models import Range1d
+    from bokeh.plotting import figure
+
+    source = ColumnDataSource(cache_data([], []), name="cache_source")
+    fig = figure(
+        title="5. The cache",
+        width=max(440, num_slots * cell + 260),
+        height=num_layers * 30 + 90,
+        x_range=Range1d(-0.5, num_slots - 0.5),
+        y_range=Range1d(num_layers - 0.5, -0.5),
+        tools="",
+        toolbar_location=None,
+        x_axis_location="above",
+        x_axis_label="slot",
+        name="cache_figure",
+        visible=False,
+    )
+    fig.rect(
+        x="col",
+        y="row",
+        width=0.92,
+        height=0.8,
+        source=source,
+        fill_color="color",
+        line_color=None,
+        name="slots",
+    )
+    fig.text(
+        x="col",
+        y="row",
+        text="label",
+        source=source,
+        text_align="center",
+        text_baseline="middle",
+        text_font_size="8pt",
+        text_color="#1a1a1a",
+        name="positions",
+    )
+    fig.add_tools(
+        HoverTool(
+            tooltips=[("slot", "@col"), ("position", "@label"), ("token", "@token"), ("", "@state")]
+        )
+    )
+    fig.grid.visible = False
+    fig.yaxis.ticker = list(range(num_layers))
+    fig.yaxis.major_label_overrides = {layer: f"layer {layer}" for layer in range(num_layers)}
+    fig.xaxis.ticker = list(range(num_slots)) if num_slots <= 64 else list(range(0, num_slots, 8))
+    return fig
 
 
 def _stage_titles(step, position):
     """Titles of the four stage panels for `step`, the `position`-th token."""
     token = _quoted(step.token)
-    forced = not step.candidates or step.token != step.candidates[0][0]
+    # A causal step says how its token came (a sampled token may not be the best).
+    forced = getattr(step, "forced", not step.candidates or step.token != step.candidates[0][0])
+    sampled = getattr(step, "sampled", False)
     return {
         "scores": f"1. Scores before softmax · {token} (step {position})",
         "distribution": f"2. Attention while producing {token} (step {position})",
         "weighted": f"3. Σ weight × value · {token} (step {position})",
         "candidate": (
             f"4. Prediction (step {position}): {token} "
-            f"p={step.probability:.2f}" + (" (forced)" if forced else "")
+            f"p={step.probability:.2f}"
+            + (" (forced)" if forced else " (sampled)" if sampled else "")
         ),
     }
 
@@ -743,7 +1135,7 @@ def _quoted(token):
     return f"'{token}'"
 
 
-def _standalone(steps, stage_arguments):
+def _standalone(steps, stage_arguments, prompt_tokens=None):
     """The exported stepper: fresh figures, the frame of every step, layer and head, and
     one callback that swaps them in (`_frames.swap_frame_callback`)."""
     from bokeh.document import Document
@@ -760,11 +1152,14 @@ def _standalone(steps, stage_arguments):
     attention = np.asarray(steps[0].attention)
     layers, heads = attention.shape[:2] if attention.ndim == 3 else (0, 0)
     view = _StepperView(*stage_arguments)
-    layer_options = [str(layer) for layer in range(max(layers, 1))]
+    layer_choices = list(range(max(layers, 1)))
+    if getattr(steps[0], "rollout", None) is not None:
+        layer_choices.append(ROLLOUT)
+    layer_options = [str(layer) for layer in layer_choices]
     head_options = [MEAN_OF_HEADS, *(str(head) for head in range(heads))]
     frames = {}
     for position in range(1, len(steps) + 1):
-        for layer in range(max(layers, 1)):
+        for layer in layer_choices:
             for head in [MEAN_OF_HEADS, *range(heads)]:
                 frames[_frames.frame_key(position, layer, head)] = view.frame(
                     steps[:position], layer, head, show_choice=layers > 0
@@ -800,8 +1195,11 @@ def _standalone(steps, stage_arguments):
     for control in (slider, layer_select, head_select):
         control.js_on_change("value", callback)
     header = Div(
-        text="<b>source:</b> "
-        + " ".join(f"<code>{escape(t)}</code>" for t in source_tokens)
+        text=(
+            "<b>prompt:</b> " + " ".join(f"<code>{escape(t)}</code>" for t in prompt_tokens)
+            if prompt_tokens is not None
+            else "<b>source:</b> " + " ".join(f"<code>{escape(t)}</code>" for t in source_tokens)
+        )
         + "<br><b>output:</b> "
         + " ".join(f"<code>{escape(s.token)}</code>" for s in steps)
     )

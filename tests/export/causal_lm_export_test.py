@@ -9,11 +9,12 @@ sampler, XLA-compiled, in this process), text and token ids.
 """
 
 import contextlib
-import io
 
 import numpy as np
 import pytest
 import tensorflow as tf
+
+from tests import causal_lms
 
 pytestmark = pytest.mark.tf_only
 
@@ -21,14 +22,6 @@ keras_hub = pytest.importorskip("keras_hub")
 spm = pytest.importorskip("sentencepiece")
 
 MAX_LENGTH = 16
-SENTENCES = [
-    "the cat sat on the mat",
-    "a dog ran in the park",
-    "the bird sang a song",
-    "one two three four five",
-    "keras serves tokens one at a time",
-    "attention is all you need",
-]
 # Ragged on purpose: decoding starts at the shortest prompt's end while the
 # longer rows are still inside theirs. With these weights, "ran" stops at
 # once, "keras" writes 11 varied tokens and the longest runs to max_length.
@@ -38,40 +31,7 @@ PROMPTS = ["keras", "ran", "one two three four"]
 
 
 def _gemma_causal_lm(seed):
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(SENTENCES * 4),
-        model_writer=model,
-        vocab_size=64,
-        hard_vocab_limit=False,
-        model_type="unigram",
-        pad_id=0,
-        bos_id=1,
-        eos_id=2,
-        unk_id=3,
-        pad_piece="<pad>",
-        bos_piece="<bos>",
-        eos_piece="<eos>",
-        unk_piece="<unk>",
-        minloglevel=2,
-    )
-    tokenizer = keras_hub.models.GemmaTokenizer(proto=model.getvalue())
-    preprocessor = keras_hub.models.GemmaCausalLMPreprocessor(tokenizer, sequence_length=MAX_LENGTH)
-    backbone = keras_hub.models.GemmaBackbone(
-        vocabulary_size=tokenizer.vocabulary_size(),
-        num_layers=2,
-        num_query_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=16,
-        intermediate_dim=32,
-        head_dim=8,
-    )
-    causal_lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=preprocessor)
-    rng = np.random.default_rng(seed)
-    for variable in causal_lm.weights:
-        variable.assign(rng.normal(0.0, 0.5, variable.shape).astype("float32"))
-    causal_lm.compile(sampler="greedy")
-    return causal_lm
+    return causal_lms.gemma_causal_lm(seed, MAX_LENGTH)
 
 
 @pytest.fixture(scope="module")

@@ -288,7 +288,7 @@ class NoSessions:
 
 @pytest.mark.parametrize("translator", [NoSessions(), object()])
 def test_translator_without_decoding_sessions_is_rejected(translator, fake_comm):
-    with pytest.raises(TypeError, match="must support decoding sessions.*Received: "):
+    with pytest.raises(TypeError, match="supports decoding sessions.*Received: "):
         DecodingStepper(translator, SOURCE)
 
 
