@@ -59,6 +59,7 @@ SHOTS = (
     Shot("docs/figures/decoding_stepper_1280_dark.png", "decoding_stepper", theme="dark"),
     Shot("docs/figures/transformer_stepper_1280.png", "transformer_stepper"),
     Shot("docs/figures/transformer_stepper_1280_dark.png", "transformer_stepper", theme="dark"),
+    Shot("docs/figures/causal_stepper.png", "causal_stepper", width=1100),
     Shot("docs/figures/attention_explorer.png", "attention_explorer", width=1100),
     Shot("docs/figures/live_attention.png", "live_attention", width=1100),
 )
@@ -104,6 +105,22 @@ transformer_stepper.head_choice.value = 0
 show(transformer_stepper, "transformer_stepper")
 """,
 }
+
+# A causal LM (#52): the tests' tiny Gemma (its own SentencePiece vocabulary, random
+# weights; layer 0 local with a window of 3 keys) with our attention, six tokens decoded:
+# the cache panel shows layer 0's 3-slot ring wrapped, layer 1 keeping every position.
+CAUSAL_STEPPER_CELL = f"""
+import sys
+sys.path.insert(0, {ROOT!r})
+from tests.causal_lms import gemma_causal_lm
+from keras_attention.layers.keras_hub_conversion import replace_keras_hub_attention
+causal_lm = gemma_causal_lm(0, 12, sliding_window=3)
+replace_keras_hub_attention(causal_lm)
+causal_stepper = DecodingStepper(causal_lm, "keras", max_length=12, top_k=3)
+causal_stepper.go_to(6)
+causal_stepper.show(0, 0)
+show(causal_stepper, "causal_stepper")
+"""
 
 # Is "cat" in the sentence? Self-attention, then attention pooling, trained for a few
 # seconds: the pooling learns to look at "cat", the heads at the nouns.
@@ -160,6 +177,7 @@ show(live, "live_attention")
 NOTEBOOK_CELLS = [
     SETUP_CELL,
     *STEPPER_CELLS.values(),
+    CAUSAL_STEPPER_CELL,
     EXPLORER_CELL,
     LIVE_CELL,
 ]

@@ -751,7 +751,7 @@ class _StepperView:
             caches = history[-1].caches if history else None
             if caches is not None:
                 data["cache_source"] = cache_data(caches, history[-1].context_tokens)
-                props.update(_cache_props(caches, position, history[-1].token))
+                props.update(_cache_props(caches, position))
         padded = candidates + [("", 0.0)] * (self.top_k - len(candidates))
         data["candidate_source"] = figures.candidate_data(padded, chosen=chosen)
         # Short labels keep the bars (and the title above them) wide; hover shows the token.
@@ -849,7 +849,7 @@ def cache_data(caches, context_tokens):
     return data
 
 
-def _cache_props(caches, position, token):
+def _cache_props(caches, position):
     labels = {
         layer: f"layer {layer}: "
         + (
@@ -863,10 +863,7 @@ def _cache_props(caches, position, token):
     return {
         "cache_figure": {"visible": True},
         "cache_y_axis": {"major_label_overrides": labels},
-        "cache_title": {
-            "text": f"5. The cache after step {position}: the slot each position sits in "
-            f"(orange: {_quoted(token)}'s query token just written)"
-        },
+        "cache_title": {"text": f"5. Each cache after step {position} (orange: just written)"},
     }
 
 
@@ -1028,7 +1025,7 @@ def _stage_figures(source_tokens, values, top_k, cell, rows, causal_layers=None)
             np.zeros((0, num_source)),
             source_tokens,
             [],
-            title="Every layer and head for this token (click a row to show it above)",
+            title="Every layer and head (click a row)",
             x_axis_label="context position",
             y_axis_label="layer, head",
             rows=1,
@@ -1059,7 +1056,8 @@ STAGE_MAX_WIDTH = 760
 
 def _cache_figure(num_layers, num_slots, cell):
     """The cache panel: a row per attention layer, a cell per slot, labelled
-    with the position the slot holds (hover: its token), coloured by state."""
+    with the position the slot holds (hover: its token), coloured by state
+    (`CACHE_COLORS`)."""
     from bokeh.models import ColumnDataSource
     from bokeh.models import HoverTool
     from bokeh.models import Range1d
@@ -1079,14 +1077,19 @@ def _cache_figure(num_layers, num_slots, cell):
         name="cache_figure",
         visible=False,
     )
+    # Outlined cells with a light tint of their state's colour, and the
+    # position in the theme's text colour on top: the text sits on the
+    # figure's own background, so it reads in light and in dark.
     fig.rect(
         x="col",
         y="row",
-        width=0.92,
+        width=0.9,
         height=0.8,
         source=source,
         fill_color="color",
-        line_color=None,
+        fill_alpha=0.25,
+        line_color="color",
+        line_width=2,
         name="slots",
     )
     fig.text(
@@ -1097,7 +1100,7 @@ def _cache_figure(num_layers, num_slots, cell):
         text_align="center",
         text_baseline="middle",
         text_font_size="8pt",
-        text_color="#1a1a1a",
+        text_color="#444444",  # Bokeh's default: the page theme recolours it
         name="positions",
     )
     fig.add_tools(
@@ -1177,7 +1180,7 @@ def _standalone(steps, stage_arguments, prompt_tokens=None):
     )  # the title shows the value; a bubble covered the title
     layer_select = Select(
         title="layer",
-        value=layer_options[-1],
+        value=str(max(layers - 1, 0)),  # the last layer, as the live widget starts
         options=layer_options,
         name="layer_select",
         visible=layers > 0,

@@ -1388,3 +1388,91 @@ def assert_rollout_drawn(opened, dark):
     for detail, bars, view, _height in tall:
         assert detail < bars and abs(bars - view) <= 4, bottoms
     opened.screenshot("_rollout_dark" if dark and not opened.name.endswith("_dark") else "_rollout")
+
+
+# A causal LM's stepper (#52): the tiny windowed Gemma of tests/causal_lms.py
+# (layer 0 a 3-slot ring, layer 1 a full cache), four steps taken in the
+# creating cell; Next and Back dump what the kernel holds.
+CAUSAL_CELLS = [
+    f"""
+import sys
+sys.path.insert(0, {ROOT!r})
+from tests.causal_lms import gemma_causal_lm
+from keras_attention.layers.keras_hub_conversion import replace_keras_hub_attention
+from keras_attention.widgets import DecodingStepper
+lm = gemma_causal_lm(0, 12, sliding_window=3)
+replace_keras_hub_attention(lm)
+stepper = DecodingStepper(lm, "keras", max_length=12, top_k=3)
+
+def dump_causal(_=None):
+    step = stepper.history[-1]
+    dump(position=stepper.position, text=stepper.output_text,
+         positions=[view.positions.tolist() for view in step.caches],
+         written=[view.written_slot for view in step.caches],
+         rows=len(step.attention.reshape(-1, step.attention.shape[-1])))
+
+stepper.next_button.on_click(dump_causal)  # after the stepper's own handler
+stepper.back_button.on_click(dump_causal)
+for _ in range(4):
+    stepper.next_token()
+dump_causal()
+stepper.widget
+""",
+]
+NOTEBOOKS["causal"] = CAUSAL_CELLS
+
+# The causal stepper's cache cells, model view rows and alignment rows, as the page holds them.
+READ_CAUSAL = """
+() => {
+  const doc = (window.Bokeh?.documents ?? []).find((d) => d.get_model_by_name("cache_source"));
+  if (!doc) return null;
+  const column = (name, key) => { const d = doc.get_model_by_name(name).data;
+    return Array.from(d instanceof Map ? d.get(key) : d[key]); };
+  return {cache_row: column("cache_source", "row"), position: column("cache_source", "position"),
+          state: column("cache_source", "state"),
+          visible: doc.get_model_by_name("cache_figure").visible,
+          heads: new Set(column("heads_source", "row")).size,
+          alignment: new Set(column("alignment_source", "row")).size};
+}
+"""
+
+
+def assert_cache_drawn(opened, kernel):
+    """The page's cache panel holds the kernel's cache views, and its rows are drawn."""
+    wanted = kernel["position"]
+    opened.wait(
+        f"(() => {{ const c = ({READ_CAUSAL})(); return c && c.alignment === {wanted}; }})()"
+    )
+    opened.page.wait_for_timeout(300)
+    drawn = opened.page.evaluate(READ_CAUSAL)
+    assert drawn["visible"] and drawn["heads"] == kernel["rows"], drawn
+    for layer, positions in enumerate(kernel["positions"]):
+        cells = [i for i, row in enumerate(drawn["cache_row"]) if row == layer]
+        assert [drawn["position"][i] for i in cells] == positions
+        assert [drawn["state"][i] for i in cells].count("written") == 1
+        assert drawn["state"][cells[kernel["written"][layer]]] == "written"
+
+
+@pytest.mark.parametrize(("front_end", "themes"), PANEL_PAGES, ids=page_id)
+def test_causal_stepper_draws_each_layers_cache_and_every_head(run, front_end, themes):
+    opened = open_in_layout(run, "causal", front_end, 1280, None)
+    try:
+        kernel = opened.kernel_state(lambda state: state.get("position") == 4)
+        assert_cache_drawn(opened, kernel)
+        for theme in themes:
+            if theme == "dark":
+                switch_theme(opened.page, DARK)
+                opened.page.wait_for_timeout(500)
+                bokeh_page.assert_text_contrasts(opened.page)
+            # A click in the page moves the kernel's session and the page follows it.
+            position = kernel["position"] + (-1 if theme == "dark" else 1)
+            button = "Back" if theme == "dark" else "Next token"
+            opened.page.get_by_role("button", name=button).first.click()
+            kernel = opened.kernel_state(lambda state, p=position: state["position"] == p)
+            assert_cache_drawn(opened, kernel)
+            text_boxes.assert_legible(opened.page, minimum_axes=8)
+            assert_backgrounds(opened.page, dark=theme == "dark")
+            opened.screenshot(f"_causal_{theme}")
+    finally:
+        if "dark" in themes:
+            restore_light_theme(opened)
