@@ -879,6 +879,13 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
     opened.record(head_mask_click_s=time.perf_counter() - start)
     opened.wait(f"document.body.innerText.includes('loss {kernel['loss']:.4f} (1 head masked')")
     opened.wait("(" + bokeh_page.MODEL + ")('head_mask_source').get_length() === 1")
+    # The model view crosses it out too, and the widget says what it changed: the map after
+    # it, and the output (unmasked beside masked), since its own map stays (#52).
+    opened.wait("(" + bokeh_page.MODEL + ")('model_view_mask_source').get_length() === 1")
+    opened.wait(
+        "document.body.innerText.includes('the maps of the 1 layer after mha (luong) change')"
+        " && document.querySelectorAll('table.prediction tr').length === 2"
+    )
     opened.screenshot("_masked")
     assert_no_script_ran(page)
 
