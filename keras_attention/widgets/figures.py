@@ -989,7 +989,7 @@ def model_view_mask_data(thumbnails, masked):
     for row_index, (heads, mask) in enumerate(zip(thumbnails, masked, strict=True)):
         if mask is None:
             continue
-        mask = np.asarray(mask, "float64").reshape(-1)
+        mask = _numbers(mask, "model_view", f"masked[{row_index}]").reshape(-1)
         if len(mask) != np.shape(heads)[0]:
             raise ValueError(
                 f"model_view: `masked[{row_index}]` must have one entry per head "
@@ -1293,10 +1293,12 @@ def head_importance_grid(
     Returns:
         A Bokeh `figure` named `head_importance_figure`.
     """
-    if not isinstance(title, str):
-        raise TypeError(
-            f"head_importance_grid: `title` must be a string. Received: title={title!r}"
-        )
+    for argument, value in (("title", title), ("color_bar_title", color_bar_title)):
+        if not isinstance(value, str):
+            raise TypeError(
+                f"head_importance_grid: `{argument}` must be a string. "
+                f"Received: {argument}={value!r}"
+            )
     cells, marks = head_importance_data(importance, layer_names, masked)
     num_rows = len(layer_names)
     num_cols = max(len(np.atleast_1d(s)) for s in importance)
