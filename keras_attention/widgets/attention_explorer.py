@@ -859,7 +859,7 @@ def _prediction_table(unmasked, masked):
     return (
         f"<small>Prediction ({what}), unmasked beside masked; largest output change "
         f"{change:.4g}{f'; first {PREDICTION_ENTRIES} of {len(cells[0])}' if more > 0 else ''}"
-        f":</small><table class='prediction'>{''.join(rows)}</table>"
+        f":</small><table class='prediction' style='border-spacing: 10px 0'>{''.join(rows)}</table>"
     )
 
 
