@@ -343,6 +343,7 @@ def test_dark_theme_labels_contrast_with_their_background(tmp_path, fake_comm):
     import keras_attention
     from keras_attention.widgets import AttentionExplorer
     from keras_attention.widgets import DecodingStepper
+    from keras_attention.widgets import LiveAttention
     from tests.widgets.fake_translator import FakeTranslator
 
     inputs = keras.Input((4, 8))
@@ -360,7 +361,8 @@ def test_dark_theme_labels_contrast_with_their_background(tmp_path, fake_comm):
     explorer.toggle_head("encoder_block_1_attention", 2)
     stepper = DecodingStepper(FakeTranslator(), "il a m' entarté")
     stepper.next_token()
-    for name, widget in (("explorer", explorer), ("stepper", stepper)):
+    live = LiveAttention(model, x, snapshot_dir=None)  # its frame slider
+    for name, widget in (("explorer", explorer), ("stepper", stepper), ("live", live)):
         with offline_export(
             tmp_path, widget, f"{name}_dark", color_scheme="dark", width=1280
         ) as page:
@@ -372,6 +374,7 @@ def test_dark_theme_labels_contrast_with_their_background(tmp_path, fake_comm):
             texts = bokeh_page.assert_text_contrasts(page)
             # The page and the menus follow the dark page too, not only the figures.
             colours = page_colours(page)
+            # Selects and their labels; the stepper's text; the slider's title.
             expected = {"body", "select", "label"} if name == "explorer" else {"body", "div"}
             assert {c[1] for c in colours} >= expected, colours
             dark = [c for c in colours if bokeh_page.contrast(c[3], "#000000") < 2]
