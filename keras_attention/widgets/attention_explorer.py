@@ -436,14 +436,21 @@ class AttentionExplorer(Component):
     def _example_output(self, masks):
         """The model's (first) output for the shown example with these head masks."""
         with analysis.masking_heads(self.model, masks):
-            outputs = self.model(self.inputs, training=False)
+            outputs = self._call_model()
         first = keras.tree.flatten(outputs)[0]
         return np.asarray(keras.ops.convert_to_numpy(first), "float64")[self.example]
+
+    def _call_model(self):
+        """`model(inputs)`; a layer given a tuple is called as `layer(query, value[, key])`
+        (as the weights are captured)."""
+        if isinstance(self.model, keras.Model) or not isinstance(self.inputs, (tuple, list)):
+            return self.model(self.inputs, training=False)
+        return self.model(*self.inputs, training=False)
 
     def _masked_loss(self):
         """The mean loss on `(inputs, targets)` with the current head masks."""
         with analysis.masking_heads(self.model, self._active_masks()):
-            predictions = self.model(self.inputs, training=False)
+            predictions = self._call_model()
             value = keras.ops.mean(self._loss_function(self.targets, predictions))
         return float(keras.ops.convert_to_numpy(value))
 

@@ -233,6 +233,18 @@ def test_a_masked_head_is_marked_and_what_it_changes_is_shown(fake_comm):
     assert document.select_one({"name": "mask_effect"}).text == explorer.mask_effect_html()
 
 
+def test_a_layer_given_query_and_value_shows_its_masked_output(fake_comm):
+    layer = keras_attention.MultiHeadAttention(2, 4, name="mha", seed=0)
+    query, value = np.random.default_rng(4).normal(size=(2, 1, 5, 8)).astype("float32")
+    explorer = AttentionExplorer(layer, (query, value), scores_on_demand=False)
+    explorer.toggle_head("mha", 1)
+    expected = layer(query, value, head_mask=np.array([1.0, 0.0], "float32"))
+    np.testing.assert_allclose(explorer.output, keras.ops.convert_to_numpy(expected)[0], rtol=1e-5)
+    np.testing.assert_allclose(
+        explorer.baseline_output, keras.ops.convert_to_numpy(layer(query, value))[0], rtol=1e-5
+    )
+
+
 def test_the_first_rollout_pick_says_it_is_computing(fake_comm, monkeypatch):
     from keras_attention.widgets import _captured
 
