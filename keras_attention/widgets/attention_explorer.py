@@ -38,6 +38,9 @@ SUMMARY_SIZE = 128
 DETAIL_SIZE = (460, 440)
 # The head view's bar chart, under the detail heatmap.
 BARS_HEIGHT = 200
+# The head grid's title and colour bar: its scores estimate, they do not measure.
+IMPORTANCE_TITLE = "Head importance (first-order estimate): click a head to mask it"
+IMPORTANCE_LEGEND = "importance (estimate)"
 
 
 class AttentionExplorer(Component):
@@ -87,25 +90,36 @@ class AttentionExplorer(Component):
     computed from the captured weights of those layers, taken as stacked in
     the order they were called. The head menu then picks the heads every layer
     contributes (their mean, or head `h` of each layer; flow: the mean).
+    Each is computed when first shown (seconds for long inputs and deep
+    stacks); the line above the detail says so meanwhile.
 
     **Head importance and masking** (Michel et al., 2019): when the model has
     `keras_attention.MultiHeadAttention` layers, a layer x head grid is shown
     under the model view. Clicking a head (or `toggle_head(layer, head)`)
-    masks it (crossed out; click again to unmask): the model is called again
-    with those heads masked (`analysis.masking_heads`) and every map, rollout
-    and flow included, shows the masked model's attention. Given `targets`
-    (and a `loss`, or a model compiled with one), the cells are coloured by
-    `analysis.head_importance` on `(inputs, targets)` and the loss of the
-    masked model is shown next to the unmasked one. Without `targets` the
-    cells are grey (importance unknown) and no loss is shown; masking still
-    redraws the maps.
+    masks it (crossed out in the grid and in the model view; click again to
+    unmask): the model is called again with those heads masked
+    (`analysis.masking_heads`) and every map, rollout and flow included,
+    shows the masked model's attention. A mask drops a head's output, not its
+    weights: its own layer's map does not change, the maps of the layers after
+    it, the output and the loss do (a head of the last layer changes no map at
+    all). The widget says which maps changed and shows the model's output for
+    the shown example unmasked beside masked (class scores: the top class per
+    position and its score). Given `targets` (and a `loss`, or a model
+    compiled with one), the cells are coloured by `analysis.head_importance`
+    on `(inputs, targets)`, a first-order estimate at the unmasked model, and
+    the loss of the masked model is shown next to the unmasked one with the
+    measured change (which can differ from the estimate, even in sign).
+    Without `targets` the cells are grey (importance unknown) and no loss is
+    shown; masking still redraws the maps and the output.
 
     `export_html(explorer, path)` writes every layer and head (the window
     the sliders show now, for long inputs), rollout and flow included, to one
     offline page whose model view, selects and head view work without a
     kernel. The importance grid is exported as a static picture of the
-    values at export (the masks then in force, the loss in its title):
-    masking needs the kernel.
+    values at export (the masks then in force, the loss in its title, the
+    output unmasked and masked under it): masking needs the kernel. The page
+    fits a 1280 px window (panels wrap) and follows the browser's light or
+    dark setting.
 
     Args:
         model: a Keras model (or attention layer) containing keras_attention
@@ -141,6 +155,9 @@ class AttentionExplorer(Component):
         importance: `{layer path: (H,) scores}`, or `None` without `targets`.
         loss, baseline_loss: the loss with the current masks and without
             any (`None` without `targets`).
+        output, baseline_output: the model's (first) output for the shown
+            example with the current masks and without any (`None` until a
+            head is first masked).
         importance_source: the head grid's cells (`layer`, `head`,
             `importance`; a click selects one), or `None` without a grid.
     """
@@ -212,6 +229,9 @@ class AttentionExplorer(Component):
             )
         self._loss_function = loss_function
         self.importance = self.loss = self.baseline_loss = None
+        # The model's output for the shown example, unmasked (computed when first needed)
+        # and with the current masks.
+        self.baseline_output = self.output = None
         if loss_function is not None:
             self.importance = analysis.head_importance(model, [(inputs, targets)], loss_function)
             self.loss = self.baseline_loss = self._masked_loss()
@@ -316,11 +336,20 @@ class AttentionExplorer(Component):
         """`(L, L)` rollout or flow of the current weights, computed once."""
         key = (name, head)
         if key not in self._views:
-            self._views[key] = _captured.combined_attention(
-                "rollout" if name == ROLLOUT else "flow",
-                [self.weights[layer] for layer in self._stacked],
-                None if head == MEAN_OF_HEADS else head,
+            # The first pick computes it (seconds for long inputs): the page says so meanwhile.
+            shown = self.info_html.value
+            self.info_html.value = (
+                f"<b>{escape(name)}</b>: <i>computing it from {len(self._stacked)} layers "
+                f"of {self._lengths(name)[0]} tokens &hellip;</i>"
             )
+            try:
+                self._views[key] = _captured.combined_attention(
+                    "rollout" if name == ROLLOUT else "flow",
+                    [self.weights[layer] for layer in self._stacked],
+                    None if head == MEAN_OF_HEADS else head,
+                )
+            finally:
+                self.info_html.value = shown
         return self._views[key]
 
     def _window(self, name, head, q0, q1, k0, k1):
@@ -356,8 +385,10 @@ class AttentionExplorer(Component):
     def _importance_grid(self, title=None):
         scores, names, masks = self._grid_values()
         if title is None:
-            title = "Head importance: click a head to mask it"
-        return figures.head_importance_grid(scores, names, masks, title=title)
+            title = IMPORTANCE_TITLE
+        return figures.head_importance_grid(
+            scores, names, masks, title=title, color_bar_title=IMPORTANCE_LEGEND
+        )
 
     def toggle_head(self, layer, head):
         """Mask head `head` of `layer` (a `MultiHeadAttention` path or name), or unmask
@@ -377,10 +408,14 @@ class AttentionExplorer(Component):
                 f"{layer!r}. Received: head={head!r}"
             )
         mask[int(head)] = 1.0 - mask[int(head)]
+        self.loss_html.value = "<i>masking: calling the model again &hellip;</i>"
         masks = self._active_masks()
         self._source = _CapturedWeights(self.model, self.inputs, self.example, masks)
         self.weights = self._source.weights
         self._views.clear()
+        if self.baseline_output is None:
+            self.baseline_output = self._example_output({})
+        self.output = self._example_output(masks)
         if self._loss_function is not None:
             self.loss = self._masked_loss()
         fresh = self._model_view()
@@ -388,6 +423,8 @@ class AttentionExplorer(Component):
         images.data = dict(fresh.select_one({"name": "model_view_images"}).data)
         mapper = self.model_view_figure.select_one({"type": LinearColorMapper})
         mapper.high = fresh.select_one({"type": LinearColorMapper}).high
+        model_view_marks = self.model_view_figure.select_one({"name": "model_view_mask_source"})
+        model_view_marks.data = dict(fresh.select_one({"name": "model_view_mask_source"}).data)
         _, marks = figures.head_importance_data(*self._grid_values())
         self._mask_marks.data = marks
         self._show_loss()
@@ -396,10 +433,24 @@ class AttentionExplorer(Component):
     def _active_masks(self):
         return {path: mask for path, mask in self.head_masks.items() if not np.all(mask == 1)}
 
+    def _example_output(self, masks):
+        """The model's (first) output for the shown example with these head masks."""
+        with analysis.masking_heads(self.model, masks):
+            outputs = self._call_model()
+        first = keras.tree.flatten(outputs)[0]
+        return np.asarray(keras.ops.convert_to_numpy(first), "float64")[self.example]
+
+    def _call_model(self):
+        """`model(inputs)`; a layer given a tuple is called as `layer(query, value[, key])`
+        (as the weights are captured)."""
+        if isinstance(self.model, keras.Model) or not isinstance(self.inputs, (tuple, list)):
+            return self.model(self.inputs, training=False)
+        return self.model(*self.inputs, training=False)
+
     def _masked_loss(self):
         """The mean loss on `(inputs, targets)` with the current head masks."""
         with analysis.masking_heads(self.model, self._active_masks()):
-            predictions = self.model(self.inputs, training=False)
+            predictions = self._call_model()
             value = keras.ops.mean(self._loss_function(self.targets, predictions))
         return float(keras.ops.convert_to_numpy(value))
 
@@ -416,13 +467,72 @@ class AttentionExplorer(Component):
         heads = f"{len(masked)} head{'s' if len(masked) != 1 else ''} masked"
         if self.loss is None:
             return heads
-        return f"loss {self.loss:.4f} ({heads}; unmasked {self.baseline_loss:.4f})"
+        return (
+            f"loss {self.loss:.4f} ({heads}; unmasked {self.baseline_loss:.4f}; "
+            f"measured change {self.loss - self.baseline_loss:+.4f})"
+        )
+
+    def mask_effect_html(self):
+        """What the current masks change, as HTML: the maps after the masked layers (or
+        none), and the model's output for the shown example, unmasked beside masked."""
+        masked = self.masked_heads()
+        if not masked:
+            return (
+                "<small>Masking a head multiplies its output by 0: the maps of the layers "
+                "after it, the model's output and the loss change; its own layer's map "
+                "does not (its weights are still computed).</small>"
+            )
+        order = list(self.shapes)
+        first = min(self._capture_index(path) for path, _ in masked)
+        after = order[first + 1 :]
+        if after:
+            maps = (
+                f"the maps of the {len(after)} layer{'s' if len(after) > 1 else ''} after "
+                f"{escape(order[first])} ({escape(', '.join(after))}) change"
+            )
+        else:
+            maps = (
+                f"no attention map lies after {escape(order[first])}, so no map changes; "
+                "the output does"
+            )
+        return (
+            f"<small>Masked heads (crossed out) drop their output: {maps}. "
+            "Their own layer's map is unchanged.</small><br>"
+            + _prediction_table(self.baseline_output, self.output)
+            + (
+                "<small>Importance is a first-order estimate (|d loss / d head mask| at "
+                "the unmasked model); the measured change above is what masking did.</small>"
+                if self.importance is not None
+                else ""
+            )
+        )
+
+    def _capture_index(self, path):
+        """Where the layer at `path` comes in the capture order (the model view's rows)."""
+        names = list(self.shapes)
+        for index, name in enumerate(names):
+            if self._mask_path(name) == path:
+                return index
+        return len(names) - 1
+
+    def _mask_path(self, name):
+        """The `head_masks` path of a captured layer name (`None`: not maskable)."""
+        name = name.split("#", 1)[0]
+        if name in self.head_masks:
+            return name
+        matches = [path for path in self.head_masks if path.rsplit("/", 1)[-1] == name]
+        return matches[0] if len(matches) == 1 else None
 
     def _show_loss(self):
-        self.loss_html.value = f"<b>{escape(self._loss_text())}</b>" + (
-            ""
-            if self.importance is not None
-            else "<br><small>importance needs `targets` (and a loss)</small>"
+        self.loss_html.value = (
+            f"<b>{escape(self._loss_text())}</b>"
+            + (
+                ""
+                if self.importance is not None
+                else "<br><small>importance needs `targets` (and a loss)</small>"
+            )
+            + "<br>"
+            + self.mask_effect_html()
         )
 
     def _on_head_tap(self, _attr, _old, new):
@@ -440,7 +550,10 @@ class AttentionExplorer(Component):
 
     def _model_view(self):
         names = list(self.shapes)  # layers only: rollout and flow have no heads
-        return figures.model_view([self._source.summary(name, 32) for name in names], names)
+        masked = [self.head_masks.get(self._mask_path(name)) for name in names]
+        return figures.model_view(
+            [self._source.summary(name, 32) for name in names], names, masked=masked
+        )
 
     # ------------------------------------------------------------- updating
 
@@ -606,6 +719,7 @@ class AttentionExplorer(Component):
         """
         from bokeh.document import Document
         from bokeh.models import CustomJS
+        from bokeh.models import Div
         from bokeh.models import Select
 
         q0, k0 = self.query_start.value, self.key_start.value
@@ -678,13 +792,17 @@ class AttentionExplorer(Component):
         document = Document()
         parts = [
             row(layer_select, head_select),
-            row(panels.layout, *overviews.values()) if overviews else panels.layout,
+            _wrapping_row(panels.layout, *overviews.values()) if overviews else panels.layout,
         ]
         below = [model_view] if len(thumbnails.data["layer"]) > 1 else []
         if self.head_masks:
-            below.append(self._importance_grid(title=f"Head importance · {self._loss_text()}"))
+            grid = self._importance_grid(
+                title=f"Head importance (first-order estimate) · {self._loss_text()}"
+            )
+            effect = Div(text=self.mask_effect_html(), name="mask_effect", width=grid.width)
+            below.append(column(grid, effect))
         if below:
-            parts.append(row(*below))
+            parts.append(_wrapping_row(*below))
         document.add_root(column(*parts))
         document.js_on_event("document_ready", callback)
         return document
@@ -704,6 +822,57 @@ class AttentionExplorer(Component):
         data = self.detail_source.data
         rows, cols = max(data["row"]) + 1, max(data["col"]) + 1
         return np.asarray(data["weight"]).reshape(rows, cols)
+
+
+# Output entries the prediction table shows (a longer output: its first ones).
+PREDICTION_ENTRIES = 16
+
+
+def _prediction_table(unmasked, masked):
+    """HTML: the shown example's output unmasked beside masked (class scores: the top class
+    per position; values otherwise), entries that differ in bold, and the largest change."""
+    if unmasked is None or masked is None:
+        return ""
+    unmasked, masked = np.atleast_1d(unmasked), np.atleast_1d(masked)
+    classes = unmasked.ndim >= 1 and unmasked.shape[-1] > 1
+    if classes:  # scores over classes (last axis): the top class of each position
+        top = [np.argmax(x, axis=-1) for x in (unmasked, masked)]
+        what = "top class (its score)" + (" per position" if unmasked.ndim > 1 else "")
+        cells = [
+            [
+                f"{int(c)} ({v:.3g})"
+                for c, v in zip(
+                    t.reshape(-1),
+                    np.take_along_axis(x, t[..., None], axis=-1).reshape(-1),
+                    strict=True,
+                )
+            ]
+            for t, x in zip(top, (unmasked, masked), strict=True)
+        ]
+    else:
+        shown = [x.reshape(-1) for x in (unmasked, masked)]
+        what = "output"
+        cells = [[f"{v:.3g}" for v in x] for x in shown]
+    differs = [a != b for a, b in zip(*cells, strict=True)]
+    rows = []
+    for label, values in (("unmasked", cells[0]), ("masked", cells[1])):
+        entries = "".join(
+            f"<td>{'<b>' + v + '</b>' if d else v}</td>"
+            for v, d in zip(values[:PREDICTION_ENTRIES], differs, strict=False)
+        )
+        rows.append(f"<tr><th style='text-align:left'>{label}</th>{entries}</tr>")
+    change = float(np.max(np.abs(masked - unmasked))) if unmasked.size else 0.0
+    more = len(cells[0]) - PREDICTION_ENTRIES
+    return (
+        f"<small>Prediction ({what}), unmasked beside masked; largest output change "
+        f"{change:.4g}{f'; first {PREDICTION_ENTRIES} of {len(cells[0])}' if more > 0 else ''}"
+        f":</small><table class='prediction' style='border-spacing: 10px 0'>{''.join(rows)}</table>"
+    )
+
+
+def _wrapping_row(*children):
+    """A row that wraps in a narrow page (a second line instead of a sideways scroll)."""
+    return row(*children, styles={"flex-wrap": "wrap"})
 
 
 def _detail_panels():

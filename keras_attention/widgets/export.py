@@ -5,9 +5,12 @@ import shutil
 import subprocess
 import tempfile
 
+from bokeh.core.templates import get_env
 from bokeh.document import Document
 from bokeh.embed import file_html
+from bokeh.models import InlineStyleSheet
 from bokeh.models import LayoutDOM
+from bokeh.models.widgets import Widget
 from bokeh.resources import INLINE
 
 from keras_attention import validation
@@ -29,6 +32,51 @@ CHROMIUM_ARGS = (
 )
 
 
+# An exported page in a dark browser: the page itself, not only its figures (which
+# `_theme` repaints), goes dark. Bokeh's own page is white and its template has no hook for it.
+PAGE_TEMPLATE = get_env().from_string(
+    """{% extends "file.html.jinja" %}
+{% block preamble %}<style>
+  :root { color-scheme: light dark; }
+  @media (prefers-color-scheme: dark) {
+    html, body { background-color: #111111; color: #d4d4d4; }
+  }
+</style>{% endblock %}"""
+)
+
+# Bokeh's widgets (selects, sliders, text) draw in shadow roots with colours fixed on
+# `:host`, so the page's style cannot reach them: each gets this sheet in an export.
+DARK_WIDGETS_CSS = """
+@media (prefers-color-scheme: dark) {
+  :host {
+    color-scheme: dark;
+    --color: #d4d4d4;
+    --background-color: #1e1e1e;
+    --hover-color: #2a2a2a;
+    --border-color: #6a6a6a;
+    --divider-color: #4a4a4a;
+    --surface-background-color: #2a2a2a;
+    --disabled-background-color: #2a2a2a;
+    --disabled-color: #9a9a9a;
+    --inactive-bg: #2a2a2a;
+    --inverted-color: #111111;
+    color: var(--color);
+  }
+  select:not([multiple]).bk-input, select:not([size]).bk-input {
+    background-image: LIGHT_ARROW;
+  }
+}
+"""
+# Bokeh's select arrow, light on a dark select (Bokeh's own is black).
+_LIGHT_ARROW = (
+    'url(\'data:image/svg+xml;utf8,<svg version="1.1" viewBox="0 0 25 20" '
+    'xmlns="http://www.w3.org/2000/svg"><path d="M 0,0 25,0 12.5,20 Z" '
+    'fill="%23d4d4d4" /></svg>\')'
+)
+DARK_WIDGETS_CSS = DARK_WIDGETS_CSS.replace("LIGHT_ARROW", _LIGHT_ARROW)
+DARK_WIDGETS_NAME = "follow_dark_page"
+
+
 def export_html(obj, path, title="keras-attention"):
     """Write a Bokeh object, or a widget, to a standalone HTML file that works offline.
 
@@ -37,7 +85,8 @@ def export_html(obj, path, title="keras-attention"):
     `LiveAttention`) is exported through its `standalone_layout()`: every
     decoding step / layer and head / recorded frame is embedded, and its
     controls (Bokeh sliders and selects with JavaScript callbacks) still work.
-    Returns the path.
+    The page follows the browser's light or dark setting (`prefers-color-scheme`):
+    its background, its figures and its controls. Returns the path.
     """
     path = _check_path("export_html", path)
     if not isinstance(title, str):
@@ -55,10 +104,24 @@ def export_html(obj, path, title="keras-attention"):
     if document is not None and document.roots:
         # Light or dark as the browser that opens the file prefers.
         _theme.follow_page_theme(document, document.roots[0])
-    html = file_html(obj, resources=INLINE, title=title)
+        _follow_dark_page(document)
+    html = file_html(obj, resources=INLINE, title=title, template=PAGE_TEMPLATE)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(html)
     return path
+
+
+def _follow_dark_page(document):
+    """Give every Bokeh widget of `document` the dark sheet (once: an export may repeat)."""
+    sheet = None
+    for model in list(document.models):
+        if not isinstance(model, Widget):
+            continue
+        if any(getattr(s, "name", None) == DARK_WIDGETS_NAME for s in model.stylesheets):
+            continue
+        if sheet is None:
+            sheet = InlineStyleSheet(css=DARK_WIDGETS_CSS, name=DARK_WIDGETS_NAME)
+        model.stylesheets = [*model.stylesheets, sheet]
 
 
 def _check_path(owner, path):

@@ -825,7 +825,13 @@ SELECTED_COLOR = "#ff3030"
 
 
 def model_view(
-    thumbnails, layer_names, *, size=64, max_size=32, title="Model view: layer x head (click one)"
+    thumbnails,
+    layer_names,
+    *,
+    size=64,
+    max_size=32,
+    title="Model view: layer x head (click one)",
+    masked=None,
 ):
     """bertviz's model view: one thumbnail per layer (rows) and head (columns).
 
@@ -834,6 +840,10 @@ def model_view(
             layer; long ones are block-averaged to `max_size` per axis).
         layer_names: one name per layer (the row labels).
         size: pixels per thumbnail.
+        masked: `None`, or one entry per layer: `None` or an `(H,)` array, 0
+            where a head is masked. Masked heads are crossed out
+            (`model_view_mask_source`, columns `x`, `y`; `model_view_mask_data`
+            gives them).
 
     All thumbnails share one colour scale (0 to the largest weight), shown by
     the colour bar. A tap tool selects a thumbnail: `model_view_source`
@@ -949,7 +959,46 @@ def model_view(
         ),
         "right",
     )
+    # Masked heads crossed out: a masked head's own map does not change (its weights are
+    # still computed; its output is what is dropped), so without a mark nothing showed it.
+    fig.scatter(
+        x="x",
+        y="y",
+        marker="x",
+        size=int(size * 0.6),
+        line_width=3,
+        line_color=MASKED_HEAD_COLOR,
+        source=ColumnDataSource(
+            model_view_mask_data(thumbnails, masked), name="model_view_mask_source"
+        ),
+        name="model_view_masks",
+    )
     return fig
+
+
+def model_view_mask_data(thumbnails, masked):
+    """The columns (`x`, `y`) of `model_view`'s crosses over the masked heads' thumbnails."""
+    marks = {"x": [], "y": []}
+    if masked is None:
+        return marks
+    if not isinstance(masked, (list, tuple)) or len(masked) != len(thumbnails):
+        raise ValueError(
+            "model_view: `masked` must be None or a list with one entry per layer "
+            f"({len(thumbnails)}). Received: masked={reprlib.repr(masked)}"
+        )
+    for row_index, (heads, mask) in enumerate(zip(thumbnails, masked, strict=True)):
+        if mask is None:
+            continue
+        mask = _numbers(mask, "model_view", f"masked[{row_index}]").reshape(-1)
+        if len(mask) != np.shape(heads)[0]:
+            raise ValueError(
+                f"model_view: `masked[{row_index}]` must have one entry per head "
+                f"({np.shape(heads)[0]}). Received: {len(mask)} entries"
+            )
+        for head_index in np.flatnonzero(mask == 0):
+            marks["x"].append(int(head_index) * (1 + THUMBNAIL_GAP) + 0.5)
+            marks["y"].append(row_index * (1 + THUMBNAIL_GAP) + 0.5)
+    return marks
 
 
 def model_view_source(fig):
@@ -1219,7 +1268,12 @@ UNKNOWN_IMPORTANCE_COLOR = "#9a9a9a"
 
 
 def head_importance_grid(
-    importance, layer_names, masked=None, *, title="Head importance: click a head to mask it"
+    importance,
+    layer_names,
+    masked=None,
+    *,
+    title="Head importance: click a head to mask it",
+    color_bar_title="importance",
 ):
     """A layer (rows) x head (columns) grid of head importance; masked heads crossed out.
 
@@ -1230,6 +1284,7 @@ def head_importance_grid(
         masked: one `(H,)` array per layer, 0 where a head is masked (its
             cell gets a cross); default: none masked.
         title: figure title.
+        color_bar_title: what the colours mean, written along the colour bar.
 
     A tap selects a cell of `head_importance_source` (columns `layer`,
     `head`, `x`, `y`, `importance`); the crosses are `head_mask_source`'s
@@ -1238,10 +1293,12 @@ def head_importance_grid(
     Returns:
         A Bokeh `figure` named `head_importance_figure`.
     """
-    if not isinstance(title, str):
-        raise TypeError(
-            f"head_importance_grid: `title` must be a string. Received: title={title!r}"
-        )
+    for argument, value in (("title", title), ("color_bar_title", color_bar_title)):
+        if not isinstance(value, str):
+            raise TypeError(
+                f"head_importance_grid: `{argument}` must be a string. "
+                f"Received: {argument}={value!r}"
+            )
     cells, marks = head_importance_data(importance, layer_names, masked)
     num_rows = len(layer_names)
     num_cols = max(len(np.atleast_1d(s)) for s in importance)
@@ -1302,7 +1359,7 @@ def head_importance_grid(
                 formatter=_color_bar_ticks(),
                 color_mapper=mapper,
                 width=8,
-                title="importance",
+                title=color_bar_title,
                 title_text_font_size="8pt",
                 title_text_font_style="normal",
                 name="head_importance_color_bar",

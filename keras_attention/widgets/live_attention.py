@@ -10,6 +10,7 @@ import ipywidgets
 import keras
 import numpy as np
 from bokeh.layouts import gridplot
+from bokeh.models import LinearColorMapper
 
 from keras_attention import validation
 from keras_attention.layers.capture import attention_layers
@@ -63,6 +64,12 @@ class LiveAttention(keras.callbacks.Callback, Component):
     or more over the same tokens, taken as stacked in the order they are
     called; `head` picks the head every layer contributes).
 
+    Colours: with `view="layers"` they span 0 to 1 (the weights' range, so
+    heatmaps and frames compare); rollout peaks far below 1 (near 0.45 in a
+    6-token probe), so with `view="rollout"` they span each update's own
+    values (the colour bar shows the range; replay and export follow it).
+    `color_range` chooses either for any view, or fixed limits.
+
     An exception inside the callback is reported once (a warning and a line
     in the widget); live updates then stop, and training goes on.
 
@@ -85,6 +92,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
             (and writing snapshots, when they are written).
         max_frames: how many updates the history keeps (>= 1).
         view: `"layers"` (a heatmap per attention layer) or `"rollout"`.
+        color_range: `"auto"` (0 to 1 for `"layers"`, `"fit"` for
+            `"rollout"`), `"fit"` (each update's own values, 0 included), or
+            `(low, high)` (fixed limits).
 
     Attributes:
         widget: ipywidgets box with the heatmaps (built on first access).
@@ -115,12 +125,16 @@ class LiveAttention(keras.callbacks.Callback, Component):
         overhead_budget=0.03,
         max_frames=200,
         view="layers",
+        color_range="auto",
     ):
         super().__init__()
         if view not in ("layers", "rollout"):
             raise ValueError(
                 f"LiveAttention: `view` must be 'layers' or 'rollout'. Received: view={view!r}"
             )
+        color_range = _check_color_range(color_range)
+        if color_range == "auto":
+            color_range = "fit" if view == "rollout" else (0.0, 1.0)
         if not validation.is_int(every_n_batches) or every_n_batches < 1:
             raise ValueError(
                 "LiveAttention: `every_n_batches` must be an integer >= 1. "
@@ -164,6 +178,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self.key_tokens = key_tokens if key_tokens is not None else query_tokens
         self.snapshot_dir = snapshot_dir
         self.view = view
+        self.color_range = color_range
         self._check_probe_shape()
         try:
             captured = _captured.call_and_capture(self.target, self.probe_inputs)
@@ -193,6 +208,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
             # for it after the query labels, where the title starts, or its end is cut.
             title_room = 30 + 7 * max(len(str(t)) for t in query_labels)
             title_room += int(7.5 * len(f"{name} · epoch 100 batch 1000 · loss 0.0000"))
+            low, high = _colors(matrix, self.color_range)
             fig = figures.heatmap(
                 matrix,
                 _tokens(self.key_tokens, cols),
@@ -200,6 +216,8 @@ class LiveAttention(keras.callbacks.Callback, Component):
                 title=f"{name}: before training",
                 width=max(320, min(900, 22 * cols + 140), title_room),
                 height=max(280, min(900, 22 * rows + 120)),
+                low=low,
+                high=high,
             )
             self.figures[name] = fig
             self.sources[name] = figures.heatmap_source(fig)
@@ -243,7 +261,10 @@ class LiveAttention(keras.callbacks.Callback, Component):
     def show_frame(self, index):
         """Draw frame `index` of the history (negative counts from the newest)."""
         title, matrices = self.frames[index]
-        _frames.apply_frame(self._frame_models(self.sources, self.figures), _frame(title, matrices))
+        _frames.apply_frame(
+            self._frame_models(self.sources, self.figures),
+            _frame(title, matrices, self.color_range),
+        )
 
     def standalone_layout(self):
         """A Bokeh document replaying every recorded frame without a kernel (`export_html`)."""
@@ -264,7 +285,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
             )
             figures.heatmap_source(panels[name]).name = f"frame_source_{name}"
         frames = {
-            _frames.frame_key(index): _frame(title, matrices)
+            _frames.frame_key(index): _frame(title, matrices, self.color_range)
             for index, (title, matrices) in enumerate(self.frames)
         }
         slider = Slider(
@@ -295,6 +316,10 @@ class LiveAttention(keras.callbacks.Callback, Component):
         return {
             **{f"source:{name}": source for name, source in sources.items()},
             **{f"title:{name}": fig.title for name, fig in figures_by_name.items()},
+            **{
+                f"colors:{name}": fig.select_one({"type": LinearColorMapper})
+                for name, fig in figures_by_name.items()
+            },
         }
 
     def compute(self):
@@ -325,6 +350,8 @@ class LiveAttention(keras.callbacks.Callback, Component):
             self.sources[name].patch({"weight": [(slice(0, len(values)), values)]})
             title = f"{name} · {title_suffix}" if title_suffix else name
             self.figures[name].title.text = title
+            mapper = self.figures[name].select_one({"type": LinearColorMapper})
+            mapper.low, mapper.high = _colors(matrix, self.color_range)
             self._latest[name] = (matrix, title)
         self.updates += 1
         self._record(
@@ -460,6 +487,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
         panels = []
         for name, (matrix, title) in latest.items():
             rows, cols = matrix.shape
+            low, high = _colors(matrix, self.color_range)
             panels.append(
                 figures.heatmap(
                     matrix,
@@ -468,6 +496,8 @@ class LiveAttention(keras.callbacks.Callback, Component):
                     title=title,
                     width=self.figures[name].width,
                     height=self.figures[name].height,
+                    low=low,
+                    high=high,
                 )
             )
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -545,16 +575,49 @@ class LiveAttention(keras.callbacks.Callback, Component):
             )
 
 
-def _frame(title, matrices):
-    """A recorded frame's heatmaps and titles (`_frames`): what the replay slider
-    shows live and in the export."""
+def _frame(title, matrices, color_range):
+    """A recorded frame's heatmaps, titles and colour scales (`_frames`): what the
+    replay slider shows live and in the export."""
+    props = {}
+    for name, matrix in matrices.items():
+        low, high = _colors(matrix, color_range)
+        props[f"title:{name}"] = {"text": f"{name} · {title}"}
+        props[f"colors:{name}"] = {"low": low, "high": high}
     return {
         "data": {
             f"source:{name}": {"weight": np.asarray(m, "float64").ravel().tolist()}
             for name, m in matrices.items()
         },
-        "props": {f"title:{name}": {"text": f"{name} · {title}"} for name in matrices},
+        "props": props,
     }
+
+
+def _check_color_range(color_range):
+    if isinstance(color_range, str) and color_range in ("auto", "fit"):
+        return color_range
+    if (
+        isinstance(color_range, (tuple, list))
+        and len(color_range) == 2
+        and all(validation.is_real(v) and np.isfinite(v) for v in color_range)
+        and color_range[0] < color_range[1]
+    ):
+        return float(color_range[0]), float(color_range[1])
+    raise ValueError(
+        "LiveAttention: `color_range` must be 'auto', 'fit' or (low, high) with low < high. "
+        f"Received: color_range={color_range!r}"
+    )
+
+
+def _colors(matrix, color_range):
+    """`(low, high)` of a heatmap's colours: fixed, or fitted to `matrix` (0 included)."""
+    if color_range != "fit":
+        return color_range
+    finite = np.asarray(matrix, "float64")
+    finite = finite[np.isfinite(finite)]
+    if not finite.size:
+        return 0.0, 1.0
+    low = min(0.0, float(finite.min()))
+    return low, max(float(finite.max()), low + 1e-9)
 
 
 def _loss(logs):

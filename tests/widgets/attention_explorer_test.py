@@ -179,6 +179,93 @@ def test_a_click_on_the_head_grid_masks_the_head_and_the_loss_and_maps_follow(fa
     assert dict(grid.select_one({"name": "head_mask_source"}).data) == {"x": [0], "y": [1]}
 
 
+def direct_logits(model, x, masks):
+    """The logits with `head_mask` passed to each layer's call (not `masking_heads`)."""
+    hidden = model.get_layer("mha0")(x, x, head_mask=masks["mha0"])
+    hidden = model.get_layer("mha1")(hidden, hidden, head_mask=masks["mha1"])
+    return keras.ops.convert_to_numpy(model.get_layer("logits")(model.get_layer("pool")(hidden)))
+
+
+def test_a_masked_head_is_marked_and_what_it_changes_is_shown(fake_comm):
+    # Masking the last layer's head changes no map (none lies after it), only the output
+    # and the loss: the model view crosses it out and the widget shows the output (#52).
+    model = stacked_model()
+    x = np.random.default_rng(9).normal(size=(4, 5, 8)).astype("float32")
+    y = np.array([0, 1, 2, 1])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    explorer = AttentionExplorer(model, x, targets=y, loss=loss, example=2)
+    assert "first-order estimate" in explorer.importance_figure.title.text
+    before = {name: w.copy() for name, w in explorer.weights.items()}
+    marks = explorer.model_view_figure.select_one({"name": "model_view_mask_source"})
+    assert dict(marks.data) == {"x": [], "y": []}
+    explorer.toggle_head("mha1", 1)
+    masked = {"mha0": np.ones(2, "float32"), "mha1": np.array([1, 0], "float32")}
+    cell = thumbnail(explorer, "mha1", 1)
+    data = explorer.model_view_source.data
+    assert dict(marks.data) == {"x": [data["x"][cell]], "y": [data["y"][cell]]}
+    for name, weights in explorer.weights.items():  # no map changed ...
+        np.testing.assert_allclose(weights, before[name], rtol=1e-5)
+    ones = {"mha0": np.ones(2, "float32"), "mha1": np.ones(2, "float32")}
+    unmasked_logits, masked_logits = (direct_logits(model, x, m)[2] for m in (ones, masked))
+    assert not np.allclose(unmasked_logits, masked_logits, atol=1e-4)  # ... the output did
+    np.testing.assert_allclose(explorer.baseline_output, unmasked_logits, rtol=1e-5)
+    np.testing.assert_allclose(explorer.output, masked_logits, rtol=1e-5)
+    shown = explorer.loss_html.value
+    assert "no attention map lies after mha1" in shown
+    for label, logits in (("unmasked", unmasked_logits), ("masked", masked_logits)):
+        top = int(np.argmax(logits))
+        assert f"<th style='text-align:left'>{label}</th><td><b>{top} (" in shown
+    change = explorer.loss - explorer.baseline_loss
+    assert abs(change) > 1e-4 and f"measured change {change:+.4f}" in shown
+    assert "first-order estimate" in shown
+    # A head of the first layer: the map after it changes, and the widget says which.
+    explorer.toggle_head("mha1", 1)
+    explorer.toggle_head("mha0", 0)
+    assert "the maps of the 1 layer after mha0 (mha1) change" in explorer.loss_html.value
+    assert not np.allclose(explorer.weights["mha1"], before["mha1"], atol=1e-4)
+    # The export shows the same: crossed-out thumbnails and the effect beside the grid.
+    document = explorer.standalone_layout()
+    cell = thumbnail(explorer, "mha0", 0)
+    assert dict(document.select_one({"name": "model_view_mask_source"}).data) == {
+        "x": [data["x"][cell]],
+        "y": [data["y"][cell]],
+    }
+    assert document.select_one({"name": "mask_effect"}).text == explorer.mask_effect_html()
+
+
+def test_a_layer_given_query_and_value_shows_its_masked_output(fake_comm):
+    layer = keras_attention.MultiHeadAttention(2, 4, name="mha", seed=0)
+    query, value = np.random.default_rng(4).normal(size=(2, 1, 5, 8)).astype("float32")
+    explorer = AttentionExplorer(layer, (query, value), scores_on_demand=False)
+    explorer.toggle_head("mha", 1)
+    expected = layer(query, value, head_mask=np.array([1.0, 0.0], "float32"))
+    np.testing.assert_allclose(explorer.output, keras.ops.convert_to_numpy(expected)[0], rtol=1e-5)
+    np.testing.assert_allclose(
+        explorer.baseline_output, keras.ops.convert_to_numpy(layer(query, value))[0], rtol=1e-5
+    )
+
+
+def test_the_first_rollout_pick_says_it_is_computing(fake_comm, monkeypatch):
+    from keras_attention.widgets import _captured
+
+    x = np.random.default_rng(9).normal(size=(1, 5, 8)).astype("float32")
+    explorer = AttentionExplorer(stacked_model(), x)
+    computing = _captured.combined_attention
+    shown_while_computing = []
+
+    def spy(*args, **kwargs):
+        shown_while_computing.append(explorer.info_html.value)
+        return computing(*args, **kwargs)
+
+    monkeypatch.setattr(_captured, "combined_attention", spy)
+    explorer.layer_choice.value = "rollout (all layers)"
+    assert len(shown_while_computing) == 1 and "computing" in shown_while_computing[0]
+    assert "computing" not in explorer.info_html.value
+    explorer.layer_choice.value = "mha0"
+    explorer.layer_choice.value = "rollout (all layers)"  # computed once
+    assert len(shown_while_computing) == 1
+
+
 def test_without_targets_the_grid_masks_heads_and_shows_no_loss(fake_comm):
     x = np.random.default_rng(9).normal(size=(1, 5, 8)).astype("float32")
     explorer = AttentionExplorer(stacked_model(), x)

@@ -14,6 +14,7 @@ import pytest
 
 from keras_attention.widgets import export_html
 from keras_attention.widgets import figures
+from keras_attention.widgets._legibility import _COLOUR_HELPERS
 from keras_attention.widgets.export import CHROMIUM_ARGS
 from keras_attention.widgets.export import find_chromium
 from tests.widgets import bokeh_page
@@ -31,7 +32,7 @@ pytestmark = [
 
 
 @contextlib.contextmanager
-def browser_page(tmp_path, color_scheme="light"):
+def browser_page(tmp_path, color_scheme="light", width=1400):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -40,7 +41,7 @@ def browser_page(tmp_path, color_scheme="light"):
         )
         try:
             page = browser.new_page(
-                viewport={"width": 1400, "height": 1000}, color_scheme=color_scheme
+                viewport={"width": width, "height": 1000}, color_scheme=color_scheme
             )
             page.alerts = []
             page.on("dialog", lambda dialog: (page.alerts.append(dialog.message), dialog.dismiss()))
@@ -103,10 +104,10 @@ def read_source(name, column):
 
 
 @contextlib.contextmanager
-def offline_export(tmp_path, widget, name, color_scheme="light"):
+def offline_export(tmp_path, widget, name, color_scheme="light", width=1400):
     """The widget exported and opened from disk; asserts nothing was fetched."""
     path = export_html(widget, str(tmp_path / f"{name}.html"))
-    with browser_page(tmp_path, color_scheme) as page:
+    with browser_page(tmp_path, color_scheme, width) as page:
         requests = []
         page.on("request", lambda request: requests.append(request.url))
         page.goto("file://" + path)
@@ -295,33 +296,100 @@ def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, 
         assert bokeh_page.column(page, "head_mask_source", "x") == [1]
         title = page.evaluate(f"({bokeh_page.MODEL})('head_importance_figure').title.text")
         assert f"loss {explorer.loss:.4f} (1 head masked" in title
+        assert "first-order estimate" in title
+        # ... and in the model view (its own map does not show it, #52), with its effect.
+        thumbnails = bokeh_page.column(page, "model_view_source", "x")
+        assert bokeh_page.column(page, "model_view_mask_source", "x") == [thumbnails[1]]
+        effect = page.locator("table.prediction")
+        assert effect.count() == 1 and effect.is_visible()
+        assert effect.inner_text().split("\n")[0].startswith("unmasked")
+        assert page.get_by_text("the maps of the 1 layer after mha (luong) change").is_visible()
+        # The light page stays light (the dark sheet applies to a dark page only).
+        assert page_colours(page)[0][2:] == ["#000000", "#ffffff"]
+
+
+# The page and every Bokeh widget's text (selects, their labels, sliders, divs), each
+# `[what, element, text colour, background]`: widgets draw in shadow roots, out of the
+# page's style.
+READ_PAGE_COLOURS = (
+    "() => {"
+    + _COLOUR_HELPERS
+    + r"""
+  const out = [["page", "body", rgb(getComputedStyle(document.body).color),
+                behind(document.body)]];
+  for (const view of Bokeh.index.all_views()) {
+    const root = view.el?.shadowRoot;
+    if (!root || !view.model || !("stylesheets" in view.model.properties)) continue;
+    for (const el of root.querySelectorAll("select, label, .bk-slider-title, .bk-clearfix")) {
+      if (!el.getClientRects().length || !el.textContent.trim()) continue;
+      out.push([view.model.name || view.model.type, el.tagName.toLowerCase(),
+                rgb(getComputedStyle(el).color), behind(el)]);
+    }
+  }
+  return out;
+}"""
+)
+
+
+def page_colours(page):
+    return page.evaluate(READ_PAGE_COLOURS)
 
 
 def test_dark_theme_labels_contrast_with_their_background(tmp_path, fake_comm):
-    # The head view's token labels were painted black on the dark background (#42).
+    # The head view's token labels were painted black on the dark background (#42); the
+    # page and its menus stayed white, and the explorer was 1301 px wide at 1280 (#52).
     import keras
 
     import keras_attention
     from keras_attention.widgets import AttentionExplorer
     from keras_attention.widgets import DecodingStepper
+    from keras_attention.widgets import LiveAttention
     from tests.widgets.fake_translator import FakeTranslator
 
     inputs = keras.Input((4, 8))
-    model = keras.Model(inputs, keras_attention.MultiHeadAttention(2, 2, name="mha")(inputs))
+    hidden = keras_attention.MultiHeadAttention(4, 2, name="encoder_block_0_attention")(inputs)
+    outputs = keras_attention.MultiHeadAttention(4, 2, name="encoder_block_1_attention")(hidden)
+    model = keras.Model(inputs, outputs)
     x = np.random.default_rng(0).normal(size=(1, 4, 8)).astype("float32")
-    explorer = AttentionExplorer(model, x, query_tokens=["il", "a", "m'", "entarté"])
+    explorer = AttentionExplorer(
+        model,
+        x,
+        query_tokens=["il", "a", "m'", "entarté"],
+        targets=np.zeros((1, 4, 8), "float32"),
+        loss="mse",
+    )
+    explorer.toggle_head("encoder_block_1_attention", 2)
     stepper = DecodingStepper(FakeTranslator(), "il a m' entarté")
     stepper.next_token()
-    for name, widget in (("explorer", explorer), ("stepper", stepper)):
-        with offline_export(tmp_path, widget, f"{name}_dark", color_scheme="dark") as page:
+    live = LiveAttention(model, x, snapshot_dir=None)  # its frame slider
+    for name, widget in (("explorer", explorer), ("stepper", stepper), ("live", live)):
+        with offline_export(
+            tmp_path, widget, f"{name}_dark", color_scheme="dark", width=1280
+        ) as page:
             page.wait_for_function(  # the theme callback has run
                 "[...Bokeh.documents[0].all_models].some((m) => m.background_fill_color"
                 " !== undefined && String(m.background_fill_color) === '#111111')"
             )
             page.wait_for_timeout(300)
             texts = bokeh_page.assert_text_contrasts(page)
+            # The page and the menus follow the dark page too, not only the figures.
+            colours = page_colours(page)
+            # Selects and their labels; the stepper's text; the slider's title.
+            expected = {"body", "select", "label"} if name == "explorer" else {"body", "div"}
+            assert {c[1] for c in colours} >= expected, colours
+            dark = [c for c in colours if bokeh_page.contrast(c[3], "#000000") < 2]
+            assert dark == colours, f"light backgrounds on a dark page: {colours}"
+            readable = [c for c in colours if bokeh_page.contrast(c[2], c[3]) >= 4.5]
+            assert readable == colours, colours
             if name == "explorer":
                 assert any(t[:2] == ["head_view_figure", "text glyph"] for t in texts), texts
+                # It fits a 1280 px window (the model view and the grid beside it did not).
+                widths = page.evaluate(
+                    "['model_view_figure', 'head_importance_figure'].map((n) =>"
+                    " Bokeh.documents[0].get_model_by_name(n).width)"
+                )
+                assert sum(widths) > 1280, widths  # too wide for one line: they wrap
+                assert page.evaluate("document.documentElement.scrollWidth") <= 1280
 
 
 def test_exported_long_explorer_shows_each_long_layers_overview(tmp_path, fake_comm):
@@ -377,7 +445,13 @@ def test_exported_live_attention_replays_every_frame_without_a_kernel(tmp_path, 
     model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
     x = np.random.default_rng(0).normal(size=(16, 6, 4)).astype("float32")
     live = LiveAttention(
-        model, x[:2], every_n_batches=1, min_interval_s=0, overhead_budget=1.0, snapshot_dir=None
+        model,
+        x[:2],
+        every_n_batches=1,
+        min_interval_s=0,
+        overhead_budget=1.0,
+        snapshot_dir=None,
+        color_range="fit",  # as rollout's default: each frame's colours span its values
     )
     model.fit(x, x[:, :, :1].sum(axis=1), batch_size=4, epochs=2, verbose=0, callbacks=[live])
     frames = [matrices["self_attention"] for _, matrices in live.frames]
@@ -389,6 +463,11 @@ def test_exported_live_attention_replays_every_frame_without_a_kernel(tmp_path, 
                 set_model(page, "frame_slider", "value", index)
             expected = json.dumps(frames[index].ravel().tolist())
             page.wait_for_function(f"{weights}.every((v, i) => Math.abs(v - {expected}[i]) < 1e-6)")
+            high = page.evaluate(
+                "[...Bokeh.documents[0].all_models].filter((m) => m.type === 'ColorBar')"
+                ".map((m) => m.color_mapper.high)"
+            )
+            assert high == pytest.approx([frames[index].max()]), (index, high)
             if index == len(frames) - 1:  # the longest title: "self_attention · epoch 2 end · loss"
                 page.wait_for_timeout(300)
                 text_boxes.assert_legible(page, minimum_axes=3)

@@ -152,6 +152,41 @@ def test_model_view_needs_one_name_per_layer():
         figures.model_view([np.ones((3, 3))], ["a"])
 
 
+def test_model_view_crosses_out_masked_heads():
+    thumbnails = [np.ones((2, 3, 3)), np.ones((3, 3, 3))]
+    fig = figures.model_view(thumbnails, ["a", "b"], masked=[None, [1.0, 0.0, 1.0]])
+    cells = figures.model_view_source(fig).data
+    (cell,) = [
+        i for i, c in enumerate(zip(cells["layer"], cells["head"], strict=True)) if c == ("b", 1)
+    ]
+    marks = fig.select_one({"name": "model_view_mask_source"}).data
+    assert dict(marks) == {"x": [cells["x"][cell]], "y": [cells["y"][cell]]}
+    unmasked = figures.model_view(thumbnails, ["a", "b"])
+    assert dict(unmasked.select_one({"name": "model_view_mask_source"}).data) == {
+        "x": [],
+        "y": [],
+    }
+    with pytest.raises(ValueError, match=r"model_view: `masked` must be .*one entry per layer"):
+        figures.model_view(thumbnails, ["a", "b"], masked=[None])
+    with pytest.raises(ValueError, match=r"model_view: `masked\[1\]` must have one entry per"):
+        figures.model_view(thumbnails, ["a", "b"], masked=[None, [1.0, 0.0]])
+    with pytest.raises((TypeError, ValueError), match=r"model_view: .*masked\[0\]"):
+        figures.model_view(thumbnails, ["a", "b"], masked=[["x", "y"], None])
+
+
+def test_an_export_follows_a_dark_page_with_one_sheet_per_control(tmp_path):
+    from bokeh.layouts import column
+    from bokeh.models import Select
+
+    select = Select(options=["a", "b"], value="a")
+    layout = column(select, figures.heatmap(np.eye(2)))
+    for name in ("a.html", "b.html"):
+        export_html(layout, str(tmp_path / name))
+    assert [s.name for s in select.stylesheets] == ["follow_dark_page"]
+    html = (tmp_path / "b.html").read_text(encoding="utf-8")
+    assert "color-scheme: light dark" in html and "prefers-color-scheme: dark" in html
+
+
 def test_bar_labels_are_no_more_than_fit_and_each_names_its_own_bar():
     tokens = [f"token{i}" for i in range(60)]
     fig = figures.distribution_bars(np.full(60, 1 / 60), tokens, width=400)

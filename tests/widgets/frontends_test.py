@@ -879,6 +879,13 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
     opened.record(head_mask_click_s=time.perf_counter() - start)
     opened.wait(f"document.body.innerText.includes('loss {kernel['loss']:.4f} (1 head masked')")
     opened.wait("(" + bokeh_page.MODEL + ")('head_mask_source').get_length() === 1")
+    # The model view crosses it out too, and the widget says what it changed: the map after
+    # it, and the output (unmasked beside masked), since its own map stays (#52).
+    opened.wait("(" + bokeh_page.MODEL + ")('model_view_mask_source').get_length() === 1")
+    opened.wait(
+        "document.body.innerText.includes('the maps of the 1 layer after mha (luong) change')"
+        " && document.querySelectorAll('table.prediction tr').length === 2"
+    )
     opened.screenshot("_masked")
     assert_no_script_ran(page)
 
@@ -1287,6 +1294,21 @@ READ_HEAD_GRIDS = """
             marks.get_length(), doc.get_model_by_name("head_importance_color_bar") !== null]; })
 """
 
+# Records whether the explorer's info line ever said it was computing (rollout's first pick):
+# every text the page adds is looked at, so a message replaced at once still counts.
+WATCH_FOR_PROGRESS = """
+() => {
+  window.__progress_shown = false;
+  new MutationObserver((records) => {
+    for (const record of records) {
+      for (const node of record.addedNodes) {
+        if ((node.textContent || "").includes("computing it from")) window.__progress_shown = true;
+      }
+    }
+  }).observe(document.body, {childList: true, subtree: true, characterData: true});
+}
+"""
+
 # Per explorer: the bottoms (px) of its detail heatmap, the bars under it and the head
 # view, and the head view's height.
 READ_DETAIL_BOTTOMS = """
@@ -1322,10 +1344,13 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, the
             assert_head_views_first_draw(opened, dark=theme == "dark")
         # The new views of #38, as painted, in the long explorer: its rollout (a window
         # and an overview), beside the head grids (the short explorer's with its loss).
+        opened.page.evaluate(WATCH_FOR_PROGRESS)
         opened.page.get_by_label("layer").nth(1).select_option("rollout (all layers)")
         opened.wait(
             f"({READ_DETAIL})()?.title === 'rollout (all layers), mean of heads'", timeout_s=60
         )
+        # The first pick said it was computing (3.7 s with no sign of work for long inputs, #52).
+        assert opened.page.evaluate("window.__progress_shown") is True
         for theme in reversed(themes):  # Dark first where the page is dark now
             if theme == "light" and "dark" in themes:
                 restore_light_theme(opened)

@@ -378,8 +378,45 @@ def test_rollout_is_followed_during_fit(fake_comm, no_snapshots):
     drawn = np.reshape(callback.sources["rollout"].data["weight"], (6, 6))
     np.testing.assert_allclose(drawn, expected_rollout(), rtol=1e-5)
     assert not np.allclose(callback.frames[0][1]["rollout"], drawn, atol=1e-4)  # it followed
+    # Rollout peaks far below 1: its colours span what it shows, at each update and in
+    # every replayed and exported frame (a fixed 0-1 scale drew it in one dark colour).
+    assert colour_scale(callback.figures["rollout"]) == pytest.approx((0.0, drawn.max()))
+    assert drawn.max() < 0.9
+    first = callback.frames[0][1]["rollout"]
+    callback.show_frame(0)
+    assert colour_scale(callback.figures["rollout"]) == pytest.approx((0.0, first.max()))
+    exported = callback.standalone_layout().select_one({"name": "swap_frame"}).args["frames"]
+    assert exported["0"]["props"]["colors:rollout"] == pytest.approx(
+        {"low": 0.0, "high": first.max()}
+    )
     with pytest.raises(ValueError, match=r"^LiveAttention: `view` must be .*view='flow'"):
         LiveAttention(model, x[:1], view="flow")
     # One layer is no stack to roll out.
     with pytest.raises(ValueError, match=r"view='rollout'. needs two or more self-attention"):
         LiveAttention(make_model(), x[:1], view="rollout")
+
+
+def colour_scale(fig):
+    from bokeh.models import LinearColorMapper
+
+    mapper = fig.select_one({"type": LinearColorMapper})
+    return mapper.low, mapper.high
+
+
+@pytest.mark.parametrize(
+    "color_range, expected",
+    [("auto", lambda m: (0.0, 1.0)), ("fit", lambda m: (0.0, m.max())), ((0.1, 0.4), None)],
+)
+def test_the_colour_range_is_the_readers_choice(fake_comm, no_snapshots, color_range, expected):
+    x, _ = data()
+    callback = LiveAttention(make_model(), x[:1], color_range=color_range)
+    weights = reference(callback.target, x[:1])
+    expected = color_range if expected is None else expected(weights)
+    assert colour_scale(callback.figures["att"]) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("color_range", ["wide", (1.0, 0.0), (0.0, float("nan")), (0, 1, 2), 1])
+def test_a_bad_colour_range_is_refused(fake_comm, color_range):
+    x, _ = data()
+    with pytest.raises(ValueError, match=r"^LiveAttention: `color_range` must be .*Received"):
+        LiveAttention(make_model(), x[:1], color_range=color_range)

@@ -82,24 +82,29 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     print(f"{os.path.basename(path)}: {seconds:.1f} s, load {os.getloadavg()[0]:.1f}")
     if "rollout_and_head_importance" in path:
         assert_analysis_claims(notebook)
+        assert "application/vnd.jupyter.widget-view+json" in mimes_of(notebook)  # the explorer
     name = os.path.basename(path)
     if name in FIGURE_NOTEBOOKS:
         assert_figures_legible(notebook, tmp_path, FIGURE_NOTEBOOKS[name])
     else:  # widgets were displayed (the component notebooks end in a widget)
-        mimes = {
-            key
-            for cell in notebook.cells
-            for output in cell.get("outputs", [])
-            for key in output.get("data", {})
-        }
-        assert "application/vnd.jupyter.widget-view+json" in mimes
+        assert "application/vnd.jupyter.widget-view+json" in mimes_of(notebook)
+
+
+def mimes_of(notebook):
+    return {
+        key
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+        for key in output.get("data", {})
+    }
 
 
 def assert_analysis_claims(notebook):
     """The analysis notebook's claims, read back from what it printed (its cells assert them
     too; this keeps them checked if a cell's `assert` goes): rollout's top token is the
-    keyword in at least 90% of the examples, and masking the k = 1, 2, 3 most important heads
-    raises the loss more than masking k random ones does on average."""
+    keyword in at least 90% of the examples, masking the k = 1, 2, 3 most important heads
+    raises the loss more than masking k random ones does on average, and the explorer's
+    grid, given the same data, masks the top head to the same (higher) loss."""
     printed = "".join(
         output.get("text", "")
         for cell in notebook.cells
@@ -113,6 +118,10 @@ def assert_analysis_claims(notebook):
     assert int(rollout.group(1)) >= 90, printed
     for _, most_important, random_mean in masking:
         assert float(most_important) > float(random_mean), printed
+    explorer = re.search(r"explorer: .* masked: loss ([\d.]+) -> ([\d.]+)", printed)
+    assert explorer, printed
+    unmasked, masked = (float(v) for v in explorer.groups())
+    assert masked == float(masking[0][1]) and masked > unmasked, printed
 
 
 def assert_figures_legible(notebook, tmp_path, minimum_axes):
