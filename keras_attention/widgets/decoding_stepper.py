@@ -322,9 +322,11 @@ class DecodingStepper(Component):
         candidates = ipywidgets.HBox(
             [ipywidgets.HTML("<b>candidates (click to force):</b>"), *self.candidate_buttons]
         )
+        sampling = [self._sampling_controls()] if self.causal else []
         self.widget = ipywidgets.VBox(
             [
                 controls,
+                *sampling,
                 choices,
                 self.source_html,
                 self.output_html,
@@ -333,6 +335,77 @@ class DecodingStepper(Component):
                 self.bokeh_widget,
             ]
         )
+
+    def _sampling_controls(self):
+        """Greedy or sampled decoding, and the sampler's temperature, top-k,
+        top-p and seed (`keras_attention.models.Sampling`); any change starts
+        the decoding again with that sampler (`set_sampler`)."""
+        given = self.session.sampler
+        self.decoding_choice = ipywidgets.ToggleButtons(
+            options=["greedy", "sample"],
+            value="greedy" if given is None else "sample",
+            description="decoding",
+            style={"button_width": "70px"},
+        )
+        self.temperature = ipywidgets.FloatSlider(
+            value=1.0, min=0.1, max=2.0, step=0.1, description="temperature"
+        )
+        self.sampling_top_k = ipywidgets.BoundedIntText(
+            value=0,
+            min=0,
+            max=10**6,
+            description="top-k (0: all)",
+            style={"description_width": "auto"},
+            layout=ipywidgets.Layout(width="150px"),
+        )
+        self.top_p = ipywidgets.FloatSlider(
+            value=1.0, min=0.05, max=1.0, step=0.05, description="top-p"
+        )
+        self.seed = ipywidgets.IntText(
+            value=0, description="seed", layout=ipywidgets.Layout(width="150px")
+        )
+        for control in (
+            self.decoding_choice,
+            self.temperature,
+            self.sampling_top_k,
+            self.top_p,
+            self.seed,
+        ):
+            control.observe(lambda _: self._on_sampling(), names="value")
+        return ipywidgets.HBox(
+            [self.decoding_choice, self.temperature, self.sampling_top_k, self.top_p, self.seed]
+        )
+
+    def _on_sampling(self):
+        if self._updating:
+            return
+        if self.decoding_choice.value == "greedy":
+            self.set_sampler(None)
+            return
+        from keras_attention.models.causal_decoding import Sampling
+
+        self.set_sampler(
+            Sampling(
+                temperature=self.temperature.value,
+                top_k=self.sampling_top_k.value or None,
+                top_p=None if self.top_p.value >= 1.0 else self.top_p.value,
+                seed=self.seed.value,
+            )
+        )
+
+    def set_sampler(self, sampler):
+        """Decode again from the prompt with `sampler` (None or "greedy", a
+        KerasHub sampler, or `keras_attention.models.Sampling`); causal LMs only."""
+        if not self.causal:
+            raise ValueError(
+                "DecodingStepper.set_sampler: a translator decodes greedily; samplers "
+                f"are for causal LMs. Received: sampler={sampler!r}"
+            )
+        self._session_arguments["sampler"] = sampler
+        self.session = self._new_session()
+        self.position = 0
+        self._path = []
+        self._refresh_step_views()
 
     # --------------------------------------------------------------- actions
 
@@ -355,13 +428,25 @@ class DecodingStepper(Component):
         drive the same four stage panels and the alignment heatmap with
         BokehJS callbacks. The widget's own state is not touched.
         """
-        session = self._new_session()
-        if self._path:
-            steps = [session.step(force_token=token_id) for token_id in self._path]
+        if self.causal:
+            # The live session replays the line (its sampler is not shared with
+            # a second session, whose draws would move it), then comes back.
+            session = self.session
+            session.reset()
         else:
-            steps = []
-            while not session.done:
-                steps.append(session.step())
+            session = self._new_session()
+        try:
+            if self._path:
+                steps = [session.step(force_token=token_id) for token_id in self._path]
+            else:
+                steps = []
+                while not session.done:
+                    steps.append(session.step())
+        finally:
+            if self.causal:  # the live session back where it was
+                self.session.reset()
+                for token_id in self._path[: self.position]:
+                    self.session.step(force_token=token_id)
         return _standalone(
             steps, self._stage_arguments(), self.prompt_tokens if self.causal else None
         )

@@ -152,3 +152,34 @@ def test_translator_arguments_are_refused_for_causal_only_options(fake_comm):
 
     with pytest.raises(ValueError, match="DecodingStepper: `max_length` is for causal"):
         DecodingStepper(FakeTranslator(), "il a", max_length=8)
+
+
+def _run(stepper):
+    while stepper.next_token() is not None:
+        pass
+    return stepper.output_text
+
+
+def test_sampling_controls_decode_with_their_seeded_sampler(lm, fake_comm):
+    from keras_attention.models import CausalDecodingSession
+    from keras_attention.models import Sampling
+
+    stepper = DecodingStepper(lm, "keras", max_length=MAX_LENGTH)
+    stepper.temperature.value = 1.5
+    stepper.seed.value = 3
+    stepper.decoding_choice.value = "sample"
+    assert stepper.session.sampler.temperature == 1.5 and stepper.session.sampler.seed == 3
+    expected = CausalDecodingSession(
+        lm, "keras", max_length=MAX_LENGTH, sampler=Sampling(temperature=1.5, seed=3)
+    ).run()
+    for _ in range(4):
+        stepper.next_token()
+    stepper.back()
+    stepper.standalone_layout()  # replays the line, then must leave the session at step 3
+    assert [s.token for s in stepper.history] == [s.token for s in expected[:3]]
+    _run(stepper)
+    assert [s.token for s in stepper.history] == [s.token for s in expected]
+    assert any(s.sampled and s.token != s.candidates[0][0] for s in stepper.history)
+    stepper.decoding_choice.value = "greedy"
+    assert stepper.session.sampler is None and stepper.history == []
+    assert _run(stepper) == lm.generate("keras", max_length=MAX_LENGTH)
