@@ -8,6 +8,7 @@ import shutil
 import time
 
 import nbformat
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,6 +31,7 @@ def test_there_is_a_notebook_per_component():
         "figures.ipynb",
         "attention_walkthrough.ipynb",
         "rollout_and_head_importance.ipynb",
+        "induction_heads.ipynb",
     } <= names
 
 
@@ -44,6 +46,9 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     # The notebooks quiet TensorFlow themselves; nothing from the test's environment helps.
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
     notebook = nbformat.read(path, as_version=4)
+    induction = os.path.basename(path) == "induction_heads.ipynb"
+    if induction:  # the test's own last cell: what the claim is recomputed from
+        notebook.cells.append(nbformat.v4.new_code_cell(SAVE_INDUCTION_MODEL))
     # Run where a user runs it: beside the files the notebooks ship (their training cells'
     # results, pretrained/); training them again is tests/examples/seed_alignment_test.py's.
     shutil.copytree(os.path.join(os.path.dirname(path), "pretrained"), tmp_path / "pretrained")
@@ -83,6 +88,8 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     if "rollout_and_head_importance" in path:
         assert_analysis_claims(notebook)
         assert "application/vnd.jupyter.widget-view+json" in mimes_of(notebook)  # the explorer
+    if induction:
+        assert_induction_claims(notebook, tmp_path / "induction_check.npz")
     name = os.path.basename(path)
     if name in FIGURE_NOTEBOOKS:
         assert_figures_legible(notebook, tmp_path, FIGURE_NOTEBOOKS[name])
@@ -122,6 +129,129 @@ def assert_analysis_claims(notebook):
     assert explorer, printed
     unmasked, masked = (float(v) for v in explorer.groups())
     assert masked == float(masking[0][1]) and masked > unmasked, printed
+
+
+# Appended to induction_heads.ipynb: its trained weights and held-out sequences, saved.
+SAVE_INDUCTION_MODEL = """
+np.savez("induction_check.npz", held_out=held_out,
+         **{v.path.replace("/", "__"): keras.ops.convert_to_numpy(v) for v in model.weights})
+"""
+# An even spread over the keys a query sees scores about 0.1; the notebook's threshold
+# may not claim less than three times that.
+LEAST_INDUCTION_THRESHOLD = 0.3
+
+
+def assert_induction_claims(notebook, saved):
+    """The induction notebook's printed numbers, recomputed from its trained weights by a
+    float64 NumPy forward pass (not the layers' code, not `capture_attention`), with each
+    earlier occurrence found by searching the tokens (not from the repeat length the data
+    generator drew): every printed score within rounding of the recomputed one, the best
+    induction head above the printed threshold, and the repeated letters' loss far below
+    the others'."""
+    printed = "".join(
+        output.get("text", "")
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+        if output.get("name") == "stdout"
+    )
+    print(printed)
+    table = re.findall(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$", printed, re.M)
+    best = re.search(
+        r"best induction head: layer (\d+), head (\d+), score ([\d.]+) > threshold ([\d.]+)",
+        printed,
+    )
+    losses = re.search(r"gives away: ([\d.]+) nats; on the others: ([\d.]+)", printed)
+    assert table and best and losses, printed
+    data = np.load(saved)
+    weights = {key.replace("__", "/"): data[key].astype("float64") for key in data.files}
+    sequences = data["held_out"]
+    attention, logits = induction_reference(weights, sequences[:, :-1])
+    induction, previous = induction_scores(attention, sequences[:, :-1])
+    for layer, head, previous_printed, induction_printed in table:
+        layer, head = int(layer), int(head)
+        assert abs(previous[layer, head] - float(previous_printed)) <= 0.006, (layer, head)
+        assert abs(induction[layer, head] - float(induction_printed)) <= 0.006, (layer, head)
+    assert len(table) == induction.size, table
+    best_layer, best_head, _, threshold = best.groups()
+    threshold = float(threshold)
+    assert threshold >= LEAST_INDUCTION_THRESHOLD, threshold
+    assert (int(best_layer), int(best_head)) == np.unravel_index(
+        induction.argmax(), induction.shape
+    )
+    assert induction.max() > threshold, induction
+    # The loss on the letters the repeat gives away (found again by search: a letter whose
+    # previous letter occurred before) and on the others.
+    targets = sequences[:, 1:]
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    loss = -np.take_along_axis(log_probabilities, targets[..., None], axis=-1)[..., 0]
+    given_away = earlier_occurrences(sequences[:, :-1]) >= 0
+    repeated, others = loss[given_away].mean(), loss[~given_away].mean()
+    assert abs(repeated - float(losses.group(1))) <= 0.002, (repeated, losses.group(1))
+    assert abs(others - float(losses.group(2))) <= 0.002, (others, losses.group(2))
+    assert repeated < 0.1 * others, (repeated, others)
+
+
+def earlier_occurrences(tokens):
+    """`(B, T)`: the position of each token's earlier occurrence, or -1."""
+    found = np.full(tokens.shape, -1)
+    for b, sequence in enumerate(tokens):
+        for q in range(len(sequence)):
+            matches = np.flatnonzero(sequence[:q] == sequence[q])
+            if matches.size:
+                found[b, q] = matches[-1]
+    return found
+
+
+def induction_scores(attention, tokens):
+    """Per layer and head: the mean weight from each query with an earlier occurrence to the
+    key after it (induction), and from each query to the one before (previous token)."""
+    earlier = earlier_occurrences(tokens)
+    batch, query = np.nonzero(earlier >= 0)
+    key = earlier[batch, query] + 1
+    induction = np.stack([w[batch, :, query, key].mean(axis=0) for w in attention])
+    positions = np.arange(1, tokens.shape[1])
+    previous = np.stack([w[:, :, positions, positions - 1].mean(axis=(0, 2)) for w in attention])
+    return induction, previous
+
+
+def induction_reference(weights, tokens):
+    """The notebook's model in float64 NumPy: token + position embeddings, two pre-norm causal
+    attention layers added to the stream, a final norm and the logits. Returns each layer's
+    weights `(B, heads, T, T)` and the logits."""
+
+    def norm(x, name, epsilon=1e-3):  # Keras LayerNormalization's default epsilon
+        mean, variance = x.mean(axis=-1, keepdims=True), x.var(axis=-1, keepdims=True)
+        return (x - mean) / np.sqrt(variance + epsilon) * weights[f"{name}/gamma"] + weights[
+            f"{name}/beta"
+        ]
+
+    length = tokens.shape[1]
+    stream = weights["token_embedding/embeddings"][tokens]
+    stream = stream + weights["position_embedding/embeddings"][:length]
+    causal = np.tril(np.ones((length, length), bool))
+    attention = []
+    for layer in range(2):
+        x = norm(stream, f"norm_{layer}")
+
+        def project(part, x=x, layer=layer):  # (B, T, heads, dim)
+            name = f"attention_{layer}/{part}"
+            return (
+                np.einsum("btd,dhk->bthk", x, weights[f"{name}/kernel"]) + weights[f"{name}/bias"]
+            )
+
+        query, key, value = project("query"), project("key"), project("value")
+        scores = np.einsum("bqhk,bvhk->bhqv", query, key) / np.sqrt(query.shape[-1])
+        scores = np.where(causal, scores, -np.inf)
+        w = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        w /= w.sum(axis=-1, keepdims=True)
+        attention.append(w)
+        heads = np.einsum("bhqv,bvhk->bqhk", w, value)
+        output = weights[f"attention_{layer}/attention_output/kernel"]
+        stream = stream + np.einsum("bqhk,hkd->bqd", heads, output)
+        stream = stream + weights[f"attention_{layer}/attention_output/bias"]
+    logits = norm(stream, "final_norm") @ weights["logits/kernel"] + weights["logits/bias"]
+    return attention, logits
 
 
 def assert_figures_legible(notebook, tmp_path, minimum_axes):
