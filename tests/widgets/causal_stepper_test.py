@@ -183,3 +183,14 @@ def test_sampling_controls_decode_with_their_seeded_sampler(lm, fake_comm):
     stepper.decoding_choice.value = "greedy"
     assert stepper.session.sampler is None and stepper.history == []
     assert _run(stepper) == lm.generate("keras", max_length=MAX_LENGTH)
+
+
+def test_the_cache_panel_marks_sink_slots_empty_slots_and_the_slot_just_written():
+    from keras_attention.models import CacheView
+
+    view = CacheView(np.array([0, 1, 14, 12, -1]), written_slot=2, sink_tokens=2, window=3)
+    tokens = [f"t{i}" for i in range(15)]
+    data = decoding_stepper.cache_data([view], tokens)
+    assert data["state"] == ["sink", "sink", "written", "held", "empty"]
+    assert data["token"] == ["t0", "t1", "t14", "t12", ""]
+    assert data["color"][0] == decoding_stepper.CACHE_COLORS["sink"]

@@ -69,10 +69,24 @@ def test_greedy_steps_give_keras_hubs_generate_and_each_rows_weights(models, pro
     assert ring_wrapped
 
 
-def test_the_cache_view_says_what_each_slot_of_each_cache_holds(models):
+@pytest.fixture(scope="module")
+def with_sinks():
+    """Ours with 2 sink slots pinned beside layer 0's window (StreamingLLM)."""
+    ours = causal_lms.gemma_causal_lm(0, MAX_LENGTH, sliding_window=WINDOW)
+    conversion.replace_keras_hub_attention(ours)
+    conversion._swapped_layers(ours.backbone)[0].attention.sink_tokens = SINKS
+    return ours
+
+
+SINKS = 2
+
+
+@pytest.mark.parametrize("sinks", [0, SINKS])
+def test_the_cache_view_says_what_each_slot_of_each_cache_holds(models, with_sinks, sinks):
     """At every step, each slot's keys and values are KerasHub's own cache
-    at the position the view names; slots not written are zero."""
+    at the position the view names (sink slots: the first positions)."""
     theirs, ours = models
+    ours = with_sinks if sinks else ours
     session = causal_decoding.CausalDecodingSession(ours, PROMPTS[0], max_length=MAX_LENGTH)
     seen = set()
     while not session.done:
@@ -90,16 +104,21 @@ def test_the_cache_view_says_what_each_slot_of_each_cache_holds(models):
             # slots past them hold the prefill's padding, which the causal
             # rule hides).
             held = view.positions[view.positions >= 0]
-            reads = index if view.window is None else min(index, view.window)
-            assert sorted(held) == list(range(index - reads, index))
+            window = index if view.window is None else min(index, view.window)
+            pinned = list(range(min(view.sink_tokens, max(index - window, 0))))
+            assert sorted(held) == pinned + list(range(index - window, index))
+            assert view.sink_tokens == (sinks if layer == 0 else 0)
+            # With sinks, layer 0's output (so layer 1's keys) is no longer KerasHub's.
             for slot, position in enumerate(view.positions):
-                if position >= 0:
+                if position >= 0 and not (sinks and layer):
                     np.testing.assert_allclose(
                         cache[:, slot], reference[layer, :, position], atol=2e-5
                     )
             seen.add((layer, len(view.positions), view.window))
-    # Layer 0 is a 3-slot ring; layer 1 keeps every position.
-    assert seen == {(0, WINDOW, WINDOW), (1, MAX_LENGTH, None)}
+    # Layer 0 is a ring of 3 slots (and the sinks'); layer 1 keeps every position.
+    assert seen == {(0, WINDOW + sinks, WINDOW), (1, MAX_LENGTH, None)}
+    if sinks:  # generation with the sinks is still its own generate's
+        assert session.output_text == ours.generate(PROMPTS[0], max_length=MAX_LENGTH)
 
 
 def test_a_seeded_sampler_draws_what_generate_draws_and_reset_draws_it_again(models):
