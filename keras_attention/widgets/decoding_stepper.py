@@ -116,6 +116,10 @@ class DecodingStepper(Component):
                 "translators), a KerasHub causal LM with our attention, or a Keras "
                 f"model of our layers. Received: {type(translator).__name__}"
             )
+        top_k = validation.validate_positive_int("DecodingStepper", "top_k", top_k)
+        reserved_rows = validation.validate_positive_int(
+            "DecodingStepper", "reserved_rows", reserved_rows, allow_none=True
+        )
         if self.causal:
             self._start_causal(
                 translator, text, top_k, reserved_rows, max_length, sampler, vocabulary
@@ -145,19 +149,6 @@ class DecodingStepper(Component):
                 "DecodingStepper: `text` must be valid Unicode text (encodable as "
                 f"UTF-8); {error.reason} at position {error.start}. Received: text={text!r}"
             ) from None
-        if not validation.is_int(top_k) or top_k < 1:
-            raise ValueError(
-                f"DecodingStepper: `top_k` must be a positive integer. Received: top_k={top_k!r}"
-            )
-        if reserved_rows is not None and (
-            not validation.is_int(reserved_rows) or reserved_rows < 1
-        ):
-            raise ValueError(
-                "DecodingStepper: `reserved_rows` must be a positive integer. "
-                f"Received: reserved_rows={reserved_rows!r}"
-            )
-        top_k = int(top_k)
-        reserved_rows = None if reserved_rows is None else int(reserved_rows)
         self.translator = translator
         self.text = text
         self.top_k = top_k
@@ -176,20 +167,9 @@ class DecodingStepper(Component):
                 "DecodingStepper: a causal LM needs `max_length` (the length of "
                 "prompt plus output, as in `generate`). Received: max_length=None"
             )
-        if not validation.is_int(top_k) or top_k < 1:
-            raise ValueError(
-                f"DecodingStepper: `top_k` must be a positive integer. Received: top_k={top_k!r}"
-            )
-        if reserved_rows is not None and (
-            not validation.is_int(reserved_rows) or reserved_rows < 1
-        ):
-            raise ValueError(
-                "DecodingStepper: `reserved_rows` must be a positive integer. "
-                f"Received: reserved_rows={reserved_rows!r}"
-            )
         self.translator = self.model = model
         self.text = prompt
-        self.top_k = int(top_k)
+        self.top_k = top_k
         self._session_arguments = dict(
             max_length=max_length, top_k=self.top_k, sampler=sampler, vocabulary=vocabulary
         )
