@@ -268,6 +268,8 @@ CASES = {
     "keras_attention.ops.score_modifier.alibi_slopes": [
         ("num_heads", lambda: ka.ops.alibi_slopes("8")),
         ("num_heads", lambda: ka.ops.alibi_slopes(0)),
+        ("max_bias", lambda: ka.ops.alibi_slopes(8, max_bias=0)),
+        ("max_bias", lambda: ka.ops.alibi_slopes(8, max_bias="8")),
     ],
     "keras_attention.ops.block_sparse.sparse_tile_plan": [
         ("mask", lambda: ka.ops.sparse_tile_plan("causal", 8, block_size=4, window_blocks=1)),

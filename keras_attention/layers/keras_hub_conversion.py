@@ -43,6 +43,7 @@ from keras.src.backend import get_keras_mask
 
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.ops import cache as ring_cache
+from keras_attention.ops.score_modifier import alibi_slopes
 
 __all__ = ["from_keras_hub_cache", "replace_keras_hub_attention", "to_keras_hub_cache"]
 
@@ -87,20 +88,6 @@ def _refuse(owner, family, attribute, value, why):
 
 def _array(variable):
     return np.asarray(ops.convert_to_numpy(variable))
-
-
-def _paper_slopes(num_heads, max_bias=8.0):
-    """ALiBi's slopes `2 ** (-max_bias i / n)` (the paper's code, as
-    KerasHub's `AlibiBias(alibi_bias_max=...)`)."""
-
-    def power_of_two(n):
-        start = 2 ** (-(2 ** -(math.log2(n) - math.log2(max_bias))))
-        return [start * start**i for i in range(n)]
-
-    if math.log2(num_heads).is_integer():
-        return power_of_two(num_heads)
-    closest = 2 ** math.floor(math.log2(num_heads))
-    return power_of_two(closest) + _paper_slopes(2 * closest, max_bias)[0::2][: num_heads - closest]
 
 
 def _linear_rotary(wavelength, factor):
@@ -304,9 +291,9 @@ def _alibi_family(layer, owner, family):
     head_dim = _array(dense[0].kernel).shape[-1]
     if family == "FalconAttention":
         # Falcon adds the bias before the 1 / sqrt(D) scale.
-        slopes = [s / math.sqrt(head_dim) for s in _paper_slopes(heads)]
+        slopes = [s / math.sqrt(head_dim) for s in alibi_slopes(heads)]
     else:
-        slopes = _paper_slopes(heads, float(layer._alibi_layer.alibi_bias_max))
+        slopes = alibi_slopes(heads, float(layer._alibi_layer.alibi_bias_max))
     args = dict(
         num_heads=heads,
         key_dim=head_dim,

@@ -36,23 +36,30 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import validation
 from keras_attention.ops import checks
 from keras_attention.ops import mods
 
 
-def alibi_slopes(num_heads):
+def alibi_slopes(num_heads, max_bias=8.0):
     """The ALiBi paper's head slopes, `(num_heads,)` float32 NumPy-free list.
 
-    For `n` a power of two, `2 ** (-8 i / n)` for `i = 1 .. n`; otherwise the
-    slopes of the largest power of two below `n`, then every other slope of
-    twice that (the paper's code).
+    For `n` a power of two, `2 ** (-max_bias i / n)` for `i = 1 .. n`;
+    otherwise the slopes of the largest power of two below `n`, then every
+    other slope of twice that (the paper's code). `max_bias` is 8 in the
+    paper (KerasHub's `AlibiBias(alibi_bias_max=...)`).
     """
     num_heads = checks.length("alibi_slopes", "num_heads", num_heads)
     if num_heads < 1:
         raise ValueError(f"alibi_slopes: `num_heads` must be >= 1. Received: num_heads={num_heads}")
+    if not validation.is_real(max_bias) or not 0 < float(max_bias) < float("inf"):
+        raise ValueError(
+            f"alibi_slopes: `max_bias` must be a positive number. Received: max_bias={max_bias!r}"
+        )
+    log_bias = math.log2(float(max_bias))
 
     def power_of_two(n):
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        start = 2 ** (-(2 ** -(math.log2(n) - log_bias)))
         return [start * start**i for i in range(n)]
 
     if math.log2(num_heads).is_integer():

@@ -15,6 +15,11 @@ def test_alibi_slopes_are_the_papers():
     np.testing.assert_allclose(
         score_modifier.alibi_slopes(6), [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]
     )
+    # KerasHub's `alibi_bias_max` (BLOOM's swap reads it): 2^(-max_bias i / n).
+    np.testing.assert_allclose(
+        score_modifier.alibi_slopes(4, max_bias=16), 2.0 ** (-4.0 * np.arange(1, 5))
+    )
+    np.testing.assert_allclose(score_modifier.alibi_slopes(3, max_bias=4), [2**-2, 2**-4, 2**-1])
 
 
 @pytest.mark.parametrize(
