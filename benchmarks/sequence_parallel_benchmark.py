@@ -41,7 +41,7 @@ def child(devices, lengths, repeats, causal):
 
     from keras_attention.ops.attention_mask import AttentionMask
     from keras_attention.ops.memory_efficient import memory_efficient_attention
-    from keras_attention.ops.ring_attention import ring_attention
+    from keras_attention.ops.ring import ring_attention
 
     mesh = Mesh(np.array(jax.devices()), ("sequence",))
     rule = AttentionMask(causal=causal)

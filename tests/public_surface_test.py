@@ -69,8 +69,8 @@ def public_callables():
 
 VOCABULARY = ["<pad>", "<unk>", "<start>", "<end>"]  # the reserved tokens, first
 
-# Documented in the guides by module path, not in an `__all__`.
-DOCUMENTED = ["keras_attention.ops.ring_attention.ring_attention"]
+# Documented in the guides by module path, not in an `__all__` (none now).
+DOCUMENTED = []
 
 
 def x(*shape, dtype="float32"):
@@ -367,7 +367,23 @@ CASES = {
             ),
         ),
     ],
-    "keras_attention.ops.ring_attention.ring_attention": [
+    "keras_attention.ops.memory_efficient.memory_efficient_attention": [
+        ("query", lambda: ka.ops.memory_efficient_attention("q", x(1, 4, 2, 8), x(1, 4, 2, 8))),
+        (
+            "key",
+            lambda: ka.ops.memory_efficient_attention(x(1, 4, 2, 8), x(4, 2, 8), x(1, 4, 2, 8)),
+        ),
+        (
+            "block_size",
+            lambda: ka.ops.memory_efficient_attention(*[x(1, 4, 2, 8)] * 3, block_size=0),
+        ),
+        ("scale", lambda: ka.ops.memory_efficient_attention(*[x(1, 4, 2, 8)] * 3, scale="a")),
+        (
+            "dropout_rate",
+            lambda: ka.ops.memory_efficient_attention(*[x(1, 4, 2, 8)] * 3, dropout_rate=1.5),
+        ),
+    ],
+    "keras_attention.ops.ring.ring_attention": [
         (
             "mesh",
             lambda: _ring(mesh="mesh"),
@@ -778,7 +794,7 @@ def _empty_figure():
 
 
 def _ring(mesh=None, balance="auto", length=2):
-    from keras_attention.ops.ring_attention import ring_attention
+    from keras_attention.ops.ring import ring_attention
 
     q = x(1, length, 1, 2)
     return ring_attention(q, q, q, mesh=_mesh() if mesh is None else mesh, balance=balance)

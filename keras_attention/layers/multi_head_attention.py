@@ -22,7 +22,7 @@ from keras_attention.ops import dense_attention
 from keras_attention.ops import masking
 from keras_attention.ops import mods
 from keras_attention.ops import multi_head
-from keras_attention.ops import ring_attention
+from keras_attention.ops import ring
 from keras_attention.ops import tiling
 from keras_attention.ops.memory_efficient import memory_efficient_attention
 from keras_attention.ops.shapes import static_shape
@@ -783,17 +783,17 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                     f"shape {tuple(given.shape)}"
                 )
             )
-        mesh = ring_attention.check_sequence_mesh(
+        mesh = ring.check_sequence_mesh(
             self._error, "sequence_parallel", axis, query.shape, key.shape
         )
         distribution = keras.distribution.distribution()
         batch_axis = distribution.batch_dim_name
         if batch_axis == axis or batch_axis not in mesh.axis_names:
             batch_axis = None
-        ring_attention.check_batch_axis(self._error, mesh, batch_axis, query.shape[0])
+        ring.check_batch_axis(self._error, mesh, batch_axis, query.shape[0])
         key = multi_head.repeat_key_value_heads(key, self._num_heads)
         value = multi_head.repeat_key_value_heads(value, self._num_heads)
-        return ring_attention.ring_attention(
+        return ring.ring_attention(
             query,
             key,
             value,

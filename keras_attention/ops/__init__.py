@@ -16,9 +16,11 @@ from keras_attention.ops.masking import causal_mask
 from keras_attention.ops.masking import masked_softmax
 from keras_attention.ops.masking import merge_masks
 from keras_attention.ops.masking import to_bool_mask
+from keras_attention.ops.memory_efficient import memory_efficient_attention
 from keras_attention.ops.mods import and_masks
 from keras_attention.ops.mods import or_masks
 from keras_attention.ops.online_softmax import merge_attention
+from keras_attention.ops.ring import ring_attention
 from keras_attention.ops.score_modifier import ScoreModifier
 from keras_attention.ops.score_modifier import alibi_slopes
 from keras_attention.ops.scores import additive_score
@@ -38,6 +40,8 @@ __all__ = [
     "and_masks",
     "or_masks",
     "merge_attention",
+    "memory_efficient_attention",
+    "ring_attention",
     "additive_score",
     "dot_score",
     "general_score",

@@ -50,6 +50,7 @@ from keras import ops
 
 from keras_attention import validation
 from keras_attention.ops import attention_mask as attention_masks
+from keras_attention.ops import checks
 from keras_attention.ops import dropout
 from keras_attention.ops import masking
 from keras_attention.ops import tiled_engine
@@ -117,6 +118,12 @@ def memory_efficient_attention(
         row with no allowed key gets zeros (never NaN), as does its gradient.
     """
     owner = "memory_efficient_attention"
+    for argument, tensor in (("query", query), ("key", key), ("value", value)):
+        checks.tensor(owner, argument, tensor, rank=4)
+    block_size = checks.positive_int(owner, "block_size", block_size)
+    key_block_size = checks.positive_int(owner, "key_block_size", key_block_size, allow_none=True)
+    scale = checks.scale(owner, scale)
+    return_statistics = checks.flag(owner, "return_statistics", return_statistics)
     mask = _checked_mask(owner, mask)
     dropout_rate = validation.validate_rate(owner, "dropout_rate", dropout_rate)
     if dropout_rate > 0.0:
@@ -192,8 +199,8 @@ def _check_shapes(owner, query, key):
         )
     if query.shape[2] % key.shape[2]:
         raise ValueError(
-            "The number of key/value heads must divide the number of query heads. "
-            f"Received: {key.shape[2]} key/value heads, {query.shape[2]} query heads"
+            f"{owner}: the number of key/value heads must divide the number of query "
+            f"heads. Received: {key.shape[2]} key/value heads, {query.shape[2]} query heads"
         )
 
 

@@ -8,7 +8,7 @@ sum `acc`; a new block rescales them by `exp(m_old - m_new)`. At the end,
 recomputing backward pass rebuilds each block's probabilities.
 
 Used by the blockwise exact kernel (`memory_efficient.py`), the block-sparse
-kernel (`block_sparse.py`) and ring attention (`ring_attention.py`); the
+kernel (`block_sparse.py`) and ring attention (`ring.py`); the
 masked softmax of the materialised kernels is here too, so there is one
 definition of "a masked logit" and of "a row with no key".
 

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 import keras_attention as ka  # noqa: E402
-from keras_attention.ops import ring_attention as ring  # noqa: E402
+from keras_attention.ops import ring  # noqa: E402
 from keras_attention.ops.attention_mask import AttentionMask  # noqa: E402
 from tests.gradients import layer_gradients  # noqa: E402
 

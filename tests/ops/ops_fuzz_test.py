@@ -20,7 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from keras_attention import ops as ka_ops
-from keras_attention.ops import ring_attention
+from keras_attention.ops import ring
 from keras_attention.ops.attention_mask import AttentionMask
 
 FUZZ = settings(
@@ -268,10 +268,10 @@ def test_ring_attention_checks_its_arguments_before_jax(balance, length, mesh_si
     q = x(1, length, 1, 2)
     arguments = (q, q, q, _mesh(mesh_size), "sequence", None, None, mask, balance)
     if balance_ok and mask_ok and divides:
-        ring_attention._check_arguments(*arguments)
+        ring._check_arguments(*arguments)
         return
     with pytest.raises((ValueError, TypeError)) as raised:
-        ring_attention._check_arguments(*arguments)
+        ring._check_arguments(*arguments)
     message = str(raised.value)
     assert message.startswith("ring_attention: "), message
     if not balance_ok:
@@ -286,4 +286,4 @@ def test_ring_attention_itself_refuses_a_balance_typo():
     """Through the public function (not only its check), before JAX runs."""
     q = x(1, 4, 1, 2)
     with pytest.raises(ValueError, match=r"^ring_attention: `balance` must be one of"):
-        ring_attention.ring_attention(q, q, q, mesh=_mesh(2), balance="zig-zag")
+        ring.ring_attention(q, q, q, mesh=_mesh(2), balance="zig-zag")
