@@ -16,7 +16,7 @@
    numbers, see benchmarks/RESULTS.md).
 
 Before a page is saved, its figures pass the browser tests' painted-text check
-(`keras_attention.widgets._legibility`: no title or tick label cut, no two
+(`tests/widgets/legibility.py`: no title or tick label cut, no two
 labels of an axis overlapping, every label at WCAG 3:1 contrast or more) and
 the page logged no error; otherwise nothing is written and this exits with the
 problem. `PUBLISHED` lists every image a page of ours shows:
@@ -263,12 +263,13 @@ def watch_errors(page):
 
 def assert_page_legible(page, minimum_axes):
     """The painted-text check of the browser tests, on every figure of the page."""
-    from keras_attention.widgets import _legibility
+    sys.path.insert(0, ROOT)  # the page checker is the browser tests' (not shipped)
+    from tests.widgets import legibility
 
-    _legibility.wait_until_drawn(page)
+    legibility.wait_until_drawn(page)
     page.wait_for_timeout(500)  # BokehJS paints on the next frame
-    checked = _legibility.assert_legible(page, minimum_axes=minimum_axes)
-    _legibility.assert_text_contrasts(page)
+    checked = legibility.assert_legible(page, minimum_axes=minimum_axes)
+    legibility.assert_text_contrasts(page)
     return checked
 
 

@@ -66,6 +66,8 @@ def test_wheel_holds_every_package_file(built):
     assert package_files, "no tracked package files?"
     assert package_files - names == set()
     assert not {n for n in names if n.startswith(("tests/", "examples/", "benchmarks/"))}
+    # Nor the browser tests' page checker (it once lived in keras_attention/widgets).
+    assert not {n for n in names if "legibility" in n}, names
     entry_points = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     with zipfile.ZipFile(built["wheel"]) as wheel:
         assert (

@@ -67,7 +67,7 @@ def token_point(page, position, side="query"):
 
 
 # The contrast check is shared with the figure generator (docs/make_figures.py).
-from keras_attention.widgets._legibility import READ_TEXT_COLOURS  # noqa: E402, F401
-from keras_attention.widgets._legibility import assert_no_frames  # noqa: E402, F401
-from keras_attention.widgets._legibility import assert_text_contrasts  # noqa: E402, F401
-from keras_attention.widgets._legibility import contrast  # noqa: E402, F401
+from tests.widgets.legibility import READ_TEXT_COLOURS  # noqa: E402, F401
+from tests.widgets.legibility import assert_no_frames  # noqa: E402, F401
+from tests.widgets.legibility import assert_text_contrasts  # noqa: E402, F401
+from tests.widgets.legibility import contrast  # noqa: E402, F401

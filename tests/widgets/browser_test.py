@@ -14,11 +14,11 @@ import pytest
 
 from keras_attention.widgets import export_html
 from keras_attention.widgets import figures
-from keras_attention.widgets._legibility import _COLOUR_HELPERS
 from keras_attention.widgets.export import CHROMIUM_ARGS
 from keras_attention.widgets.export import find_chromium
 from tests.widgets import bokeh_page
 from tests.widgets import text_boxes
+from tests.widgets.legibility import _COLOUR_HELPERS
 
 CHROMIUM = find_chromium()
 MALICIOUS = "<img/src=x/onerror=alert(1)>"  # the slashes make it a valid <img> with onerror
