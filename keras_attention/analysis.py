@@ -400,8 +400,9 @@ def _check_model(name, model):
 
 
 # ------------------------------------------------------------ head masking
-def _head_layers(model):
-    """`{path: layer}` of every `MultiHeadAttention` under `model`, in order."""
+def head_layers(model):
+    """`{path: layer}` of every `MultiHeadAttention` under `model`, in order
+    (the layers whose heads can be masked; the explorer's head grid too)."""
     return {
         layer.path or layer.name: layer
         for layer in utils.sublayers(model)
@@ -469,7 +470,7 @@ def masking_heads(model, head_masks_by_layer):
                 f"Received: head_masks_by_layer={_describe(head_masks_by_layer)}",
             )
         )
-    layers = _head_layers(model)
+    layers = head_layers(model)
     resolved = {}
     for key, mask in head_masks_by_layer.items():
         _, layer = _resolve_layer(name, "head_masks_by_layer", layers, key)
@@ -558,7 +559,7 @@ def head_importance(model, batches, loss_fn, *, normalize=False):
     """
     name = "head_importance"
     _check_model(name, model)
-    layers = _head_layers(model)
+    layers = head_layers(model)
     if not layers:
         raise ValueError(
             validation.error(
@@ -677,7 +678,7 @@ def mask_least_important_heads(model, importance, k, batches, loss_fn):
                 f"as head_importance returns. Received: importance={_describe(importance)}",
             )
         )
-    layers = _head_layers(model)
+    layers = head_layers(model)
     ranked = []
     masks = {}
     for key, scores in importance.items():

@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers import utils
 from keras_attention.layers.score_attention import ScoreAttention
 from keras_attention.layers.utils import clone_initializer
 from keras_attention.layers.utils import inverse_sqrt
@@ -149,7 +150,7 @@ class LuongAttention(ScoreAttention):
                 f"{cls.__name__}.from_keras expects a keras.layers.Attention. "
                 f"Received: {type(layer).__name__}"
             )
-        return _from_keras(cls, layer, kwargs)
+        return utils.from_keras_layer(cls, layer, kwargs)
 
     def build_score(self, query_shape, key_shape):
         query_dim, key_dim = query_shape[-1], key_shape[-1]
@@ -241,24 +242,3 @@ class LuongAttention(ScoreAttention):
             }
         )
         return config
-
-
-def _from_keras(cls, layer, overrides):
-    """`cls` with a built Keras attention layer's config and weights."""
-    if not layer.built:
-        raise ValueError(
-            f"{cls.__name__}.from_keras needs a built layer (call it once). "
-            f"Received: unbuilt layer '{layer.name}'"
-        )
-    config = layer.get_config()
-    config.update(overrides)
-    new = cls.from_config(config)
-    shapes = (layer._build_shapes_dict or {}).get("input_shape")
-    if not shapes:
-        raise ValueError(
-            f"{cls.__name__}.from_keras needs the shapes the layer was built "
-            f"for. Received: layer '{layer.name}' built without them"
-        )
-    new.build([tuple(s) for s in shapes])
-    new.set_weights(layer.get_weights())
-    return new

@@ -1020,7 +1020,7 @@ def _maskable_heads(model):
     """`{layer path: (H,) ones}` of every `MultiHeadAttention` under `model`."""
     return {
         path: np.ones(layer.num_heads, "float32")
-        for path, layer in analysis._head_layers(model).items()
+        for path, layer in analysis.head_layers(model).items()
     }
 
 
