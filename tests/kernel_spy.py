@@ -40,5 +40,5 @@ def spy_kernels(monkeypatch, flash_flags=None):
         lambda kw: Kernel.COMPOSITE if kw.get("flash_attention") is False else Kernel.FUSED,
     )
     wrap(mha_module, "memory_efficient_attention", lambda kw: Kernel.BLOCKWISE)
-    wrap(mha_module.ring_attention, "ring_attention", lambda kw: Kernel.RING)
+    wrap(mha_module.ring, "ring_attention", lambda kw: Kernel.RING)
     return ran

@@ -214,6 +214,41 @@ def test_exported_transformer_stepper_switches_heads_without_a_kernel(tmp_path, 
         )
 
 
+def test_exported_causal_stepper_replays_each_steps_cache_without_a_kernel(tmp_path, fake_comm):
+    """A causal LM's stepper exported (#52): its cache panel and model view
+    follow the step slider in the page, each step's cells the session's."""
+    pytest.importorskip("keras_hub")
+    from keras_attention.layers import keras_hub_conversion
+    from keras_attention.widgets import DecodingStepper
+    from tests import causal_lms
+
+    lm = causal_lms.gemma_causal_lm(0, 10, sliding_window=3)
+    keras_hub_conversion.replace_keras_hub_attention(lm)
+    stepper = DecodingStepper(lm, "keras", max_length=10)
+    steps = [stepper.next_token() for _ in range(4)]
+    with offline_export(tmp_path, stepper, "causal_stepper") as page:
+        for position in (4, 2):
+            set_model(page, "step_slider", "value", position)
+            views = steps[position - 1].caches
+            page.wait_for_function(
+                f"{read_source('alignment_source', 'row')}.length === {position * 9}"
+            )
+            assert page.evaluate(read_source("cache_source", "position")) == [
+                int(p) for view in views for p in view.positions
+            ]
+            states = page.evaluate(read_source("cache_source", "state"))
+            assert states.count("written") == len(views)
+            # The model view: every layer and head's row for this step's token.
+            np.testing.assert_allclose(
+                np.reshape(page.evaluate(read_source("heads_source", "weight")), (4, 9))[
+                    :, : len(steps[position - 1].context_tokens)
+                ],
+                steps[position - 1].attention.reshape(4, -1),
+                atol=1e-6,
+            )
+        text_boxes.assert_legible(page, minimum_axes=8)
+
+
 @pytest.mark.tf_only
 def test_exported_explorer_switches_layers_and_heads_without_a_kernel(tmp_path, fake_comm):
     import keras
