@@ -927,9 +927,12 @@ def replace_keras_hub_attention(model=None, **overrides):
                     f"Received: a {type(backbone).__name__}"
                 )
             arguments = {**_block_arguments(block, family), **overrides}
-            ours = MultiHeadAttention.from_keras_hub(old, **arguments)
-            new = KerasHubAttention(ours, family, name=f"{old.name}_keras_attention")
-            new.build()
+            # Built under the block's name, so each block's layer has a path
+            # of its own (`capture_attention` and head masks key by path).
+            with keras.name_scope(block.path or block.name):
+                ours = MultiHeadAttention.from_keras_hub(old, **arguments)
+                new = KerasHubAttention(ours, family, name=f"{old.name}_keras_attention")
+                new.build()
             swaps.append((block, attribute, old, new))
             break
     for block, attribute, old, new in swaps:

@@ -44,6 +44,21 @@ def _uncached_rows(lm, token_ids):
     return [calls[-1][0] for calls in recorded]
 
 
+def test_each_swapped_layer_has_a_path_of_its_own(models):
+    """`capture_attention` and head masks key layers by path: the two blocks'
+    swapped layers once shared one (`attention_keras_attention`), so a
+    capture kept only the last layer's weights."""
+    from keras_attention import analysis
+    from keras_attention.layers import capture_attention
+
+    _, ours = models
+    inputs = {"token_ids": np.ones((1, 5), "int32"), "padding_mask": np.ones((1, 5), bool)}
+    with capture_attention(ours.backbone) as captured:
+        ours.backbone(inputs)
+    assert len(captured.scores) == 2 and all(len(w) == 1 for w in captured.scores.values())
+    assert len(analysis.head_layers(ours.backbone)) == 2
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_steps_give_keras_hubs_generate_and_each_rows_weights(models, prompt):
     theirs, ours = models
