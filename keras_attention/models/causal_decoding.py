@@ -429,10 +429,9 @@ class CausalDecodingSession:
     def reset(self):
         """Forgets every step; the sampler's state is the start's again."""
         _restore_sampler(self.sampler, self._initial_sampler_state)
-        if self.prompt_length and getattr(self, "history", None):
-            self._token_ids, _ = self._model.start(self.prompt, self.max_length)
-        else:
-            self._token_ids = self._prompt_ids.copy()
+        if getattr(self, "history", None):  # a stepped cache: prefill again
+            self._model.start(self.prompt, self.max_length)
+        self._token_ids = self._prompt_ids.copy()
         self._length = self.prompt_length
         self.history = []
         self.done = False
