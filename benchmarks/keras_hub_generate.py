@@ -40,7 +40,7 @@ import keras_attention  # noqa: E402,F401  (first: a quiet TensorFlow start)
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_attention.layers import keras_hub_conversion  # noqa: E402
+from keras_attention.interchange import keras_hub_models  # noqa: E402
 
 FAMILIES = ("gemma", "llama", "gemma3", "gemma2", "mistral", "gpt_oss")
 PROMPT = 16
@@ -107,7 +107,7 @@ def build(family, layers=4, hidden=64, vocabulary=256, seed=0, window=WINDOW):
         lm.set_weights(weights)
         lms.append(lm)
     theirs, ours = lms
-    replaced = keras_hub_conversion.replace_keras_hub_attention(ours)
+    replaced = keras_hub_models.replace_keras_hub_attention(ours)
     if replaced != layers:
         raise RuntimeError(f"{family}: {replaced} of {layers} attention layers swapped")
     return theirs, ours

@@ -76,11 +76,11 @@ def decode(kind, length, new_tokens, window):
     docstring)."""
     import numpy as np
 
-    from keras_attention.layers import keras_hub_conversion
+    from keras_attention.interchange import keras_hub_models
 
     lm = _lm("Mistral", sliding_window=window)
     if kind.startswith("ours"):
-        keras_hub_conversion.replace_keras_hub_attention(lm, memory_efficient=True)
+        keras_hub_models.replace_keras_hub_attention(lm, memory_efficient=True)
     ids = np.random.default_rng(1).integers(1, VOCABULARY, size=(1, length)).astype("int32")
 
     def call(new):
@@ -116,11 +116,11 @@ def _model():
 def run(kind, length):
     import numpy as np
 
-    from keras_attention.layers import keras_hub_conversion
+    from keras_attention.interchange import keras_hub_models
 
     lm = _model()
     if kind.startswith("ours"):
-        keras_hub_conversion.replace_keras_hub_attention(lm, memory_efficient=True)
+        keras_hub_models.replace_keras_hub_attention(lm, memory_efficient=True)
     ids = np.random.default_rng(1).integers(1, VOCABULARY, size=(1, length)).astype("int32")
     if kind.endswith("generate"):
         padding = np.ones((1, length), bool)

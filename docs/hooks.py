@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PUBLIC_MODULES = (
     "keras_attention",
     "keras_attention.ops",
-    "keras_attention.layers.keras_hub_conversion",
+    "keras_attention.interchange.keras_hub_models",
     "keras_attention.analysis",
     "keras_attention.distribution",
     "keras_attention.models",
@@ -183,7 +183,7 @@ def on_page_markdown(markdown, page, config, files):
 # The API pages, grouped as the package is (module: label in the navigation).
 API_GROUPS = {
     "keras_attention": "layers (keras_attention)",
-    "keras_attention.layers.keras_hub_conversion": "layers.keras_hub_conversion",
+    "keras_attention.interchange.keras_hub_models": "interchange.keras_hub_models",
     "keras_attention.ops": "ops",
     "keras_attention.analysis": "analysis",
     "keras_attention.models": "models",

@@ -113,7 +113,7 @@ CAUSAL_STEPPER_CELL = f"""
 import sys
 sys.path.insert(0, {ROOT!r})
 from tests.causal_lms import gemma_causal_lm
-from keras_attention.layers.keras_hub_conversion import replace_keras_hub_attention
+from keras_attention.interchange.keras_hub_models import replace_keras_hub_attention
 causal_lm = gemma_causal_lm(0, 12, sliding_window=3)
 replace_keras_hub_attention(causal_lm)
 causal_stepper = DecodingStepper(causal_lm, "keras", max_length=12, top_k=3)

@@ -16,15 +16,15 @@ with _quiet_startup():
     from keras_attention import distribution
     from keras_attention import layers
     from keras_attention import ops
-    from keras_attention.layers import *  # noqa: F401,F403
 
     # Registers the loader of swapped KerasHub backbones: their `.keras` files
     # load after `import keras_attention` (KerasHub itself is not imported).
-    from keras_attention.layers import keras_hub_conversion as _keras_hub_conversion
+    from keras_attention.interchange import keras_hub_models as _keras_hub_models
+    from keras_attention.layers import *  # noqa: F401,F403
     from keras_attention.models import register_serializables as _register
 
 _register()  # translators load from `.keras` after `import keras_attention`
-del _register, _warn_if_shadowed, _quiet_startup, _keras_hub_conversion
+del _register, _warn_if_shadowed, _quiet_startup, _keras_hub_models
 
 __version__ = "0.2.0"
 

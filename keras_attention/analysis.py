@@ -41,9 +41,9 @@ import numpy as np
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.api_export import public_names
-from keras_attention.layers import capture
-from keras_attention.layers import head_mask as head_masks
-from keras_attention.layers import utils
+from keras_attention.layers.machinery import capture
+from keras_attention.layers.machinery import head_mask as head_masks
+from keras_attention.layers.machinery import utils
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 
 # Residual capacities at or below this are no edge of the flow graph

@@ -6,7 +6,7 @@ functions the layer dispatches to and records a `Kernel` each time one runs
 """
 
 from keras_attention.layers import multi_head_attention as mha_module
-from keras_attention.layers.kernel_selector import Kernel
+from keras_attention.layers.machinery.kernel_selector import Kernel
 from keras_attention.ops import dense_attention
 
 

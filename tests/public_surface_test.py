@@ -25,9 +25,9 @@ import pytest
 
 import keras_attention
 import keras_attention as ka
-from keras_attention.layers.keras_hub_conversion import from_keras_hub_cache
-from keras_attention.layers.keras_hub_conversion import replace_keras_hub_attention
-from keras_attention.layers.keras_hub_conversion import to_keras_hub_cache
+from keras_attention.interchange.keras_hub_models import from_keras_hub_cache
+from keras_attention.interchange.keras_hub_models import replace_keras_hub_attention
+from keras_attention.interchange.keras_hub_models import to_keras_hub_cache
 
 pytestmark = pytest.mark.tf_only  # the translators and export import TensorFlow
 
@@ -177,15 +177,15 @@ CASES = {
         # #49: the arity at construction, not Python's bare TypeError at the first call.
         ("mask_mod", lambda: ka.ops.AttentionMask(mask_mod=lambda q_idx, k_idx: q_idx >= k_idx)),
     ],
-    "keras_attention.layers.keras_hub_conversion.to_keras_hub_cache": [
+    "keras_attention.interchange.keras_hub_layers.to_keras_hub_cache": [
         ("layer", lambda: to_keras_hub_cache(x(1, 2, 3, 1, 2), keras.layers.Dense(2))),
         ("cache", lambda: to_keras_hub_cache(x(1, 2, 3), _keras_hub_layer())),
     ],
-    "keras_attention.layers.keras_hub_conversion.from_keras_hub_cache": [
+    "keras_attention.interchange.keras_hub_layers.from_keras_hub_cache": [
         ("layer", lambda: from_keras_hub_cache(x(1, 2, 3, 1, 2), "LlamaAttention")),
         ("cache", lambda: from_keras_hub_cache(x(1, 3, 3, 1, 2), _keras_hub_layer())),
     ],
-    "keras_attention.layers.keras_hub_conversion.replace_keras_hub_attention": [
+    "keras_attention.interchange.keras_hub_models.replace_keras_hub_attention": [
         ("model", lambda: replace_keras_hub_attention("llama")),
         ("model", lambda: replace_keras_hub_attention(keras.Sequential())),
         # The argument's name before #49, still read as the model.
@@ -451,11 +451,11 @@ CASES = {
         ("model_axis", lambda: ka.distribution.get_layout_map(_device_mesh("batch"))),
     ],
     # ------------------------------------------------------ layers (functions)
-    "keras_attention.layers.memory_budget.set_attention_memory_budget": [
+    "keras_attention.layers.machinery.memory_budget.set_attention_memory_budget": [
         ("num_bytes", lambda: ka.set_attention_memory_budget("1GB")),
         ("num_bytes", lambda: ka.set_attention_memory_budget(-1)),
     ],
-    "keras_attention.layers.capture.capture_attention": [
+    "keras_attention.layers.machinery.capture.capture_attention": [
         ("model_or_layer", lambda: ka.capture_attention("model")),
         ("model_or_layer", lambda: ka.capture_attention(keras.layers.Dense(2))),
     ],
@@ -697,7 +697,7 @@ EXEMPT = {
     "keras_attention.layers.base_multi_head_attention.BaseMultiHeadAttention": (
         "abstract base of the multi-head family; constructed through MultiHeadAttention"
     ),
-    "keras_attention.layers.memory_budget.attention_memory_budget": "takes no arguments",
+    "keras_attention.layers.machinery.memory_budget.attention_memory_budget": "takes no arguments",
     "keras_attention.widgets.export.find_chromium": "takes no arguments",
     "keras_attention.widgets.notebook.output_notebook": "takes no arguments",
     "keras_attention.models.translator_base.Translator": (
@@ -838,6 +838,7 @@ GROUPS = [
     "keras_attention.distribution",
     "keras_attention.models",
     "keras_attention.export",
+    "keras_attention.interchange",
     "keras_attention.widgets",
 ]
 

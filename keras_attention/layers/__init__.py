@@ -13,13 +13,15 @@ from keras_attention.layers.base_attention import BaseAttention as BaseAttention
 from keras_attention.layers.base_multi_head_attention import (
     BaseMultiHeadAttention as BaseMultiHeadAttention,
 )
-from keras_attention.layers.capture import capture_attention as capture_attention
 from keras_attention.layers.cbam import CBAM as CBAM
 from keras_attention.layers.linformer_attention import LinformerAttention as LinformerAttention
 from keras_attention.layers.low_rank_attention import LowRankAttention as LowRankAttention
 from keras_attention.layers.luong_attention import LuongAttention as LuongAttention
-from keras_attention.layers.memory_budget import attention_memory_budget as attention_memory_budget
-from keras_attention.layers.memory_budget import (
+from keras_attention.layers.machinery.capture import capture_attention as capture_attention
+from keras_attention.layers.machinery.memory_budget import (
+    attention_memory_budget as attention_memory_budget,
+)
+from keras_attention.layers.machinery.memory_budget import (
     set_attention_memory_budget as set_attention_memory_budget,
 )
 from keras_attention.layers.multi_head_attention import MultiHeadAttention as MultiHeadAttention

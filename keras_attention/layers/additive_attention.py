@@ -3,9 +3,9 @@ from keras import ops
 
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import utils
+from keras_attention.interchange import keras_layers
+from keras_attention.layers.machinery.utils import clone_initializer
 from keras_attention.layers.score_attention import ScoreAttention
-from keras_attention.layers.utils import clone_initializer
 from keras_attention.ops import scores as score_ops
 
 
@@ -95,7 +95,7 @@ class AdditiveAttention(ScoreAttention):
                 "keras.layers.AdditiveAttention. Received: "
                 f"{type(layer).__name__}"
             )
-        return utils.from_keras_layer(cls, layer, kwargs)
+        return keras_layers.from_keras_layer(cls, layer, kwargs)
 
     def build_score(self, query_shape, key_shape):
         self.query_kernel = self.key_kernel = self.bias = self.scale = None

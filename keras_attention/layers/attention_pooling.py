@@ -3,9 +3,9 @@ from keras import ops
 
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import utils
 from keras_attention.layers.additive_attention import AdditiveAttention
 from keras_attention.layers.luong_attention import LuongAttention
+from keras_attention.layers.machinery import utils
 from keras_attention.layers.score_attention import ScoreAttention
 
 _SCORE_NAMES = ("additive", "dot", "scaled_dot", "general", "concat")

@@ -11,7 +11,7 @@ import keras
 
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import utils
+from keras_attention.layers.machinery import utils
 
 # `(layer, whether its keys are the queries)` of the call in progress, read
 # from the arguments as the caller wrote them: Keras converts each NumPy

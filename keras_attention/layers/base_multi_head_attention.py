@@ -20,10 +20,10 @@ from keras import ops
 from keras_attention import distribution
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import attention_layout
-from keras_attention.layers import head_mask as head_masks
-from keras_attention.layers import utils
 from keras_attention.layers.base_attention import BaseAttention
+from keras_attention.layers.machinery import attention_layout
+from keras_attention.layers.machinery import head_mask as head_masks
+from keras_attention.layers.machinery import utils
 from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import masking
 from keras_attention.ops import multi_head

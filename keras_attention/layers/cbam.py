@@ -2,10 +2,10 @@ import keras
 from keras import ops
 
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import utils
+from keras_attention.layers.machinery import utils
+from keras_attention.layers.machinery.utils import clone_initializer
+from keras_attention.layers.machinery.utils import validate_positive_int
 from keras_attention.layers.squeeze_excitation import check_feature_map_shape
-from keras_attention.layers.utils import clone_initializer
-from keras_attention.layers.utils import validate_positive_int
 from keras_attention.ops import masking
 
 

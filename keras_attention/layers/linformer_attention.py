@@ -1,7 +1,7 @@
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
-from keras_attention.layers.utils import clone_initializer
-from keras_attention.layers.utils import validate_positive_int
+from keras_attention.layers.machinery.utils import clone_initializer
+from keras_attention.layers.machinery.utils import validate_positive_int
 from keras_attention.ops import linformer
 
 

@@ -1,9 +1,9 @@
 import keras
 
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.machinery.utils import clone_initializer
+from keras_attention.layers.machinery.utils import validate_positive_int
 from keras_attention.layers.score_attention import ScoreAttention
-from keras_attention.layers.utils import clone_initializer
-from keras_attention.layers.utils import validate_positive_int
 from keras_attention.ops import scores as score_ops
 
 

@@ -5,10 +5,10 @@ from keras import ops
 
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import utils
+from keras_attention.interchange import keras_layers
+from keras_attention.layers.machinery.utils import clone_initializer
+from keras_attention.layers.machinery.utils import inverse_sqrt
 from keras_attention.layers.score_attention import ScoreAttention
-from keras_attention.layers.utils import clone_initializer
-from keras_attention.layers.utils import inverse_sqrt
 from keras_attention.ops import masking
 from keras_attention.ops import scores as score_ops
 
@@ -150,7 +150,7 @@ class LuongAttention(ScoreAttention):
                 f"{cls.__name__}.from_keras expects a keras.layers.Attention. "
                 f"Received: {type(layer).__name__}"
             )
-        return utils.from_keras_layer(cls, layer, kwargs)
+        return keras_layers.from_keras_layer(cls, layer, kwargs)
 
     def build_score(self, query_shape, key_shape):
         query_dim, key_dim = query_shape[-1], key_shape[-1]

@@ -7,16 +7,18 @@ from keras import ops
 
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import head_mask as head_masks
-from keras_attention.layers import kernel_selector
-from keras_attention.layers import memory_budget
-from keras_attention.layers import score_options
-from keras_attention.layers import scores_selection
-from keras_attention.layers import utils
+from keras_attention.interchange import keras_hub_layers
+from keras_attention.interchange import keras_layers
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
-from keras_attention.layers.kernel_selector import Kernel
+from keras_attention.layers.machinery import head_mask as head_masks
+from keras_attention.layers.machinery import kernel_selector
+from keras_attention.layers.machinery import memory_budget
+from keras_attention.layers.machinery import score_options
+from keras_attention.layers.machinery import scores_selection
+from keras_attention.layers.machinery import utils
+from keras_attention.layers.machinery.kernel_selector import Kernel
+from keras_attention.layers.machinery.score_options import ScoreModifierOptions
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
-from keras_attention.layers.score_options import ScoreModifierOptions
 from keras_attention.ops import cache as ring_cache
 from keras_attention.ops import dense_attention
 from keras_attention.ops import masking
@@ -32,9 +34,6 @@ from keras_attention.ops.xla import tensorflow_xla_trace
 # ran 0.98x / 0.75x the time of 1024 in TF graph mode and 0.79x at 8192 on
 # JAX, with a quarter of the tile memory (benchmarks/RESULTS.md, #26).
 DEFAULT_BLOCK_SIZE = 512
-# Captured before any code substitutes ours for Keras' class.
-_KerasMultiHeadAttention = keras.layers.MultiHeadAttention
-_KerasGroupQueryAttention = keras.layers.GroupQueryAttention
 
 
 def fused_kernel_available():
@@ -76,7 +75,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
       any shape Keras accepts, and zero output for fully masked rows in any
       dtype.
 
-    Kernels: one function, `layers.kernel_selector.select_kernel`, picks the
+    Kernels: one function, `layers.machinery.kernel_selector.select_kernel`, picks the
     kernel of each call from the configuration, the static shapes, what the
     call needs and the backend (its docstring has the table).
     `flash_attention=True` runs the backend's fused kernel where one exists
@@ -1404,38 +1403,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         `attention_axes=(1, 2)` too). `kwargs` override constructor arguments
         (for example `memory_efficient=False`).
         """
-        grouped = isinstance(layer, _KerasGroupQueryAttention)
-        if not (grouped or isinstance(layer, _KerasMultiHeadAttention)):
-            raise TypeError(
-                "MultiHeadAttention.from_keras expects a "
-                "keras.layers.MultiHeadAttention or "
-                "keras.layers.GroupQueryAttention. Received: "
-                f"{type(layer).__name__}"
-            )
-        if not layer.built:
-            raise ValueError(
-                "MultiHeadAttention.from_keras needs a built layer (call it "
-                f"once). Received: unbuilt layer '{layer.name}'"
-            )
-        config = layer.get_config()
-        if grouped:
-            config["num_heads"] = config.pop("num_query_heads")
-            config["key_dim"] = config.pop("head_dim")
-            config["value_dim"] = config["key_dim"]
-            config.pop("flash_attention", None)
-        dense = (layer._query_dense, layer._value_dense, layer._key_dense)
-        # The rank each projection was built for: its equation's input operand.
-        rank = len(layer._query_dense.equation.split(",")[0])
-        if not grouped and config.get("attention_axes") is not None:
-            # Keras stores the axes resolved for the projected rank.
-            config["attention_axes"] = tuple(
-                a if a >= 0 else a + rank for a in config["attention_axes"]
-            )
-        config.update(kwargs)
-        new = cls.from_config(config)
-        new.build(*[(None,) * (rank - 1) + (tuple(d.kernel.shape)[0],) for d in dense])
-        new.set_weights(layer.get_weights())
-        return new
+        return keras_layers.multi_head_from_keras(cls, layer, kwargs)
 
     @classmethod
     def from_keras_hub(cls, layer, **kwargs):
@@ -1452,21 +1420,19 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         `ours(x, attention_mask=mask)` (or with `cache=` and
         `cache_update_index=`), with the causal and padding mask KerasHub's
         decoder gives its layer, ours returns what theirs returns;
-        `keras_attention.layers.keras_hub_conversion.to_keras_hub_cache` /
+        `keras_attention.interchange.keras_hub_models.to_keras_hub_cache` /
         `from_keras_hub_cache` convert a cache between the two, and
         `replace_keras_hub_attention(causal_lm)` swaps every attention layer
         of a backbone for ours. KerasHub itself is not imported. `kwargs`
         override constructor arguments (e.g. `memory_efficient=True`).
         """
-        from keras_attention.layers import keras_hub_conversion
-
-        family, args, weights = keras_hub_conversion.configuration(layer)
+        family, args, weights = keras_hub_layers.configuration(layer)
         args.setdefault("dtype", layer.dtype_policy)
         args.setdefault("name", f"{layer.name}_keras_attention")
         args.update(kwargs)
         new = cls(**args)
         new.build((None, None, weights["query/kernel"].shape[0]))
-        keras_hub_conversion.assign(new, weights)
+        keras_hub_layers.assign(new, weights)
         return new
 
     def get_config(self):

@@ -2,9 +2,9 @@ import keras
 from keras import ops
 
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import utils
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
-from keras_attention.layers.utils import validate_positive_int
+from keras_attention.layers.machinery import utils
+from keras_attention.layers.machinery.utils import validate_positive_int
 from keras_attention.ops import favor
 
 KERNELS = ("softmax", "relu")

@@ -5,9 +5,9 @@ from keras import ops
 
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
+from keras_attention.layers.machinery.utils import validate_positive_int
 from keras_attention.layers.sinusoidal_position_encoding import check_sequence_rank
 from keras_attention.layers.sinusoidal_position_encoding import check_start_index
-from keras_attention.layers.utils import validate_positive_int
 
 
 @keras_attention_export("layers")

@@ -2,12 +2,12 @@ import keras
 import numpy as np
 
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import score_options
-from keras_attention.layers import utils
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
-from keras_attention.layers.score_options import ScoreModifierOptions
-from keras_attention.layers.utils import validate_non_negative_int
-from keras_attention.layers.utils import validate_positive_int
+from keras_attention.layers.machinery import score_options
+from keras_attention.layers.machinery import utils
+from keras_attention.layers.machinery.score_options import ScoreModifierOptions
+from keras_attention.layers.machinery.utils import validate_non_negative_int
+from keras_attention.layers.machinery.utils import validate_positive_int
 from keras_attention.ops import block_sparse
 from keras_attention.ops import dense_attention
 

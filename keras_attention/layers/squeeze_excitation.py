@@ -3,9 +3,9 @@ from keras import ops
 
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import utils
-from keras_attention.layers.utils import clone_initializer
-from keras_attention.layers.utils import validate_positive_int
+from keras_attention.layers.machinery import utils
+from keras_attention.layers.machinery.utils import clone_initializer
+from keras_attention.layers.machinery.utils import validate_positive_int
 
 
 def check_feature_map_shape(layer, shape, ratio):

@@ -10,9 +10,9 @@ from keras.src.backend import get_keras_mask
 from keras_attention import distribution
 from keras_attention import validation
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.layers.machinery.utils import clone_initializer
+from keras_attention.layers.machinery.utils import validate_positive_int
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
-from keras_attention.layers.utils import clone_initializer
-from keras_attention.layers.utils import validate_positive_int
 
 
 def attention_prototype(block_name, argument, attention, num_heads, key_dim):

@@ -5,7 +5,7 @@ from keras import ops
 
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import utils
+from keras_attention.layers.machinery import utils
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.transformer_block import TransformerBlockBase
 from keras_attention.layers.transformer_block import attention_prototype

@@ -1,7 +1,7 @@
 import keras
 
 from keras_attention.api_export import keras_attention_export
-from keras_attention.layers import utils
+from keras_attention.layers.machinery import utils
 from keras_attention.layers.transformer_block import TransformerBlockBase
 from keras_attention.layers.transformer_block import check_mask
 from keras_attention.layers.transformer_block import check_sequence_shape

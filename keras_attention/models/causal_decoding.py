@@ -153,7 +153,7 @@ class _KerasHubModel:
     as its `generate` does (window caches included)."""
 
     def __init__(self, causal_lm, owner):
-        from keras_attention.layers import keras_hub_conversion as conversion
+        from keras_attention.interchange import keras_hub_models as conversion
 
         self.model = causal_lm
         if causal_lm.preprocessor is None:
@@ -270,7 +270,7 @@ class _KerasModel:
     vocabulary; run again on the whole context at each step."""
 
     def __init__(self, model, vocabulary, owner):
-        from keras_attention.layers.capture import attention_layers
+        from keras_attention.layers.machinery.capture import attention_layers
 
         if vocabulary is None:
             raise ValueError(

@@ -5,13 +5,13 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.layers.machinery.utils import validate_rate
+from keras_attention.layers.machinery.utils import validate_seed
 from keras_attention.layers.multi_head_attention import MultiHeadAttention
 from keras_attention.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_attention.layers.transformer_block import attention_prototype
 from keras_attention.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attention.layers.transformer_encoder_block import TransformerEncoderBlock
-from keras_attention.layers.utils import validate_rate
-from keras_attention.layers.utils import validate_seed
 from keras_attention.models.text_processing import PAD_ID
 from keras_attention.models.translator_base import Translator
 from keras_attention.models.translator_base import positive_int

@@ -13,7 +13,7 @@ from bokeh.models import LinearColorMapper
 
 from keras_attention import analysis
 from keras_attention import validation
-from keras_attention.layers.capture import attention_layers
+from keras_attention.layers.machinery.capture import attention_layers
 from keras_attention.widgets import _captured
 from keras_attention.widgets import _frames
 from keras_attention.widgets import figures

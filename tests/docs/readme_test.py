@@ -108,7 +108,7 @@ def test_block_runs_and_prints_what_it_states(document, index, tmp_path, monkeyp
 
 def test_the_kernel_table_is_the_selectors():
     # docs/guides/long-sequences.md says the suite checks this.
-    from keras_attention.layers import kernel_selector
+    from keras_attention.layers.machinery import kernel_selector
 
     table = re.compile(r"^\| rule \| when \| kernel \|\n(?:^\|.*\|\n)+", flags=re.M)
     guide = pathlib.Path(ROOT, "docs", "guides", "long-sequences.md").read_text(encoding="utf-8")

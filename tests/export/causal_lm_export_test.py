@@ -62,7 +62,7 @@ def keras_hub_generate():
 def causal_lm(keras_hub_generate):
     """The same model with our attention; its Python `generate` (XLA, and
     traced before the export, which must not save it) gives KerasHub's text."""
-    from keras_attention.layers.keras_hub_conversion import replace_keras_hub_attention
+    from keras_attention.interchange.keras_hub_models import replace_keras_hub_attention
 
     causal_lm = keras_hub_generate["model"]
     assert replace_keras_hub_attention(causal_lm) == 2

@@ -12,8 +12,8 @@ import keras
 import numpy as np
 import pytest
 
+from keras_attention.interchange import keras_hub_models as conversion
 from keras_attention.layers import MultiHeadAttention
-from keras_attention.layers import keras_hub_conversion as conversion
 from keras_attention.models import causal_decoding
 from tests import causal_lms
 

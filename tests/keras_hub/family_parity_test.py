@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from keras_attention import MultiHeadAttention
-from keras_attention.layers import keras_hub_conversion as conversion
+from keras_attention.interchange import keras_hub_models as conversion
 
 keras_hub = pytest.importorskip("keras_hub")
 BACKEND = keras.backend.backend()

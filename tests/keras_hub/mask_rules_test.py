@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attention.layers import keras_hub_conversion as conversion
+from keras_attention.interchange import keras_hub_models as conversion
 from keras_attention.ops import attention_mask as attention_masks
 
 keras_hub = pytest.importorskip("keras_hub")

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from keras_attention import MultiHeadAttention
 from keras_attention.layers import multi_head_attention as mha_module
-from keras_attention.layers.kernel_selector import Kernel
+from keras_attention.layers.machinery.kernel_selector import Kernel
 from keras_attention.ops import dense_attention
 from tests.attention_reference import SOFT_CAP
 from tests.attention_reference import mask_mod

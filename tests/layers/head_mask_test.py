@@ -13,7 +13,7 @@ import pytest
 
 from keras_attention import MultiHeadAttention
 from keras_attention.layers import multi_head_attention as mha_module
-from keras_attention.layers.kernel_selector import Kernel
+from keras_attention.layers.machinery.kernel_selector import Kernel
 from tests.attention_reference import positional
 from tests.attention_reference import reference
 from tests.gradients import input_gradients

@@ -5,10 +5,10 @@ import re
 import pytest
 from jax import export as jax_export
 
-from keras_attention.layers import kernel_selector
-from keras_attention.layers.kernel_selector import Kernel
-from keras_attention.layers.kernel_selector import KernelRequest
-from keras_attention.layers.kernel_selector import decide
+from keras_attention.layers.machinery import kernel_selector
+from keras_attention.layers.machinery.kernel_selector import Kernel
+from keras_attention.layers.machinery.kernel_selector import KernelRequest
+from keras_attention.layers.machinery.kernel_selector import decide
 
 GIB = 2**30
 # A CPU call of 8 heads at L = 1024, batch 2: dense working set 256 MiB.
@@ -219,7 +219,7 @@ def test_keras_size_call_at_8192_stays_dense_in_a_16_gib_process(monkeypatch):
     8 heads, batch 1, 7.3 GiB peak) is materialised, as Keras does; twice the
     length, which Keras cannot run there, goes blockwise; under TF XLA,
     where Keras' layer did not fit 16 GiB at 8192, blockwise too."""
-    from keras_attention.layers import memory_budget
+    from keras_attention.layers.machinery import memory_budget
 
     monkeypatch.setattr(memory_budget, "_budget", None)
     monkeypatch.setattr(memory_budget, "available_memory", lambda: 15 * GIB)
@@ -248,7 +248,7 @@ def test_layer_reads_the_budget_once_and_a_layer_budget_wins(monkeypatch):
     import numpy as np
 
     from keras_attention import MultiHeadAttention
-    from keras_attention.layers import memory_budget
+    from keras_attention.layers.machinery import memory_budget
     from tests.kernel_spy import spy_kernels
 
     reads = []

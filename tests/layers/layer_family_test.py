@@ -7,7 +7,7 @@ import pytest
 import keras_attention
 from keras_attention import layers as ka
 from keras_attention.layers import multi_head_attention as mha_module
-from keras_attention.layers.kernel_selector import Kernel
+from keras_attention.layers.machinery.kernel_selector import Kernel
 from tests.kernel_spy import spy_kernels
 from tests.reference import combined_mask
 from tests.reference import softmax_with_mask

@@ -7,7 +7,7 @@ import keras_attention
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import capture_attention
 from keras_attention.layers import multi_head_attention as mha_module
-from keras_attention.layers.kernel_selector import Kernel
+from keras_attention.layers.machinery.kernel_selector import Kernel
 from tests.gradients import layer_gradients
 from tests.kernel_spy import spy_kernels
 from tests.testing import random_inputs

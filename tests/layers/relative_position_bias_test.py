@@ -14,7 +14,7 @@ import pytest
 
 from keras_attention import MultiHeadAttention
 from keras_attention.layers import RelativePositionBias
-from keras_attention.layers.kernel_selector import Kernel
+from keras_attention.layers.machinery.kernel_selector import Kernel
 from tests.attention_reference import positional
 from tests.gradients import layer_gradients
 from tests.kernel_spy import spy_kernels

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from keras_attention import MultiHeadAttention
-from keras_attention.layers.kernel_selector import Kernel
+from keras_attention.layers.machinery.kernel_selector import Kernel
 from tests.attention_reference import positional
 from tests.attention_reference import score_mod
 from tests.kernel_spy import spy_kernels

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_attention as ka
-from keras_attention.layers import kernel_selector
+from keras_attention.layers.machinery import kernel_selector
 from tests.kernel_spy import spy_kernels
 from tests.testing import NOT_LAYERS
 from tests.testing import to_numpy

@@ -218,12 +218,12 @@ def test_exported_causal_stepper_replays_each_steps_cache_without_a_kernel(tmp_p
     """A causal LM's stepper exported (#52): its cache panel and model view
     follow the step slider in the page, each step's cells the session's."""
     pytest.importorskip("keras_hub")
-    from keras_attention.layers import keras_hub_conversion
+    from keras_attention.interchange import keras_hub_models
     from keras_attention.widgets import DecodingStepper
     from tests import causal_lms
 
     lm = causal_lms.gemma_causal_lm(0, 10, sliding_window=3)
-    keras_hub_conversion.replace_keras_hub_attention(lm)
+    keras_hub_models.replace_keras_hub_attention(lm)
     stepper = DecodingStepper(lm, "keras", max_length=10)
     steps = [stepper.next_token() for _ in range(4)]
     with offline_export(tmp_path, stepper, "causal_stepper") as page:

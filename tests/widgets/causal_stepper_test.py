@@ -12,7 +12,7 @@ and the export replays it.
 import numpy as np
 import pytest
 
-from keras_attention.layers import keras_hub_conversion as conversion
+from keras_attention.interchange import keras_hub_models as conversion
 from keras_attention.widgets import DecodingStepper
 from keras_attention.widgets import decoding_stepper
 from tests import causal_lms

@@ -1423,7 +1423,7 @@ CAUSAL_CELLS = [
 import sys
 sys.path.insert(0, {ROOT!r})
 from tests.causal_lms import gemma_causal_lm
-from keras_attention.layers.keras_hub_conversion import replace_keras_hub_attention
+from keras_attention.interchange.keras_hub_models import replace_keras_hub_attention
 from keras_attention.widgets import DecodingStepper
 lm = gemma_causal_lm(0, 12, sliding_window=3)
 replace_keras_hub_attention(lm)

@@ -15,7 +15,7 @@ import contextvars
 import numpy as np
 from keras import ops
 
-from keras_attention.layers import utils
+from keras_attention.layers.machinery import utils
 
 # {id(layer): head mask} set by `model_masks`; empty outside it. A context
 # variable, not an attribute: a layer is never changed by masking it.

@@ -9,7 +9,7 @@ exact weights of those heads and rows only, computed after the kernel
 import numbers
 
 from keras_attention import validation
-from keras_attention.layers import utils
+from keras_attention.layers.machinery import utils
 
 
 def static_int(value):

@@ -5,7 +5,7 @@ import numpy as np
 
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers import base_attention
-from keras_attention.layers import utils
+from keras_attention.layers.machinery import utils
 
 
 def attention_layers(model_or_layer):

@@ -121,25 +121,3 @@ def sublayers(layer):
     widgets go through it.
     """
     return list(layer._flatten_layers(include_self=True, recursive=True))
-
-
-def from_keras_layer(cls, layer, overrides):
-    """`cls` with a built Keras attention layer's config and weights (the
-    `from_keras` of our single-head layers)."""
-    if not layer.built:
-        raise ValueError(
-            f"{cls.__name__}.from_keras needs a built layer (call it once). "
-            f"Received: unbuilt layer '{layer.name}'"
-        )
-    config = layer.get_config()
-    config.update(overrides)
-    new = cls.from_config(config)
-    shapes = (layer._build_shapes_dict or {}).get("input_shape")
-    if not shapes:
-        raise ValueError(
-            f"{cls.__name__}.from_keras needs the shapes the layer was built "
-            f"for. Received: layer '{layer.name}' built without them"
-        )
-    new.build([tuple(s) for s in shapes])
-    new.set_weights(layer.get_weights())
-    return new
