@@ -11,10 +11,8 @@ cache, selected weights, kernel choice) live in that family's class.
 
 import inspect
 import math
-import numbers
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attention import distribution
@@ -22,6 +20,7 @@ from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.base_attention import BaseAttention
 from keras_attention.layers.machinery import attention_layout
+from keras_attention.layers.machinery import call_checks
 from keras_attention.layers.machinery import head_mask as head_masks
 from keras_attention.layers.machinery import utils
 from keras_attention.ops import attention_mask as attention_masks
@@ -193,81 +192,9 @@ class BaseMultiHeadAttention(BaseAttention):
         axes = validation.resolve_axes(self, "attention_axes", axes, rank)
         return attention_layout.Layout(rank, axes)
 
-    def _check_shapes(self, query_shape, value_shape, key_shape):
-        """Keras' rules, with errors that name the layer and the shapes."""
-        for name, shape in (
-            ("query_shape", query_shape),
-            ("value_shape", value_shape),
-            ("key_shape", key_shape),
-        ):
-            if (
-                shape is not None
-                and not isinstance(shape, (tuple, list))
-                and not (hasattr(shape, "__len__") and hasattr(shape, "__getitem__"))
-            ):
-                raise ValueError(
-                    self._error(
-                        f"`{name}` must be a shape (a tuple of dimensions). "
-                        f"Received: {name}={shape!r}"
-                    )
-                )
-        query_shape, value_shape = tuple(query_shape), tuple(value_shape)
-        key_shape = value_shape if key_shape is None else tuple(key_shape)
-        if tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
-            raise ValueError(
-                self._error(
-                    "All dimensions of `value` and `key`, except the last one, "
-                    f"must be equal. Received: value_shape={value_shape} and "
-                    f"key_shape={key_shape}"
-                )
-            )
-        for name, shape in (("query", query_shape), ("value", value_shape)):
-            if len(shape) < 3:
-                raise ValueError(
-                    self._error(
-                        f"`{name}` must have rank >= 3 (batch, time..., "
-                        f"features). Received: {name} with shape {shape}"
-                    )
-                )
-        if len(value_shape) != len(query_shape):
-            raise ValueError(
-                self._error(
-                    "`query` and `value` must have the same rank, and all "
-                    "dimensions except the attention axes and the last one "
-                    f"must be equal. Received: query_shape={query_shape} and "
-                    f"value_shape={value_shape}"
-                )
-            )
-        layout = self._layout(len(query_shape))
-        for axis in layout.batch_axes:
-            q, v = query_shape[axis], value_shape[axis]
-            if q is not None and v is not None and q != v:
-                raise ValueError(
-                    self._error(
-                        "All dimensions of `query` and `value` outside the "
-                        "attention axes, except the last one, must be equal. "
-                        f"Received: query_shape={query_shape} and "
-                        f"value_shape={value_shape}"
-                    )
-                )
-        built = getattr(self, "_built_feature_dims", None)
-        if built is not None:
-            for name, shape, dim in zip(
-                ("query", "value", "key"), (query_shape, value_shape, key_shape), built, strict=True
-            ):
-                if shape[-1] is not None and shape[-1] != dim:
-                    raise ValueError(
-                        self._error(
-                            f"`{name}` has {shape[-1]} features but the layer "
-                            f"was built for {dim}. Received: {name} with shape "
-                            f"{shape}"
-                        )
-                    )
-        return layout
-
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
-        self._check_shapes(query_shape, value_shape, key_shape)
+        call_checks.check_shapes(self, query_shape, value_shape, key_shape)
         dims = self._output_shape or (query_shape[-1],)
         return tuple(query_shape[:-1]) + tuple(dims)
 
@@ -308,7 +235,7 @@ class BaseMultiHeadAttention(BaseAttention):
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
-        self._check_shapes(query_shape, value_shape, key_shape)
+        call_checks.check_shapes(self, query_shape, value_shape, key_shape)
         heads, kv_heads = self._num_heads, self._num_key_value_heads
         out_dims = self._output_shape or (query_shape[-1],)
         self._check_layout(query_shape, value_shape, key_shape, out_dims)
@@ -521,108 +448,17 @@ class BaseMultiHeadAttention(BaseAttention):
         prefix,
     ):
         """`mask` with the call's segment ids and prefix length."""
-        changes = self._call_rule_changes(
-            layout, query_shape, key_length, self_attention, segment_ids, key_segment_ids, prefix
+        changes = call_checks.rule_changes(
+            self,
+            layout,
+            query_shape,
+            key_length,
+            self_attention,
+            segment_ids,
+            key_segment_ids,
+            prefix,
         )
         return mask.replace(**changes) if changes else mask
-
-    def _call_rule_changes(
-        self, layout, query_shape, key_length, self_attention, segment_ids, key_segment_ids, prefix
-    ):
-        """The `AttentionMask` fields of `segment_ids`, `key_segment_ids` and
-        `prefix_length`, checked (also on symbolic inputs). `self_attention`:
-        whether the keys are the queries (`BaseAttention._keys_are_queries`,
-        False with a cache), the one case where `key_segment_ids` default to
-        `segment_ids`."""
-        if segment_ids is None and key_segment_ids is None and prefix is None:
-            return {}
-        if layout is not None and not getattr(layout, "trivial", True):
-            raise ValueError(
-                self._error(
-                    "`segment_ids` and `prefix_length` are positions along one "
-                    "sequence axis: they need rank-3 inputs (batch, time, features). "
-                    f"Received: query with shape {query_shape}"
-                )
-            )
-        batch, length = query_shape[0], query_shape[1]
-        changes = {}
-        if key_segment_ids is not None and segment_ids is None:
-            raise ValueError(
-                self._error(
-                    "`key_segment_ids` needs `segment_ids` (the queries'). "
-                    "Received: segment_ids=None"
-                )
-            )
-        if segment_ids is not None:
-            segment_ids = self._check_ids("segment_ids", segment_ids, (batch, length))
-            if key_segment_ids is None:
-                if not self_attention:
-                    raise ValueError(
-                        self._error(
-                            "`key_segment_ids` are needed when the keys are not "
-                            "the queries (cross-attention or a cache); the keys "
-                            "are the queries when the layer is called on one "
-                            "input, or on the same tensor as query and value. "
-                            f"Received: {length} queries, {key_length} keys, "
-                            "key_segment_ids=None"
-                        )
-                    )
-                key_segment_ids = segment_ids
-            key_segment_ids = self._check_ids(
-                "key_segment_ids", key_segment_ids, (batch, key_length)
-            )
-            changes.update(query_segment_ids=segment_ids, key_segment_ids=key_segment_ids)
-        if prefix is not None:
-            changes.update(prefix_length=self._check_prefix(prefix, batch), causal=True)
-        return changes
-
-    def _check_ids(self, name, ids, expected):
-        if isinstance(ids, (list, tuple)):
-            ids = np.asarray(ids)
-        self._check_tensor(name, ids)
-        shape = tuple(ids.shape)
-        dtype = str(getattr(ids.dtype, "name", ids.dtype))
-        fits = len(shape) == 2 and all(
-            e is None or d is None or e == d for d, e in zip(shape, expected, strict=True)
-        )
-        if not fits or "int" not in dtype:
-            raise ValueError(
-                self._error(
-                    f"`{name}` must be integers shaped (batch, length) = {expected}. "
-                    f"Received: {name} with shape {shape} and dtype {dtype}"
-                )
-            )
-        return ids if isinstance(ids, keras.KerasTensor) else ops.convert_to_tensor(ids)
-
-    def _check_prefix(self, prefix, batch):
-        if isinstance(prefix, numbers.Integral) and not isinstance(prefix, bool):
-            if prefix < 0:
-                raise ValueError(
-                    self._error(f"`prefix_length` must be >= 0. Received: prefix_length={prefix}")
-                )
-            return int(prefix)
-        if isinstance(prefix, (list, tuple)):
-            prefix = np.asarray(prefix)
-        if not hasattr(prefix, "shape") or "int" not in str(
-            getattr(prefix.dtype, "name", prefix.dtype)
-        ):
-            raise TypeError(
-                self._error(
-                    "`prefix_length` must be an int or one int per example, shape "
-                    f"(batch,). Received: prefix_length={utils.describe(prefix)}"
-                )
-            )
-        shape = tuple(prefix.shape)
-        if shape == ():
-            return self._check_prefix(int(np.asarray(prefix)), batch)
-        if len(shape) != 1 or None not in (shape[0], batch) and shape[0] != batch:
-            raise ValueError(
-                self._error(
-                    f"`prefix_length` must be one int per example, shape ({batch},). "
-                    f"Received: prefix_length with shape {shape}"
-                )
-            )
-        return prefix if isinstance(prefix, keras.KerasTensor) else ops.convert_to_tensor(prefix)
 
     # ------------------------------------------------------------------- call
     def _prepare(
@@ -648,7 +484,7 @@ class BaseMultiHeadAttention(BaseAttention):
         if value is None and value_mask is None:
             value_mask = query_mask  # self-attention: the keys are the queries
         query, value, key = self._resolve_inputs(query, value, key)
-        layout = self._check_shapes(query.shape, value.shape, key.shape)
+        layout = call_checks.check_shapes(self, query.shape, value.shape, key.shape)
         query_shape, value_shape = tuple(query.shape), tuple(value.shape)
         self._check_mask("query_mask", query_mask, query_shape[:-1])
         self._check_mask("value_mask", value_mask, value_shape[:-1])

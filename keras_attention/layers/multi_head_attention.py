@@ -1,8 +1,4 @@
-import math
-import numbers
-
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attention import validation
@@ -10,44 +6,26 @@ from keras_attention.api_export import keras_attention_export
 from keras_attention.interchange import keras_hub_layers
 from keras_attention.interchange import keras_layers
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.layers.machinery import call_checks
+from keras_attention.layers.machinery import decoding_cache
 from keras_attention.layers.machinery import head_mask as head_masks
 from keras_attention.layers.machinery import kernel_selector
-from keras_attention.layers.machinery import memory_budget
 from keras_attention.layers.machinery import score_options
-from keras_attention.layers.machinery import scores_selection
 from keras_attention.layers.machinery import utils
 from keras_attention.layers.machinery.kernel_selector import Kernel
 from keras_attention.layers.machinery.score_options import ScoreModifierOptions
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.ops import cache as ring_cache
 from keras_attention.ops import dense_attention
-from keras_attention.ops import masking
 from keras_attention.ops import mods
 from keras_attention.ops import multi_head
 from keras_attention.ops import ring
-from keras_attention.ops import tiling
 from keras_attention.ops.memory_efficient import memory_efficient_attention
-from keras_attention.ops.shapes import static_shape
-from keras_attention.ops.xla import tensorflow_xla_trace
 
 # Tiles of 512: at L = 8192 / 16384 (8 heads, fwd+bwd, one process) 512
 # ran 0.98x / 0.75x the time of 1024 in TF graph mode and 0.79x at 8192 on
 # JAX, with a quarter of the tile memory (benchmarks/RESULTS.md, #26).
 DEFAULT_BLOCK_SIZE = 512
-
-
-def fused_kernel_available():
-    """Whether `keras.ops.dot_product_attention` has a fused kernel here."""
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.default_backend() in ("gpu", "tpu")
-    if backend == "torch":
-        import torch
-
-        return torch.cuda.is_available()
-    return False
 
 
 @keras_attention_export("layers")
@@ -466,61 +444,6 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         key, value = super()._project_key_value(key, value)
         return self._position_heads(key, "key", positions), value
 
-    def _check_position_ids(self, position_ids, layout, query_shape, name="position_ids"):
-        """`position_ids` (or `key_position_ids`, `name`) checked: `(B, T)`
-        or `(T,)` integers, with `rotary`, on rank-3 inputs; returned as a
-        tensor (`(1, T)` for `(T,)`), or None."""
-        if self.rotary is not None and layout is not None and not getattr(layout, "trivial", True):
-            raise ValueError(
-                self._error(
-                    "`rotary` rotates by the position along one sequence axis: it "
-                    "needs rank-3 inputs (batch, time, features). Received: query "
-                    f"with shape {query_shape}"
-                )
-            )
-        if position_ids is None:
-            return None
-        if self.rotary is None:
-            raise ValueError(
-                self._error(
-                    f"`{name}` are the rotary embedding's positions: the layer "
-                    f"has no `rotary`. Received: {name} with rotary=None"
-                )
-            )
-        if isinstance(position_ids, (list, tuple)):
-            position_ids = np.asarray(position_ids)
-        shape = tuple(getattr(position_ids, "shape", ()))
-        if len(shape) == 1:
-            return self._check_ids(name, position_ids[None, :], (1, query_shape[1]))
-        return self._check_ids(name, position_ids, (query_shape[0], query_shape[1]))
-
-    def _rotary_positions(
-        self, position_ids, key_position_ids, layout, query_shape, key_shape, self_attention
-    ):
-        """`(query positions, key positions)` of a call without a cache,
-        checked (also on symbolic inputs); None means `0 .. T - 1`.
-
-        The keys take the queries' `position_ids` when they are the queries
-        (`self_attention`, the rule `segment_ids` follow too); otherwise
-        their own `key_position_ids`, which `position_ids` then need."""
-        queries = self._check_position_ids(position_ids, layout, query_shape)
-        keys = self._check_position_ids(key_position_ids, None, key_shape, "key_position_ids")
-        if keys is None and queries is not None:
-            if not self_attention:
-                raise ValueError(
-                    self._error(
-                        "`key_position_ids` are needed when the keys are not the "
-                        "queries (cross-attention): `position_ids` place the "
-                        "queries only. The keys are the queries when the layer "
-                        "is called on one input, or on the same tensor as query "
-                        "and value. Received: position_ids with shape "
-                        f"{tuple(queries.shape)}, key_position_ids=None, keys "
-                        f"with shape {key_shape}"
-                    )
-                )
-            keys = queries
-        return queries, keys
-
     def _attention_mask(self, *args, **kwargs):
         """The base's `AttentionMask`, with this layer's sink tokens and
         `mask_mod`."""
@@ -540,6 +463,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         return bool(self.flash_attention)
 
     # ------------------------------------------------------ kernel selection
+
     def kernel_for(
         self,
         query_shape,
@@ -560,120 +484,13 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         shorter lengths). Inside a TensorFlow XLA trace the answer can differ
         (see the selector's table).
         """
-        owner = f"{type(self).__name__}.kernel_for (layer '{self.name}')"
-        query_shape = self._kernel_for_shape(owner, "query_shape", query_shape)
-        key_shape = (
-            query_shape
-            if key_shape is None
-            else self._kernel_for_shape(owner, "key_shape", key_shape)
-        )
-        if len(key_shape) != len(query_shape):
-            raise ValueError(
-                validation.error(
-                    owner,
-                    "`query_shape` and `key_shape` must have the same rank, as in a call. "
-                    f"Received: query_shape={query_shape}, key_shape={key_shape}",
-                )
-            )
-        if training is not None:
-            training = validation.validate_call_flag(owner, "training", training)
-        return_attention_scores = validation.validate_call_flag(
-            owner, "return_attention_scores", return_attention_scores
-        )
-        use_causal_mask = validation.validate_call_flag(owner, "use_causal_mask", use_causal_mask)
-        layout = self._layout(len(query_shape))
-
-        def length(shape):
-            dims = [shape[a] for a in layout.attention_axes]
-            return None if None in dims else math.prod(dims)
-
-        batch_dims = [query_shape[0]] + [query_shape[a] for a in layout.batch_axes]
-        batch = None if None in batch_dims else math.prod(batch_dims)
-        shapes = (batch, length(query_shape)), (batch, length(key_shape))
-        return kernel_selector.select_kernel(
-            self._kernel_request(
-                *shapes,
-                self._weights_needed(training, return_attention_scores),
-                causal=use_causal_mask,
-                dropout=self._dropout_callable(training) is not None,
-            )
-        )
-
-    @staticmethod
-    def _kernel_for_shape(owner, argument, shape):
-        """`shape` (a tuple, a `TensorShape` or a tensor's) as a tuple of ints or
-        None, of rank >= 3 as a call needs; our error naming `argument` else."""
-        shape = shape.shape if hasattr(shape, "shape") and hasattr(shape, "dtype") else shape
-        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
-            raise TypeError(
-                validation.error(
-                    owner,
-                    f"`{argument}` must be a shape (a tuple of dimensions). "
-                    f"Received: {argument}={shape!r}",
-                )
-            )
-        raw = tuple(shape)
-        # None and symbolic sizes (a JAX shape polymorphism dimension) are unknown;
-        # a bool, a float, a string or a negative number is no size at all.
-        wrong = [
-            d
-            for d in raw
-            if isinstance(d, (bool, np.bool_, str, bytes))
-            or (isinstance(d, numbers.Number) and not validation.is_int(d))
-            or (validation.is_int(d) and d < 0)
-        ]
-        dims = static_shape(raw)
-        if wrong:
-            raise ValueError(
-                validation.error(
-                    owner,
-                    f"`{argument}` must hold non-negative integers (or None where "
-                    f"unknown). Received: {argument}={tuple(shape)!r}",
-                )
-            )
-        if len(dims) < 3:
-            raise ValueError(
-                validation.error(
-                    owner,
-                    f"`{argument}` must have rank >= 3 (batch, time..., features), "
-                    f"as a call's inputs. Received: {argument}={dims}",
-                )
-            )
-        return tuple(None if d is None else int(d) for d in dims)
-
-    def _kernel_request(self, query, key, weights_needed, causal=False, dropout=False):
-        """The `KernelRequest` of a call (see `kernel_selector`); `query` and
-        `key` are the projected heads or their `(batch, length)` shapes;
-        `causal` whether the call's mask is causal; `dropout` whether
-        attention dropout acts (training)."""
-        # Sizes as they are: `KernelRequest` makes the unknown ones None.
-        query = tuple(query.shape) if hasattr(query, "shape") else query
-        key = tuple(key.shape) if hasattr(key, "shape") else key
-        budget = self.memory_budget
-        if budget is None and self.memory_efficient == "auto":
-            budget = memory_budget.attention_memory_budget()
-        return kernel_selector.KernelRequest(
-            sequence_parallel=self.sequence_parallel is not None,
-            flash_attention=self.flash_attention,
-            memory_efficient=self.memory_efficient,
-            memory_efficient_threshold=self.memory_efficient_threshold,
-            equal_head_dims=self._value_dim == self._key_dim,
-            batch_size=query[0],
-            num_heads=self._num_heads,
-            query_length=query[1],
-            key_length=key[1],
-            weights_needed=weights_needed,
-            dropout=dropout,
-            fused_available=fused_kernel_available(),
-            flash_enabled=keras.config.is_flash_attention_enabled(),
-            xla=tensorflow_xla_trace(),
-            memory_budget=budget,
-            blockwise_faster_from=(
-                kernel_selector.blockwise_crossover(causal)
-                if self.memory_efficient == "auto" and not tensorflow_xla_trace()
-                else None
-            ),
-            scores_modified=self._modifies_scores,
+        return kernel_selector.kernel_for(
+            self,
+            query_shape,
+            key_shape,
+            training=training,
+            return_attention_scores=return_attention_scores,
+            use_causal_mask=use_causal_mask,
         )
 
     def _weights_needed(self, training, return_attention_scores):
@@ -707,7 +524,8 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         mask = self._as_attention_mask(attention_mask, use_causal_mask)
         dropping = self._dropout_callable(training) is not None
         kernel = kernel_selector.select_kernel(
-            self._kernel_request(
+            kernel_selector.request_for(
+                self,
                 query,
                 key,
                 self._weights_needed(training, return_attention_scores),
@@ -827,265 +645,16 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                     "(query, value) or build it. Received: an unbuilt layer"
                 )
             )
-        self._check_cacheable()
+        decoding_cache.check_cacheable(
+            self,
+        )
         positions = None
         if key_position_ids is not None:
             self._check_tensor("key", key)
-            positions = self._check_position_ids(
-                key_position_ids, None, tuple(key.shape), "key_position_ids"
+            positions = call_checks.check_position_ids(
+                self, key_position_ids, None, tuple(key.shape), "key_position_ids"
             )
         return ops.stack(self._project_key_value(key, value, positions), axis=1)
-
-    def _refuse_cached_key_positions(self, key_position_ids, cache_update_index):
-        """With a cache the keys sit where they were written: `position_ids`
-        place the keys a call writes (they are its queries), and
-        `precompute_key_value(key_position_ids=...)` a read-only cache's."""
-        if key_position_ids is None:
-            return
-        where = (
-            "`precompute_key_value(..., key_position_ids=...)` rotates a read-only cache's keys"
-            if cache_update_index is None
-            else "`position_ids` rotate the keys this call writes (they are its queries)"
-        )
-        raise ValueError(
-            self._error(
-                "`key_position_ids` are not taken with a `cache`: the cache holds "
-                f"keys rotated where they were written; {where}. Received: "
-                "key_position_ids with a cache"
-            )
-        )
-
-    def _ring_sinks(self, query, cache, cache_update_index):
-        """With a `sliding_window`, the pinned sink slots (0 without sink
-        tokens) of a cache addressed as a ring buffer (`ops.cache.ring_slots`):
-        one with fewer slots than positions keeps the sinks and the last
-        keys, each step equal to the full cache's. None (the cache is
-        addressed by position) without a window, when a static index shows
-        nothing wraps, or when the ring is shorter than the window plus the
-        new tokens (`sliding_window - 1 + Tq` slots after the sinks): a call
-        with more new tokens than that is written by position, as before."""
-        slots, steps = ring_cache.cache_slots(cache), query.shape[1]
-        if not self._ring_holds(slots, steps):
-            return None
-        index = scores_selection.static_int(cache_update_index)
-        if index is not None and index + steps <= slots:
-            return None
-        return self.sink_tokens or 0
-
-    def _ring_holds(self, slots, steps):
-        """Whether `slots` hold the sinks, the window and `steps` new tokens."""
-        if self.sliding_window is None or slots is None or steps is None:
-            return False
-        return slots - (self.sink_tokens or 0) >= self.sliding_window - 1 + steps
-
-    def _check_cacheable(self):
-        if self._value_dim != self._key_dim:
-            raise ValueError(
-                self._error(
-                    "a key/value cache needs `value_dim == key_dim`. Received: "
-                    f"key_dim={self._key_dim}, value_dim={self._value_dim}"
-                )
-            )
-        if self.sequence_parallel is not None:
-            raise ValueError(
-                self._error(
-                    f"`sequence_parallel={self.sequence_parallel!r}` (ring "
-                    "attention) does not support a decoding `cache`: decode "
-                    "without sequence parallelism. Received: a cache"
-                )
-            )
-
-    def _check_cache(self, query, value, key, cache, cache_update_index):
-        self._check_cacheable()
-        if ring_cache.is_pair(cache):
-            shapes = [tuple(getattr(part, "shape", ())) for part in cache]
-            if len(shapes) != 2 or shapes[0] != shapes[1] or len(shapes[0]) != 4:
-                raise ValueError(
-                    self._error(
-                        "a `cache` pair must be (keys, values) of one shape (batch, "
-                        "max_length, num_key_value_heads, key_dim). Received: cache "
-                        f"with shapes {shapes}"
-                    )
-                )
-            shape = shapes[0][:1] + (2,) + shapes[0][1:]  # as the stacked form
-        elif not hasattr(cache, "shape"):
-            raise TypeError(
-                self._error(
-                    f"`cache` must be a tensor or a (keys, values) pair. Received: cache={cache!r}"
-                )
-            )
-        else:
-            shape = tuple(cache.shape)
-        expected = (query.shape[0], 2, None, self._num_key_value_heads, self._key_dim)
-        if len(shape) != 5 or not all(
-            got is None or want is None or got == want
-            for got, want in zip(shape, expected, strict=True)
-        ):
-            raise ValueError(
-                self._error(
-                    "`cache` must have shape (batch, 2, max_length, "
-                    f"num_key_value_heads, key_dim) = {expected} (None = any). "
-                    f"Received: cache with shape {shape}"
-                )
-            )
-        if cache_update_index is None:
-            if value is not None or key is not None:
-                raise ValueError(
-                    self._error(
-                        "a read-only `cache` (cache_update_index=None) holds the "
-                        "keys and values; do not pass `value` or `key` too. "
-                        f"Received: value={value is not None}, key={key is not None}"
-                    )
-                )
-            return
-        if key is not None or (value is not None and value is not query):
-            raise ValueError(
-                self._error(
-                    "`cache_update_index` is for self-attention decoding: `value` "
-                    "and `key` must be None (or `value` the query itself). "
-                    f"Received: value={value is not None}, key={key is not None}"
-                )
-            )
-        if isinstance(cache_update_index, (bool, float)):
-            raise TypeError(
-                self._error(
-                    "`cache_update_index` must be an int or an int tensor. "
-                    f"Received: cache_update_index={cache_update_index!r}"
-                )
-            )
-        index = scores_selection.static_int(cache_update_index)
-        max_length, steps = shape[2], query.shape[1]
-        if index is not None and (
-            index < 0
-            or (
-                max_length is not None
-                and steps is not None
-                and index + steps > max_length
-                and not self._ring_holds(max_length, steps)
-            )
-        ):
-            # A concrete index is checked; only a compiled loop's symbolic
-            # index is clamped by the update slice.
-            raise ValueError(
-                self._error(
-                    "`cache_update_index` plus the query length "
-                    f"({steps}) must fit in the cache length ({max_length}). "
-                    f"Received: cache_update_index={index}"
-                )
-            )
-
-    def _prepare_cached(
-        self,
-        query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-        mask,
-        cache,
-        cache_update_index,
-        cache_update_mask=None,
-    ):
-        """Validation of a call with a cache; returns the query and masks."""
-        self._check_tensor("query", query)
-        self._check_rank("query", tuple(query.shape))
-        self._check_cache(query, value, key, cache, cache_update_index)
-        built = getattr(self, "_built_feature_dims", None)
-        if built is not None and query.shape[-1] not in (None, built[0]):
-            raise ValueError(
-                self._error(
-                    f"`query` has {query.shape[-1]} features but the layer was "
-                    f"built for {built[0]}. Received: query with shape "
-                    f"{tuple(query.shape)}"
-                )
-            )
-        if query_mask is None:
-            query_mask = mask
-        batch, steps = query.shape[0], query.shape[1]
-        cache_length = ring_cache.cache_slots(cache)
-        for name, given, expected in (
-            ("query_mask", query_mask, (batch, steps)),
-            ("value_mask", value_mask, (batch, cache_length)),
-            ("key_mask", key_mask, (batch, cache_length)),
-        ):
-            self._check_mask(name, given, expected)
-        self._check_mask(
-            "attention_mask", attention_mask, (batch, steps, cache_length), broadcast=True
-        )
-        if cache_update_mask is not None and cache_update_index is None:
-            raise ValueError(
-                self._error(
-                    "`cache_update_mask` says which steps a call writes: pass "
-                    "`cache_update_index` too. Received: cache_update_mask with "
-                    "cache_update_index=None"
-                )
-            )
-        self._check_mask("cache_update_mask", cache_update_mask, (batch, steps))
-        return query, query_mask
-
-    def _cached_call(
-        self,
-        query,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-        cache,
-        cache_update_index,
-        position_ids=None,
-        cache_update_mask=None,
-    ):
-        """`(call, projected query, gate, key, value, new cache)` of a call
-        with a cache: the query's keys/values are written at
-        `cache_update_index` and the queries sit at that absolute position
-        (the rotary embedding's too, unless `position_ids` say otherwise)."""
-        query = self._to_compute_dtype(query)
-        layout = self._layout(3)
-        positions = {}
-        rotary_positions = position_ids
-        if cache_update_index is not None:
-            index = ops.cast(cache_update_index, "int32")
-            if rotary_positions is None and self.rotary is not None:
-                rotary_positions = index + ops.arange(ops.shape(query)[1], dtype="int32")
-            step = ops.stack(self._project_key_value(query, query, rotary_positions), axis=1)
-            sinks = self._ring_sinks(query, cache, cache_update_index)
-            # With sinks, a window's ring buffer: slots wrap, positions stay absolute.
-            cache = ring_cache.write_cache(cache, step, index, sinks, cache_update_mask)
-            if sinks is not None:
-                written = index + ops.shape(query)[1]
-                slots = ring_cache.ring_positions(ring_cache.cache_slots(cache), written, sinks)
-                positions["key_positions"] = slots[None, :]
-            positions["query_offset"] = (
-                scores_selection.static_int(cache_update_index)
-                if scores_selection.static_int(cache_update_index) is not None
-                else index
-            )
-            if not use_causal_mask:  # every written position, none beyond
-                positions["key_length"] = index + ops.shape(query)[1]
-        key, value = ring_cache.keys_and_values(cache)  # (B, T_max, Hkv, D) each
-        spec = self._attention_mask(
-            layout,
-            query,
-            None,
-            masking.to_bool_mask(query_mask),
-            masking.merge_masks(value_mask, key_mask),
-            attention_mask,
-            ops.shape(query)[1],
-            ops.shape(key)[1],
-            use_causal_mask and cache_update_index is not None,
-            **positions,
-        )
-        # The cache's masked positions contribute nothing, whatever they hold.
-        key = masking.zero_masked(key, spec.key_mask)
-        value = masking.zero_masked(value, spec.key_mask)
-        call = _CachedCall(query, spec, layout, tuple(ops.shape(key))[:2] + (None,))
-        call.positions = rotary_positions
-        projected_query, gate = self._project_query(call)
-        return call, projected_query, gate, key, value, cache
 
     # ------------------------------------------------------------------- call
     def __call__(self, *args, **kwargs):
@@ -1128,8 +697,12 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         if head_mask is None:  # a mask set for this layer by `analysis.masking_heads`
             head_mask = head_masks.active_head_mask(self)
         head_mask = head_masks.check_head_mask(self, head_mask, query)
-        selection = self._selection(
-            query, return_attention_scores, attention_scores_heads, attention_scores_query_range
+        selection = call_checks.selection(
+            self,
+            query,
+            return_attention_scores,
+            attention_scores_heads,
+            attention_scores_query_range,
         )
         if cache is None:
             for name, given in (
@@ -1155,7 +728,8 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 mask,
             )
             self_attention = self._keys_are_queries(query, value, key)
-            call.positions, key_positions = self._rotary_positions(
+            call.positions, key_positions = call_checks.rotary_positions(
+                self,
                 position_ids,
                 key_position_ids,
                 call.layout,
@@ -1169,8 +743,9 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             )
         else:
             self_attention = False  # the keys are the cache's
-            self._refuse_cached_key_positions(key_position_ids, cache_update_index)
-            query, query_mask = self._prepare_cached(
+            call_checks.refuse_cached_key_positions(self, key_position_ids, cache_update_index)
+            query, query_mask = decoding_cache.prepare_cached(
+                self,
                 query,
                 value,
                 key,
@@ -1184,17 +759,20 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 cache_update_index,
                 cache_update_mask,
             )
-            call, projected_query, gate, projected_key, projected_value, cache = self._cached_call(
-                query,
-                query_mask,
-                value_mask,
-                key_mask,
-                attention_mask,
-                use_causal_mask,
-                cache,
-                cache_update_index,
-                self._check_position_ids(position_ids, None, tuple(query.shape)),
-                cache_update_mask,
+            call, projected_query, gate, projected_key, projected_value, cache = (
+                decoding_cache.cached_call(
+                    self,
+                    query,
+                    query_mask,
+                    value_mask,
+                    key_mask,
+                    attention_mask,
+                    use_causal_mask,
+                    cache,
+                    cache_update_index,
+                    call_checks.check_position_ids(self, position_ids, None, tuple(query.shape)),
+                    cache_update_mask,
+                )
             )
         call.mask = self._with_call_rules(
             call.mask,
@@ -1214,8 +792,8 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             )
         if tile_plan is not None:
             call.mask = call.mask.replace(
-                tile_plan=self._check_tile_plan(
-                    tile_plan, projected_query.shape[1], projected_key.shape[1]
+                tile_plan=call_checks.check_tile_plan(
+                    self, tile_plan, projected_query.shape[1], projected_key.shape[1]
                 )
             )
         results = self._attend_and_project(
@@ -1277,15 +855,16 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         tile_plan=None,
     ):
         head_masks.check_head_mask(self, head_mask, query)
-        self._check_tile_plan(tile_plan)
+        call_checks.check_tile_plan(self, tile_plan)
         self_attention = cache is None and self._keys_are_queries(query, value, key)
         keys = value if value is not None else query
         if cache is not None:
-            self._refuse_cached_key_positions(key_position_ids, cache_update_index)
+            call_checks.refuse_cached_key_positions(self, key_position_ids, cache_update_index)
         if self.rotary is not None or position_ids is not None or key_position_ids is not None:
             layout = self._layout(len(query.shape)) if len(query.shape) > 3 else None
             if cache is None:
-                self._rotary_positions(
+                call_checks.rotary_positions(
+                    self,
                     position_ids,
                     key_position_ids,
                     layout,
@@ -1294,13 +873,18 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                     self_attention,
                 )
             else:
-                self._check_position_ids(position_ids, layout, tuple(query.shape))
-        selection = self._selection(
-            query, return_attention_scores, attention_scores_heads, attention_scores_query_range
+                call_checks.check_position_ids(self, position_ids, layout, tuple(query.shape))
+        selection = call_checks.selection(
+            self,
+            query,
+            return_attention_scores,
+            attention_scores_heads,
+            attention_scores_query_range,
         )
         if segment_ids is not None or key_segment_ids is not None or prefix_length is not None:
             key_length = ring_cache.cache_slots(cache) if cache is not None else keys.shape[1]
-            self._call_rule_changes(
+            call_checks.rule_changes(
+                self,
                 self._layout(len(query.shape)) if len(query.shape) > 3 else None,
                 tuple(query.shape),
                 key_length,
@@ -1322,7 +906,8 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 use_causal_mask,
             )
         else:
-            query, _ = self._prepare_cached(
+            query, _ = decoding_cache.prepare_cached(
+                self,
                 query,
                 value,
                 key,
@@ -1354,43 +939,6 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 keras.KerasTensor(selection.shape(tuple(scores.shape)), dtype=scores.dtype),
             ) + results[2:]
         return results[0] if len(results) == 1 else results
-
-    def _check_tile_plan(self, plan, query_length=None, key_length=None):
-        """`plan` if it is a `TilePlan` for these lengths (or None)."""
-        if plan is not None and not isinstance(plan, tiling.TilePlan):
-            raise TypeError(
-                self._error(
-                    "`tile_plan` must be a TilePlan (keras_attention.ops.tile_plan) or "
-                    f"None. Received: tile_plan={validation.describe(plan)}"
-                )
-            )
-        if plan is not None and query_length is not None:
-            plan.check(self, query_length, key_length)
-        return plan
-
-    def _selection(self, query, return_attention_scores, heads, query_range):
-        if heads is None and query_range is None:
-            return None
-        if not return_attention_scores:
-            raise ValueError(
-                self._error(
-                    "`attention_scores_heads` / `attention_scores_query_range` "
-                    "select returned weights: pass return_attention_scores=True. "
-                    f"Received: attention_scores_heads={heads!r}, "
-                    f"attention_scores_query_range={query_range!r}"
-                )
-            )
-        if hasattr(query, "shape") and len(query.shape) != 3:
-            raise ValueError(
-                self._error(
-                    "selected attention scores need rank-3 inputs. Received: "
-                    f"query with shape {tuple(query.shape)}"
-                )
-            )
-        selection = scores_selection.ScoresSelection(self, heads, query_range)
-        if hasattr(query, "shape"):
-            selection.check_length(self, query.shape[1])
-        return selection
 
     # ------------------------------------------------------------ conversion
     @classmethod
@@ -1498,14 +1046,3 @@ def _validate_rotary(owner, rotary, key_dim):
         message = str(error).removeprefix("RotaryEmbedding: ")
         raise ValueError(f"{owner}: `rotary`: {message} (key_dim={key_dim!r})") from None
     return rotary
-
-
-class _CachedCall:
-    """A cached call's inputs, as `_Call` holds them for the kernels."""
-
-    def __init__(self, query, mask, layout, value_shape):
-        self.query = query
-        self.flat_query = query
-        self.mask = mask
-        self.layout = layout
-        self.value_shape = value_shape

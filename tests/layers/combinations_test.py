@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from keras_attention import MultiHeadAttention
 from keras_attention.layers import multi_head_attention as mha_module
+from keras_attention.layers.machinery import kernel_selector
 from keras_attention.layers.machinery.kernel_selector import Kernel
 from keras_attention.ops import dense_attention
 from tests.attention_reference import SOFT_CAP
@@ -353,7 +354,7 @@ def _spied(fused):
         ),
     ]
     if fused:
-        patches.append(mock.patch.object(mha_module, "fused_kernel_available", lambda: True))
+        patches.append(mock.patch.object(kernel_selector, "fused_kernel_available", lambda: True))
     return ran, patches
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from keras_attention import MultiHeadAttention
-from keras_attention.layers import multi_head_attention as mha_module
+from keras_attention.layers.machinery import kernel_selector
 from keras_attention.layers.machinery.kernel_selector import Kernel
 from tests.attention_reference import positional
 from tests.attention_reference import reference
@@ -78,7 +78,7 @@ def test_head_mask_matches_float64_numpy_on_every_kernel(
     layer, weights = _layer(rng, x, **options)
     head_mask = MASKS[mask_kind](rng, 2)
     if label == "fused":  # this CPU has none: fake its presence, run the composite call
-        monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: True)
+        monkeypatch.setattr(kernel_selector, "fused_kernel_available", lambda: True)
     ran = spy_kernels(monkeypatch, flash_flags=[] if label == "fused" else None)
 
     def call(x, mask):
@@ -112,7 +112,7 @@ def test_a_zero_head_is_its_output_projection_rows_zeroed(
     layer, _ = _layer(rng, x, **options)
     head_mask = np.array([1.0, 1.0, 0.0, 1.0], "float32")
     if label == "fused":
-        monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: True)
+        monkeypatch.setattr(kernel_selector, "fused_kernel_available", lambda: True)
     ran = spy_kernels(monkeypatch, flash_flags=[] if label == "fused" else None)
     masked = _run(label, lambda x: layer(x, head_mask=head_mask, **call_options), x)
     kernel_weights = to_numpy(layer.output_dense.kernel)  # (H, Dv, F)

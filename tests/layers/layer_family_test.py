@@ -6,7 +6,7 @@ import pytest
 
 import keras_attention
 from keras_attention import layers as ka
-from keras_attention.layers import multi_head_attention as mha_module
+from keras_attention.layers.machinery import kernel_selector
 from keras_attention.layers.machinery.kernel_selector import Kernel
 from tests.kernel_spy import spy_kernels
 from tests.reference import combined_mask
@@ -166,7 +166,7 @@ def _numpy_mha(layer, query, value_mask=None, causal=False):
 
 @pytest.mark.parametrize("flash_attention", [True, None])
 def test_fused_branch_runs_when_a_fused_kernel_exists(monkeypatch, flash_attention):
-    monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: True)
+    monkeypatch.setattr(kernel_selector, "fused_kernel_available", lambda: True)
     flags = []
     ran = spy_kernels(monkeypatch, flash_flags=flags)
     layer = ka.MultiHeadAttention(
@@ -188,7 +188,7 @@ def test_fused_branch_runs_when_a_fused_kernel_exists(monkeypatch, flash_attenti
 
 
 def test_flash_attention_true_without_a_fused_kernel_runs_the_blockwise_kernel(monkeypatch):
-    monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: False)
+    monkeypatch.setattr(kernel_selector, "fused_kernel_available", lambda: False)
     ran = spy_kernels(monkeypatch)
     layer = ka.MultiHeadAttention(
         2, 4, flash_attention=True, block_size=3, bias_initializer="random_normal"
@@ -199,7 +199,7 @@ def test_flash_attention_true_without_a_fused_kernel_runs_the_blockwise_kernel(m
 
 
 def test_flash_attention_false_materialises_the_weights(monkeypatch):
-    monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: True)
+    monkeypatch.setattr(kernel_selector, "fused_kernel_available", lambda: True)
     flags = []
     ran = spy_kernels(monkeypatch, flash_flags=flags)
     layer = ka.MultiHeadAttention(

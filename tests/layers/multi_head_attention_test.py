@@ -7,6 +7,7 @@ import keras_attention
 from keras_attention.layers import MultiHeadAttention
 from keras_attention.layers import capture_attention
 from keras_attention.layers import multi_head_attention as mha_module
+from keras_attention.layers.machinery import kernel_selector
 from keras_attention.layers.machinery.kernel_selector import Kernel
 from tests.gradients import layer_gradients
 from tests.kernel_spy import spy_kernels
@@ -338,7 +339,7 @@ def test_memory_efficient_path_matches_exact_values_and_gradients(case):
 @pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])
 def test_fused_kernel_path_matches_exact_path(monkeypatch, grouped):
     # The fused path runs on GPU only; force it to check its masking on CPU.
-    monkeypatch.setattr(mha_module, "fused_kernel_available", lambda: True)
+    monkeypatch.setattr(kernel_selector, "fused_kernel_available", lambda: True)
     ran = spy_kernels(monkeypatch)
     heads = dict(num_heads=4, key_dim=4, num_key_value_heads=2 if grouped else None)
     exact = MultiHeadAttention(**heads, memory_efficient=False)

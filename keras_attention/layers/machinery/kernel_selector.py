@@ -78,8 +78,17 @@ example's working set cannot bound a whole batch's.
 
 import dataclasses
 import enum
+import math
+import numbers
 
+import keras
+import numpy as np
+
+from keras_attention import validation
+from keras_attention.layers.machinery import memory_budget
 from keras_attention.ops.shapes import static_dim
+from keras_attention.ops.shapes import static_shape
+from keras_attention.ops.xla import tensorflow_xla_trace
 
 # float32 (B, H, Tq, Tk) tensors alive at once in a materialised forward +
 # backward (measured: 7.3 GiB peak at L = 8192, 8 heads, where one such
@@ -234,3 +243,142 @@ def blockwise_crossover(causal=False):
 def select_kernel(request):
     """The `Kernel` for `request` (a `KernelRequest`)."""
     return decide(request)[1]
+
+
+def fused_kernel_available():
+    """Whether `keras.ops.dot_product_attention` has a fused kernel here."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() in ("gpu", "tpu")
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    return False
+
+
+def kernel_for(
+    layer,
+    query_shape,
+    key_shape=None,
+    *,
+    training=False,
+    return_attention_scores=False,
+    use_causal_mask=False,
+):
+    """`MultiHeadAttention.kernel_for` of `layer` (its docstring)."""
+    owner = f"{type(layer).__name__}.kernel_for (layer '{layer.name}')"
+    query_shape = _shape_argument(owner, "query_shape", query_shape)
+    key_shape = query_shape if key_shape is None else _shape_argument(owner, "key_shape", key_shape)
+    if len(key_shape) != len(query_shape):
+        raise ValueError(
+            validation.error(
+                owner,
+                "`query_shape` and `key_shape` must have the same rank, as in a call. "
+                f"Received: query_shape={query_shape}, key_shape={key_shape}",
+            )
+        )
+    if training is not None:
+        training = validation.validate_call_flag(owner, "training", training)
+    return_attention_scores = validation.validate_call_flag(
+        owner, "return_attention_scores", return_attention_scores
+    )
+    use_causal_mask = validation.validate_call_flag(owner, "use_causal_mask", use_causal_mask)
+    layout = layer._layout(len(query_shape))
+
+    def length(shape):
+        dims = [shape[a] for a in layout.attention_axes]
+        return None if None in dims else math.prod(dims)
+
+    batch_dims = [query_shape[0]] + [query_shape[a] for a in layout.batch_axes]
+    batch = None if None in batch_dims else math.prod(batch_dims)
+    shapes = (batch, length(query_shape)), (batch, length(key_shape))
+    return select_kernel(
+        request_for(
+            layer,
+            *shapes,
+            layer._weights_needed(training, return_attention_scores),
+            causal=use_causal_mask,
+            dropout=layer._dropout_callable(training) is not None,
+        )
+    )
+
+
+def _shape_argument(owner, argument, shape):
+    """`shape` (a tuple, a `TensorShape` or a tensor's) as a tuple of ints or
+    None, of rank >= 3 as a call needs; our error naming `argument` else."""
+    shape = shape.shape if hasattr(shape, "shape") and hasattr(shape, "dtype") else shape
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
+        raise TypeError(
+            validation.error(
+                owner,
+                f"`{argument}` must be a shape (a tuple of dimensions). "
+                f"Received: {argument}={shape!r}",
+            )
+        )
+    raw = tuple(shape)
+    # None and symbolic sizes (a JAX shape polymorphism dimension) are unknown;
+    # a bool, a float, a string or a negative number is no size at all.
+    wrong = [
+        d
+        for d in raw
+        if isinstance(d, (bool, np.bool_, str, bytes))
+        or (isinstance(d, numbers.Number) and not validation.is_int(d))
+        or (validation.is_int(d) and d < 0)
+    ]
+    dims = static_shape(raw)
+    if wrong:
+        raise ValueError(
+            validation.error(
+                owner,
+                f"`{argument}` must hold non-negative integers (or None where "
+                f"unknown). Received: {argument}={tuple(shape)!r}",
+            )
+        )
+    if len(dims) < 3:
+        raise ValueError(
+            validation.error(
+                owner,
+                f"`{argument}` must have rank >= 3 (batch, time..., features), "
+                f"as a call's inputs. Received: {argument}={dims}",
+            )
+        )
+    return tuple(None if d is None else int(d) for d in dims)
+
+
+def request_for(layer, query, key, weights_needed, causal=False, dropout=False):
+    """The `KernelRequest` of a call (see `kernel_selector`); `query` and
+    `key` are the projected heads or their `(batch, length)` shapes;
+    `causal` whether the call's mask is causal; `dropout` whether
+    attention dropout acts (training)."""
+    # Sizes as they are: `KernelRequest` makes the unknown ones None.
+    query = tuple(query.shape) if hasattr(query, "shape") else query
+    key = tuple(key.shape) if hasattr(key, "shape") else key
+    budget = layer.memory_budget
+    if budget is None and layer.memory_efficient == "auto":
+        budget = memory_budget.attention_memory_budget()
+    return KernelRequest(
+        sequence_parallel=layer.sequence_parallel is not None,
+        flash_attention=layer.flash_attention,
+        memory_efficient=layer.memory_efficient,
+        memory_efficient_threshold=layer.memory_efficient_threshold,
+        equal_head_dims=layer._value_dim == layer._key_dim,
+        batch_size=query[0],
+        num_heads=layer._num_heads,
+        query_length=query[1],
+        key_length=key[1],
+        weights_needed=weights_needed,
+        dropout=dropout,
+        fused_available=fused_kernel_available(),
+        flash_enabled=keras.config.is_flash_attention_enabled(),
+        xla=tensorflow_xla_trace(),
+        memory_budget=budget,
+        blockwise_faster_from=(
+            blockwise_crossover(causal)
+            if layer.memory_efficient == "auto" and not tensorflow_xla_trace()
+            else None
+        ),
+        scores_modified=layer._modifies_scores,
+    )
