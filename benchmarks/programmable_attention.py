@@ -49,26 +49,28 @@ XLA = False  # --xla: every step compiled with `jit_compile=True`
 CPU_TIME = False  # --cpu-time: the process's CPU time instead of wall time
 
 
-def _jax_step(mask, scores=None):
+def _jax_step(mask, modifier=None):
     import jax
     import jax.numpy as jnp
 
     def loss(q, k, v):
-        out = memory_efficient_attention(q, k, v, mask=mask, scores=scores, block_size=BLOCK)
+        out = memory_efficient_attention(q, k, v, mask=mask, modifier=modifier, block_size=BLOCK)
         return jnp.sum(out * out)
 
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def _step(mask, scores=None):
+def _step(mask, modifier=None):
     if keras.backend.backend() == "jax":
-        return _jax_step(mask, scores)
+        return _jax_step(mask, modifier)
 
     @tf.function(jit_compile=XLA)
     def step(q, k, v):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
-            out = memory_efficient_attention(q, k, v, mask=mask, scores=scores, block_size=BLOCK)
+            out = memory_efficient_attention(
+                q, k, v, mask=mask, modifier=modifier, block_size=BLOCK
+            )
             loss = tf.reduce_sum(out * out)
         return tape.gradient(loss, [q, k, v])
 

@@ -237,24 +237,24 @@ CASES = {
         ("mask", lambda: ka.ops.to_bool_mask([1, 0])),
         ("mask", lambda: ka.ops.to_bool_mask(np.array(["yes", "no"]))),
     ],
-    "keras_attention.ops.scores.additive_score": [
+    "keras_attention.ops.score_functions.additive_score": [
         ("score_vector", lambda: ka.ops.additive_score(x(1, 2, 3), x(1, 2, 3), 3)),
         ("score_vector", lambda: ka.ops.additive_score(x(1, 2, 3), x(1, 2, 3), x(4))),
     ],
-    "keras_attention.ops.scores.dot_score": [
+    "keras_attention.ops.score_functions.dot_score": [
         ("query", lambda: ka.ops.dot_score("q", x(1, 2, 3))),
         ("key", lambda: ka.ops.dot_score(x(1, 2, 3), x(1, 2, 4))),
         ("scale", lambda: ka.ops.dot_score(x(1, 2, 3), x(1, 2, 3), scale=float("nan"))),
     ],
-    "keras_attention.ops.scores.general_score": [
+    "keras_attention.ops.score_functions.general_score": [
         ("kernel", lambda: ka.ops.general_score(x(1, 2, 3), x(1, 2, 3), None)),
         ("kernel", lambda: ka.ops.general_score(x(1, 2, 3), x(1, 2, 3), x(4, 3))),
     ],
-    "keras_attention.ops.scores.low_rank_score": [
+    "keras_attention.ops.score_functions.low_rank_score": [
         ("key_kernel", lambda: ka.ops.low_rank_score(x(1, 2, 3), x(1, 2, 3), x(3, 2), "k")),
         ("key_kernel", lambda: ka.ops.low_rank_score(x(1, 2, 3), x(1, 2, 3), x(3, 2), x(3, 5))),
     ],
-    "keras_attention.ops.scores.weighted_sum": [
+    "keras_attention.ops.score_functions.weighted_sum": [
         ("value", lambda: ka.ops.weighted_sum(x(1, 2, 3), [[1.0]])),
         ("value", lambda: ka.ops.weighted_sum(x(1, 2, 3), x(1, 4, 5))),
     ],
@@ -397,37 +397,37 @@ CASES = {
         ("sequence_axis", lambda: _ring(mesh=_mesh(2), length=3)),
     ],
     # ------------------------------------------------------ analysis
-    "keras_attention.analysis.attention_rollout": [
+    "keras_attention.analysis.rollout.attention_rollout": [
         ("weights", lambda: ka.analysis.attention_rollout("weights")),
         ("weights[0]", lambda: ka.analysis.attention_rollout([x(1, 2, 3, 4)])),
         ("heads", lambda: ka.analysis.attention_rollout([x(1, 2, 3, 3)], heads=5)),
         ("all_layers", lambda: ka.analysis.attention_rollout([x(1, 3, 3)], all_layers="yes")),
     ],
-    "keras_attention.analysis.attention_flow": [
+    "keras_attention.analysis.rollout.attention_flow": [
         ("heads", lambda: ka.analysis.attention_flow([x(1, 2, 3, 3)], heads="first")),
         ("weights[1]", lambda: ka.analysis.attention_flow([x(1, 3, 3), x(1, 4, 4)])),
         ("residual_weight", lambda: ka.analysis.attention_flow([x(1, 3, 3)], residual_weight=-1)),
     ],
-    "keras_attention.analysis.model_attention_rollout": [
+    "keras_attention.analysis.rollout.model_attention_rollout": [
         ("model", lambda: ka.analysis.model_attention_rollout("model", x(1, 3, 4))),
         ("layers", lambda: ka.analysis.model_attention_rollout(_model(), x(1, 3, 4), layers="a")),
         ("layers", lambda: ka.analysis.model_attention_rollout(_model(), x(1, 3, 4), layers=["b"])),
     ],
-    "keras_attention.analysis.model_attention_flow": [
+    "keras_attention.analysis.rollout.model_attention_flow": [
         ("model", lambda: ka.analysis.model_attention_flow(None, x(1, 3, 4))),
         ("model", lambda: ka.analysis.model_attention_flow(keras.layers.Dense(2), x(1, 3, 4))),
     ],
-    "keras_attention.analysis.masking_heads": [
+    "keras_attention.analysis.heads.masking_heads": [
         ("head_masks_by_layer", lambda: ka.analysis.masking_heads(_mha_model(), [1.0, 0.0])),
         ("head_masks_by_layer", lambda: ka.analysis.masking_heads(_mha_model(), {"b": [1.0]})),
         ("head_masks_by_layer", lambda: ka.analysis.masking_heads(_mha_model(), {"mha": [1.0]})),
     ],
-    "keras_attention.analysis.head_importance": [
+    "keras_attention.analysis.heads.head_importance": [
         ("loss_fn", lambda: ka.analysis.head_importance(_mha_model(), _batches(), "mse")),
         ("batches", lambda: ka.analysis.head_importance(_mha_model(), [x(1, 3, 4)], _mse)),
         ("model", lambda: ka.analysis.head_importance(_model(), _batches(), _mse)),
     ],
-    "keras_attention.analysis.mask_least_important_heads": [
+    "keras_attention.analysis.heads.mask_least_important_heads": [
         (
             "importance",
             lambda: ka.analysis.mask_least_important_heads(_mha_model(), [0.1], 1, [], _mse),
@@ -720,7 +720,7 @@ EXEMPT = {
         "the record check_servable returns (a dataclass), not built from user input"
     ),
     "keras_attention.export.check.NotASavedModelError": "an exception class",
-    "keras_attention.analysis.HeadMaskingResult": (
+    "keras_attention.analysis.heads.HeadMaskingResult": (
         "the record mask_least_important_heads returns (a dataclass), not built from user input"
     ),
 }

@@ -6,7 +6,7 @@ from keras_attention.api_export import keras_attention_export
 from keras_attention.interchange import keras_layers
 from keras_attention.layers.machinery.utils import clone_initializer
 from keras_attention.layers.score_attention import ScoreAttention
-from keras_attention.ops import scores as score_ops
+from keras_attention.ops import score_functions as score_ops
 
 
 @keras_attention_export("layers")

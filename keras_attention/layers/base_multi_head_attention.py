@@ -21,6 +21,7 @@ from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.base_attention import BaseAttention
 from keras_attention.layers.machinery import attention_layout
 from keras_attention.layers.machinery import call_checks
+from keras_attention.layers.machinery import call_options
 from keras_attention.layers.machinery import head_mask as head_masks
 from keras_attention.layers.machinery import utils
 from keras_attention.ops import attention_mask as attention_masks
@@ -435,52 +436,49 @@ class BaseMultiHeadAttention(BaseAttention):
                 )
             )
 
-    # ----------------------------------------------- call-level mask rules
-    def _with_call_rules(
-        self,
-        mask,
-        layout,
-        query_shape,
-        key_length,
-        self_attention,
-        segment_ids,
-        key_segment_ids,
-        prefix,
-    ):
-        """`mask` with the call's segment ids and prefix length."""
-        changes = call_checks.rule_changes(
-            self,
-            layout,
-            query_shape,
-            key_length,
-            self_attention,
-            segment_ids,
-            key_segment_ids,
-            prefix,
-        )
-        return mask.replace(**changes) if changes else mask
-
     # ------------------------------------------------------------------- call
-    def _prepare(
+    @utils.follows_contract
+    def call(
         self,
         query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-        mask,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        *,
+        mask=None,
     ):
-        """Validates a call; returns the resolved inputs, masks and layout."""
+        return self._call(*call_options.from_arguments(self, locals()))
+
+    def _call(self, query, value, key, options):
+        """`call`'s body, given its `CallOptions`."""
+        prepared = self._prepare_inputs(query, value, key, options)
+        projected_query, gate = self._project_query(prepared)
+        projected_key, projected_value = self._project_key_value(
+            prepared.flat_key, prepared.flat_value, prepared.key_positions
+        )
+        results = self._attend_and_project(
+            prepared, projected_query, gate, projected_key, projected_value, options
+        )
+        return results[0] if len(results) == 1 else results
+
+    def _prepare(self, query, value, key, options):
+        """Validates a call (eager or symbolic); returns the resolved inputs,
+        the query and value masks and the layout."""
         for name, x in (("query", query), ("value", value), ("key", key)):
             self._check_tensor(name, x)
         if query is None:
             raise TypeError(self._error("`query` is required. Received: query=None"))
-        if query_mask is None:
-            query_mask = mask  # the Keras mask of a one-input call
-        self._check_call_options(query, value, attention_mask, use_causal_mask)
+        # Keras' mask of a one-input call is the query's.
+        query_mask = options.mask if options.query_mask is None else options.query_mask
+        attention_mask = options.attention_mask
+        self._check_call_options(query, value, attention_mask, options.use_causal_mask)
+        value_mask = options.value_mask
         if value is None and value_mask is None:
             value_mask = query_mask  # self-attention: the keys are the queries
         query, value, key = self._resolve_inputs(query, value, key)
@@ -488,7 +486,7 @@ class BaseMultiHeadAttention(BaseAttention):
         query_shape, value_shape = tuple(query.shape), tuple(value.shape)
         self._check_mask("query_mask", query_mask, query_shape[:-1])
         self._check_mask("value_mask", value_mask, value_shape[:-1])
-        self._check_mask("key_mask", key_mask, value_shape[:-1])
+        self._check_mask("key_mask", options.key_mask, value_shape[:-1])
         batch = (query_shape[0],) + tuple(query_shape[a] for a in layout.batch_axes)
         q_axes = tuple(query_shape[a] for a in layout.attention_axes)
         k_axes = tuple(value_shape[a] for a in layout.attention_axes)
@@ -567,29 +565,32 @@ class BaseMultiHeadAttention(BaseAttention):
             **positions,
         )
 
-    def _prepare_inputs(
-        self,
-        query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-        mask,
-    ):
-        """`_Call` of a call without a cache: flat inputs and one mask."""
+    def _call_mask(self, mask, options, layout, flat_query, key_length, self_attention):
+        """`mask` with the call's rules (`segment_ids`, `key_segment_ids`,
+        `prefix_length`, checked); `self_attention`: whether the keys are
+        the queries (`BaseAttention._keys_are_queries`, never with a cache)."""
+        changes = call_checks.rule_changes(
+            self,
+            layout,
+            tuple(flat_query.shape),
+            key_length,
+            self_attention,
+            options.segment_ids,
+            options.key_segment_ids,
+            options.prefix_length,
+        )
+        return mask.replace(**changes) if changes else mask
+
+    def _positions(self, options, layout, query_shape, key_shape, self_attention):
+        """Hook: `(query positions, key positions)` of a call, checked; the
+        rotary layers' (`MultiHeadAttention`); None: `0 .. T - 1`."""
+        return None, None
+
+    def _prepare_inputs(self, query, value, key, options):
+        """The `PreparedCall` of a call without a cache: flat inputs, one mask."""
+        self_attention = self._keys_are_queries(query, value, key)
         query, value, key, query_mask, value_mask, layout = self._prepare(
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            use_causal_mask,
-            mask,
+            query, value, key, options
         )
         # Integer inputs run in the compute dtype, as Keras' layers compute.
         query, value, key = (self._to_compute_dtype(x) for x in (query, value, key))
@@ -598,7 +599,7 @@ class BaseMultiHeadAttention(BaseAttention):
         query_mask = masking.to_bool_mask(layout.flatten(query_mask, features=False))
         key_mask = masking.merge_masks(
             layout.flatten(value_mask, features=False),
-            layout.flatten(key_mask, features=False),
+            layout.flatten(options.key_mask, features=False),
         )
         spec = self._attention_mask(
             layout,
@@ -606,26 +607,38 @@ class BaseMultiHeadAttention(BaseAttention):
             value,
             query_mask,
             key_mask,
-            attention_mask,
+            options.attention_mask,
             ops.shape(flat_query)[1],
             ops.shape(flat_value)[1],
-            use_causal_mask,
+            options.use_causal_mask,
+        )
+        spec = self._call_mask(spec, options, layout, flat_query, flat_key.shape[1], self_attention)
+        positions = self._positions(
+            options, layout, tuple(flat_query.shape), tuple(flat_key.shape), self_attention
         )
         # Masked positions are zeroed before the projections (a `where`, not
         # a product), so whatever they hold (NaN, Inf) contributes nothing to
         # any kernel's output or gradient. `ops.copy` keeps the caller's
         # Keras masks off the projections' inputs.
-        flat_value = masking.zero_masked(ops.copy(flat_value), spec.key_mask)
-        flat_key = masking.zero_masked(ops.copy(flat_key), spec.key_mask)
-        return _Call(query, flat_query, flat_key, flat_value, spec, layout, tuple(ops.shape(value)))
+        return call_options.PreparedCall(
+            query=query,
+            flat_query=flat_query,
+            mask=spec,
+            layout=layout,
+            value_shape=tuple(ops.shape(value)),
+            flat_key=masking.zero_masked(ops.copy(flat_key), spec.key_mask),
+            flat_value=masking.zero_masked(ops.copy(flat_value), spec.key_mask),
+            query_positions=positions[0],
+            key_positions=positions[1],
+        )
 
-    def _project_query(self, call):
+    def _project_query(self, prepared):
         """`(projected query (B, Tq, H, D), gate or None)`."""
-        flat_query = masking.zero_masked(ops.copy(call.flat_query), call.mask.query_mask)
+        flat_query = masking.zero_masked(ops.copy(prepared.flat_query), prepared.mask.query_mask)
         gate = self._gate_dense(flat_query) if self._use_gate else None
         return self._query_dense(flat_query), gate
 
-    def _project_key_value(self, key, value):
+    def _project_key_value(self, key, value, positions=None):
         """Projected `(key, value)`, non-finite positions confined."""
         return masking.confine_nonfinite(self._key_dense(key), self._value_dense(value))
 
@@ -652,32 +665,21 @@ class BaseMultiHeadAttention(BaseAttention):
             optional["return_attention_scores"] = return_attention_scores
         return self._compute_attention(query, key, value, merged, **optional)
 
-    def _attend_and_project(
-        self,
-        call,
-        query,
-        gate,
-        key,
-        value,
-        training,
-        return_attention_scores,
-        weights_requested=None,
-        head_mask=None,
-    ):
+    def _attend_and_project(self, prepared, query, gate, key, value, options, head_mask=None):
         """Kernel, gate, output projection and result tuple of a call;
         `head_mask` (checked) scales each head's result before the projection."""
-        if weights_requested is None:
-            weights_requested = return_attention_scores
+        return_weights = options.return_attention_scores
+        weights_requested = return_weights and not options.selects_weights
         if masking.is_statically_empty(query, key):
             # No query, or no key (nothing to attend to: the zeros of a fully
             # masked row), on every kernel and in every subclass.
             output, weights = masking.empty_attention(query, value, return_weights=True)
         else:
             output, weights = self._run_compute_attention(
-                query, key, value, call.mask, training, weights_requested
+                query, key, value, prepared.mask, options.training, weights_requested
             )
             if weights is not None:
-                weights = self._zero_hidden_weights(weights, call.mask)
+                weights = self._zero_hidden_weights(weights, prepared.mask)
         if weights_requested and weights is None:
             raise ValueError(
                 self._error(
@@ -688,26 +690,26 @@ class BaseMultiHeadAttention(BaseAttention):
         self._record_attention(weights)
         # A masked query row's attention result is zero on every kernel, so
         # its output is the output projection's bias, as a row with no key.
-        output = masking.zero_masked(output, call.mask.query_mask)
+        output = masking.zero_masked(output, prepared.mask.query_mask)
         # After the kernel, so every kernel honours it; the weights stay unmasked.
         output = head_masks.apply_head_mask(output, head_mask)
         if gate is not None:
             output = output * gate
         output = self._output_dense(output)
-        if masking.is_statically_empty(call.flat_query):
+        flat_query = prepared.flat_query
+        if masking.is_statically_empty(flat_query):
             # TF's einsum gives a fully empty (0, 0, ...) input a batch of 1.
             # The batch may be unknown here (a compiled call): dynamic shape.
-            batch, length = ops.shape(call.flat_query)[0], ops.shape(call.flat_query)[1]
+            batch, length = ops.shape(flat_query)[0], ops.shape(flat_query)[1]
             output = ops.zeros((batch, length) + tuple(output.shape[2:]), output.dtype)
-        output = call.layout.unflatten(output, tuple(ops.shape(call.query)))
-        if not return_attention_scores:
+        query_shape = tuple(ops.shape(prepared.query))
+        output = prepared.layout.unflatten(output, query_shape)
+        if not return_weights:
             return (output,)
-        if not call.layout.trivial and weights is not None:
+        if not prepared.layout.trivial and weights is not None:
             weights = ops.reshape(
                 weights,
-                call.layout.scores_shape(
-                    tuple(ops.shape(call.query)), call.value_shape, self._num_heads
-                ),
+                prepared.layout.scores_shape(query_shape, prepared.value_shape, self._num_heads),
             )
         return output, weights
 
@@ -723,160 +725,38 @@ class BaseMultiHeadAttention(BaseAttention):
             return weights
         return ops.where(keep, weights, ops.zeros((), dtype=weights.dtype))
 
-    @utils.follows_contract
-    def call(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
-        *,
-        mask=None,
-    ):
-        return self._call_with_rules(
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            return_attention_scores,
-            training,
-            use_causal_mask,
-            mask,
-        )
-
-    def _call_with_rules(
-        self,
-        query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        return_attention_scores,
-        training,
-        use_causal_mask,
-        mask,
-        **rules,
-    ):
-        """`call`'s body; `rules` are a subclass's call-level mask rules
-        (`segment_ids`, `key_segment_ids`, `prefix_length`)."""
-        return_attention_scores = validation.validate_call_flag(
-            self, "return_attention_scores", return_attention_scores
-        )
-        use_causal_mask = validation.validate_call_flag(self, "use_causal_mask", use_causal_mask)
-        call = self._prepare_inputs(
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            use_causal_mask,
-            mask,
-        )
-        if rules:  # a subclass's call-level rules (`SparseAttention`'s segment ids)
-            call.mask = self._with_call_rules(
-                call.mask,
-                call.layout,
-                tuple(call.flat_query.shape),
-                call.flat_key.shape[1],
-                self._keys_are_queries(query, value, key),
-                rules.get("segment_ids"),
-                rules.get("key_segment_ids"),
-                rules.get("prefix_length"),
-            )
-        projected_query, gate = self._project_query(call)
-        projected_key, projected_value = self._project_key_value(call.flat_key, call.flat_value)
-        results = self._attend_and_project(
-            call,
-            projected_query,
-            gate,
-            projected_key,
-            projected_value,
-            training,
-            return_attention_scores,
-        )
-        return results[0] if len(results) == 1 else results
-
-    def _output_spec(
-        self,
-        query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        return_attention_scores,
-        use_causal_mask,
-        keys_shape=None,
-    ):
-        query, value, key, _, _, layout = self._prepare(
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            use_causal_mask,
-            None,
-        )
-        dims = self._output_shape or (query.shape[-1],)
-        results = (
-            keras.KerasTensor(tuple(query.shape[:-1]) + tuple(dims), dtype=self.compute_dtype),
-        )
-        if return_attention_scores:
-            keys_shape = tuple(value.shape) if keys_shape is None else keys_shape
-            shape = layout.scores_shape(tuple(query.shape), keys_shape, self._num_heads)
-            results += (keras.KerasTensor(shape, dtype=self.compute_dtype),)
-        return results
-
     def compute_output_spec(self, *args, **kwargs):
         if not utils.has_contract(type(self).call):
             # A subclass written for Keras' layer (KerasHub's cached
             # attention): trace its own `call`.
             return keras.layers.Layer.compute_output_spec(self, *args, **kwargs)
-        return self._compute_output_spec(*args, **kwargs)
-
-    def _compute_output_spec(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
-        *,
-        mask=None,
-    ):
-        results = self._output_spec(
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            return_attention_scores,
-            use_causal_mask,
-        )
+        results = self._output_spec(*call_options.bind(self, args, kwargs))
         return results[0] if len(results) == 1 else results
+
+    def _output_spec(self, query, value, key, options):
+        """The `KerasTensor`s a call returns, after the checks a call runs."""
+        self_attention = self._keys_are_queries(query, value, key)
+        query, value, key, _, _, layout = self._prepare(query, value, key, options)
+        checked = layout if len(query.shape) > 3 else None
+        call_checks.rule_changes(
+            self,
+            checked,
+            tuple(query.shape),
+            value.shape[1],
+            self_attention,
+            options.segment_ids,
+            options.key_segment_ids,
+            options.prefix_length,
+        )
+        self._positions(options, checked, tuple(query.shape), tuple(value.shape), self_attention)
+        dims = self._output_shape or (query.shape[-1],)
+        results = (
+            keras.KerasTensor(tuple(query.shape[:-1]) + tuple(dims), dtype=self.compute_dtype),
+        )
+        if options.return_attention_scores:
+            shape = layout.scores_shape(tuple(query.shape), tuple(value.shape), self._num_heads)
+            results += (keras.KerasTensor(shape, dtype=self.compute_dtype),)
+        return results
 
     # ---------------------------------------------------------------- config
     def get_config(self):
@@ -923,16 +803,3 @@ def _validate_use_bias(owner, use_bias):
             )
         return tuple(n for n in PROJECTIONS if n in names)
     return validation.validate_bool(owner, "use_bias", use_bias)
-
-
-class _Call:
-    """One call's validated inputs: flat `(B', T, F)` tensors and one mask."""
-
-    def __init__(self, query, flat_query, flat_key, flat_value, mask, layout, value_shape):
-        self.query = query  # as given (for the output's shape)
-        self.flat_query = flat_query
-        self.flat_key = flat_key
-        self.flat_value = flat_value
-        self.mask = mask  # the AttentionMask
-        self.layout = layout
-        self.value_shape = value_shape

@@ -3,7 +3,6 @@ from keras import ops
 
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.machinery import utils
-from keras_attention.layers.machinery.utils import clone_initializer
 from keras_attention.layers.machinery.utils import validate_positive_int
 from keras_attention.layers.squeeze_excitation import check_feature_map_shape
 from keras_attention.ops import masking
@@ -73,26 +72,23 @@ class CBAM(keras.layers.Layer):
     def build(self, inputs_shape):
         channels = check_feature_map_shape(self, inputs_shape, self.ratio)
 
-        def common():  # fresh initializers for every sublayer
-            return dict(
-                kernel_initializer=clone_initializer(self.kernel_initializer),
-                bias_initializer=clone_initializer(self.bias_initializer),
-                dtype=self.dtype_policy,
-            )
-
         self.channel_squeeze_dense = keras.layers.Dense(
             channels // self.ratio,
             activation="relu",
             name="channel_squeeze_dense",
-            **common(),
+            **utils.sublayer_arguments(self),
         )
         self.channel_squeeze_dense.build((None, channels))
         self.channel_excite_dense = keras.layers.Dense(
-            channels, name="channel_excite_dense", **common()
+            channels, name="channel_excite_dense", **utils.sublayer_arguments(self)
         )
         self.channel_excite_dense.build((None, channels // self.ratio))
         self.spatial_conv = keras.layers.Conv2D(
-            1, self.kernel_size, padding="same", name="spatial_conv", **common()
+            1,
+            self.kernel_size,
+            padding="same",
+            name="spatial_conv",
+            **utils.sublayer_arguments(self),
         )
         self.spatial_conv.build((None, inputs_shape[1], inputs_shape[2], 2))
         self.built = True

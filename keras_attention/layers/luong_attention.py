@@ -10,7 +10,7 @@ from keras_attention.layers.machinery.utils import clone_initializer
 from keras_attention.layers.machinery.utils import inverse_sqrt
 from keras_attention.layers.score_attention import ScoreAttention
 from keras_attention.ops import masking
-from keras_attention.ops import scores as score_ops
+from keras_attention.ops import score_functions as score_ops
 
 SCORES = ("dot", "concat", "general")
 

@@ -7,6 +7,7 @@ from keras_attention.interchange import keras_hub_layers
 from keras_attention.interchange import keras_layers
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
 from keras_attention.layers.machinery import call_checks
+from keras_attention.layers.machinery import call_options
 from keras_attention.layers.machinery import decoding_cache
 from keras_attention.layers.machinery import head_mask as head_masks
 from keras_attention.layers.machinery import kernel_selector
@@ -15,7 +16,6 @@ from keras_attention.layers.machinery import utils
 from keras_attention.layers.machinery.kernel_selector import Kernel
 from keras_attention.layers.machinery.score_options import ScoreModifierOptions
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
-from keras_attention.ops import cache as ring_cache
 from keras_attention.ops import dense_attention
 from keras_attention.ops import mods
 from keras_attention.ops import multi_head
@@ -147,7 +147,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             NTK, YaRN, Llama 3; partial rotation) or a `RotaryEmbedding`.
             Rank-3 inputs only.
         qk_norm: (keyword-only) RMS-normalise each head's query and key
-            before the rotary embedding and the scores, each with a learned
+            before the rotary embedding and the logits, each with a learned
             per-feature scale (sublayers `query_norm`, `key_norm`; Gemma 3,
             Qwen 3).
         qk_norm_epsilon: (keyword-only) the norms' epsilon.
@@ -436,13 +436,39 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             heads = self.rotary.rotate(heads, positions)
         return heads
 
-    def _project_query(self, call):
-        query, gate = super()._project_query(call)
-        return self._position_heads(query, "query", getattr(call, "positions", None)), gate
+    def _project_query(self, prepared):
+        query, gate = super()._project_query(prepared)
+        return self._position_heads(query, "query", prepared.query_positions), gate
 
     def _project_key_value(self, key, value, positions=None):
         key, value = super()._project_key_value(key, value)
         return self._position_heads(key, "key", positions), value
+
+    def _positions(self, options, layout, query_shape, key_shape, self_attention):
+        return call_checks.rotary_positions(
+            self,
+            options.position_ids,
+            options.key_position_ids,
+            layout,
+            query_shape,
+            key_shape,
+            self_attention,
+        )
+
+    def _call_mask(self, mask, options, layout, flat_query, key_length, self_attention):
+        """The base's rules, the prefix under a cache, and the tile plan."""
+        mask = super()._call_mask(mask, options, layout, flat_query, key_length, self_attention)
+        if options.prefix_length is not None and options.cache_update_index is not None:
+            # The prefix sees forward, but only as far as the cache is
+            # written: prefill the whole prefix to match the full pass.
+            written = ops.cast(options.cache_update_index, "int32") + ops.shape(flat_query)[1]
+            mask = mask.replace(key_length=written)
+        if options.tile_plan is not None:
+            plan = call_checks.check_tile_plan(
+                self, options.tile_plan, flat_query.shape[1], key_length
+            )
+            mask = mask.replace(tile_plan=plan)
+        return mask
 
     def _attention_mask(self, *args, **kwargs):
         """The base's `AttentionMask`, with this layer's sink tokens and
@@ -463,7 +489,6 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         return bool(self.flash_attention)
 
     # ------------------------------------------------------ kernel selection
-
     def kernel_for(
         self,
         query_shape,
@@ -534,7 +559,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             )
         )
         scale = self._inverse_sqrt_key_dim
-        scores = self._score_modifier()
+        modifier = self._score_modifier()
         if kernel is Kernel.DENSE:
             return dense_attention.dense_attention(
                 query,
@@ -543,11 +568,11 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 mask,
                 scale=scale,
                 dropout=self._dropout_callable(training),
-                scores=scores,
+                modifier=modifier,
             )
         if kernel is Kernel.SHIFTED:
             output = dense_attention.shifted_attention(
-                query, key, value, mask, scale=scale, scores=scores
+                query, key, value, mask, scale=scale, modifier=modifier
             )
             return output, None
         if kernel is Kernel.RING:
@@ -560,7 +585,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                         "out)"
                     )
                 )
-            return self._ring_attention(query, key, value, mask, scores), None
+            return self._ring_attention(query, key, value, mask, modifier), None
         if kernel is Kernel.BLOCKWISE:
             output = memory_efficient_attention(
                 query,
@@ -569,7 +594,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 scale=scale,
                 mask=mask,
                 block_size=self.block_size,
-                scores=scores,
+                modifier=modifier,
                 dropout_rate=self.dropout if dropping else 0.0,
                 dropout_seed=self._dropout_seed() if dropping else None,
             )
@@ -589,7 +614,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             )
         return output, None
 
-    def _ring_attention(self, query, key, value, mask, scores=None):
+    def _ring_attention(self, query, key, value, mask, modifier=None):
         axis = self.sequence_parallel
         if mask.pair_mask is not None:
             given = mask.pair_mask if mask.per_head else mask.pair_mask[:, 0]
@@ -619,7 +644,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             batch_axis=batch_axis,
             scale=self._inverse_sqrt_key_dim,
             mask=mask,
-            scores=scores,
+            modifier=modifier,
         )
 
     # ---------------------------------------------------------------- caching
@@ -663,148 +688,51 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         return super().__call__(*args, **kwargs)
 
     @utils.follows_contract
-    def call(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
-        *,
-        mask=None,
-        attention_scores_heads=None,
-        attention_scores_query_range=None,
-        cache=None,
-        cache_update_index=None,
-        cache_update_mask=None,
-        segment_ids=None,
-        key_segment_ids=None,
-        prefix_length=None,
-        position_ids=None,
-        key_position_ids=None,
-        head_mask=None,
-        tile_plan=None,
-    ):
-        return_attention_scores = validation.validate_call_flag(
-            self, "return_attention_scores", return_attention_scores
-        )
-        use_causal_mask = validation.validate_call_flag(self, "use_causal_mask", use_causal_mask)
+    @call_options.extends(
+        BaseMultiHeadAttention.call,
+        "attention_scores_heads",
+        "attention_scores_query_range",
+        "cache",
+        "cache_update_index",
+        "cache_update_mask",
+        "segment_ids",
+        "key_segment_ids",
+        "prefix_length",
+        "position_ids",
+        "key_position_ids",
+        "head_mask",
+        "tile_plan",
+    )
+    def call(self, *args, **kwargs):
+        """Keras' `MultiHeadAttention.call` and this layer's keyword-only
+        arguments (the class docstring's "Call arguments")."""
+        return self._call(*call_options.bind(self, args, kwargs))
+
+    def _call(self, query, value, key, options):
+        head_mask = options.head_mask
         if head_mask is None:  # a mask set for this layer by `analysis.masking_heads`
             head_mask = head_masks.active_head_mask(self)
         head_mask = head_masks.check_head_mask(self, head_mask, query)
-        selection = call_checks.selection(
-            self,
-            query,
-            return_attention_scores,
-            attention_scores_heads,
-            attention_scores_query_range,
-        )
-        if cache is None:
-            for name, given in (
-                ("cache_update_index", cache_update_index),
-                ("cache_update_mask", cache_update_mask),
-            ):
-                if given is not None:
-                    raise ValueError(
-                        self._error(
-                            f"`{name}` needs a `cache`. Received: {name}="
-                            f"{given if name == 'cache_update_index' else 'a mask'!r}, cache=None"
-                        )
-                    )
-            call = self._prepare_inputs(
-                query,
-                value,
-                key,
-                query_mask,
-                value_mask,
-                key_mask,
-                attention_mask,
-                use_causal_mask,
-                mask,
-            )
-            self_attention = self._keys_are_queries(query, value, key)
-            call.positions, key_positions = call_checks.rotary_positions(
-                self,
-                position_ids,
-                key_position_ids,
-                call.layout,
-                tuple(call.flat_query.shape),
-                tuple(call.flat_key.shape),
-                self_attention,
-            )
-            projected_query, gate = self._project_query(call)
+        selection = call_checks.selection(self, query, options)
+        if options.cache is None:
+            decoding_cache.refuse_without_cache(self, options)
+            prepared = self._prepare_inputs(query, value, key, options)
             projected_key, projected_value = self._project_key_value(
-                call.flat_key, call.flat_value, key_positions
+                prepared.flat_key, prepared.flat_value, prepared.key_positions
             )
+            cache = None
         else:
-            self_attention = False  # the keys are the cache's
-            call_checks.refuse_cached_key_positions(self, key_position_ids, cache_update_index)
-            query, query_mask = decoding_cache.prepare_cached(
-                self,
-                query,
-                value,
-                key,
-                query_mask,
-                value_mask,
-                key_mask,
-                attention_mask,
-                use_causal_mask,
-                mask,
-                cache,
-                cache_update_index,
-                cache_update_mask,
+            prepared, projected_key, projected_value, cache = decoding_cache.cached_inputs(
+                self, query, value, key, options
             )
-            call, projected_query, gate, projected_key, projected_value, cache = (
-                decoding_cache.cached_call(
-                    self,
-                    query,
-                    query_mask,
-                    value_mask,
-                    key_mask,
-                    attention_mask,
-                    use_causal_mask,
-                    cache,
-                    cache_update_index,
-                    call_checks.check_position_ids(self, position_ids, None, tuple(query.shape)),
-                    cache_update_mask,
-                )
-            )
-        call.mask = self._with_call_rules(
-            call.mask,
-            call.layout,
-            tuple(call.flat_query.shape),
-            projected_key.shape[1],
-            self_attention,
-            segment_ids,
-            key_segment_ids,
-            prefix_length,
-        )
-        if prefix_length is not None and cache_update_index is not None:
-            # The prefix sees forward, but only as far as the cache is
-            # written: prefill the whole prefix to match the full pass.
-            call.mask = call.mask.replace(
-                key_length=ops.cast(cache_update_index, "int32") + ops.shape(query)[1]
-            )
-        if tile_plan is not None:
-            call.mask = call.mask.replace(
-                tile_plan=call_checks.check_tile_plan(
-                    self, tile_plan, projected_query.shape[1], projected_key.shape[1]
-                )
-            )
+        projected_query, gate = self._project_query(prepared)
         results = self._attend_and_project(
-            call,
+            prepared,
             projected_query,
             gate,
             projected_key,
             projected_value,
-            training,
-            return_attention_scores,
-            weights_requested=return_attention_scores and selection is None,
+            options,
             head_mask=head_mask,
         )
         if selection is not None:
@@ -814,131 +742,35 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
                 dense_attention.selected_weights(
                     projected_query,
                     projected_key,
-                    call.mask,
+                    prepared.mask,
                     scale=self._inverse_sqrt_key_dim,
                     num_heads=self._num_heads,
                     heads=selection.heads,
                     rows=selection.query_range,
                     dtype=self.compute_dtype,
-                    scores=self._score_modifier(),
+                    modifier=self._score_modifier(),
                 ),
             )
         if cache is not None:
             results += (cache,)
         return results[0] if len(results) == 1 else results
 
-    def _compute_output_spec(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
-        *,
-        mask=None,
-        attention_scores_heads=None,
-        attention_scores_query_range=None,
-        cache=None,
-        cache_update_index=None,
-        cache_update_mask=None,
-        segment_ids=None,
-        key_segment_ids=None,
-        prefix_length=None,
-        position_ids=None,
-        key_position_ids=None,
-        head_mask=None,
-        tile_plan=None,
-    ):
-        head_masks.check_head_mask(self, head_mask, query)
-        call_checks.check_tile_plan(self, tile_plan)
-        self_attention = cache is None and self._keys_are_queries(query, value, key)
-        keys = value if value is not None else query
-        if cache is not None:
-            call_checks.refuse_cached_key_positions(self, key_position_ids, cache_update_index)
-        if self.rotary is not None or position_ids is not None or key_position_ids is not None:
-            layout = self._layout(len(query.shape)) if len(query.shape) > 3 else None
-            if cache is None:
-                call_checks.rotary_positions(
-                    self,
-                    position_ids,
-                    key_position_ids,
-                    layout,
-                    tuple(query.shape),
-                    tuple(keys.shape),
-                    self_attention,
-                )
-            else:
-                call_checks.check_position_ids(self, position_ids, layout, tuple(query.shape))
-        selection = call_checks.selection(
-            self,
-            query,
-            return_attention_scores,
-            attention_scores_heads,
-            attention_scores_query_range,
-        )
-        if segment_ids is not None or key_segment_ids is not None or prefix_length is not None:
-            key_length = ring_cache.cache_slots(cache) if cache is not None else keys.shape[1]
-            call_checks.rule_changes(
-                self,
-                self._layout(len(query.shape)) if len(query.shape) > 3 else None,
-                tuple(query.shape),
-                key_length,
-                self_attention,
-                segment_ids,
-                key_segment_ids,
-                prefix_length,
-            )
-        if cache is None:
-            results = self._output_spec(
-                query,
-                value,
-                key,
-                query_mask,
-                value_mask,
-                key_mask,
-                attention_mask,
-                return_attention_scores,
-                use_causal_mask,
-            )
+    def _output_spec(self, query, value, key, options):
+        head_masks.check_head_mask(self, options.head_mask, query)
+        call_checks.check_tile_plan(self, options.tile_plan)
+        selection = call_checks.selection(self, query, options)
+        if options.cache is None:
+            decoding_cache.refuse_without_cache(self, options)
+            results = super()._output_spec(query, value, key, options)
         else:
-            query, _ = decoding_cache.prepare_cached(
-                self,
-                query,
-                value,
-                key,
-                query_mask,
-                value_mask,
-                key_mask,
-                attention_mask,
-                use_causal_mask,
-                mask,
-                cache,
-                cache_update_index,
-            )
-            dims = self._output_shape or (query.shape[-1],)
-            results = (
-                keras.KerasTensor(tuple(query.shape[:-1]) + tuple(dims), dtype=self.compute_dtype),
-            )
-            if return_attention_scores:
-                slots = ring_cache.cache_slots(cache)
-                shape = (query.shape[0], self._num_heads, query.shape[1], slots)
-                results += (keras.KerasTensor(shape, dtype=self.compute_dtype),)
-            if ring_cache.is_pair(cache):
-                results += (tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache),)
-            else:
-                results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+            results = decoding_cache.output_spec(self, query, value, key, options)
         if selection is not None:
             scores = results[1]
             results = (
                 results[0],
                 keras.KerasTensor(selection.shape(tuple(scores.shape)), dtype=scores.dtype),
             ) + results[2:]
-        return results[0] if len(results) == 1 else results
+        return results
 
     # ------------------------------------------------------------ conversion
     @classmethod

@@ -9,7 +9,7 @@ from keras_attention.layers.base_attention import BaseAttention
 from keras_attention.layers.machinery import utils
 from keras_attention.ops import attention_mask as attention_masks
 from keras_attention.ops import masking
-from keras_attention.ops import scores as score_ops
+from keras_attention.ops import score_functions as score_ops
 
 
 @keras_attention_export("layers")
@@ -408,26 +408,21 @@ class ScoreAttention(BaseAttention):
         value_shape = query_shape if value_shape is None else value_shape
         return tuple(query_shape[:-1]) + (value_shape[-1],)
 
-    def compute_output_spec(
-        self,
-        query,
-        value=None,
-        key=None,
-        *,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
-        mask=None,
-    ):
+    def compute_output_spec(self, *args, **kwargs):
+        call = utils.call_arguments(self, args, kwargs)
+        return_attention_scores = call.return_attention_scores
         return_attention_scores = validation.validate_call_flag(
             self, "return_attention_scores", return_attention_scores
         )
         query, value, key, _, _, _ = self._prepare(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask, mask
+            call.query,
+            call.value,
+            call.key,
+            call.query_mask,
+            call.value_mask,
+            call.key_mask,
+            call.attention_mask,
+            call.mask,
         )
         output = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape, key.shape),

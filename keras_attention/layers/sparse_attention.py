@@ -3,6 +3,7 @@ import numpy as np
 
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.base_multi_head_attention import BaseMultiHeadAttention
+from keras_attention.layers.machinery import call_options
 from keras_attention.layers.machinery import score_options
 from keras_attention.layers.machinery import utils
 from keras_attention.layers.machinery.score_options import ScoreModifierOptions
@@ -216,12 +217,12 @@ class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             self._check_lengths(keys.shape[1])
 
     def _attend(self, query, key, value, mask, *, dropout, return_weights):
-        scores = self._score_modifier()
+        modifier = self._score_modifier()
         if self.covers_every_key(query.shape[1], key.shape[1], mask.causal):
             # Short sequences: the pattern holds every key, and exact
             # attention under the same masks is the same answer.
             output, weights = dense_attention.dense_attention(
-                query, key, value, mask, scale=self._scale, dropout=dropout, scores=scores
+                query, key, value, mask, scale=self._scale, dropout=dropout, modifier=modifier
             )
             return (output, weights) if return_weights else output
         # Dropout runs inside the kernel (keep bits hashed from a seed drawn
@@ -238,7 +239,7 @@ class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             global_tokens=self.global_tokens,
             mask=mask,
             scale=self._scale,
-            scores=scores,
+            modifier=modifier,
             return_weights=return_weights,
             dropout_rate=0.0 if dropout is None else self.dropout,
             dropout_seed=None if dropout is None else self._dropout_seed(),
@@ -249,23 +250,8 @@ class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         return result
 
     @utils.follows_contract
-    def call(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
-        *,
-        mask=None,
-        segment_ids=None,
-        key_segment_ids=None,
-    ):
+    @call_options.extends(BaseMultiHeadAttention.call, "segment_ids", "key_segment_ids")
+    def call(self, *args, **kwargs):
         """Keras' `MultiHeadAttention.call`, plus packed documents.
 
         Args:
@@ -282,63 +268,7 @@ class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         offered: the causal block pattern never holds the key blocks a
         prefix would open ahead of a query.
         """
-        return self._call_with_rules(
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            return_attention_scores,
-            training,
-            use_causal_mask,
-            mask,
-            segment_ids=segment_ids,
-            key_segment_ids=key_segment_ids,
-        )
-
-    def _compute_output_spec(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
-        *,
-        mask=None,
-        segment_ids=None,
-        key_segment_ids=None,
-    ):
-        if segment_ids is not None or key_segment_ids is not None:
-            keys = query if value is None else value
-            self._call_rule_changes(
-                self._layout(len(query.shape)) if len(query.shape) > 3 else None,
-                tuple(query.shape),
-                keys.shape[1],
-                self._keys_are_queries(query, value, key),
-                segment_ids,
-                key_segment_ids,
-                None,
-            )
-        return super()._compute_output_spec(
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            return_attention_scores,
-            training,
-            use_causal_mask,
-            mask=mask,
-        )
+        return self._call(*call_options.bind(self, args, kwargs))
 
     def get_config(self):
         config = super().get_config()

@@ -4,7 +4,6 @@ from keras import ops
 from keras_attention import validation
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.machinery import utils
-from keras_attention.layers.machinery.utils import clone_initializer
 from keras_attention.layers.machinery.utils import validate_positive_int
 
 
@@ -81,19 +80,15 @@ class SqueezeExcitation(keras.layers.Layer):
     def build(self, inputs_shape):
         channels = check_feature_map_shape(self, inputs_shape, self.ratio)
 
-        def common():  # fresh initializers for every sublayer
-            return dict(
-                kernel_initializer=clone_initializer(self.kernel_initializer),
-                bias_initializer=clone_initializer(self.bias_initializer),
-                dtype=self.dtype_policy,
-            )
-
         self.squeeze_dense = keras.layers.Dense(
-            channels // self.ratio, activation="relu", name="squeeze_dense", **common()
+            channels // self.ratio,
+            activation="relu",
+            name="squeeze_dense",
+            **utils.sublayer_arguments(self),
         )
         self.squeeze_dense.build((None, channels))
         self.excite_dense = keras.layers.Dense(
-            channels, activation="sigmoid", name="excite_dense", **common()
+            channels, activation="sigmoid", name="excite_dense", **utils.sublayer_arguments(self)
         )
         self.excite_dense.build((None, channels // self.ratio))
         self.built = True

@@ -418,45 +418,28 @@ class TransformerDecoderBlock(TransformerBlockBase):
         results += tuple(updated_cache)
         return results[0] if len(results) == 1 else results
 
-    def compute_output_spec(
-        self,
-        inputs,
-        encoder_outputs=None,
-        *,
-        decoder_padding_mask=None,
-        decoder_attention_mask=None,
-        encoder_padding_mask=None,
-        use_causal_mask=True,
-        self_attention_cache=None,
-        cache_update_index=None,
-        cross_attention_cache=None,
-        return_attention_scores=False,
-        return_cross_attention_logits=False,
-        training=None,
-        segment_ids=None,
-        encoder_segment_ids=None,
-        prefix_length=None,
-    ):
+    def compute_output_spec(self, *args, **kwargs):
+        call = utils.call_arguments(self, args, kwargs)
         self_length, encoder_length = self._validate_call(
-            inputs,
-            encoder_outputs,
-            decoder_padding_mask,
-            decoder_attention_mask,
-            encoder_padding_mask,
-            self_attention_cache,
-            cache_update_index,
-            cross_attention_cache,
+            call.inputs,
+            call.encoder_outputs,
+            call.decoder_padding_mask,
+            call.decoder_attention_mask,
+            call.encoder_padding_mask,
+            call.self_attention_cache,
+            call.cache_update_index,
+            call.cross_attention_cache,
         )
-        batch, length = inputs.shape[0], inputs.shape[1]
-        results = (keras.KerasTensor(inputs.shape, dtype=self.compute_dtype),)
-        if return_attention_scores:
+        batch, length = call.inputs.shape[0], call.inputs.shape[1]
+        results = (keras.KerasTensor(call.inputs.shape, dtype=self.compute_dtype),)
+        if call.return_attention_scores:
             results += (
                 keras.KerasTensor(
                     (batch, self.num_heads, length, self_length),
                     dtype=self.compute_dtype,
                 ),
             )
-            has_encoder = encoder_outputs is not None or cross_attention_cache is not None
+            has_encoder = call.encoder_outputs is not None or call.cross_attention_cache is not None
             if has_encoder:
                 results += (
                     keras.KerasTensor(
@@ -464,7 +447,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                         dtype=self.compute_dtype,
                     ),
                 )
-        if return_cross_attention_logits:
+        if call.return_cross_attention_logits:
             self._check_cross_logits()
             results += (
                 keras.KerasTensor(
@@ -472,9 +455,11 @@ class TransformerDecoderBlock(TransformerBlockBase):
                     dtype=self.compute_dtype,
                 ),
             )
-        if self_attention_cache is not None:
+        if call.self_attention_cache is not None:
             results += (
-                keras.KerasTensor(self_attention_cache.shape, dtype=self_attention_cache.dtype),
+                keras.KerasTensor(
+                    call.self_attention_cache.shape, dtype=call.self_attention_cache.dtype
+                ),
             )
         return results[0] if len(results) == 1 else results
 

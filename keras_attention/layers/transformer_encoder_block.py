@@ -134,20 +134,13 @@ class TransformerEncoderBlock(TransformerBlockBase):
             return outputs, scores
         return outputs
 
-    def compute_output_spec(
-        self,
-        inputs,
-        *,
-        padding_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        segment_ids=None,
-    ):
+    def compute_output_spec(self, *args, **kwargs):
+        call = utils.call_arguments(self, args, kwargs)
+        inputs, return_attention_scores = call.inputs, call.return_attention_scores
         check_sequence_shape(self, "inputs", inputs.shape)
         batch, length = inputs.shape[0], inputs.shape[1]
-        check_mask(self, "padding_mask", padding_mask, (batch, length))
-        check_mask(self, "attention_mask", attention_mask, (batch, length, length))
+        check_mask(self, "padding_mask", call.padding_mask, (batch, length))
+        check_mask(self, "attention_mask", call.attention_mask, (batch, length, length))
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
         if not return_attention_scores:
             return outputs

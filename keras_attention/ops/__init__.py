@@ -21,13 +21,13 @@ from keras_attention.ops.mods import and_masks
 from keras_attention.ops.mods import or_masks
 from keras_attention.ops.online_softmax import merge_attention
 from keras_attention.ops.ring import ring_attention
+from keras_attention.ops.score_functions import additive_score
+from keras_attention.ops.score_functions import dot_score
+from keras_attention.ops.score_functions import general_score
+from keras_attention.ops.score_functions import low_rank_score
+from keras_attention.ops.score_functions import weighted_sum
 from keras_attention.ops.score_modifier import ScoreModifier
 from keras_attention.ops.score_modifier import alibi_slopes
-from keras_attention.ops.scores import additive_score
-from keras_attention.ops.scores import dot_score
-from keras_attention.ops.scores import general_score
-from keras_attention.ops.scores import low_rank_score
-from keras_attention.ops.scores import weighted_sum
 from keras_attention.ops.tiling import TilePlan
 from keras_attention.ops.tiling import tile_plan
 

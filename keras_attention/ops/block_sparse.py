@@ -417,7 +417,7 @@ def _gathered_block_rows(
     """Block rows by autodiff over gathered keys and values (the general path).
 
     Holds the gathered `(L, S * block_size, D)` keys and values and the
-    `(L, S * block_size)` scores for the whole sequence; used with a dropout
+    `(L, S * block_size)` logits for the whole sequence; used with a dropout
     callable, an explicit attention mask, dense weights or dynamic lengths.
     `keep_bits` (an `ops.dropout.KeepBits`) drops the weights with the bits
     of their absolute positions, as the recomputing path does; `modifier`
@@ -470,12 +470,12 @@ def _gathered_block_rows(
             block_mask,
             ops.reshape(picked, (-1, nq, block_size, num_slots * block_size)),
         )
-    scores = ops.einsum("bhiqd,bhikd->bhiqk", q_blocks, gathered_k)
+    logits = ops.einsum("bhiqd,bhikd->bhiqk", q_blocks, gathered_k)
     mask = block_mask[:, None]  # (B or 1, 1, nq, bs, S * bs)
     columns = key_positions  # (nq, S * bs [+ G]): each row's keys, for the modifier
     if token_k is not None:
-        token_scores = ops.einsum("bhiqd,bhgd->bhiqg", q_blocks, token_k)
-        scores = ops.concatenate([scores, token_scores], axis=-1)
+        token_logits = ops.einsum("bhiqd,bhgd->bhiqg", q_blocks, token_k)
+        logits = ops.concatenate([logits, token_logits], axis=-1)
         columns = ops.concatenate(
             [columns, ops.broadcast_to(token_positions[None], (nq, token_k.shape[2]))], axis=1
         )
@@ -489,9 +489,9 @@ def _gathered_block_rows(
         )[:, None]
     if modifier is not None and modifier.changes_logits:
         indices = _block_indices(batch, heads, q_block_positions, columns, query_length, key_length)
-        scores = _modified(modifier, ops.cast(scores, "float32"), indices)
+        logits = _modified(modifier, ops.cast(logits, "float32"), indices)
     sinks = None if modifier is None else modifier.sinks()
-    weights = ops.cast(_block_softmax(scores, mask, sinks), q.dtype)
+    weights = ops.cast(_block_softmax(logits, mask, sinks), q.dtype)
     dropped = weights if dropout is None else dropout(weights)
     if keep_bits is not None:
         rows = keep_bits.rows(ops.reshape(q_block_positions, (-1,)))
@@ -527,7 +527,7 @@ def block_sparse_attention(
     global_tokens=None,
     mask=None,
     scale=None,
-    scores=None,
+    modifier=None,
     dropout=None,
     return_weights=False,
     dropout_rate=0.0,
@@ -562,7 +562,7 @@ def block_sparse_attention(
             head) join the pair mask. A prefix length is refused (the causal
             pattern never holds the blocks it would open).
         scale: score multiplier; default `1 / sqrt(D)`.
-        scores: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a
+        modifier: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a
             `score_mod` with its weights), or None. Every path applies it to
             the scaled logits at their absolute positions: on the engine's
             path with the blockwise kernel's indices (a tile's rows and
@@ -604,7 +604,7 @@ def block_sparse_attention(
     masks and `mask_mod` included), the call is one sweep of the
     tiled engine over `sparse_tile_plan`'s tiles under a custom gradient that
     recomputes each tile's probabilities in the backward, so forward +
-    backward holds only `O(L * D)` tensors plus one tile's scores; the
+    backward holds only `O(L * D)` tensors plus one tile's logits; the
     global blocks' rows are exact attention on the same engine. Otherwise (a dropout
     callable's mask cannot be replayed in the backward) the block rows go
     through autodiff over the gathered keys, `O(L * S * bs)` memory, and the
@@ -622,12 +622,14 @@ def block_sparse_attention(
     _checked_tokens(owner, global_tokens)
     return_weights = checks.flag(owner, "return_weights", return_weights)
     scale = checks.scale(owner, scale)
-    scores = _checked_scores(owner, scores, query.shape[2])
+    modifier = _checked_modifier(owner, modifier, query.shape[2])
     dropout_rate = _checked_dropout(owner, dropout, dropout_rate, dropout_seed)
     mask = _checked_mask(owner, mask)
     return_statistics = checks.flag(owner, "return_statistics", return_statistics)
     pattern = (block_size, window_blocks, global_blocks, random_plan, global_tokens)
-    options = dict(scale=scale, scores=scores, dropout_rate=dropout_rate, dropout_seed=dropout_seed)
+    options = dict(
+        scale=scale, modifier=modifier, dropout_rate=dropout_rate, dropout_seed=dropout_seed
+    )
     if _sweeps(query, key, mask, dropout, return_weights):
         return _swept_attention(
             query, key, value, mask, pattern, return_statistics=return_statistics, **options
@@ -665,16 +667,16 @@ def _checked_dropout(owner, dropout, dropout_rate, dropout_seed):
     return dropout_rate
 
 
-def _checked_scores(owner, scores, heads):
+def _checked_modifier(owner, modifier, heads):
     """The `ScoreModifier` (None when it changes nothing), checked."""
-    if scores is not None and not isinstance(scores, ScoreModifier):
+    if modifier is not None and not isinstance(modifier, ScoreModifier):
         raise TypeError(
-            f"{owner}: `scores` must be a ScoreModifier or None. Received: scores={scores!r}"
+            f"{owner}: `modifier` must be a ScoreModifier or None. Received: modifier={modifier!r}"
         )
-    if scores is not None:
+    if modifier is not None:
         for name, per_head in (
-            ("alibi_slopes", scores.alibi_slopes),
-            ("sink_logits", scores.sink_logits),
+            ("alibi_slopes", modifier.alibi_slopes),
+            ("sink_logits", modifier.sink_logits),
         ):
             if per_head is not None and per_head.shape[0] not in (None, heads):
                 raise ValueError(
@@ -682,9 +684,9 @@ def _checked_scores(owner, scores, heads):
                     f"head ({heads}). Received: {name} with shape "
                     f"{tuple(per_head.shape)}"
                 )
-        if scores.is_empty:
-            scores = None
-    return scores
+        if modifier.is_empty:
+            modifier = None
+    return modifier
 
 
 def _checked_mask(owner, mask):
@@ -721,7 +723,7 @@ def _gathered_attention(
     pattern,
     *,
     scale,
-    scores,
+    modifier,
     dropout,
     return_weights,
     dropout_rate,
@@ -764,7 +766,7 @@ def _gathered_attention(
         dropout=dropout,
         keep_bits=sweep.keep_bits,
         token_positions=token_positions,
-        modifier=scores,
+        modifier=modifier,
         query_length=lengths[0],
         key_length=lengths[1],
     )
@@ -773,7 +775,7 @@ def _gathered_attention(
     rows = tuple(sorted(set(range(global_blocks * block_size)) | set(tokens)))
     row_weights = None
     if rows:
-        output, row_weights = sweep.global_rows(output, rows, scores, dropout, lengths)
+        output, row_weights = sweep.global_rows(output, rows, modifier, dropout, lengths)
     output = ops.transpose(output[:, :, : lengths[0]], (0, 2, 1, 3))
     if not return_weights:
         return output
@@ -883,7 +885,7 @@ class _Gathered:
         token_v = ops.take(self.v, token_index, axis=2)
         return token_k, token_v, token_mask, positions
 
-    def global_rows(self, output, rows, scores, dropout, lengths):
+    def global_rows(self, output, rows, modifier, dropout, lengths):
         """`output` with the global rows' dense `(R, Tv)` strips written in,
         and their weights `(B, H, R, Tkp)`."""
         dtype, keys = self.dtype, self.padded_key_length
@@ -899,13 +901,13 @@ class _Gathered:
         if self.attention_mask is not None:
             row_mask = ops.logical_and(row_mask, ops.take(self.attention_mask, row_index, axis=1))
         row_scores = ops.einsum("bhrd,bhkd->bhrk", row_q, self.k)
-        if scores is not None and scores.changes_logits:
+        if modifier is not None and modifier.changes_logits:
             indices = _block_indices(
                 self.batch, self.heads, row_positions, ops.arange(keys, dtype="int32"), *lengths
             )
-            row_scores = scores.apply(ops.cast(row_scores, "float32"), *indices)
+            row_scores = modifier.apply(ops.cast(row_scores, "float32"), *indices)
         row_weights = dense_attention.softmax_with_sinks(
-            row_scores, row_mask[:, None], None if scores is None else scores.sinks()
+            row_scores, row_mask[:, None], None if modifier is None else modifier.sinks()
         )
         row_weights = ops.cast(row_weights, dtype)
         row_dropped = row_weights if dropout is None else dropout(row_weights)

@@ -19,7 +19,7 @@ All take the projected heads, `query (B, Tq, H, D)`, `key (B, Tk, Hkv, D)`,
 allows), and one `AttentionMask`. A row with no visible key gets zero weights
 and a zero output on all three.
 
-Each takes `scores`, a `ScoreModifier` (soft cap, ALiBi, learned sinks, a
+Each takes `modifier`, a `ScoreModifier` (soft cap, ALiBi, learned sinks, a
 user `score_mod`) applied to the `(B, H, Tq, Tk)` logits before the mask;
 Keras' `dot_product_attention` cannot apply one, so `composite_attention`
 refuses it (the selector never sends it one).
@@ -50,14 +50,14 @@ def _dense_mask(mask, query, key):
     )
 
 
-def modified_logits(logits, mask, scores, query_offset=0, heads=None):
-    """`(B, H, Tq, Tk)` logits changed by the `ScoreModifier` `scores`.
+def modified_logits(logits, mask, modifier, query_offset=0, heads=None):
+    """`(B, H, Tq, Tk)` logits changed by the `ScoreModifier` `modifier`.
 
     Query row `i` is at absolute position `mask.query_offset + query_offset
     + i`; `heads` are the head numbers of the logits' head axis (default:
     all, in order).
     """
-    if scores is None or not scores.changes_logits:
+    if modifier is None or not modifier.changes_logits:
         return logits
     shape = ops.shape(logits)
     batch = ops.reshape(ops.arange(shape[0], dtype="int32"), (-1, 1, 1, 1))
@@ -66,7 +66,7 @@ def modified_logits(logits, mask, scores, query_offset=0, heads=None):
     head = ops.reshape(ops.convert_to_tensor(heads, dtype="int32"), (1, -1, 1, 1))
     rows = ops.reshape(mask.query_positions(query_offset, logits.shape[2]), (1, 1, -1, 1))
     cols = mask.key_columns(logits.shape[3])[:, None, None, :]
-    return scores.apply(logits, batch, head, rows, cols)
+    return modifier.apply(logits, batch, head, rows, cols)
 
 
 def softmax_with_sinks(logits, allowed, sinks, fused=True):
@@ -115,7 +115,7 @@ def _statistics(logits):
 
 
 def dense_attention(
-    query, key, value, mask, *, scale, dropout=None, scores=None, return_statistics=False
+    query, key, value, mask, *, scale, dropout=None, modifier=None, return_statistics=False
 ):
     """Materialised exact attention: `(output (B, Tq, H, Dv), weights)`.
 
@@ -124,7 +124,7 @@ def dense_attention(
         mask: an `AttentionMask`.
         scale: multiplies the logits.
         dropout: a callable on the weights (training), or None.
-        scores: a `ScoreModifier`, or None.
+        modifier: a `ScoreModifier`, or None.
         return_statistics: also return `row_statistics` (each row's
             log-sum-exp and maximum logit).
 
@@ -136,9 +136,9 @@ def dense_attention(
     logits = multi_head.multi_head_logits(
         ops.cast(query, wide) * ops.cast(scale, wide), ops.cast(key, wide)
     )
-    logits = modified_logits(logits, mask, scores)
+    logits = modified_logits(logits, mask, modifier)
     allowed = _dense_mask(mask, query, key)
-    sinks = None if scores is None else scores.sinks(logits.dtype)
+    sinks = None if modifier is None else modifier.sinks(logits.dtype)
     weights = ops.cast(softmax_with_sinks(logits, allowed, sinks), value.dtype)
     dropped = weights if dropout is None else dropout(weights)
     output = multi_head.multi_head_weighted_sum(dropped, value)
@@ -147,7 +147,7 @@ def dense_attention(
     return output, weights
 
 
-def shifted_attention(query, key, value, mask, *, scale, scores=None, return_statistics=False):
+def shifted_attention(query, key, value, mask, *, scale, modifier=None, return_statistics=False):
     """Materialised exact attention, normalised after the weighted sum.
 
     Same arguments and result as `dense_attention(...)[0]` without dropout
@@ -167,11 +167,11 @@ def shifted_attention(query, key, value, mask, *, scale, scores=None, return_sta
     wide = score_dtype(query.dtype)
     query = ops.cast(query, wide) * ops.cast(scale, wide)
     logits = multi_head.multi_head_logits(query, ops.cast(key, wide))
-    logits = modified_logits(logits, mask, scores)
+    logits = modified_logits(logits, mask, modifier)
     allowed = _dense_mask(mask, query, key)
     logits = online_softmax.mask_logits(logits, allowed)
     shift = online_softmax.row_max(logits, axis=-1, keepdims=True)
-    sinks = None if scores is None else scores.sinks(logits.dtype)
+    sinks = None if modifier is None else modifier.sinks(logits.dtype)
     if sinks is not None:  # (1, H, 1, 1): the sink is one more logit of the row
         sinks = ops.reshape(sinks, (1, -1, 1, 1))
         shift = ops.maximum(shift, sinks)
@@ -246,7 +246,7 @@ def composite_attention(query, key, value, mask, *, scale, num_heads, flash_atte
 
 
 def selected_weights(
-    query, key, mask, *, scale, num_heads, heads=None, rows=None, dtype=None, scores=None
+    query, key, mask, *, scale, num_heads, heads=None, rows=None, dtype=None, modifier=None
 ):
     """Exact weights of the query `heads` and `rows = (start, stop)` only.
 
@@ -272,8 +272,8 @@ def selected_weights(
     )
     query = ops.cast(query, "float32") * scale
     logits = ops.einsum("bqhd,bkhd->bhqk", query, ops.cast(key, "float32"))
-    logits = modified_logits(logits, mask, scores, heads=heads)
-    sinks = None if scores is None else scores.sinks()
+    logits = modified_logits(logits, mask, modifier, heads=heads)
+    sinks = None if modifier is None else modifier.sinks()
     if sinks is not None and heads is not None:
         sinks = ops.take(sinks, heads, axis=0)
     weights = softmax_with_sinks(logits, allowed, sinks, fused=False)

@@ -88,12 +88,12 @@ def linformer_attention(
     projected_key = ops.einsum("bthd,tk->bkhd", key, key_projection)
     projected_value = ops.einsum("bthd,tk->bkhd", value, value_projection)
     wide = masking.score_dtype(dtype)  # logits in float32 under half precision
-    scores = ops.einsum(
+    logits = ops.einsum(
         "bqhd,bkhd->bhqk",
         ops.cast(query, wide) * ops.cast(scale, wide),
         ops.cast(projected_key, wide),
     )
-    weights = ops.cast(masking.masked_softmax(scores), dtype)  # float32 softmax
+    weights = ops.cast(masking.masked_softmax(logits), dtype)  # float32 softmax
     dropped = weights if dropout is None else dropout(weights)
     output = ops.einsum("bhqk,bkhd->bqhd", dropped, projected_value)
     if not return_weights:

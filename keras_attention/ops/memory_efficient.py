@@ -66,7 +66,7 @@ def memory_efficient_attention(
     scale=None,
     block_size=512,
     key_block_size=None,
-    scores=None,
+    modifier=None,
     dropout_rate=0.0,
     dropout_seed=None,
     dropout_rows=None,
@@ -88,7 +88,7 @@ def memory_efficient_attention(
         scale: multiplies the logits; defaults to `1 / sqrt(D)`.
         block_size: queries per tile.
         key_block_size: keys per tile; defaults to `block_size`.
-        scores: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a user
+        modifier: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a user
             `score_mod`) applied to each tile's logits at its absolute
             positions, inside the forward and the recomputing backward; or
             None.
@@ -153,7 +153,7 @@ def memory_efficient_attention(
         scale=1.0 / math.sqrt(query.shape[3]) if scale is None else scale,
         q_block=q_block,
         k_block=k_block,
-        scores=scores,
+        modifier=modifier,
         keep=(dropout_rate, dropout_seed, dropout_rows) if dropout_rate > 0.0 else None,
         stats=return_statistics,
     )

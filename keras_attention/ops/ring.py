@@ -41,7 +41,7 @@ from keras_attention.ops.score_modifier import ScoreModifier
 _RING_TILE = 512
 
 
-def _block_update(q, k, v, key_mask, rows, cols, mask, scores=None, extra=None, key_tile=None):
+def _block_update(q, k, v, key_mask, rows, cols, mask, modifier=None, extra=None, key_tile=None):
     """A query block's attention over the key block a device holds, by the
     tiled engine: `(out (B, bq, H, Dv), {"logsumexp", "max"} (B, H, bq))`,
     both float32.
@@ -49,7 +49,7 @@ def _block_update(q, k, v, key_mask, rows, cols, mask, scores=None, extra=None, 
     `q`: `(B, bq, H, D)` (scaled), `k`/`v`: `(B, bk, H, D|Dv)`, `key_mask`:
     `(B, bk)` boolean or None; `rows`: the queries' absolute positions
     (contiguous), `cols` the keys' (a zigzag block's two halves), for the
-    rules of the `AttentionMask` `mask` and the `ScoreModifier` `scores`
+    rules of the `AttentionMask` `mask` and the `ScoreModifier` `modifier`
     (without sinks: the ring adds them once). `extra`: `{"batch": (B,)
     global example indices, "query_ids" / "key_ids": the blocks' segment
     ids}`; `key_tile`: the engine's keys per tile (a zigzag half at most).
@@ -74,7 +74,7 @@ def _block_update(q, k, v, key_mask, rows, cols, mask, scores=None, extra=None, 
         scale=1.0,
         q_block=q_block,
         k_block=k_block,
-        scores=scores,
+        modifier=modifier,
         keep=None,
         stats=True,
         examples=extra.get("batch"),
@@ -118,7 +118,7 @@ def _ring(
     num_devices,
     mask,
     parts,
-    scores=None,
+    modifier=None,
     batch_axis=None,
     query_ids=None,
     key_ids=None,
@@ -165,11 +165,11 @@ def _ring(
         )
         for _ in range(parts)
     ]
-    if scores is not None:
-        scores = ScoreModifier(
-            soft_cap=scores.soft_cap,
-            alibi_slopes=scores.alibi_slopes,
-            score_mod=scores.score_mod,
+    if modifier is not None:
+        modifier = ScoreModifier(
+            soft_cap=modifier.soft_cap,
+            alibi_slopes=modifier.alibi_slopes,
+            score_mod=modifier.score_mod,
             score_mod_weights=tuple(weights),
         )
     # Device i sends to i + 1: at step s, device i holds the block of i - s.
@@ -191,7 +191,7 @@ def _ring(
     def attend(q_part, k, v, rows, cols, key_mask, q_ids, k_ids):
         extra = {"batch": examples, "query_ids": q_ids, "key_ids": k_ids}
         return _block_update(
-            q_part, k, v, key_mask, rows, cols, mask, scores, extra, key_tile=k_size
+            q_part, k, v, key_mask, rows, cols, mask, modifier, extra, key_tile=k_size
         )
 
     for step in range(num_devices):
@@ -324,7 +324,7 @@ def ring_attention(
     scale=None,
     mask=None,
     balance="auto",
-    scores=None,
+    modifier=None,
     return_statistics=False,
 ):
     """Exact multi-head softmax attention, the sequence sharded over `mesh`.
@@ -351,7 +351,7 @@ def ring_attention(
             device computes the same number of tiles under the causal rule
             (`2N + 1` half-tiles each); contiguous blocks give device `i`
             `i + 1` tiles.
-        scores: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a
+        modifier: a `ScoreModifier` (soft cap, ALiBi, learned sinks, a
             `score_mod` and its weights, applied to each tile at its
             absolute positions and global example indices), or None.
         return_statistics: also return each row's log-sum-exp and maximum,
@@ -378,9 +378,10 @@ def ring_attention(
             "only; a (Tq, Tk) pair mask would be whole on every device, and the "
             "ring places keys at their indices (no `key_positions`)."
         )
-    if scores is not None and not isinstance(scores, ScoreModifier):
+    if modifier is not None and not isinstance(modifier, ScoreModifier):
         raise TypeError(
-            f"ring_attention: `scores` must be a ScoreModifier or None. Received: scores={scores!r}"
+            "ring_attention: `modifier` must be a ScoreModifier or None. "
+            f"Received: modifier={modifier!r}"
         )
     num_devices = mesh.shape[sequence_axis]
     dtype = query.dtype
@@ -391,8 +392,8 @@ def ring_attention(
     v = jnp.asarray(value, jnp.float32)
     sequences = P(batch_axis, sequence_axis)
     blocks = P(batch_axis, sequence_axis, None, None)
-    sequence_inputs, shared_inputs = _device_inputs(mask, scores, q.shape[0])
-    weights = () if scores is None else scores.weights()
+    sequence_inputs, shared_inputs = _device_inputs(mask, modifier, q.shape[0])
+    weights = () if modifier is None else modifier.weights()
     positional = mask.replace(
         query_mask=None, key_mask=None, query_segment_ids=None, key_segment_ids=None
     )
@@ -422,7 +423,7 @@ def ring_attention(
             num_devices=num_devices,
             mask=rules,
             parts=parts,
-            scores=scores,
+            modifier=modifier,
             batch_axis=batch_axis,
             query_ids=given.get("query_ids"),
             key_ids=given.get("key_ids"),
@@ -477,7 +478,7 @@ def _in_sequence_order(out, order, dtype, return_statistics):
     return out if statistics is None else (out, statistics)
 
 
-def _device_inputs(mask, scores, batch):
+def _device_inputs(mask, modifier, batch):
     """`(sequence_inputs, shared_inputs)`: the per-device program sees its own
     blocks of the masks and segment ids (split along the sequence); the rules
     travel as the description without them, and a per-example prefix and
@@ -503,7 +504,7 @@ def _device_inputs(mask, scores, batch):
     prefix = mask.prefix_length
     if prefix is not None and not isinstance(prefix, int):
         shared_inputs["prefix"] = jnp.asarray(prefix, jnp.int32)
-    sinks = None if scores is None else scores.sinks()
+    sinks = None if modifier is None else modifier.sinks()
     if sinks is not None:
         shared_inputs["sinks"] = jnp.asarray(sinks, jnp.float32)
     return sequence_inputs, shared_inputs

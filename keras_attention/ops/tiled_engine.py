@@ -76,9 +76,9 @@ def _mask_blocks(mask, num_blocks, block, axis_length):
     return ops.transpose(ops.reshape(mask, (-1, num_blocks, block)), (1, 0, 2))
 
 
-def _logits_kind(scores):
+def _logits_kind(modifier):
     """The strategy for a call's `ScoreModifier` (ALiBi already folded)."""
-    if scores is None or not scores.changes_logits:
+    if modifier is None or not modifier.changes_logits:
         return PLAIN
     # A soft cap alone (Gemma 2's configuration; with causal ALiBi folded
     # into the matmul too) keeps the fixed-shift step: capped logits are
@@ -86,11 +86,11 @@ def _logits_kind(scores):
     # into the queries, so a tile costs tanh and one multiply more than the
     # plain kernel's exp and sum.
     if (
-        scores.soft_cap is not None
-        and scores.soft_cap <= online_softmax.SOFT_CAP_FIXED_MAX
-        and scores.alibi_slopes is None
-        and scores.score_mod is None
-        and scores.sink_logits is None
+        modifier.soft_cap is not None
+        and modifier.soft_cap <= online_softmax.SOFT_CAP_FIXED_MAX
+        and modifier.alibi_slopes is None
+        and modifier.score_mod is None
+        and modifier.sink_logits is None
     ):
         return CAPPED
     return MODIFIED
@@ -105,7 +105,7 @@ class TiledSweep:
         mask: the `AttentionMask`.
         scale: multiplies the logits.
         q_block, k_block: the tile, at most the lengths.
-        scores: a `ScoreModifier` or None.
+        modifier: a `ScoreModifier` or None.
         keep: `(dropout_rate, seed, rows)` or None.
         return_statistics: also return each row's log-sum-exp and maximum.
         examples: the `(B,)` int32 global indices of the examples, as the
@@ -123,7 +123,7 @@ class TiledSweep:
         scale,
         q_block,
         k_block,
-        scores,
+        modifier,
         keep,
         stats,
         examples=None,
@@ -149,7 +149,7 @@ class TiledSweep:
         if keep is not None:
             self._dropout(*keep)
         self._cut_masks()
-        self._choose_scores(scores)
+        self._choose_modifier(modifier)
 
     # ------------------------------------------------------------ where
     def _dropout(self, rate, seed, rows):
@@ -262,12 +262,12 @@ class TiledSweep:
         return batch, self.head_index, rows, ops.reshape(cols, (1, 1, 1, 1, -1))
 
     # ------------------------------------------------------- the logits
-    def _choose_scores(self, scores):
+    def _choose_modifier(self, modifier):
         """The strategy, the causal ALiBi fold and the kernel's extra inputs
         (the sink logits, then the `score_mod`'s weights: explicit, so that
         the backward returns their gradients)."""
-        if scores is not None and scores.is_empty:
-            scores = None
+        if modifier is not None and modifier.is_empty:
+            modifier = None
         # ALiBi under the causal rule (every visible key at or before its
         # query): `-slope (i - j) = -slope (i - i0) + slope (j - i0)`, with
         # `i0` the query block's first position, is folded into each tile's
@@ -276,16 +276,18 @@ class TiledSweep:
         # small where the bias is. Otherwise the description adds it per tile.
         self.alibi_slopes = None
         mask = self.mask
-        folds = scores is not None and scores.alibi_slopes is not None
+        folds = modifier is not None and modifier.alibi_slopes is not None
         folds = folds and mask.key_positions is None  # the fold reads key indices
         if folds and mask.causal and mask.prefix_length is None:
             shape = (self.num_kv_heads, self.groups)
-            self.alibi_slopes = ops.reshape(scores.alibi_slopes, shape)
-            scores = scores.without_alibi()
-            scores = None if scores.is_empty else scores
-        self.scores, self.kind = scores, _logits_kind(scores)
-        self.sink_inputs = () if scores is None or scores.sink_logits is None else (scores.sinks(),)
-        self.score_weights = () if scores is None else scores.weights()
+            self.alibi_slopes = ops.reshape(modifier.alibi_slopes, shape)
+            modifier = modifier.without_alibi()
+            modifier = None if modifier.is_empty else modifier
+        self.modifier, self.kind = modifier, _logits_kind(modifier)
+        self.sink_inputs = (
+            () if modifier is None or modifier.sink_logits is None else (modifier.sinks(),)
+        )
+        self.score_weights = () if modifier is None else modifier.weights()
 
     def check_mods(self):
         """A user mod's results are checked once, on the first tile: an error
@@ -293,9 +295,11 @@ class TiledSweep:
         results are pruned by graph and XLA compilers."""
         if self.mask.mask_mod is not None:
             self.mask.rules(*self.tile_indices(0, 0))
-        if self.kind == MODIFIED and self.scores.score_mod is not None:
+        if self.kind == MODIFIED and self.modifier.score_mod is not None:
             tile = (self.batch, self.num_kv_heads, self.groups, self.q_block, self.k_block)
-            self.scores.apply(ops.zeros(tile), *self.tile_indices(0, 0), weights=self.score_weights)
+            self.modifier.apply(
+                ops.zeros(tile), *self.tile_indices(0, 0), weights=self.score_weights
+            )
 
     def alibi_queries(self, queries):
         """`(nq, B, Hkv, G, bq, D)` queries with the fold's two features."""
@@ -324,12 +328,12 @@ class TiledSweep:
         """Tile (i, j)'s masked logits (the plain and modified strategies)."""
         logits = ops.einsum("bhgqd,bhkd->bhgqk", q_tile, self.alibi_keys(k_tile, i, j))
         if self.kind != PLAIN:  # the capped strategy's too, for exact statistics
-            logits = self.scores.apply(logits, *self.tile_indices(i, j), weights=weights)
+            logits = self.modifier.apply(logits, *self.tile_indices(i, j), weights=weights)
         return online_softmax.mask_logits(logits, self.tile_mask(i, j, masked))
 
     def queries_over_cap(self, q_alibi, i):
         """Query block `i` divided by the cap (a folded ALiBi's features too)."""
-        return _take(q_alibi, i) * (1.0 / self.scores.soft_cap)
+        return _take(q_alibi, i) * (1.0 / self.modifier.soft_cap)
 
     def cap_tanh(self, q_over_cap, k_tile, i, j):
         """`tanh(logits / c)` of tile (i, j) from queries already divided by
@@ -340,7 +344,7 @@ class TiledSweep:
 
     def capped_logits(self, q_over_cap, k_tile, i, j, weights=(), masked=True):
         """`c tanh(logits / c)`, masked (`logits` of the capped strategy)."""
-        capped = self.scores.soft_cap * self.cap_tanh(q_over_cap, k_tile, i, j)
+        capped = self.modifier.soft_cap * self.cap_tanh(q_over_cap, k_tile, i, j)
         return online_softmax.mask_logits(capped, self.tile_mask(i, j, masked))
 
     # ------------------------------------------------------- the sweeps
@@ -419,7 +423,7 @@ class TiledSweep:
         # [q, -shift] . [k, 1], and each tile costs exp and sum only. A query
         # block takes that path when all its rows qualify (NaN/inf inputs
         # never do). The statistics read the exact running maximum.
-        if self.scores is None and self.alibi_slopes is None and not self.stats:
+        if self.modifier is None and self.alibi_slopes is None and not self.stats:
             shift = online_softmax.logit_bound(q, ops.expand_dims(k, 3), key_axis=(0, 4))
             bounded = ops.reshape(shift <= online_softmax.FIXED_SHIFT_MAX, (self.nq, -1))
             fixed = (
@@ -605,11 +609,11 @@ class TiledSweep:
         capped = applied = raw = None
         if self.kind == CAPPED:  # the derivative below reads tanh(logits / c) again
             capped = self.cap_tanh(rows["over_cap"], k_tile, i, j)
-            changed = online_softmax.mask_logits(self.scores.soft_cap * capped, allowed)
+            changed = online_softmax.mask_logits(self.modifier.soft_cap * capped, allowed)
             probs = ops.exp(changed)  # times the row factor, folded into dO
         elif self.kind == MODIFIED:  # the change comes between the matmul and the lse
             raw = ops.einsum("bhgqd,bhkd->bhgqk", rows["alibi"], self.alibi_keys(k_tile, i, j))
-            applied = self.scores.apply(raw, *self.tile_indices(i, j), weights=weights)
+            applied = self.modifier.apply(raw, *self.tile_indices(i, j), weights=weights)
             changed = online_softmax.mask_logits(applied, allowed)
             probs = ops.exp(changed - ops.expand_dims(rows["row_lse"], -1))
         elif self.alibi_slopes is None:
@@ -637,7 +641,7 @@ class TiledSweep:
                 return d_logits * (1.0 - capped * capped), ()
             if applied is not None:
                 indices = self.tile_indices(i, j)
-                return self.scores.gradient(
+                return self.modifier.gradient(
                     raw, *indices, d_logits, weights=weights, applied=applied
                 )
             return d_logits, ()

@@ -56,23 +56,21 @@ def _numbers(values, name, argument):
     return array
 
 
+def _as_array(values, name, argument, ndim):
+    """`values` as a float64 array of `ndim` dimensions, or our error."""
+    array = _numbers(values, name, argument)
+    if array.ndim != ndim:
+        form = "a 2-D array (rows, columns)" if ndim == 2 else "a 1-D array"
+        raise ValueError(f"{name}: `{argument}` must be {form}. Received: shape {array.shape}")
+    return array
+
+
 def _as_matrix(weights, name, argument="weights"):
-    matrix = _numbers(weights, name, argument)
-    if matrix.ndim != 2:
-        raise ValueError(
-            f"{name}: `{argument}` must be a 2-D array (rows, columns). "
-            f"Received: shape {matrix.shape}"
-        )
-    return matrix
+    return _as_array(weights, name, argument, 2)
 
 
 def _as_vector(values, name, argument="weights"):
-    vector = _numbers(values, name, argument)
-    if vector.ndim != 1:
-        raise ValueError(
-            f"{name}: `{argument}` must be a 1-D array. Received: shape {vector.shape}"
-        )
-    return vector
+    return _as_array(values, name, argument, 1)
 
 
 _NO_TITLE = object()

@@ -538,7 +538,7 @@ def test_every_score_modifier_on_both_paths_values_and_gradients(modifier, path,
             random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
             global_tokens=pattern["tokens"],
             mask=AttentionMask(key_mask=keras.ops.convert_to_tensor(key_mask)),
-            scores=_score_modifier(modifier, given.get("sinks"), given.get("slopes")),
+            modifier=_score_modifier(modifier, given.get("sinks"), given.get("slopes")),
             return_weights=path == "gathered",
         )
         return result[0] if path == "gathered" else result
@@ -586,7 +586,7 @@ def test_score_modifiers_with_dropout_inside_the_recomputing_path():
             random_plan=keras.ops.convert_to_tensor(plan.astype("int32")),
             global_tokens=pattern["tokens"],
             mask=AttentionMask(causal=True, key_mask=keras.ops.convert_to_tensor(key_mask)),
-            scores=_score_modifier("all", sinks),
+            modifier=_score_modifier("all", sinks),
             dropout_rate=rate,
             dropout_seed=seed,
         )
@@ -628,7 +628,7 @@ def test_rows_without_keys_stay_zero_with_every_modifier(return_weights):
             global_blocks=1,
             global_tokens=(9,),
             mask=AttentionMask(key_mask=keras.ops.convert_to_tensor(key_mask[: q.shape[0]])),
-            scores=_score_modifier("all", sinks),
+            modifier=_score_modifier("all", sinks),
             return_weights=return_weights,
         )
         return result[0] if return_weights else result
@@ -666,8 +666,8 @@ def test_a_bad_scores_argument_is_named():
     from keras_attention.ops.score_modifier import ScoreModifier
 
     query, key, value = _inputs(1, 9, 9)
-    with pytest.raises(TypeError, match="block_sparse_attention.*`scores`.*scores=1.5"):
-        _run(query, key, value, block_size=4, window_blocks=1, scores=1.5)
+    with pytest.raises(TypeError, match="block_sparse_attention.*`modifier`.*modifier=1.5"):
+        _run(query, key, value, block_size=4, window_blocks=1, modifier=1.5)
     with pytest.raises(ValueError, match="block_sparse_attention.*sink_logits.*\\(3,\\)"):
         _run(
             query,
@@ -675,7 +675,7 @@ def test_a_bad_scores_argument_is_named():
             value,
             block_size=4,
             window_blocks=1,
-            scores=ScoreModifier(sink_logits=keras.ops.zeros((3,))),
+            modifier=ScoreModifier(sink_logits=keras.ops.zeros((3,))),
         )
 
 

@@ -284,9 +284,9 @@ def _kernel(name, mask, dropout=None, blocks=(4, 3)):
 
     def run(q, k, v, scores):
         if name == "dense":
-            return dense_attention.dense_attention(q, k, v, mask, scale=scale, scores=scores)[0]
+            return dense_attention.dense_attention(q, k, v, mask, scale=scale, modifier=scores)[0]
         if name == "shifted":
-            return dense_attention.shifted_attention(q, k, v, mask, scale=scale, scores=scores)
+            return dense_attention.shifted_attention(q, k, v, mask, scale=scale, modifier=scores)
         if name == "composite":
             assert scores.is_empty  # Keras' kernel cannot change the logits
             return dense_attention.composite_attention(
@@ -298,7 +298,7 @@ def _kernel(name, mask, dropout=None, blocks=(4, 3)):
             v,
             scale=scale,
             mask=mask,
-            scores=scores,
+            modifier=scores,
             block_size=blocks[0],
             key_block_size=blocks[1],
             dropout_rate=rate,
@@ -478,13 +478,13 @@ def test_dense_weights_are_the_keys_share_and_rows_with_sinks_sum_below_one():
     expected = numpy_attention(arrays, allowed, MODIFIERS, offset)[1]
     scores = _scores(MODIFIERS, arrays["sinks"].astype("float32"))
     q, k, v = (np.asarray(arrays[n], "float32") for n in ("q", "k", "v"))
-    _, weights = dense_attention.dense_attention(q, k, v, mask, scale=D**-0.5, scores=scores)
+    _, weights = dense_attention.dense_attention(q, k, v, mask, scale=D**-0.5, modifier=scores)
     np.testing.assert_allclose(to_numpy(weights), expected, atol=2e-6)
     sums = to_numpy(weights).sum(-1)
     assert np.all(sums < 1.0) and np.all(sums[1, :, 0] == 0.0)
     # Selected heads and rows (scores on demand) are the same numbers.
     some = dense_attention.selected_weights(
-        q, k, mask, scale=D**-0.5, num_heads=H, heads=[3, 1], rows=(4, 9), scores=scores
+        q, k, mask, scale=D**-0.5, num_heads=H, heads=[3, 1], rows=(4, 9), modifier=scores
     )
     np.testing.assert_allclose(to_numpy(some), expected[:, [3, 1], 4:9], atol=2e-6)
 
@@ -776,11 +776,11 @@ def _statistics(kernel, q, k, v, mask, scores):
     scale = 1.0 / np.sqrt(D)
     if kernel == "dense":
         return dense_attention.dense_attention(
-            q, k, v, mask, scale=scale, scores=scores, return_statistics=True
+            q, k, v, mask, scale=scale, modifier=scores, return_statistics=True
         )[2]
     if kernel == "shifted":
         return dense_attention.shifted_attention(
-            q, k, v, mask, scale=scale, scores=scores, return_statistics=True
+            q, k, v, mask, scale=scale, modifier=scores, return_statistics=True
         )[1]
     if kernel == "block_sparse":
         # A pattern that covers every key (a wide window) equals the dense
@@ -795,7 +795,7 @@ def _statistics(kernel, q, k, v, mask, scores):
             global_blocks=1,
             mask=mask,
             scale=scale,
-            scores=scores,
+            modifier=scores,
             return_statistics=True,
         )[1]
     return memory_efficient_attention(
@@ -804,7 +804,7 @@ def _statistics(kernel, q, k, v, mask, scores):
         v,
         mask=mask,
         scale=scale,
-        scores=scores,
+        modifier=scores,
         block_size=4,
         key_block_size=3,
         return_statistics=True,

@@ -276,10 +276,13 @@ def check_tile_plan(layer, plan, query_length=None, key_length=None):
     return plan
 
 
-def selection(layer, query, return_attention_scores, heads, query_range):
+def selection(layer, query, options):
+    """The call's `ScoresSelection` (heads and rows of the weights to
+    return), or None when it selects none."""
+    heads, query_range = options.attention_scores_heads, options.attention_scores_query_range
     if heads is None and query_range is None:
         return None
-    if not return_attention_scores:
+    if not options.return_attention_scores:
         raise ValueError(
             layer._error(
                 "`attention_scores_heads` / `attention_scores_query_range` "

@@ -8,8 +8,11 @@ slots, `ops.cache`) and returns the call's inputs for the kernels with the
 absolute positions of queries and keys in its `AttentionMask`.
 """
 
+import keras
 from keras import ops
 
+from keras_attention.layers.machinery import call_checks
+from keras_attention.layers.machinery import call_options
 from keras_attention.layers.machinery import scores_selection
 from keras_attention.ops import cache as ring_cache
 from keras_attention.ops import masking
@@ -140,25 +143,16 @@ def check_cache(layer, query, value, key, cache, cache_update_index):
         )
 
 
-def prepare_cached(
-    layer,
-    query,
-    value,
-    key,
-    query_mask,
-    value_mask,
-    key_mask,
-    attention_mask,
-    use_causal_mask,
-    mask,
-    cache,
-    cache_update_index,
-    cache_update_mask=None,
-):
-    """Validation of a call with a cache; returns the query and masks."""
+def prepare_cached(layer, query, value, key, options):
+    """Validation of a call with a cache (eager or symbolic); returns the
+    query's mask (Keras' mask of a one-input call when none is given)."""
     layer._check_tensor("query", query)
     layer._check_rank("query", tuple(query.shape))
-    check_cache(layer, query, value, key, cache, cache_update_index)
+    call_checks.refuse_cached_key_positions(
+        layer, options.key_position_ids, options.cache_update_index
+    )
+    cache, index = options.cache, options.cache_update_index
+    check_cache(layer, query, value, key, cache, index)
     built = getattr(layer, "_built_feature_dims", None)
     if built is not None and query.shape[-1] not in (None, built[0]):
         raise ValueError(
@@ -168,20 +162,19 @@ def prepare_cached(
                 f"{tuple(query.shape)}"
             )
         )
-    if query_mask is None:
-        query_mask = mask
+    query_mask = options.mask if options.query_mask is None else options.query_mask
     batch, steps = query.shape[0], query.shape[1]
     cache_length = ring_cache.cache_slots(cache)
     for name, given, expected in (
         ("query_mask", query_mask, (batch, steps)),
-        ("value_mask", value_mask, (batch, cache_length)),
-        ("key_mask", key_mask, (batch, cache_length)),
+        ("value_mask", options.value_mask, (batch, cache_length)),
+        ("key_mask", options.key_mask, (batch, cache_length)),
     ):
         layer._check_mask(name, given, expected)
     layer._check_mask(
-        "attention_mask", attention_mask, (batch, steps, cache_length), broadcast=True
+        "attention_mask", options.attention_mask, (batch, steps, cache_length), broadcast=True
     )
-    if cache_update_mask is not None and cache_update_index is None:
+    if options.cache_update_mask is not None and index is None:
         raise ValueError(
             layer._error(
                 "`cache_update_mask` says which steps a call writes: pass "
@@ -189,31 +182,38 @@ def prepare_cached(
                 "cache_update_index=None"
             )
         )
-    layer._check_mask("cache_update_mask", cache_update_mask, (batch, steps))
-    return query, query_mask
+    layer._check_mask("cache_update_mask", options.cache_update_mask, (batch, steps))
+    return query_mask
 
 
-def cached_call(
-    layer,
-    query,
-    query_mask,
-    value_mask,
-    key_mask,
-    attention_mask,
-    use_causal_mask,
-    cache,
-    cache_update_index,
-    position_ids=None,
-    cache_update_mask=None,
-):
-    """`(call, projected query, gate, key, value, new cache)` of a call
-    with a cache: the query's keys/values are written at
-    `cache_update_index` and the queries sit at that absolute position
-    (the rotary embedding's too, unless `position_ids` say otherwise)."""
-    query = layer._to_compute_dtype(query)
+def refuse_without_cache(layer, options):
+    """`cache_update_index` / `cache_update_mask` given with no `cache`."""
+    for name, given in (
+        ("cache_update_index", options.cache_update_index),
+        ("cache_update_mask", options.cache_update_mask),
+    ):
+        if given is not None:
+            raise ValueError(
+                layer._error(
+                    f"`{name}` needs a `cache`. Received: {name}="
+                    f"{given if name == 'cache_update_index' else 'a mask'!r}, cache=None"
+                )
+            )
+
+
+def cached_inputs(layer, query, value, key, options):
+    """`(PreparedCall, key, value, new cache)` of a call with a cache: the
+    query's keys/values are written at `cache_update_index` and the queries
+    sit at that absolute position (the rotary embedding's too, unless
+    `position_ids` say otherwise); `key` / `value` are the cache's."""
+    query_mask = prepare_cached(layer, query, value, key, options)
     layout = layer._layout(3)
+    rotary_positions = call_checks.check_position_ids(
+        layer, options.position_ids, None, tuple(query.shape)
+    )
+    query = layer._to_compute_dtype(query)
+    cache, cache_update_index = options.cache, options.cache_update_index
     positions = {}
-    rotary_positions = position_ids
     if cache_update_index is not None:
         index = ops.cast(cache_update_index, "int32")
         if rotary_positions is None and layer.rotary is not None:
@@ -221,17 +221,14 @@ def cached_call(
         step = ops.stack(layer._project_key_value(query, query, rotary_positions), axis=1)
         sinks = ring_sinks(layer, query, cache, cache_update_index)
         # With sinks, a window's ring buffer: slots wrap, positions stay absolute.
-        cache = ring_cache.write_cache(cache, step, index, sinks, cache_update_mask)
+        cache = ring_cache.write_cache(cache, step, index, sinks, options.cache_update_mask)
         if sinks is not None:
             written = index + ops.shape(query)[1]
             slots = ring_cache.ring_positions(ring_cache.cache_slots(cache), written, sinks)
             positions["key_positions"] = slots[None, :]
-        positions["query_offset"] = (
-            scores_selection.static_int(cache_update_index)
-            if scores_selection.static_int(cache_update_index) is not None
-            else index
-        )
-        if not use_causal_mask:  # every written position, none beyond
+        static_index = scores_selection.static_int(cache_update_index)
+        positions["query_offset"] = static_index if static_index is not None else index
+        if not options.use_causal_mask:  # every written position, none beyond
             positions["key_length"] = index + ops.shape(query)[1]
     key, value = ring_cache.keys_and_values(cache)  # (B, T_max, Hkv, D) each
     spec = layer._attention_mask(
@@ -239,28 +236,50 @@ def cached_call(
         query,
         None,
         masking.to_bool_mask(query_mask),
-        masking.merge_masks(value_mask, key_mask),
-        attention_mask,
+        masking.merge_masks(options.value_mask, options.key_mask),
+        options.attention_mask,
         ops.shape(query)[1],
         ops.shape(key)[1],
-        use_causal_mask and cache_update_index is not None,
+        options.use_causal_mask and cache_update_index is not None,
         **positions,
     )
+    spec = layer._call_mask(spec, options, layout, query, key.shape[1], self_attention=False)
     # The cache's masked positions contribute nothing, whatever they hold.
     key = masking.zero_masked(key, spec.key_mask)
     value = masking.zero_masked(value, spec.key_mask)
-    call = _CachedCall(query, spec, layout, tuple(ops.shape(key))[:2] + (None,))
-    call.positions = rotary_positions
-    projected_query, gate = layer._project_query(call)
-    return call, projected_query, gate, key, value, cache
+    prepared = call_options.PreparedCall(
+        query=query,
+        flat_query=query,
+        mask=spec,
+        layout=layout,
+        value_shape=tuple(ops.shape(key))[:2] + (None,),
+        query_positions=rotary_positions,
+    )
+    return prepared, key, value, cache
 
 
-class _CachedCall:
-    """A cached call's inputs, as `_Call` holds them for the kernels."""
-
-    def __init__(self, query, mask, layout, value_shape):
-        self.query = query
-        self.flat_query = query
-        self.mask = mask
-        self.layout = layout
-        self.value_shape = value_shape
+def output_spec(layer, query, value, key, options):
+    """The `KerasTensor`s a call with a cache returns (its checks run)."""
+    prepare_cached(layer, query, value, key, options)
+    layout = layer._layout(len(query.shape)) if len(query.shape) > 3 else None
+    call_checks.check_position_ids(layer, options.position_ids, layout, tuple(query.shape))
+    call_checks.rule_changes(
+        layer,
+        layout,
+        tuple(query.shape),
+        ring_cache.cache_slots(options.cache),
+        False,
+        options.segment_ids,
+        options.key_segment_ids,
+        options.prefix_length,
+    )
+    dims = layer._output_shape or (query.shape[-1],)
+    results = (keras.KerasTensor(tuple(query.shape[:-1]) + tuple(dims), dtype=layer.compute_dtype),)
+    if options.return_attention_scores:
+        slots = ring_cache.cache_slots(options.cache)
+        shape = (query.shape[0], layer._num_heads, query.shape[1], slots)
+        results += (keras.KerasTensor(shape, dtype=layer.compute_dtype),)
+    cache = options.cache
+    if ring_cache.is_pair(cache):
+        return results + (tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache),)
+    return results + (keras.KerasTensor(cache.shape, dtype=cache.dtype),)

@@ -4,8 +4,10 @@ The argument validators live in `keras_attention.validation` (shared with
 models, export and widgets) and are re-exported here for the layers.
 """
 
+import inspect
 import math
 import numbers
+import types
 
 import keras
 import numpy as np
@@ -85,6 +87,16 @@ def clone_initializer(initializer):
     return initializer.__class__.from_config(initializer.get_config())
 
 
+def sublayer_arguments(layer):
+    """The initializers (fresh copies) and dtype policy of a layer's
+    `kernel_initializer` / `bias_initializer` for one of its sublayers."""
+    return dict(
+        kernel_initializer=clone_initializer(layer.kernel_initializer),
+        bias_initializer=clone_initializer(layer.bias_initializer),
+        dtype=layer.dtype_policy,
+    )
+
+
 def inverse_sqrt(dim):
     return 1.0 / math.sqrt(dim)
 
@@ -121,3 +133,13 @@ def sublayers(layer):
     widgets go through it.
     """
     return list(layer._flatten_layers(include_self=True, recursive=True))
+
+
+def call_arguments(layer, args, kwargs):
+    """The arguments of `layer.call(*args, **kwargs)` by name, defaults
+    filled in (Python's TypeError for a name `call` does not take): how a
+    `compute_output_spec(*args, **kwargs)` reads what Keras passes it without
+    writing `call`'s parameter list again."""
+    bound = inspect.signature(layer.call).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return types.SimpleNamespace(**bound.arguments)

@@ -27,10 +27,10 @@ def dot_score(query, key, scale=None):
     checks.same_size("dot_score", ("query", query, -1, "features"), ("key", key, -1, None))
     scale = checks.scale("dot_score", scale)
     wide = masking.score_dtype(query.dtype)
-    scores = ops.einsum("bqd,bkd->bqk", ops.cast(query, wide), ops.cast(key, wide))
+    logits = ops.einsum("bqd,bkd->bqk", ops.cast(query, wide), ops.cast(key, wide))
     if scale is not None:
-        scores = scores * ops.cast(scale, scores.dtype)
-    return scores
+        logits = logits * ops.cast(scale, logits.dtype)
+    return logits
 
 
 def general_score(query, key, kernel):
