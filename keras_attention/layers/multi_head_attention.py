@@ -703,12 +703,10 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         "head_mask",
         "tile_plan",
     )
-    def call(self, *args, **kwargs):
+    def call(self, query, value, key, options):
         """Keras' `MultiHeadAttention.call` and this layer's keyword-only
-        arguments (the class docstring's "Call arguments")."""
-        return self._call(*call_options.bind(self, args, kwargs))
-
-    def _call(self, query, value, key, options):
+        arguments (the class docstring's "Call arguments"), bound into
+        `options` by the decorator."""
         head_mask = options.head_mask
         if head_mask is None:  # a mask set for this layer by `analysis.masking_heads`
             head_mask = head_masks.active_head_mask(self)

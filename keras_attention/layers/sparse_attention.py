@@ -251,7 +251,7 @@ class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
 
     @utils.follows_contract
     @call_options.extends(BaseMultiHeadAttention.call, "segment_ids", "key_segment_ids")
-    def call(self, *args, **kwargs):
+    def call(self, query, value, key, options):
         """Keras' `MultiHeadAttention.call`, plus packed documents.
 
         Args:
@@ -268,7 +268,7 @@ class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         offered: the causal block pattern never holds the key blocks a
         prefix would open ahead of a query.
         """
-        return self._call(*call_options.bind(self, args, kwargs))
+        return self._call(query, value, key, options)
 
     def get_config(self):
         config = super().get_config()

@@ -10,6 +10,7 @@ cache and positions, `SparseAttention`'s segment ids) declares them in its
 """
 
 import dataclasses
+import functools
 import inspect
 
 from keras_attention import validation
@@ -65,7 +66,7 @@ def from_arguments(layer, arguments):
 def bind(layer, args, kwargs):
     """`from_arguments` of the arguments Keras passes `compute_output_spec`,
     bound to the layer's `call` signature (Python's TypeError for a name it
-    does not take)."""
+    does not take): the signature of a `call` that follows our contract."""
     return from_arguments(layer, vars(utils.call_arguments(layer, args, kwargs)))
 
 
@@ -93,19 +94,26 @@ class PreparedCall:
 
 
 def extends(base_call, *keywords):
-    """Decorator: a family's `call(self, *args, **kwargs)` takes `base_call`'s
-    parameters (Keras' `MultiHeadAttention.call`) and `keywords`, keyword-only
-    with `CallOptions`' defaults. Keras (`inspect.signature`), `help()` and
-    `bind` see the whole signature; the names are written once, here and in
-    `CallOptions`."""
+    """Decorator of a family's `call(self, query, value, key, options)`: the
+    layer's `call` takes `base_call`'s parameters (Keras'
+    `MultiHeadAttention.call`) and `keywords`, keyword-only with
+    `CallOptions`' defaults, and binds them into the `CallOptions` the body
+    receives. Keras (`inspect.signature`), `help()` and a subclass's
+    `super().call(...)` see that whole signature; the names are written
+    once, here and in `CallOptions`."""
     base = inspect.signature(base_call)
     defaults = {field.name: field.default for field in dataclasses.fields(CallOptions)}
-    added = [
-        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=defaults[n]) for n in keywords
-    ]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    added = [inspect.Parameter(name, keyword, default=defaults[name]) for name in keywords]
     signature = base.replace(parameters=list(base.parameters.values()) + added)
 
-    def decorate(call):
+    def decorate(body):
+        @functools.wraps(body)
+        def call(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            return body(self, *from_arguments(self, bound.arguments))
+
         call.__signature__ = signature
         return call
 
