@@ -6,12 +6,11 @@ Keras passes it), and handed down unchanged: the flags are checked as it is
 built, and every later step reads the one record instead of a parameter list
 of its own. A family whose `call` takes more keywords (`MultiHeadAttention`'s
 cache and positions, `SparseAttention`'s segment ids) declares them in its
-`call` only; the fields its call does not take keep their defaults.
+`call`'s signature, the public one Keras, `help()` and the API pages read;
+the fields its call does not take keep their defaults.
 """
 
 import dataclasses
-import functools
-import inspect
 
 from keras_attention import validation
 from keras_attention.layers.machinery import utils
@@ -91,30 +90,3 @@ class PreparedCall:
     flat_value: object = None
     query_positions: object = None
     key_positions: object = None
-
-
-def extends(base_call, *keywords):
-    """Decorator of a family's `call(self, query, value, key, options)`: the
-    layer's `call` takes `base_call`'s parameters (Keras'
-    `MultiHeadAttention.call`) and `keywords`, keyword-only with
-    `CallOptions`' defaults, and binds them into the `CallOptions` the body
-    receives. Keras (`inspect.signature`), `help()` and a subclass's
-    `super().call(...)` see that whole signature; the names are written
-    once, here and in `CallOptions`."""
-    base = inspect.signature(base_call)
-    defaults = {field.name: field.default for field in dataclasses.fields(CallOptions)}
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    added = [inspect.Parameter(name, keyword, default=defaults[name]) for name in keywords]
-    signature = base.replace(parameters=list(base.parameters.values()) + added)
-
-    def decorate(body):
-        @functools.wraps(body)
-        def call(self, *args, **kwargs):
-            bound = signature.bind(self, *args, **kwargs)
-            bound.apply_defaults()
-            return body(self, *from_arguments(self, bound.arguments))
-
-        call.__signature__ = signature
-        return call
-
-    return decorate
