@@ -688,27 +688,36 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         return super().__call__(*args, **kwargs)
 
     @utils.follows_contract
-    @call_options.extends(
-        BaseMultiHeadAttention.call,
-        "attention_scores_heads",
-        "attention_scores_query_range",
-        "cache",
-        "cache_update_index",
-        "cache_update_mask",
-        "segment_ids",
-        "key_segment_ids",
-        "prefix_length",
-        "position_ids",
-        "key_position_ids",
-        "head_mask",
-        "tile_plan",
-    )
-    def call(self, *args, **kwargs):
-        """Keras' `MultiHeadAttention.call` and this layer's keyword-only
-        arguments (the class docstring's "Call arguments")."""
-        return self._call(*call_options.bind(self, args, kwargs))
-
-    def _call(self, query, value, key, options):
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        *,
+        mask=None,
+        attention_scores_heads=None,
+        attention_scores_query_range=None,
+        cache=None,
+        cache_update_index=None,
+        cache_update_mask=None,
+        segment_ids=None,
+        key_segment_ids=None,
+        prefix_length=None,
+        position_ids=None,
+        key_position_ids=None,
+        head_mask=None,
+        tile_plan=None,
+    ):
+        # Keras' call and this layer's keyword-only arguments (the class
+        # docstring's "Call arguments"), in one record from here on.
+        query, value, key, options = call_options.from_arguments(self, locals())
         head_mask = options.head_mask
         if head_mask is None:  # a mask set for this layer by `analysis.masking_heads`
             head_mask = head_masks.active_head_mask(self)

@@ -250,8 +250,23 @@ class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         return result
 
     @utils.follows_contract
-    @call_options.extends(BaseMultiHeadAttention.call, "segment_ids", "key_segment_ids")
-    def call(self, *args, **kwargs):
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        *,
+        mask=None,
+        segment_ids=None,
+        key_segment_ids=None,
+    ):
         """Keras' `MultiHeadAttention.call`, plus packed documents.
 
         Args:
@@ -268,7 +283,7 @@ class SparseAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         offered: the causal block pattern never holds the key blocks a
         prefix would open ahead of a query.
         """
-        return self._call(*call_options.bind(self, args, kwargs))
+        return self._call(*call_options.from_arguments(self, locals()))
 
     def get_config(self):
         config = super().get_config()

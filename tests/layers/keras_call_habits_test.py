@@ -122,3 +122,21 @@ def test_a_tensor_where_the_mask_list_goes_names_mask():
 def test_the_mask_list_given_twice_is_refused():
     with pytest.raises(ValueError, match="given twice.*Received: both"):
         ka.LuongAttention()([QUERY, VALUE], [QUERY_MASK, VALUE_MASK], mask=[None, None])
+
+
+def test_a_subclass_call_with_its_own_arguments_reaches_ours_through_super():
+    # A subclass's `call` with another signature calls ours by keyword: our
+    # call binds to its own signature, not the subclass's.
+    class Scaled(ka.MultiHeadAttention):
+        def call(self, query, value=None, key=None, scale=1.0, **kwargs):
+            return super().call(query, value, key, **kwargs) * scale
+
+    layer = Scaled(2, 4)
+    x = np.random.default_rng(0).normal(size=(1, 3, 8)).astype("float32")
+    ours = ka.MultiHeadAttention(2, 4)
+    ours(x, x)
+    layer(x, x)
+    layer.set_weights(ours.get_weights())
+    expected = np.asarray(ours(x, x, use_causal_mask=True)) * 2.0
+    got = np.asarray(layer(x, x, scale=2.0, use_causal_mask=True))
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)

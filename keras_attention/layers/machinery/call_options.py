@@ -6,11 +6,11 @@ Keras passes it), and handed down unchanged: the flags are checked as it is
 built, and every later step reads the one record instead of a parameter list
 of its own. A family whose `call` takes more keywords (`MultiHeadAttention`'s
 cache and positions, `SparseAttention`'s segment ids) declares them in its
-`call` only; the fields its call does not take keep their defaults.
+`call`'s signature, the public one Keras, `help()` and the API pages read;
+the fields its call does not take keep their defaults.
 """
 
 import dataclasses
-import inspect
 
 from keras_attention import validation
 from keras_attention.layers.machinery import utils
@@ -65,7 +65,7 @@ def from_arguments(layer, arguments):
 def bind(layer, args, kwargs):
     """`from_arguments` of the arguments Keras passes `compute_output_spec`,
     bound to the layer's `call` signature (Python's TypeError for a name it
-    does not take)."""
+    does not take): the signature of a `call` that follows our contract."""
     return from_arguments(layer, vars(utils.call_arguments(layer, args, kwargs)))
 
 
@@ -90,23 +90,3 @@ class PreparedCall:
     flat_value: object = None
     query_positions: object = None
     key_positions: object = None
-
-
-def extends(base_call, *keywords):
-    """Decorator: a family's `call(self, *args, **kwargs)` takes `base_call`'s
-    parameters (Keras' `MultiHeadAttention.call`) and `keywords`, keyword-only
-    with `CallOptions`' defaults. Keras (`inspect.signature`), `help()` and
-    `bind` see the whole signature; the names are written once, here and in
-    `CallOptions`."""
-    base = inspect.signature(base_call)
-    defaults = {field.name: field.default for field in dataclasses.fields(CallOptions)}
-    added = [
-        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=defaults[n]) for n in keywords
-    ]
-    signature = base.replace(parameters=list(base.parameters.values()) + added)
-
-    def decorate(call):
-        call.__signature__ = signature
-        return call
-
-    return decorate
