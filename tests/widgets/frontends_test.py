@@ -383,6 +383,10 @@ class JupyterServer:
                 "--LabApp.expose_app_in_browser=True",
                 "--JupyterNotebookApp.expose_app_in_browser=True",
                 "--VoilaConfiguration.show_tracebacks=True",
+                # A finished test's kernel is stopped at once, not asked to exit and waited
+                # for: its graceful exit (TensorFlow's teardown) took 1.3-2.5 s a page, 27
+                # pages a run, and nothing the tests read is written at exit.
+                "--KernelManager.shutdown_wait_time=0",
                 *extra_args,
             ],
             env=env,
