@@ -2,8 +2,9 @@
 
 One Jupyter server on 127.0.0.1 serves all three front ends for the whole
 module (JupyterLab at /lab, Notebook 7 at /notebooks, Voila at
-/voila/render). For every (widget, front end) a notebook is written, opened
-and run in the page (Voila runs it itself), and the test reads the BokehJS
+/voila/render). For every (widget, front end) a notebook is written (LiveAttention
+and the explorer share one: a page and its kernel cost ~10 s before any widget),
+opened and run in the page (Voila runs it itself), and the test reads the BokehJS
 data sources of the page and compares them with what the kernel holds:
 state set in the cell that creates a widget must be drawn, and later changes
 must arrive.
@@ -53,11 +54,13 @@ import json, os
 from keras_attention.widgets import output_notebook
 output_notebook()  # BokehJS from the package, no CDN, stored once
 
-def dump(**state):
-    # What the kernel holds, for the test to compare with the page.
-    with open(DUMP + ".tmp", "w") as handle:
+def dump(into="", **state):
+    # What the kernel holds, for the test to compare with the page (a file per widget
+    # where a page shows two: `into` names it).
+    path = DUMP.replace(".json", f"_{into}.json") if into else DUMP
+    with open(path + ".tmp", "w") as handle:
         json.dump(state, handle)
-    os.replace(DUMP + ".tmp", DUMP)
+    os.replace(path + ".tmp", path)
 """
 
 STEPPER_CELLS = [
@@ -104,7 +107,7 @@ explorer = AttentionExplorer(model, x, query_tokens=["a", "b", {MALICIOUS!r}, "d
 explorer.head_choice.value = 2  # chosen in the creating cell
 
 def dump_explorer():
-    dump(weights={{name: w.tolist() for name, w in explorer.weights.items()}},
+    dump("explorer", weights={{name: w.tolist() for name, w in explorer.weights.items()}},
          rollout=explorer.select("rollout (all layers)").tolist(),
          masked=explorer.masked_heads(), loss=explorer.loss)
 
@@ -137,9 +140,9 @@ live = LiveAttention(model, x[:2], every_n_batches=1, min_interval_s=0, overhead
 slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.15))
 train = ipywidgets.Button(description="Train")
 
-def fit(_=None):
+def fit(_=None, model=model, x=x, y=y):  # its own: the explorer's cell reuses the names
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[live, slow], verbose=0)
-    dump(weight=live._latest["att"][0].ravel().tolist(), updates=live.updates,
+    dump("live", weight=live._latest["att"][0].ravel().tolist(), updates=live.updates,
          title=live.figures["att"].title.text, first=live.frames[0][1]["att"].ravel().tolist(),
          frames=len(live.frames))
 
@@ -251,7 +254,8 @@ dump(tokens=[s.token for s in stepper.history], num_source=len(stepper.source_to
 
 # examples/notebooks/decoding_stepper.ipynb as shipped, without its Transformer cells (they
 # come after the first stepper and leave it alone): in Voila, where no one clicks, its first
-# stepper is what a reader sees. Run beside its pretrained translators (a link to them).
+# stepper is what a reader sees. Run beside its pretrained translators (a link to them). The
+# test's own last cell (no output) dumps what the walk in the same page starts from.
 def shipped_stepper_cells():
     with open(os.path.join(ROOT, "examples", "notebooks", "decoding_stepper.ipynb")) as handle:
         cells = json.load(handle)["cells"]
@@ -259,13 +263,14 @@ def shipped_stepper_cells():
         "".join(cell["source"])
         for cell in cells
         if cell["cell_type"] == "code" and "TransformerTranslator" not in "".join(cell["source"])
-    ]
+    ] + ["dump(tokens=[s.token for s in stepper.history], num_source=len(stepper.source_tokens))"]
 
 
 NOTEBOOKS = {
     "stepper": STEPPER_CELLS,
-    "explorer": EXPLORER_CELLS,
-    "live": LIVE_CELLS,
+    # One page (one kernel) per front end for both: LiveAttention first (its replay slider
+    # is the page's first), then the explorer.
+    "live_and_explorer": LIVE_CELLS + EXPLORER_CELLS,
     "panels": PANELS_CELLS,
     "head_view": HEAD_VIEW_CELLS,
     "progressive_live": PROGRESSIVE_LIVE_CELLS,
@@ -383,6 +388,10 @@ class JupyterServer:
                 "--LabApp.expose_app_in_browser=True",
                 "--JupyterNotebookApp.expose_app_in_browser=True",
                 "--VoilaConfiguration.show_tracebacks=True",
+                # A finished test's kernel is stopped at once, not asked to exit and waited
+                # for: its graceful exit (TensorFlow's teardown) took 1.3-2.5 s a page, 27
+                # pages a run, and nothing the tests read is written at exit.
+                "--KernelManager.shutdown_wait_time=0",
                 *extra_args,
             ],
             env=env,
@@ -502,6 +511,9 @@ class Run:
         self.name = f"{widget}_{front_end}{label}"
         self.front_end = front_end
         self.dump = self.directory / f"{self.name}.json"
+        self.dumps = {"": self.dump}
+        for into in ("live", "explorer"):
+            self.dumps[into] = self.directory / f"{self.name}_{into}.json"
         cells = [f"DUMP = {str(self.dump)!r}\n" + SETUP_CELL, *NOTEBOOKS[widget]]
         notebook = nbformat.v4.new_notebook(
             cells=[nbformat.v4.new_code_cell(c.strip()) for c in cells]
@@ -550,11 +562,12 @@ class Run:
             " await window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
         )
 
-    def kernel_state(self, ready=lambda state: True, timeout_s=120):
+    def kernel_state(self, ready=lambda state: True, timeout_s=120, into=""):
         deadline = time.monotonic() + timeout_s
+        dump = self.dumps[into]
         while True:
-            if self.dump.exists():
-                state = json.loads(self.dump.read_text())
+            if dump.exists():
+                state = json.loads(dump.read_text())
                 if ready(state):
                     return state
             assert time.monotonic() < deadline, (
@@ -573,9 +586,10 @@ class Run:
             {k: round(v, 3) for k, v in seconds.items()}
         )
 
-    def screenshot(self, label=""):
+    def screenshot(self, label="", widget=None):
+        """The page's first widget, or `widget` (a locator)."""
         path = self.directory / f"{self.name}{label}.png"
-        widget = self.page.locator(".widget-vbox").first
+        widget = widget or self.page.locator(".widget-vbox").first
         widget.scroll_into_view_if_needed()
         self.page.wait_for_timeout(300)
         widget.screenshot(path=str(path))
@@ -707,9 +721,9 @@ def assert_painted(page, rows, num_source):
 # The Seq2Seq stepper in every front end, light and Dark; the Transformer's in Voila (its
 # cheapest front end; the page's BokehJS code is the same for both translators). JupyterLab
 # and Notebook 7 switch themes by command: one page (one kernel) walks in light, then again in
-# Dark; Voila is served dark by its URL, a page of its own.
+# Dark; Voila is served dark by its URL, a page of its own. Voila's light walk is taken on the
+# shipped notebook's page (the same pretrained translator; one kernel, not two), below.
 WALKS = [(f, ("light", "dark"), "walk") for f in ("lab", "notebook")] + [
-    ("voila", ("light",), "walk"),
     ("voila", ("dark",), "walk"),
     ("voila", ("light",), "walk_transformer"),
 ]
@@ -719,6 +733,8 @@ WALKS = [(f, ("light", "dark"), "walk") for f in ("lab", "notebook")] + [
 def test_stepper_paints_every_row_after_reset_and_back(run, front_end, themes, notebook):
     served_dark = themes == ("dark",)
     opened = open_in_layout(run, notebook, front_end, 1280, DARK if served_dark else None)
+    tokens = opened.kernel_state()["tokens"]
+    assert tokens[:2] == ["he", "hit"] and len(tokens) == 3  # the 3rd forced
     try:
         rows = 3  # the notebook's steps
         for theme in themes:
@@ -736,9 +752,7 @@ def test_stepper_paints_every_row_after_reset_and_back(run, front_end, themes, n
 def walk_reset_next_back_next(opened, drawn_rows):
     """From `drawn_rows` rows on the page: Reset, Next token until the end, Back, Next token;
     every row and bar painted after each click. Returns the rows drawn at the end."""
-    kernel = opened.kernel_state()
-    num_source, page = kernel["num_source"], opened.page
-    assert kernel["tokens"][:2] == ["he", "hit"] and len(kernel["tokens"]) == 3  # 3rd forced
+    num_source, page = opened.kernel_state()["num_source"], opened.page
     rows_are = f"(() => {{ const d = ({READ_ALIGNMENT})(); return d !== null && d.row.length === "
 
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -770,7 +784,8 @@ def walk_reset_next_back_next(opened, drawn_rows):
 def test_voila_first_shows_the_greedy_translation_with_the_lectures_alignment(run, artifacts):
     """The shipped stepper notebook in Voila, where no one clicks: what the page draws once
     every cell ran is the greedy translation and its alignment (a later cell forces a
-    candidate and steps back; the first picture was a forced "he hit you", #42)."""
+    candidate and steps back; the first picture was a forced "he hit you", #42). Then, on the
+    same page, the walk the other front ends take (Reset, Next token to the end, Back, Next)."""
     directory, _ = artifacts
     if not (directory / "pretrained").exists():
         (directory / "pretrained").symlink_to(PRETRAINED, target_is_directory=True)
@@ -793,12 +808,18 @@ def test_voila_first_shows_the_greedy_translation_with_the_lectures_alignment(ru
     title = opened.page.evaluate(f"({bokeh_page.MODEL})('candidate_figure').title.text")
     assert title.startswith("4. Prediction") and "(forced)" not in title, title
     opened.screenshot()
+    assert opened.kernel_state()["tokens"] == tokens
+    walk_reset_next_back_next(opened, len(tokens))
 
 
-@pytest.mark.parametrize("front_end", FRONT_ENDS)
-def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(run, front_end):
-    opened = run("explorer", front_end)
-    weights = {name: np.asarray(w) for name, w in opened.kernel_state()["weights"].items()}
+def check_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(opened):
+    # The outermost box holding the layer menu: the explorer's (for its screenshots).
+    explorer_widget = opened.page.locator(
+        ".widget-vbox", has=opened.page.get_by_label("layer")
+    ).first
+    weights = {
+        name: np.asarray(w) for name, w in opened.kernel_state(into="explorer")["weights"].items()
+    }
     assert weights["mha"].shape == (4, 5, 5) and weights["luong"].shape == (1, 5, 5)
 
     def shows(title, matrix):
@@ -808,15 +829,15 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
             f" && {same_numbers(READ_DETAIL, matrix)}; }})()"
         )
 
+    # The first draw (the latency of the page's first draw is recorded by the live check).
     opened.wait(shows("mha, head 2", weights["mha"][2]))
-    opened.record(render_s=time.perf_counter() - opened.started)
     # The bars preview the first query before any hover (the panel was empty, #42).
     opened.wait("(" + bokeh_page.MODEL + ")('head_view_bars').get_length() === 5", timeout_s=30)
     detail = opened.page.evaluate(READ_DETAIL)
     tokens = ["a", "b", MALICIOUS, "d", "e"]
     assert detail["x_token"][:5] == tokens and detail["x_labels"] == tokens
     assert (detail["x_end"], detail["y_start"]) == (4.5, 4.5)
-    opened.screenshot()
+    opened.screenshot("_explorer", widget=explorer_widget)
 
     opened.page.get_by_label("layer").select_option("luong")
     choice_s = opened.wait(shows("luong, head 0", weights["luong"][0]))
@@ -863,17 +884,17 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
         " return {weight: Array.from(d instanceof Map ? d.get('weight') : d.weight)}; }"
     )
     opened.wait(same_numbers(read_bars, weights["mha"][0][:, 3]))
-    opened.screenshot("_head_view")
+    opened.screenshot("_head_view", widget=explorer_widget)
     # Rollout, from the layer menu: the kernel's rollout of the captured weights.
-    rollout = opened.kernel_state()["rollout"]
+    rollout = opened.kernel_state(into="explorer")["rollout"]
     page.get_by_label("layer").select_option("rollout (all layers)")
     opened.wait(shows("rollout (all layers), mean of heads", rollout))
     # A click on the head grid's (mha, head 1) masks it in the kernel: the loss, the grid's
     # cross and the maps (luong's input changed, so the rollout did) follow in the page.
-    opened.dump.unlink()
+    opened.dumps["explorer"].unlink()
     start = time.perf_counter()
     page.mouse.click(*bokeh_page.point_of(page, "head_importance_figure", 1, 0))
-    kernel = opened.kernel_state(lambda state: state["masked"] == [["mha", 1]])
+    kernel = opened.kernel_state(lambda state: state["masked"] == [["mha", 1]], into="explorer")
     assert not np.allclose(kernel["rollout"], rollout, atol=1e-4)
     opened.wait(shows("rollout (all layers), mean of heads", kernel["rollout"]))
     opened.record(head_mask_click_s=time.perf_counter() - start)
@@ -886,7 +907,7 @@ def test_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(ru
         "document.body.innerText.includes('the maps of the 1 layer after mha (luong) change')"
         " && document.querySelectorAll('table.prediction tr').length === 2"
     )
-    opened.screenshot("_masked")
+    opened.screenshot("_masked", widget=explorer_widget)
     assert_no_script_ran(page)
 
 
@@ -905,23 +926,28 @@ WATCH = """
 
 
 @pytest.mark.parametrize("front_end", FRONT_ENDS)
-def test_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_training(
-    run, front_end
-):
-    opened = run("live", front_end)
-    kernel = opened.kernel_state()
+def test_live_attention_and_explorer_draw_their_creating_cells_then_follow_the_page(run, front_end):
+    """LiveAttention, then the AttentionExplorer, in one page and kernel per front end: the
+    checks are each widget's own (they read their own Bokeh sources and kernel dumps)."""
+    opened = run("live_and_explorer", front_end)
+    check_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_training(opened)
+    check_explorer_draws_the_head_chosen_in_its_creating_cell_then_each_choice(opened)
+
+
+def check_live_attention_draws_the_end_of_its_creating_cell_then_redraws_while_training(opened):
+    kernel = opened.kernel_state(into="live")
     assert (
         kernel["updates"] == 16
     )  # 2 epochs of 8 batches: before batches 2..8 and at each epoch end
     opened.wait(same_numbers(READ_LIVE, kernel["weight"]))
-    opened.record(render_s=time.perf_counter() - opened.started)
-    opened.screenshot()
-    opened.dump.unlink()
+    opened.record(live_render_s=time.perf_counter() - opened.started)
+    opened.screenshot("_live")
+    opened.dumps["live"].unlink()
 
     opened.page.evaluate(f"({WATCH})({READ_LIVE})")
     # exact: Lab's file browser lists a folder "pretrained", which "Train" matches otherwise.
     opened.page.get_by_role("button", name="Train", exact=True).click()
-    kernel = opened.kernel_state()
+    kernel = opened.kernel_state(into="live")
     assert kernel["updates"] == 32
     opened.wait(same_numbers(READ_LIVE, kernel["weight"]), timeout_s=30)
     # The last frame shown is the last epoch's: weights and the title that names the update.
