@@ -298,15 +298,9 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         **kwargs,
     ):
         owner = type(self).__name__
-        rotary = _validate_rotary(owner, rotary, key_dim)
-        qk_norm = validation.validate_bool(owner, "qk_norm", qk_norm)
-        qk_norm_epsilon = validation.validate_real(
-            owner, "qk_norm_epsilon", qk_norm_epsilon, low=0.0, include_low=False
+        query_key = _query_key_options(
+            owner, key_dim, rotary, qk_norm, qk_norm_epsilon, query_scale
         )
-        if query_scale is not None:
-            query_scale = validation.validate_real(
-                owner, "query_scale", query_scale, low=0.0, include_low=False
-            )
         modifiers = score_options.validate_score_options(
             owner,
             num_heads,
@@ -315,35 +309,11 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             attention_sinks=attention_sinks,
             score_mod=score_mod,
         )
-        mask_mod = score_options.user_function(
-            owner, "mask_mod", mask_mod, "(batch, head, q_idx, k_idx) -> bool"
+        sliding_window, sink_tokens, mask_mod = _mask_rules(
+            owner, sliding_window, sink_tokens, mask_mod
         )
-        sink_tokens = validation.validate_positive_int(
-            owner, "sink_tokens", sink_tokens, allow_none=True
-        )
-        if sink_tokens is not None and sliding_window is None:
-            raise ValueError(
-                f"{owner}: `sink_tokens` keeps the first keys visible beside a "
-                "sliding window: pass `sliding_window` too. Received: "
-                f"sink_tokens={sink_tokens!r}, sliding_window=None"
-            )
         attention_axes = validation.validate_axes(owner, "attention_axes", attention_axes)
-        sliding_window = validation.validate_positive_int(
-            owner, "sliding_window", sliding_window, allow_none=True
-        )
-        flash_attention = validation.validate_choice(
-            owner, "flash_attention", flash_attention, (None, True, False)
-        )
-        memory_efficient = validation.validate_choice(
-            owner, "memory_efficient", memory_efficient, ("auto", True, False)
-        )
-        if flash_attention is not None and memory_efficient is (not flash_attention):
-            raise ValueError(
-                f"{owner}: flash_attention={flash_attention} contradicts "
-                f"memory_efficient={memory_efficient}; set only one. Received: "
-                f"flash_attention={flash_attention!r}, "
-                f"memory_efficient={memory_efficient!r}"
-            )
+        flash_attention, memory_efficient = _kernel_choice(owner, flash_attention, memory_efficient)
         super().__init__(
             num_heads,
             key_dim,
@@ -363,7 +333,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             num_key_value_heads=num_key_value_heads,
             **kwargs,
         )
-        if flash_attention and self.dropout > 0.0:
+        if flash_attention and self.dropout > 0.0:  # Keras' own check and message
             raise ValueError(
                 f"{owner}: Dropout is not supported when flash attention is "
                 "enabled. Please set dropout to 0.0 to use flash attention. "
@@ -380,34 +350,15 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             owner, "memory_budget", memory_budget, allow_none=True
         )
         self.block_size = validation.validate_positive_int(owner, "block_size", block_size)
-        if sequence_parallel is not None:
-            if not isinstance(sequence_parallel, str) or not sequence_parallel:
-                raise ValueError(
-                    f"{owner}: `sequence_parallel` must be None or the name of "
-                    "a device mesh axis. Received: "
-                    f"sequence_parallel={sequence_parallel!r}"
-                )
-            for argument, given, received in (
-                ("dropout", self.dropout > 0.0, dropout),
-                ("flash_attention", flash_attention is not None, flash_attention),
-            ):
-                if given:
-                    raise ValueError(
-                        f"{owner}: `sequence_parallel` (ring attention) does "
-                        f"not support `{argument}`. Received: "
-                        f"sequence_parallel={sequence_parallel!r}, "
-                        f"{argument}={received!r}"
-                    )
-        self.sequence_parallel = sequence_parallel
+        self.sequence_parallel = _sequence_parallel(
+            owner, sequence_parallel, dropout if self.dropout > 0.0 else None, flash_attention
+        )
         self._set_score_options(modifiers)
         self.sink_tokens = sink_tokens
         self.mask_mod = mask_mod
-        self.rotary = rotary
-        self.qk_norm = qk_norm
-        self.qk_norm_epsilon = qk_norm_epsilon
-        self.query_scale = query_scale
-        if query_scale is not None:  # the logits' scale (Keras' `_scale`)
-            self._inverse_sqrt_key_dim = query_scale
+        self.rotary, self.qk_norm, self.qk_norm_epsilon, self.query_scale = query_key
+        if self.query_scale is not None:  # the logits' scale (Keras' `_scale`)
+            self._inverse_sqrt_key_dim = self.query_scale
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
@@ -854,6 +805,80 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
             }
         )
         return config
+
+
+def _query_key_options(owner, key_dim, rotary, qk_norm, qk_norm_epsilon, query_scale):
+    """The checked options that act on the projected queries and keys:
+    `(rotary, qk_norm, qk_norm_epsilon, query_scale)`."""
+    rotary = _validate_rotary(owner, rotary, key_dim)
+    qk_norm = validation.validate_bool(owner, "qk_norm", qk_norm)
+    qk_norm_epsilon = validation.validate_real(
+        owner, "qk_norm_epsilon", qk_norm_epsilon, low=0.0, include_low=False
+    )
+    if query_scale is not None:
+        query_scale = validation.validate_real(
+            owner, "query_scale", query_scale, low=0.0, include_low=False
+        )
+    return rotary, qk_norm, qk_norm_epsilon, query_scale
+
+
+def _mask_rules(owner, sliding_window, sink_tokens, mask_mod):
+    """The constructor's mask rules, checked: `(sliding_window, sink_tokens, mask_mod)`."""
+    mask_mod = score_options.user_function(
+        owner, "mask_mod", mask_mod, "(batch, head, q_idx, k_idx) -> bool"
+    )
+    sink_tokens = validation.validate_positive_int(
+        owner, "sink_tokens", sink_tokens, allow_none=True
+    )
+    if sink_tokens is not None and sliding_window is None:
+        raise ValueError(
+            f"{owner}: `sink_tokens` keeps the first keys visible beside a "
+            "sliding window: pass `sliding_window` too. Received: "
+            f"sink_tokens={sink_tokens!r}, sliding_window=None"
+        )
+    sliding_window = validation.validate_positive_int(
+        owner, "sliding_window", sliding_window, allow_none=True
+    )
+    return sliding_window, sink_tokens, mask_mod
+
+
+def _kernel_choice(owner, flash_attention, memory_efficient):
+    """Keras' `flash_attention` and our `memory_efficient`, checked to agree."""
+    flash_attention = validation.validate_choice(
+        owner, "flash_attention", flash_attention, (None, True, False)
+    )
+    memory_efficient = validation.validate_choice(
+        owner, "memory_efficient", memory_efficient, ("auto", True, False)
+    )
+    if flash_attention is not None and memory_efficient is (not flash_attention):
+        raise ValueError(
+            f"{owner}: flash_attention={flash_attention} contradicts "
+            f"memory_efficient={memory_efficient}; set only one. Received: "
+            f"flash_attention={flash_attention!r}, "
+            f"memory_efficient={memory_efficient!r}"
+        )
+    return flash_attention, memory_efficient
+
+
+def _sequence_parallel(owner, sequence_parallel, dropout, flash_attention):
+    """`sequence_parallel`: None or a device mesh axis's name (ring attention,
+    which takes no attention `dropout` and no `flash_attention`)."""
+    if sequence_parallel is None:
+        return None
+    if not isinstance(sequence_parallel, str) or not sequence_parallel:
+        raise ValueError(
+            f"{owner}: `sequence_parallel` must be None or the name of "
+            "a device mesh axis. Received: "
+            f"sequence_parallel={sequence_parallel!r}"
+        )
+    for argument, received in (("dropout", dropout), ("flash_attention", flash_attention)):
+        if received is not None:
+            raise ValueError(
+                f"{owner}: `sequence_parallel` (ring attention) does not support "
+                f"`{argument}`. Received: sequence_parallel={sequence_parallel!r}, "
+                f"{argument}={received!r}"
+            )
+    return sequence_parallel
 
 
 def _validate_rotary(owner, rotary, key_dim):

@@ -260,12 +260,11 @@ def cached_inputs(layer, query, value, key, options):
 
 def output_spec(layer, query, value, key, options):
     """The `KerasTensor`s a call with a cache returns (its checks run)."""
-    prepare_cached(layer, query, value, key, options)
-    layout = layer._layout(len(query.shape)) if len(query.shape) > 3 else None
-    call_checks.check_position_ids(layer, options.position_ids, layout, tuple(query.shape))
+    prepare_cached(layer, query, value, key, options)  # a cached query has rank 3
+    call_checks.check_position_ids(layer, options.position_ids, None, tuple(query.shape))
     call_checks.rule_changes(
         layer,
-        layout,
+        None,
         tuple(query.shape),
         ring_cache.cache_slots(options.cache),
         False,
