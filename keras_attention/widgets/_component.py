@@ -1,5 +1,6 @@
 """What the widgets share: notebook display, escaping, a Bokeh widget wrapper."""
 
+import contextlib
 import html
 
 from bokeh.core.json_encoder import serialize_json
@@ -29,12 +30,26 @@ def escape(text):
 
 
 class Component:
-    """Displays as its `.widget` (an ipywidgets box) in a notebook."""
+    """Displays as its `.widget` (an ipywidgets box) in a notebook.
+
+    Its observers return at once while `_updating` is set: the component sets
+    its own controls inside `with self._updating_controls():`.
+    """
 
     widget = None
+    _updating = False
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
+
+    @contextlib.contextmanager
+    def _updating_controls(self):
+        """Sets `_updating` for the block, so that the controls it sets do not call back."""
+        self._updating = True
+        try:
+            yield
+        finally:
+            self._updating = False
 
 
 class FreshBokehModel(BokehModel):

@@ -15,6 +15,8 @@ paths cannot disagree and the page holds no view logic.
 """
 
 from bokeh.models import CustomJS
+from bokeh.models import LinearColorMapper
+from bokeh.models import Slider
 
 # Looks up the frame named by the controls' values ("v0|v1|..."), then sets
 # every data source and property it lists. A plain object in "props" is a
@@ -39,6 +41,26 @@ for (const [name, attributes] of entries(frame.props)) {
 """
 
 
+# The models of a figure that a frame may set, by the suffix of their key.
+FIGURE_PARTS = {
+    "figure": lambda fig: fig,
+    "title": lambda fig: fig.title,
+    "x_range": lambda fig: fig.x_range,
+    "y_range": lambda fig: fig.y_range,
+    "x_axis": lambda fig: fig.xaxis[0],
+    "y_axis": lambda fig: fig.yaxis[0],
+    "x_ticker": lambda fig: fig.xaxis[0].ticker,
+    "y_ticker": lambda fig: fig.yaxis[0].ticker,
+    "mapper": lambda fig: fig.select_one({"type": LinearColorMapper}),
+}
+
+
+def figure_models(key, fig, parts):
+    """`{f"{key}_{part}": model}` for each of `parts` (names in `FIGURE_PARTS`) of
+    `fig`: the entries of `models` through which frames set its range, title, ticks..."""
+    return {f"{key}_{part}": FIGURE_PARTS[part](fig) for part in parts}
+
+
 def frame_key(*values):
     """The key of a frame: the controls' values as the page reads them (`String(value)`)."""
     return "|".join(str(value) for value in values)
@@ -54,6 +76,23 @@ def swap_frame_callback(models, frames, controls):
         args=dict(models=models, frames=frames, controls=list(controls)),
         code=SWAP_FRAME_JS,
         name="swap_frame",
+    )
+
+
+def frame_slider(first, last, title, name):
+    """The Bokeh `Slider` of an export, over frames `first..last` and at `last`;
+    disabled when there is one frame (its range is then one wider: Bokeh needs
+    `end > start`)."""
+    return Slider(
+        start=first,
+        end=max(last, first + 1),
+        value=last,
+        step=1,
+        title=title,
+        name=name,
+        width=400,
+        disabled=last == first,
+        tooltips=False,  # the title shows the value; a bubble covered the title
     )
 
 

@@ -268,7 +268,6 @@ class AttentionExplorer(Component):
         self.model_view_widget.layout.display = (
             None if many else "none"
         )  # one head: it is the detail
-        self._updating = False
         self.layer_choice.observe(self._on_layer, names="value")
         for control in (self.head_choice, self.query_start, self.key_start):
             control.observe(lambda _: self._show_detail(), names="value")
@@ -540,11 +539,8 @@ class AttentionExplorer(Component):
             return
         data = self.importance_source.data
         layer, head = data["layer"][new[0]], int(data["head"][new[0]])
-        self._updating = True
-        try:  # a click on the same cell again must change the selection again
+        with self._updating_controls():  # a click on the same cell again must change it again
             self.importance_source.selected.indices = []
-        finally:
-            self._updating = False
         paths, names = self._grid_rows()
         self.toggle_head(paths[names.index(layer)], head)
 
@@ -577,11 +573,8 @@ class AttentionExplorer(Component):
             return
         data = self.model_view_source.data
         layer, head = data["layer"][new[0]], int(data["head"][new[0]])
-        self._updating = True
-        try:
+        with self._updating_controls():
             self.layer_choice.value = layer
-        finally:
-            self._updating = False
         self._show(head)
 
     def _show(self, head=None, keep_window=False):
@@ -591,8 +584,7 @@ class AttentionExplorer(Component):
             return
         layer = self.layer_choice.value
         num_queries, num_keys = self._lengths(layer)
-        self._updating = True
-        try:
+        with self._updating_controls():
             self.head_choice.options = self._head_options(layer)
             self.head_choice.value = (
                 head if head in self.head_choice.options else self.head_choice.options[0]
@@ -606,8 +598,6 @@ class AttentionExplorer(Component):
                 self.key_start.value = 0
             self.query_start.layout.display = None if long_queries else "none"
             self.key_start.layout.display = None if long_keys else "none"
-        finally:
-            self._updating = False
         for old in self.overview_box.children:
             old.close()  # frees the comm and the Bokeh document of the previous layer
         if long_queries or long_keys:
@@ -648,11 +638,8 @@ class AttentionExplorer(Component):
         frame = _detail_frame(window, x_labels, y_labels, layer, head, self.model_view_source.data)
         if self.window_source is not None:
             self.window_source.data = self._window_data(num_queries, num_keys)
-        self._updating = True
-        try:  # the frame outlines on the model view what the detail shows
+        with self._updating_controls():  # the frame outlines on the model view what detail shows
             _frames.apply_frame(self._frame_models, frame)
-        finally:
-            self._updating = False
 
     def _overview(self, layer):
         """The block-mean overview of a long layer (mean of heads) with the detail's window
@@ -948,16 +935,12 @@ def _detail_models(panels, thumbnails):
     return {
         "detail_source": panels.detail_source,
         "head_view_tokens": panels.token_source,
-        "detail_x_range": detail.x_range,
-        "detail_y_range": detail.y_range,
-        "detail_x_ticker": detail.xaxis[0].ticker,
-        "detail_x_axis": detail.xaxis[0],
-        "detail_y_ticker": detail.yaxis[0].ticker,
-        "detail_y_axis": detail.yaxis[0],
-        "detail_mapper": detail.select_one({"type": LinearColorMapper}),
-        "detail_title": detail.title,
-        "head_view_y_range": view.y_range,
-        "head_view_figure": view,
+        **_frames.figure_models(
+            "detail",
+            detail,
+            ("x_range", "y_range", "x_ticker", "x_axis", "y_ticker", "y_axis", "mapper", "title"),
+        ),
+        **_frames.figure_models("head_view", view, ("y_range", "figure")),
         "detail_figure": detail,
         "thumbnail_selection": thumbnails.selected,
     }

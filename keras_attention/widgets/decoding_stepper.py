@@ -7,7 +7,6 @@ import ipywidgets
 import numpy as np
 from bokeh.layouts import column
 from bokeh.layouts import row
-from bokeh.models import LinearColorMapper
 from bokeh.models import TapTool
 
 from keras_attention import validation
@@ -191,7 +190,6 @@ class DecodingStepper(Component):
         # Token ids of the furthest line decoded so far; Back and the slider
         # replay it, a forced candidate truncates it.
         self._path = []
-        self._updating = False
         self._causal_layers = causal_layers
         num_source = len(self.source_tokens)
         self._reserved_rows = reserved_rows or 4
@@ -520,11 +518,8 @@ class DecodingStepper(Component):
                 f"{list(self.layer_choice.options)} and {list(self.head_choice.options)}. "
                 f"Received: layer={layer!r}, head={head!r}"
             )
-        self._updating = True
-        try:
+        with self._updating_controls():
             self.layer_choice.value, self.head_choice.value = layer, head
-        finally:
-            self._updating = False
         self._refresh_step_views()
 
     def _on_play_tick(self, change):
@@ -552,15 +547,12 @@ class DecodingStepper(Component):
         if attention.ndim != 3 or self.layer_choice.layout.display != "none":
             return
         num_layers, num_heads, _ = attention.shape
-        self._updating = True
-        try:
+        with self._updating_controls():
             rollout = [ROLLOUT] if getattr(step, "rollout", None) is not None else []
             self.layer_choice.options = [*range(num_layers), *rollout]
             self.layer_choice.value = num_layers - 1
             self.head_choice.options = [MEAN_OF_HEADS, *range(num_heads)]
             self.head_choice.value = MEAN_OF_HEADS
-        finally:
-            self._updating = False
         self.layer_choice.layout.display = None
         self.head_choice.layout.display = None
 
@@ -581,12 +573,9 @@ class DecodingStepper(Component):
 
     def _refresh_step_views(self):
         history = self.history
-        self._updating = True
-        try:
+        with self._updating_controls():
             self.step_slider.max = len(self._path)
             self.step_slider.value = self.position
-        finally:
-            self._updating = False
         self.back_button.disabled = self.position == 0
         self.next_button.disabled = self.session.done
         # Every panel, its range, title and tick labels: the frame the export embeds too.
@@ -934,43 +923,32 @@ def _cache_props(caches, position):
 
 def _frame_models(panels):
     """The models a stepper frame sets, by the keys `_StepperView.frame` uses."""
+    figure_models = _frames.figure_models
     models = {
         "alignment_source": panels.heatmap_source,
-        "alignment_figure": panels.heatmap_figure,
-        "alignment_y_range": panels.heatmap_figure.y_range,
-        "alignment_title": panels.heatmap_figure.title,
-        "alignment_y_axis": panels.heatmap_figure.yaxis[0],
-        "alignment_y_ticker": panels.heatmap_figure.yaxis[0].ticker,
+        **figure_models(
+            "alignment", panels.heatmap_figure, ("figure", "y_range", "title", "y_axis", "y_ticker")
+        ),
         "scores_source": panels.scores_source,
-        "scores_figure": panels.scores_figure,
-        "scores_y_range": panels.scores_figure.y_range,
-        "scores_title": panels.scores_figure.title,
-        "scores_y_axis": panels.scores_figure.yaxis[0],
+        **figure_models("scores", panels.scores_figure, ("figure", "y_range", "title", "y_axis")),
         "distribution_source": panels.distribution_source,
-        "distribution_title": panels.distribution_figure.title,
+        **figure_models("distribution", panels.distribution_figure, ("title",)),
         "candidate_source": panels.candidate_source,
-        "candidate_title": panels.candidate_figure.title,
-        "candidate_y_axis": panels.candidate_figure.yaxis[0],
-        "candidate_y_ticker": panels.candidate_figure.yaxis[0].ticker,
+        **figure_models("candidate", panels.candidate_figure, ("title", "y_axis", "y_ticker")),
     }
     if panels.cache_figure is not None:
         models.update(
             {
-                "alignment_x_axis": panels.heatmap_figure.xaxis[0],
-                "alignment_x_ticker": panels.heatmap_figure.xaxis[0].ticker,
-                "distribution_x_axis": panels.distribution_figure.xaxis[0],
-                "distribution_x_ticker": panels.distribution_figure.xaxis[0].ticker,
+                **figure_models("alignment", panels.heatmap_figure, ("x_axis", "x_ticker")),
+                **figure_models("distribution", panels.distribution_figure, ("x_axis", "x_ticker")),
                 "heads_source": panels.heads_source,
-                "heads_figure": panels.heads_figure,
-                "heads_y_range": panels.heads_figure.y_range,
-                "heads_y_axis": panels.heads_figure.yaxis[0],
-                "heads_y_ticker": panels.heads_figure.yaxis[0].ticker,
-                "heads_x_axis": panels.heads_figure.xaxis[0],
-                "heads_x_ticker": panels.heads_figure.xaxis[0].ticker,
+                **figure_models(
+                    "heads",
+                    panels.heads_figure,
+                    ("figure", "y_range", "y_axis", "y_ticker", "x_axis", "x_ticker"),
+                ),
                 "cache_source": panels.cache_source,
-                "cache_figure": panels.cache_figure,
-                "cache_title": panels.cache_figure.title,
-                "cache_y_axis": panels.cache_figure.yaxis[0],
+                **figure_models("cache", panels.cache_figure, ("figure", "title", "y_axis")),
             }
         )
     weighted = panels.weighted_sum_figure
@@ -978,13 +956,11 @@ def _frame_models(panels):
         models.update(
             {
                 "weighted_source": panels.weighted_sum_source,
-                "weighted_title": weighted.title,
-                "weighted_y_axis": weighted.yaxis[0],
-                "weighted_y_ticker": weighted.yaxis[0].ticker,
-                "weighted_x_axis": weighted.xaxis[0],
-                "weighted_x_ticker": weighted.xaxis[0].ticker,
-                "weighted_x_range": weighted.x_range,
-                "weighted_mapper": weighted.select_one({"type": LinearColorMapper}),
+                **figure_models(
+                    "weighted",
+                    weighted,
+                    ("title", "y_axis", "y_ticker", "x_axis", "x_ticker", "x_range", "mapper"),
+                ),
             }
         )
     return models
@@ -1209,7 +1185,6 @@ def _standalone(steps, stage_arguments, prompt_tokens=None):
     from bokeh.document import Document
     from bokeh.models import Div
     from bokeh.models import Select
-    from bokeh.models import Slider
 
     if not steps:
         raise ValueError(
@@ -1232,17 +1207,7 @@ def _standalone(steps, stage_arguments, prompt_tokens=None):
                 frames[_frames.frame_key(position, layer, head)] = view.frame(
                     steps[:position], layer, head, show_choice=layers > 0
                 )
-    slider = Slider(
-        start=1,
-        end=max(len(steps), 2),
-        value=len(steps),
-        step=1,
-        title="step",
-        name="step_slider",
-        width=400,
-        disabled=len(steps) == 1,
-        tooltips=False,
-    )  # the title shows the value; a bubble covered the title
+    slider = _frames.frame_slider(1, len(steps), title="step", name="step_slider")
     layer_select = Select(
         title="layer",
         value=str(max(layers - 1, 0)),  # the last layer, as the live widget starts

@@ -185,9 +185,35 @@ def bar_data(values, tokens, owner="bar_data"):
     return {"position": list(range(len(vector))), "weight": vector.tolist(), "token": labels}
 
 
-def _color_bar_ticks():
-    # Plain decimals ("0.003"), never Bokeh's default "3.000e-3" for small weights.
-    return BasicTickFormatter(use_scientific=False)
+def _color_bar(mapper, title, name=None):
+    """The colour scale of `mapper`: 8 px wide, `title` along it, ticks as plain
+    decimals ("0.003", never Bokeh's default "3.000e-3" for small weights)."""
+    return ColorBar(
+        formatter=BasicTickFormatter(use_scientific=False),
+        color_mapper=mapper,
+        width=8,
+        title=title,
+        title_text_font_size="8pt",
+        title_text_font_style="normal",
+        name=name,
+    )
+
+
+def _matrix_figure(title, width, height, rows, cols, toolbar=True, **axis_labels):
+    """A figure for a `rows` x `cols` matrix: cell `(i, j)` centred at `(j, i)`, row 0
+    on top and the columns' axis above, like a matrix written out."""
+    return figure(
+        title=title,
+        width=width,
+        height=height,
+        x_range=Range1d(-0.5, cols - 0.5),
+        y_range=Range1d(rows - 0.5, -0.5),
+        tools="pan,wheel_zoom,box_zoom,reset,save" if toolbar else "",
+        # Below: above, the toolbar would share (and cover) the title's line.
+        toolbar_location="below" if toolbar else None,
+        x_axis_location="above",
+        **axis_labels,
+    )
 
 
 def heatmap_data(weights, x_tokens=None, y_tokens=None, row_offset=0, owner="heatmap_data"):
@@ -269,16 +295,13 @@ def heatmap(
     else:
         source.data = data
     reserved_rows = max(num_rows if rows is None else rows, 1)
-    fig = figure(
-        title=title,
-        width=width,
-        height=height,
-        x_range=Range1d(-0.5, max(num_cols, 1) - 0.5),
-        y_range=Range1d(reserved_rows - 0.5, -0.5),  # row 0 on top, like a matrix
-        tools="pan,wheel_zoom,box_zoom,reset,save" if toolbar else "",
-        # Below: above, the toolbar would share (and cover) the title's line.
-        toolbar_location="below" if toolbar else None,
-        x_axis_location="above",
+    fig = _matrix_figure(
+        title,
+        width,
+        height,
+        reserved_rows,
+        max(num_cols, 1),
+        toolbar,
         x_axis_label=x_axis_label,
         y_axis_label=y_axis_label,
     )
@@ -312,18 +335,7 @@ def heatmap(
         max_labels=labels_that_fit(height - 90 - (30 if toolbar else 0)),
     )
     if color_bar:
-        fig.add_layout(
-            ColorBar(
-                formatter=_color_bar_ticks(),
-                color_mapper=mapper,
-                width=8,
-                title=color_bar_title,
-                title_text_font_size="8pt",
-                title_text_font_style="normal",
-                name="color_bar",
-            ),
-            "right",
-        )
+        fig.add_layout(_color_bar(mapper, color_bar_title, name="color_bar"), "right")
     return fig
 
 
@@ -434,29 +446,10 @@ def image_heatmap(
     )
     if row_step > 1 or col_step > 1:
         title = f"{title} ({row_step}x{col_step} block mean)"  # the axes give the full size
-    fig = figure(
-        title=title,
-        width=width,
-        height=height,
-        x_range=Range1d(-0.5, cols - 0.5),
-        y_range=Range1d(rows - 0.5, -0.5),
-        tools="pan,wheel_zoom,box_zoom,reset,save",
-        toolbar_location="below",
-        x_axis_location="above",
-    )
+    fig = _matrix_figure(title, width, height, rows, cols)
     mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=float(max(np.nanmax(small), 1e-9)))
     fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=source, color_mapper=mapper)
-    fig.add_layout(
-        ColorBar(
-            formatter=_color_bar_ticks(),
-            color_mapper=mapper,
-            width=8,
-            title="mean weight",
-            title_text_font_size="8pt",
-            title_text_font_style="normal",
-        ),
-        "right",
-    )
+    fig.add_layout(_color_bar(mapper, "mean weight"), "right")
     fig.grid.visible = False
     return fig
 
@@ -702,33 +695,22 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
     high = float(max(np.nanmax(heads), 1e-9)) if heads.size else 1.0
     figures = []
     for index, head in enumerate(heads):
-        if max(head.shape) > max_size:
-            small, _, _ = downsample(head, max_size)
-            fig = heatmap(
-                small,
-                title=f"{title}head {index} (overview)",
-                width=size,
-                height=size,
-                high=high,
-                color_bar=False,
-                toolbar=False,
-                x_axis_label="",
-                y_axis_label="",
-            )
-        else:
-            fig = heatmap(
-                head,
-                x_tokens,
-                y_tokens,
-                title=f"{title}head {index}",
-                width=size,
-                height=size,
-                high=high,
-                color_bar=False,
-                toolbar=False,
-                x_axis_label="",
-                y_axis_label="",
-            )
+        # A block-mean overview has no tokens to name its cells.
+        overview = max(head.shape) > max_size
+        fig = heatmap(
+            downsample(head, max_size)[0] if overview else head,
+            None if overview else x_tokens,
+            None if overview else y_tokens,
+            title=f"{title}head {index}" + (" (overview)" if overview else ""),
+            width=size,
+            height=size,
+            high=high,
+            color_bar=False,
+            toolbar=False,
+            x_axis_label="",
+            y_axis_label="",
+        )
+        if not overview:
             fig.xaxis.major_label_text_font_size = "7pt"
             fig.yaxis.major_label_text_font_size = "7pt"
             # 7pt labels: a 12 px line box stacked, 15 px along the axis at the x axis' slant.
@@ -756,18 +738,8 @@ def head_grid(weights, x_tokens=None, y_tokens=None, *, title="", ncols=4, size=
     )
     scale.axis.visible = False
     scale.grid.visible = False
-    scale.add_layout(
-        ColorBar(
-            formatter=_color_bar_ticks(),
-            color_mapper=LinearColorMapper(palette=Viridis256, low=0.0, high=high),
-            width=8,
-            title="attention weight",
-            title_text_font_size="8pt",
-            title_text_font_style="normal",
-            name="grid_color_bar",
-        ),
-        "left",
-    )
+    mapper = LinearColorMapper(palette=Viridis256, low=0.0, high=high)
+    scale.add_layout(_color_bar(mapper, "attention weight", name="grid_color_bar"), "left")
     # An invisible glyph keeps Bokeh from warning about an empty figure.
     scale.scatter([0], [0], alpha=0.0)
     return gridplot(
@@ -861,42 +833,13 @@ def model_view(
             "model_view: `thumbnails` and `layer_names` must be non-empty and of the same length. "
             f"Received: {len(thumbnails)} thumbnails, {len(layer_names)} names"
         )
-    images, cells = (
-        {"image": [], "x": [], "y": [], "dw": [], "dh": []},
-        {"layer": [], "head": [], "x": [], "y": []},
-    )
-    high = 1e-9
-    for row_index, (heads, name) in enumerate(zip(thumbnails, layer_names, strict=True)):
-        heads = _numbers(heads, "model_view", f"thumbnails[{row_index}]")
-        if heads.ndim != 3:
-            raise ValueError(
-                f"model_view: each of `thumbnails` must be (heads, Tq, Tv). Received: "
-                f"shape {heads.shape} at thumbnails[{row_index}]"
-            )
-        for head_index, head in enumerate(heads):
-            small = downsample(head, max_size)[0] if max(head.shape) > max_size else head
-            high = max(high, float(np.nanmax(small)) if small.size else 0.0)
-            left, top = head_index * (1 + THUMBNAIL_GAP), row_index * (1 + THUMBNAIL_GAP)
-            images["image"].append(small)
-            images["x"].append(left)
-            images["y"].append(top)
-            images["dw"].append(1.0)
-            images["dh"].append(1.0)
-            cells["layer"].append(str(name))
-            cells["head"].append(head_index)
-            cells["x"].append(left + 0.5)
-            cells["y"].append(top + 0.5)
+    images, cells, high = _thumbnail_data(thumbnails, layer_names, max_size)
     num_rows = len(thumbnails)
     num_cols = max(np.asarray(t).shape[0] for t in thumbnails)
     span_x, span_y = num_cols * (1 + THUMBNAIL_GAP), num_rows * (1 + THUMBNAIL_GAP)
-    label_room = 8 * min(28, max(len(str(n)) for n in layer_names))
     fig = figure(
         title=title,
-        # The title starts after the layer names (the frame's left edge): room for both.
-        width=max(
-            int(num_cols * size * (1 + THUMBNAIL_GAP)) + label_room + 110,
-            label_room + 60 + int(7.5 * len(title)),
-        ),
+        width=_grid_width(int(num_cols * size * (1 + THUMBNAIL_GAP)) + 110, layer_names, title),
         height=int(num_rows * size * (1 + THUMBNAIL_GAP)) + 70,
         x_range=Range1d(-THUMBNAIL_GAP, span_x),
         y_range=Range1d(span_y, -THUMBNAIL_GAP),
@@ -937,41 +880,78 @@ def model_view(
     # No hover tooltip: it would sit under the pointer and take the click (the
     # axes name layer and head).
     fig.grid.visible = False
-    fig.xaxis.ticker = FixedTicker(ticks=[h * (1 + THUMBNAIL_GAP) + 0.5 for h in range(num_cols)])
-    fig.xaxis.major_label_overrides = {
-        h * (1 + THUMBNAIL_GAP) + 0.5: f"head {h}" for h in range(num_cols)
-    }
-    fig.yaxis.ticker = FixedTicker(ticks=[r * (1 + THUMBNAIL_GAP) + 0.5 for r in range(num_rows)])
-    fig.yaxis.major_label_overrides = {
-        r * (1 + THUMBNAIL_GAP) + 0.5: shorten(n, 28) for r, n in enumerate(layer_names)
-    }
-    fig.add_layout(
-        ColorBar(
-            formatter=_color_bar_ticks(),
-            color_mapper=mapper,
-            width=8,
-            title="attention weight",
-            title_text_font_size="8pt",
-            title_text_font_style="normal",
-            name="model_view_color_bar",
-        ),
-        "right",
+    _label_layers_and_heads(fig, layer_names, num_cols, pitch=1 + THUMBNAIL_GAP, offset=0.5)
+    fig.add_layout(_color_bar(mapper, "attention weight", name="model_view_color_bar"), "right")
+    marks = ColumnDataSource(
+        model_view_mask_data(thumbnails, masked), name="model_view_mask_source"
     )
-    # Masked heads crossed out: a masked head's own map does not change (its weights are
-    # still computed; its output is what is dropped), so without a mark nothing showed it.
+    _cross_out_masked_heads(fig, marks, int(size * 0.6), name="model_view_masks")
+    return fig
+
+
+def _thumbnail_data(thumbnails, layer_names, max_size):
+    """`(images, cells, high)` of `model_view`: the columns of its image source and of
+    its thumbnails' source, and the largest weight shown (its colour scale's top)."""
+    images = {"image": [], "x": [], "y": [], "dw": [], "dh": []}
+    cells = {"layer": [], "head": [], "x": [], "y": []}
+    high = 1e-9
+    for row_index, (heads, name) in enumerate(zip(thumbnails, layer_names, strict=True)):
+        heads = _numbers(heads, "model_view", f"thumbnails[{row_index}]")
+        if heads.ndim != 3:
+            raise ValueError(
+                f"model_view: each of `thumbnails` must be (heads, Tq, Tv). Received: "
+                f"shape {heads.shape} at thumbnails[{row_index}]"
+            )
+        for head_index, head in enumerate(heads):
+            small = downsample(head, max_size)[0] if max(head.shape) > max_size else head
+            high = max(high, float(np.nanmax(small)) if small.size else 0.0)
+            left, top = head_index * (1 + THUMBNAIL_GAP), row_index * (1 + THUMBNAIL_GAP)
+            images["image"].append(small)
+            images["x"].append(left)
+            images["y"].append(top)
+            images["dw"].append(1.0)
+            images["dh"].append(1.0)
+            cells["layer"].append(str(name))
+            cells["head"].append(head_index)
+            cells["x"].append(left + 0.5)
+            cells["y"].append(top + 0.5)
+    return images, cells, high
+
+
+def _grid_width(grid_pixels, layer_names, title):
+    """The width of a layer x head figure: its grid beside the layer names (up to 28
+    characters), and no less than its title needs (it starts after the names too)."""
+    label_room = 8 * min(28, max(len(str(name)) for name in layer_names))
+    return max(grid_pixels + label_room, label_room + 60 + int(7.5 * len(title)))
+
+
+def _label_layers_and_heads(fig, layer_names, num_heads, pitch=1, offset=0):
+    """Names a layer x head grid's columns `head h` and its rows by layer (up to 28
+    characters); cell `(layer, head)` is centred at `offset + (head, layer) * pitch`."""
+    head_ticks = [h * pitch + offset for h in range(num_heads)]
+    layer_ticks = [r * pitch + offset for r in range(len(layer_names))]
+    fig.xaxis.ticker = FixedTicker(ticks=head_ticks)
+    fig.xaxis.major_label_overrides = {tick: f"head {h}" for h, tick in enumerate(head_ticks)}
+    fig.yaxis.ticker = FixedTicker(ticks=layer_ticks)
+    fig.yaxis.major_label_overrides = {
+        tick: shorten(name, 28) for tick, name in zip(layer_ticks, layer_names, strict=True)
+    }
+
+
+def _cross_out_masked_heads(fig, marks, size, name=None):
+    """Draws a red cross at each `(x, y)` of the `marks` source: a masked head's own
+    map does not change (its weights are still computed; its output is what is
+    dropped), so without a mark nothing shows it."""
     fig.scatter(
         x="x",
         y="y",
         marker="x",
-        size=int(size * 0.6),
+        size=size,
         line_width=3,
         line_color=MASKED_HEAD_COLOR,
-        source=ColumnDataSource(
-            model_view_mask_data(thumbnails, masked), name="model_view_mask_source"
-        ),
-        name="model_view_masks",
+        source=marks,
+        name=name,
     )
-    return fig
 
 
 def model_view_mask_data(thumbnails, masked):
@@ -1072,27 +1052,9 @@ def head_view(detail_figure, *, width=300, height=420):
     Returns `(view_figure, bars_figure, token_source)`.
     """
     width, height = _options("head_view", width=width, height=height)
-    if hasattr(detail_figure, "renderers") and not detail_figure.renderers:
-        raise ValueError(
-            "head_view: `detail_figure` must be a figure made by `heatmap`. "
-            f"Received: detail_figure={detail_figure!r} with no renderers"
-        )
-    if not hasattr(detail_figure, "renderers"):
-        raise TypeError(
-            "head_view: `detail_figure` must be a figure made by `heatmap`. "
-            f"Received: detail_figure={reprlib.repr(detail_figure)}"
-        )
-    detail = _first_source(detail_figure, "head_view")
-    data = detail.data
-    missing = {"row", "col", "weight", "x_token", "y_token"} - set(data)
-    if missing:
-        raise ValueError(
-            "head_view: `detail_figure` must be a figure made by `heatmap` (its data "
-            f"source has the columns row, col, weight, x_token, y_token). Received: "
-            f"detail_figure whose source lacks {sorted(missing)}"
-        )
-    rows = max(data["row"], default=-1) + 1
-    cols = max(data["col"], default=-1) + 1
+    detail = _heatmap_cells(detail_figure)
+    rows = max(detail.data["row"], default=-1) + 1
+    cols = max(detail.data["col"], default=-1) + 1
     layout = head_view_layout(rows, cols, height)
     view = figure(
         title="Head view: hover or click a token",
@@ -1107,34 +1069,87 @@ def head_view(detail_figure, *, width=300, height=420):
     view.axis.visible = False
     view.grid.visible = False
     view.title.text_font_size = "9pt"
-    # Lines straight from the heatmap's cells: query `row` on the left, key `col` on the right.
+    _draw_head_view_lines(view, detail)
+    token_source = ColumnDataSource(head_view_tokens([], []), name="head_view_tokens")
+    boxes = _draw_head_view_tokens(view, token_source)
+    view.select_one({"type": TapTool}).update(renderers=[boxes], mode="replace")
+    bars = ColumnDataSource({"position": [], "weight": [], "token": []}, name="head_view_bars")
+    bars_figure = _head_view_bars_figure(bars, width)
+    # Non-selected heatmap cells are dimmed, so a focused token's row/column stands out.
+    cells = detail_figure.select_one({"name": "cells"})
+    cells.nonselection_glyph = cells.glyph.clone(fill_alpha=0.25)
+    arguments = dict(
+        detail=detail,
+        tokens=token_source,
+        bars=bars,
+        bars_figure=bars_figure,
+        bars_axis=bars_figure.xaxis[0],
+    )
+    # Named: a document shown before its first change runs it at document_ready
+    # (`redraw_head_view_when_ready`), so the bars are there before any hover.
+    on_change = CustomJS(
+        args=arguments, code="const hovered = [];\n" + HEAD_VIEW_JS, name=HEAD_VIEW_REDRAW
+    )
+    on_hover = CustomJS(
+        args=arguments, code="const hovered = cb_data.index.indices;\n" + HEAD_VIEW_JS
+    )
+    view.add_tools(HoverTool(renderers=[boxes], tooltips=None, callback=on_hover))
+    token_source.selected.js_on_change("indices", on_change)
+    # A new matrix arrives as new data, or (live widgets send only what changed) as a patch.
+    for source in (token_source, detail):
+        source.js_on_change("data", on_change)
+        source.js_on_change("patching", on_change)
+    return view, bars_figure, token_source
+
+
+def _heatmap_cells(detail_figure):
+    """The data source of a `heatmap` figure, or `head_view`'s error."""
+    if hasattr(detail_figure, "renderers") and not detail_figure.renderers:
+        raise ValueError(
+            "head_view: `detail_figure` must be a figure made by `heatmap`. "
+            f"Received: detail_figure={detail_figure!r} with no renderers"
+        )
+    if not hasattr(detail_figure, "renderers"):
+        raise TypeError(
+            "head_view: `detail_figure` must be a figure made by `heatmap`. "
+            f"Received: detail_figure={reprlib.repr(detail_figure)}"
+        )
+    detail = _first_source(detail_figure, "head_view")
+    missing = {"row", "col", "weight", "x_token", "y_token"} - set(detail.data)
+    if missing:
+        raise ValueError(
+            "head_view: `detail_figure` must be a figure made by `heatmap` (its data "
+            f"source has the columns row, col, weight, x_token, y_token). Received: "
+            f"detail_figure whose source lacks {sorted(missing)}"
+        )
+    return detail
+
+
+def _draw_head_view_lines(view, detail):
+    """One line per cell of the heatmap's source `detail`: query `row` on the left, key
+    `col` on the right, as opaque as the weight over the largest."""
+    ends = dict(x0=0.0, y0="row", x1=1.0, y1="col")
     opacity = CustomJSTransform(
         v_func="const m = Math.max(1e-12, ...xs); return xs.map((x) => 0.9 * x / m);"
     )
+    weight_alpha = {"field": "weight", "transform": opacity}
     lines = view.segment(
-        x0=0.0,
-        y0="row",
-        x1=1.0,
-        y1="col",
+        **ends,
         source=detail,
         line_color="#3b6ea5",
         line_width=2,
-        line_alpha={"field": "weight", "transform": opacity},
+        line_alpha=weight_alpha,
         name="head_view_lines",
     )
     lines.selection_glyph = Segment(
-        x0=0.0,
-        y0="row",
-        x1=1.0,
-        y1="col",
-        line_color=SELECTED_COLOR,
-        line_width=2.5,
-        line_alpha={"field": "weight", "transform": opacity},
+        **ends, line_color=SELECTED_COLOR, line_width=2.5, line_alpha=weight_alpha
     )
-    lines.nonselection_glyph = Segment(
-        x0=0.0, y0="row", x1=1.0, y1="col", line_color="#3b6ea5", line_alpha=0.04
-    )
-    token_source = ColumnDataSource(head_view_tokens([], []), name="head_view_tokens")
+    lines.nonselection_glyph = Segment(**ends, line_color="#3b6ea5", line_alpha=0.04)
+
+
+def _draw_head_view_tokens(view, token_source):
+    """The tokens' labels and, behind them, the boxes that hover and taps light up
+    (returned: the tap and hover tools act on them)."""
     boxes = view.rect(
         x="x",
         y="position",
@@ -1165,8 +1180,11 @@ def head_view(detail_figure, *, width=300, height=420):
         text_color="#444444",
         nonselection_text_alpha=1.0,
     )
-    view.select_one({"type": TapTool}).update(renderers=[boxes], mode="replace")
-    bars = ColumnDataSource({"position": [], "weight": [], "token": []}, name="head_view_bars")
+    return boxes
+
+
+def _head_view_bars_figure(bars, width):
+    """The head view's bar chart of `bars`: the weights of the focused token."""
     bars_figure = figure(
         title="hover or click a token",
         width=width,
@@ -1184,31 +1202,7 @@ def head_view(detail_figure, *, width=300, height=420):
     bars_figure.xaxis.ticker = FixedTicker(ticks=[])
     bars_figure.xaxis.major_label_orientation = 0.9
     bars_figure.xgrid.visible = False
-    # Non-selected heatmap cells are dimmed, so a focused token's row/column stands out.
-    cells = detail_figure.select_one({"name": "cells"})
-    cells.nonselection_glyph = cells.glyph.clone(fill_alpha=0.25)
-    arguments = dict(
-        detail=detail,
-        tokens=token_source,
-        bars=bars,
-        bars_figure=bars_figure,
-        bars_axis=bars_figure.xaxis[0],
-    )
-    # Named: a document shown before its first change runs it at document_ready
-    # (`redraw_head_view_when_ready`), so the bars are there before any hover.
-    on_change = CustomJS(
-        args=arguments, code="const hovered = [];\n" + HEAD_VIEW_JS, name=HEAD_VIEW_REDRAW
-    )
-    on_hover = CustomJS(
-        args=arguments, code="const hovered = cb_data.index.indices;\n" + HEAD_VIEW_JS
-    )
-    view.add_tools(HoverTool(renderers=[boxes], tooltips=None, callback=on_hover))
-    token_source.selected.js_on_change("indices", on_change)
-    # A new matrix arrives as new data, or (live widgets send only what changed) as a patch.
-    for source in (token_source, detail):
-        source.js_on_change("data", on_change)
-        source.js_on_change("patching", on_change)
-    return view, bars_figure, token_source
+    return bars_figure
 
 
 HEAD_VIEW_REDRAW = "head_view_redraw"
@@ -1301,10 +1295,9 @@ def head_importance_grid(
     num_rows = len(layer_names)
     num_cols = max(len(np.atleast_1d(s)) for s in importance)
     size = 34
-    label_room = 8 * min(28, max(len(str(n)) for n in layer_names))
     fig = figure(
         title=title,
-        width=max(num_cols * size + label_room + 130, label_room + 60 + int(7.5 * len(title))),
+        width=_grid_width(num_cols * size + 130, layer_names, title),
         # Room for the colour bar's ticks beside a grid of one or two layers.
         height=max(num_rows * size + 80, 170),
         x_range=Range1d(-0.5, num_cols - 0.5),
@@ -1336,33 +1329,13 @@ def head_importance_grid(
         name="head_importance_cells",
     )
     fig.select_one({"type": TapTool}).update(renderers=[rects], mode="replace")
-    fig.scatter(
-        x="x",
-        y="y",
-        marker="x",
-        size=int(size * 0.7),
-        line_width=3,
-        line_color=MASKED_HEAD_COLOR,
-        source=ColumnDataSource(marks, name="head_mask_source"),
-    )
+    _cross_out_masked_heads(fig, ColumnDataSource(marks, name="head_mask_source"), int(size * 0.7))
     fig.grid.visible = False
-    fig.xaxis.ticker = FixedTicker(ticks=list(range(num_cols)))
-    fig.xaxis.major_label_overrides = {h: f"head {h}" for h in range(num_cols)}
+    _label_layers_and_heads(fig, layer_names, num_cols)
     fig.xaxis.major_label_orientation = 0.9 if num_cols > 4 else 0.0
-    fig.yaxis.ticker = FixedTicker(ticks=list(range(num_rows)))
-    fig.yaxis.major_label_overrides = {r: shorten(n, 28) for r, n in enumerate(layer_names)}
     if known:
         fig.add_layout(
-            ColorBar(
-                formatter=_color_bar_ticks(),
-                color_mapper=mapper,
-                width=8,
-                title=color_bar_title,
-                title_text_font_size="8pt",
-                title_text_font_style="normal",
-                name="head_importance_color_bar",
-            ),
-            "right",
+            _color_bar(mapper, color_bar_title, name="head_importance_color_bar"), "right"
         )
     return fig
 

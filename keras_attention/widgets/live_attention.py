@@ -270,7 +270,6 @@ class LiveAttention(keras.callbacks.Callback, Component):
         """A Bokeh document replaying every recorded frame without a kernel (`export_html`)."""
         from bokeh.document import Document
         from bokeh.layouts import column
-        from bokeh.models import Slider
 
         panels = {}
         for name, fig in self.figures.items():
@@ -288,17 +287,7 @@ class LiveAttention(keras.callbacks.Callback, Component):
             _frames.frame_key(index): _frame(title, matrices, self.color_range)
             for index, (title, matrices) in enumerate(self.frames)
         }
-        slider = Slider(
-            start=0,
-            end=max(len(frames) - 1, 1),
-            value=len(frames) - 1,
-            step=1,
-            title="frame",
-            name="frame_slider",
-            width=400,
-            disabled=len(frames) == 1,
-            tooltips=False,
-        )  # the title shows the value; a bubble covered the title
+        slider = _frames.frame_slider(0, len(frames) - 1, title="frame", name="frame_slider")
         sources = {name: figures.heatmap_source(fig) for name, fig in panels.items()}
         callback = _frames.swap_frame_callback(
             self._frame_models(sources, panels), frames, [slider]

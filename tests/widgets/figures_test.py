@@ -174,6 +174,50 @@ def test_model_view_crosses_out_masked_heads():
         figures.model_view(thumbnails, ["a", "b"], masked=[["x", "y"], None])
 
 
+@pytest.mark.parametrize(
+    "build, source_name",
+    [
+        (
+            lambda heads: figures.model_view([np.ones((n, 2, 2)) for n in heads], ["enc", "dec"]),
+            "model_view_source",
+        ),
+        (
+            lambda heads: figures.head_importance_grid([np.ones(n) for n in heads], ["enc", "dec"]),
+            "head_importance_source",
+        ),
+    ],
+    ids=["model_view", "head_importance_grid"],
+)
+def test_layer_head_grids_name_the_head_and_layer_at_each_cell(build, source_name):
+    fig = build([3, 2])
+    cells = fig.select_one({"name": source_name}).data
+    assert fig.xaxis[0].ticker.ticks == sorted(set(cells["x"]))
+    assert fig.yaxis[0].ticker.ticks == sorted(set(cells["y"]))
+    for layer, head, x, y in zip(
+        cells["layer"], cells["head"], cells["x"], cells["y"], strict=True
+    ):
+        assert fig.xaxis[0].major_label_overrides[x] == f"head {head}"
+        assert fig.yaxis[0].major_label_overrides[y] == layer
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda weights: figures.heatmap(weights[0]),
+        lambda weights: figures.image_heatmap(weights[0]),
+        lambda weights: figures.head_grid(weights),
+        lambda weights: figures.model_view([weights], ["layer"]),
+        lambda weights: figures.head_importance_grid([weights[:, 0, 0]], ["layer"]),
+    ],
+    ids=["heatmap", "image_heatmap", "head_grid", "model_view", "head_importance_grid"],
+)
+def test_colour_bars_tick_in_plain_decimals(build):
+    from bokeh.models import ColorBar
+
+    (bar,) = build(np.full((2, 3, 3), 0.003)).select({"type": ColorBar})
+    assert bar.formatter.use_scientific is False  # "0.003", not Bokeh's "3.000e-3"
+
+
 def test_an_export_follows_a_dark_page_with_one_sheet_per_control(tmp_path):
     from bokeh.layouts import column
     from bokeh.models import Select

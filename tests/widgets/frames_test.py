@@ -1,3 +1,4 @@
+import pytest
 from bokeh.models import ColumnDataSource
 from bokeh.models import Range1d
 
@@ -32,3 +33,12 @@ def test_set_data_streams_appended_rows_and_patches_changed_columns(monkeypatch)
 
 def test_frame_keys_are_the_controls_values_as_the_page_reads_them():
     assert _frames.frame_key(3, 1, "mean of heads") == "3|1|mean of heads"
+
+
+@pytest.mark.parametrize("first, last", [(0, 0), (1, 1), (0, 4), (1, 3)])
+def test_a_frame_slider_opens_on_the_last_frame_and_is_disabled_for_one(first, last):
+    slider = _frames.frame_slider(first, last, title="step", name="step_slider")
+    assert (slider.start, slider.value, slider.disabled) == (first, last, first == last)
+    assert slider.end > slider.start  # Bokeh draws no slider over an empty range
+    if last > first:
+        assert slider.end == last
