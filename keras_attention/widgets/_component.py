@@ -2,6 +2,7 @@
 
 import contextlib
 import html
+import weakref
 
 from bokeh.core.json_encoder import serialize_json
 from bokeh.core.serialization import Deserializer
@@ -75,6 +76,14 @@ class FreshBokehModel(BokehModel):
       have missed some changes, so the current state is sent again and the
       views redraw from it. Changes made while a view is connected keep
       flowing as small patches.
+
+    Serialising a document takes long (0.1-0.8 s a figure on a loaded
+    2-core machine), and a page that opens asks for every widget's state at
+    once: Voila waits 4 s for that answer, then falls back to asking widget
+    by widget, and a page with two explorers then drew only the first. So
+    the serialised document is kept until the document changes, and the
+    ones a cell changed are serialised after the cell (`post_execute`),
+    while the kernel is busy anyway: a page that opens is answered at once.
     """
 
     def __init__(self, model, **kwargs):
@@ -82,21 +91,42 @@ class FreshBokehModel(BokehModel):
         # serialised state included.
         self._changes = 0
         self._changes_serialised = 0
+        # The serialised document and the document version it holds (every
+        # change counts, the page's too).
+        self._version = 0
+        self._bundle_json, self._bundle_version, self._bundle_changes = None, -1, 0
         if model.document is None:
             Document().add_root(model)
         # Before the first serialisation: the figures follow the page's light/dark theme.
         _theme.follow_page_theme(model.document, model)
         super().__init__(model, **kwargs)
         self._document.on_event(DocumentReady, self._on_view_drawn)
+        _serialise_after_each_cell()
+
+    def update_from_model(self, model):
+        super().update_from_model(model)  # serialises the document into `render_bundle`
+        self._bundle_json, self._bundle_version = serialize_json(self.render_bundle), self._version
 
     def get_state(self, key=None, drop_defaults=False):
-        state = super().get_state(key, drop_defaults)
-        if "render_bundle" in state:
-            self._changes_serialised = self._changes
-            state["render_bundle"] = serialize_json(self._model_to_traits(self._model))
+        keys = self.keys if key is None else [key] if isinstance(key, str) else list(key)
+        state = super().get_state([k for k in keys if k != "render_bundle"], drop_defaults)
+        if "render_bundle" in keys:  # sent: the views drawn from it hold these changes
+            state["render_bundle"] = self.serialised_document()
+            self._changes_serialised = self._bundle_changes
         return state
 
+    def serialised_document(self):
+        """The `render_bundle` of the document as it is now (kept until it changes)."""
+        if self._bundle_version != self._version:
+            changes, version = self._changes, self._version
+            self._bundle_json = serialize_json(self._model_to_traits(self._model))
+            self._bundle_version, self._bundle_changes = version, changes
+        _changed.discard(self)
+        return self._bundle_json
+
     def _document_patched(self, event):
+        self._version += 1
+        _changed.add(self)
         if event.setter is not self:  # changes made in the page are already there
             self._changes += 1
         super()._document_patched(event)
@@ -148,3 +178,27 @@ class FreshBokehModel(BokehModel):
             return
         self._closed_once = True
         super().close()
+
+
+# The FreshBokehModels whose documents changed since they were last serialised.
+_changed = weakref.WeakSet()
+_hooked = []
+
+
+def _serialise_changed(*_):
+    for widget in list(_changed):
+        widget.serialised_document()
+
+
+def _serialise_after_each_cell():
+    """In a kernel, once: serialise the changed documents after each cell runs."""
+    if _hooked:
+        return
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and hasattr(shell, "events"):
+        shell.events.register("post_execute", _serialise_changed)
+        _hooked.append(shell)

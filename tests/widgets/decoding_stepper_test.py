@@ -343,6 +343,66 @@ def test_a_front_end_connecting_late_gets_the_current_document(fake_comm):
     assert json.dumps(step.token) in document and str(float(step.attention[0]))[:8] in document
 
 
+def test_a_page_that_opens_is_answered_from_the_document_serialised_after_the_cell(
+    fake_comm, monkeypatch
+):
+    # Serialising a document takes 0.1-0.8 s a figure; a page asks for every widget's
+    # state at once and Voila gives up after 4 s (it then drew one explorer of two).
+    # The documents a cell changed are serialised after it (post_execute); a page's
+    # request is answered from that, and any later change, the page's too, is new.
+    import json
+
+    from keras_attention.widgets import _component
+
+    hooks = []
+
+    class Shell:
+        class events:
+            register = staticmethod(lambda name, hook: hooks.append((name, hook)))
+
+    monkeypatch.setattr(_component, "_hooked", [])
+    monkeypatch.setattr("IPython.get_ipython", lambda: Shell())
+    stepper = DecodingStepper(FakeTranslator(), SOURCE)
+    assert [name for name, _ in hooks] == ["post_execute"]  # in a kernel, hooked once
+    widget = stepper.bokeh_widget
+    step = stepper.next_token()
+    hooks[0][1]()  # the cell ends
+    serialised = []
+    original = type(widget)._model_to_traits
+    monkeypatch.setattr(
+        type(widget),
+        "_model_to_traits",
+        classmethod(lambda cls, model: serialised.append(1) or original(model)),
+    )
+    sent = []
+    monkeypatch.setattr(widget, "send_state", lambda key=None: sent.append(key))
+    widget._on_view_drawn(None)  # a view drawn from the state sent at creation is stale ...
+    assert sent == ["render_bundle"]
+    bundle = json.loads(widget.get_state()["render_bundle"])  # ... and the page's request
+    assert serialised == []  # is answered without serialising again
+    assert json.dumps(step.token) in json.dumps(bundle["docs_json"])
+    widget._on_view_drawn(None)  # drawn from that state: nothing to resend
+    assert sent == ["render_bundle"]
+    # A change the page made (a selection) is in the next state.
+    source = stepper.heatmap_source
+    widget._document.apply_json_patch(
+        {
+            "events": [
+                {
+                    "kind": "ModelChanged",
+                    "model": source.selected.ref,
+                    "attr": "indices",
+                    "new": [2],
+                }
+            ]
+        },
+        setter=widget,
+    )
+    assert source.selected.indices == [2]
+    bundle = json.loads(widget.get_state()["render_bundle"])
+    assert serialised == [1]
+
+
 @pytest.mark.tf_only
 def test_seq2seq_session_values_are_the_encoder_outputs_attention_sums(fake_comm):
     from keras_attention.models import Seq2SeqTranslator

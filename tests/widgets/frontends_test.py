@@ -530,6 +530,12 @@ class Run:
         self.page.on(
             "dialog", lambda dialog: (self.page.alerts.append(dialog.message), dialog.dismiss())
         )
+        self.page.console_errors = []
+        self.page.on(
+            "console",
+            lambda m: m.type in ("error", "warning") and self.page.console_errors.append(m.text),
+        )
+        self.page.on("pageerror", lambda e: self.page.console_errors.append(f"pageerror: {e}"))
 
     def open(self):
         """Opens the notebook; JupyterLab and Notebook 7 then run all its cells in the page."""
@@ -1357,11 +1363,26 @@ def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, the
         opened.kernel_state()
         # The token labels arrive with the kernel's first frame, which a loaded
         # machine may deliver after the documents (CI: empty at 500 ms once).
-        opened.wait(
-            f"(() => {{ const v = ({READ_HEAD_VIEWS})(); "
-            "return v.length === 2 && v.every((x) => x.position.length > 0); })()",
-            timeout_s=60,
-        )
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            opened.wait(
+                f"(() => {{ const v = ({READ_HEAD_VIEWS})(); "
+                "return v.length === 2 && v.every((x) => x.position.length > 0); })()",
+                timeout_s=60,
+            )
+        except PlaywrightTimeout:
+            views = opened.page.evaluate(READ_HEAD_VIEWS)
+            raise AssertionError(
+                "head views (labels, detail cells) on the page: "
+                + str([(len(v["position"]), len(v["rows"])) for v in views])
+                + "; documents: "
+                + str(opened.page.evaluate("window.Bokeh ? window.Bokeh.documents.length : -1"))
+                + "; widget boxes: "
+                + str(opened.page.locator(".widget-vbox").count())
+                + "; console: "
+                + str(opened.page.console_errors[-20:])
+            ) from None
         opened.page.wait_for_timeout(500)  # nothing touched: this is the first draw
         for theme in themes:  # ... in each theme (nothing touched but the theme)
             if theme == "dark" and not served_dark:
