@@ -66,6 +66,9 @@ class ChannelAttentionBase(keras.layers.Layer):
         excite.build((None, channels // self.ratio))
         return squeeze, excite
 
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
     def _output_specs(self, inputs):
         """The outputs' and the channel weights' `KerasTensor`s."""
         check_feature_map_shape(self, inputs.shape, self.ratio)
@@ -74,9 +77,6 @@ class ChannelAttentionBase(keras.layers.Layer):
             (inputs.shape[0], inputs.shape[-1]), dtype=self.compute_dtype
         )
         return outputs, channel_weights
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
 
     def get_config(self):
         config = super().get_config()
