@@ -4,12 +4,13 @@ from keras import ops
 from keras_attention.api_export import keras_attention_export
 from keras_attention.layers.machinery import utils
 from keras_attention.layers.machinery.utils import validate_positive_int
+from keras_attention.layers.squeeze_excitation import ChannelAttentionBase
 from keras_attention.layers.squeeze_excitation import check_feature_map_shape
 from keras_attention.ops import masking
 
 
 @keras_attention_export("layers")
-class CBAM(keras.layers.Layer):
+class CBAM(ChannelAttentionBase):
     """Convolutional Block Attention Module: channel, then spatial attention.
 
     From [Woo et al., 2018](https://arxiv.org/abs/1807.06521).
@@ -57,8 +58,7 @@ class CBAM(keras.layers.Layer):
         bias_initializer="zeros",
         **kwargs,
     ):
-        super().__init__(**kwargs)
-        self.ratio = validate_positive_int("CBAM", "ratio", ratio)
+        super().__init__(ratio, kernel_initializer, bias_initializer, **kwargs)
         validate_positive_int("CBAM", "kernel_size", kernel_size)
         if kernel_size % 2 == 0:
             raise ValueError(
@@ -66,23 +66,13 @@ class CBAM(keras.layers.Layer):
                 f"is centred on each pixel. Received: kernel_size={kernel_size}"
             )
         self.kernel_size = kernel_size
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
 
     def build(self, inputs_shape):
         channels = check_feature_map_shape(self, inputs_shape, self.ratio)
-
-        self.channel_squeeze_dense = keras.layers.Dense(
-            channels // self.ratio,
-            activation="relu",
-            name="channel_squeeze_dense",
-            **utils.sublayer_arguments(self),
+        # No sigmoid here: it follows the sum of both descriptors' scores.
+        self.channel_squeeze_dense, self.channel_excite_dense = self._build_channel_mlp(
+            channels, prefix="channel_"
         )
-        self.channel_squeeze_dense.build((None, channels))
-        self.channel_excite_dense = keras.layers.Dense(
-            channels, name="channel_excite_dense", **utils.sublayer_arguments(self)
-        )
-        self.channel_excite_dense.build((None, channels // self.ratio))
         self.spatial_conv = keras.layers.Conv2D(
             1,
             self.kernel_size,
@@ -120,28 +110,14 @@ class CBAM(keras.layers.Layer):
             return outputs, (channel_weights, spatial_weights)
         return outputs
 
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
     def compute_output_spec(self, inputs, return_attention_scores=False):
-        check_feature_map_shape(self, inputs.shape, self.ratio)
-        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        outputs, channel_weights = self._output_specs(inputs)
         if not return_attention_scores:
             return outputs
-        channel_weights = keras.KerasTensor(
-            (inputs.shape[0], inputs.shape[-1]), dtype=self.compute_dtype
-        )
         spatial_weights = keras.KerasTensor(tuple(inputs.shape[:3]), dtype=self.compute_dtype)
         return outputs, (channel_weights, spatial_weights)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "ratio": self.ratio,
-                "kernel_size": self.kernel_size,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            }
-        )
+        config["kernel_size"] = self.kernel_size
         return config

@@ -311,17 +311,15 @@ class ScoreAttention(BaseAttention):
             query, value, key = (
                 ops.reshape(x, (-1,) + tuple(ops.shape(x)[-2:])) for x in (query, value, key)
             )
-        output, weights = self._attend(
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            use_causal_mask,
-            training,
+        # One description of what each query sees, as the multi-head family
+        # builds it; `_attend` reads every mask from it.
+        mask = attention_masks.AttentionMask.from_tensors(
+            query_mask=query_mask,
+            key_mask=masking.merge_masks(value_mask, key_mask),
+            attention_mask=attention_mask,
+            causal=use_causal_mask,
         )
+        output, weights = self._attend(query, value, key, mask, training)
         if leading is not None:
             output = ops.reshape(output, leading + tuple(ops.shape(output)[1:]))
             weights = ops.reshape(weights, leading + tuple(ops.shape(weights)[1:]))
@@ -349,37 +347,19 @@ class ScoreAttention(BaseAttention):
             flat(attention_mask, (tq, tv)),
         )
 
-    def _attend(
-        self,
-        query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-        training,
-    ):
-        """Scores, masked softmax and weighted sum over `(B, T, F)` inputs."""
-        # One description of what each query sees, as the multi-head family
-        # builds it; its dense form is `(B|1, 1, Tq, Tv)`.
-        combined = attention_masks.AttentionMask.from_tensors(
-            query_mask=query_mask,
-            key_mask=masking.merge_masks(value_mask, key_mask),
-            attention_mask=attention_mask,
-            causal=use_causal_mask,
-        ).dense(ops.shape(query)[1], ops.shape(key)[1])
+    def _attend(self, query, value, key, mask, training):
+        """Scores, masked softmax and weighted sum over `(B, T, F)` inputs;
+        `mask` is the call's `AttentionMask`."""
+        combined = mask.dense(ops.shape(query)[1], ops.shape(key)[1])  # (B|1, 1, Tq, Tv)
         combined = None if combined is None else combined[:, 0]
         # Scores and the weighted sum run in the compute dtype: integer
         # inputs are cast, as Keras' own layers do.
         query, value, key = (ops.cast(x, self.compute_dtype) for x in (query, value, key))
         # Masked positions are zeroed before any matmul, so that whatever
         # they hold (NaN, Inf) contributes nothing (0 * NaN would be NaN).
-        query = masking.zero_masked(query, query_mask)
-        keys_valid = masking.merge_masks(value_mask, key_mask)
-        value = masking.zero_masked(value, keys_valid)
-        key = masking.zero_masked(key, keys_valid)
+        query = masking.zero_masked(query, mask.query_mask)
+        value = masking.zero_masked(value, mask.key_mask)
+        key = masking.zero_masked(key, mask.key_mask)
         # NaN/Inf at a key hidden only by `attention_mask` or the causal mask
         # reaches only the queries that see it.
         key, value = masking.confine_nonfinite(key, value)
@@ -394,7 +374,7 @@ class ScoreAttention(BaseAttention):
         weights = self._dropout_layer(weights, training=training)
         output = score_ops.weighted_sum(weights, value)
         # A masked query row is zero whatever the values hold.
-        return masking.zero_masked(output, query_mask), weights
+        return masking.zero_masked(output, mask.query_mask), weights
 
     def compute_output_shape(self, query_shape=None, value_shape=None, key_shape=None, **shapes):
         if query_shape is None:

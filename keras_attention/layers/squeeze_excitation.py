@@ -31,8 +31,67 @@ def check_feature_map_shape(layer, shape, ratio):
     return channels
 
 
+class ChannelAttentionBase(keras.layers.Layer):
+    """What SE and CBAM share: `ratio`, the initializers and the channel MLP
+    `C -> C // ratio` (ReLU) `-> C` over a `(B, H, W, C)` map."""
+
+    def __init__(
+        self,
+        ratio,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.ratio = validate_positive_int(type(self).__name__, "ratio", ratio)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    def _build_channel_mlp(self, channels, prefix="", excite_activation=None):
+        """The MLP's two `Dense` layers, built, named `{prefix}squeeze_dense`
+        and `{prefix}excite_dense` (store them under those names)."""
+        squeeze = keras.layers.Dense(
+            channels // self.ratio,
+            activation="relu",
+            name=f"{prefix}squeeze_dense",
+            **utils.sublayer_arguments(self),
+        )
+        squeeze.build((None, channels))
+        excite = keras.layers.Dense(
+            channels,
+            activation=excite_activation,
+            name=f"{prefix}excite_dense",
+            **utils.sublayer_arguments(self),
+        )
+        excite.build((None, channels // self.ratio))
+        return squeeze, excite
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def _output_specs(self, inputs):
+        """The outputs' and the channel weights' `KerasTensor`s."""
+        check_feature_map_shape(self, inputs.shape, self.ratio)
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        channel_weights = keras.KerasTensor(
+            (inputs.shape[0], inputs.shape[-1]), dtype=self.compute_dtype
+        )
+        return outputs, channel_weights
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "ratio": self.ratio,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config
+
+
 @keras_attention_export("layers")
-class SqueezeExcitation(keras.layers.Layer):
+class SqueezeExcitation(ChannelAttentionBase):
     """Channel attention of Squeeze-and-Excitation networks.
 
     From [Hu et al., 2018](https://arxiv.org/abs/1709.01507). Squeeze: global
@@ -72,25 +131,13 @@ class SqueezeExcitation(keras.layers.Layer):
         bias_initializer="zeros",
         **kwargs,
     ):
-        super().__init__(**kwargs)
-        self.ratio = validate_positive_int("SqueezeExcitation", "ratio", ratio)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        super().__init__(ratio, kernel_initializer, bias_initializer, **kwargs)
 
     def build(self, inputs_shape):
         channels = check_feature_map_shape(self, inputs_shape, self.ratio)
-
-        self.squeeze_dense = keras.layers.Dense(
-            channels // self.ratio,
-            activation="relu",
-            name="squeeze_dense",
-            **utils.sublayer_arguments(self),
+        self.squeeze_dense, self.excite_dense = self._build_channel_mlp(
+            channels, excite_activation="sigmoid"
         )
-        self.squeeze_dense.build((None, channels))
-        self.excite_dense = keras.layers.Dense(
-            channels, activation="sigmoid", name="excite_dense", **utils.sublayer_arguments(self)
-        )
-        self.excite_dense.build((None, channels // self.ratio))
         self.built = True
 
     def call(self, inputs, return_attention_scores=False):
@@ -106,26 +153,6 @@ class SqueezeExcitation(keras.layers.Layer):
             return outputs, weights
         return outputs
 
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
     def compute_output_spec(self, inputs, return_attention_scores=False):
-        check_feature_map_shape(self, inputs.shape, self.ratio)
-        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        if return_attention_scores:
-            weights = keras.KerasTensor(
-                (inputs.shape[0], inputs.shape[-1]), dtype=self.compute_dtype
-            )
-            return outputs, weights
-        return outputs
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "ratio": self.ratio,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            }
-        )
-        return config
+        outputs, weights = self._output_specs(inputs)
+        return (outputs, weights) if return_attention_scores else outputs

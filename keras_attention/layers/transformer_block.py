@@ -186,6 +186,19 @@ class TransformerBlockBase(keras.layers.Layer):
                 f"unset. Received: {attention.name}={attention!r}"
             )
 
+    def _build_attention_sublayer(self, name, prototype, inputs_shape, other_shape):
+        """Builds the attention `name` over `(inputs, other)` and its residual
+        branch's `{name}_layer_norm` and `{name}_dropout`, stored under those
+        names (what `_residual(name, ...)`, saved weights and seeds use)."""
+        attention = self._make_attention(prototype, name)
+        self._check_attention_output(attention, inputs_shape, other_shape)
+        attention.build(inputs_shape, other_shape)
+        setattr(self, name, attention)
+        layer_norm = self._layer_norm(f"{name}_layer_norm")
+        layer_norm.build(inputs_shape)
+        setattr(self, f"{name}_layer_norm", layer_norm)
+        setattr(self, f"{name}_dropout", self._dropout(f"{name}_dropout"))
+
     def _dense(self, units, name, activation=None):
         return keras.layers.Dense(
             units,
@@ -232,8 +245,28 @@ class TransformerBlockBase(keras.layers.Layer):
         self.feedforward_output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
         self.feedforward_dropout = self._dropout("feedforward_dropout")
 
-    def _residual(self, sublayer, layer_norm, dropout, inputs, training):
-        """`LN(x + f(x))` (post-norm) or `x + f(LN(x))` (pre-norm)."""
+    def _attention_branch(self, layer, *source, return_attention_scores, caches=None, **arguments):
+        """The residual branch `x -> (outputs, weights or None)` calling
+        `layer(x, *source, **arguments)`. A cached call returns its cache
+        last: it goes to the list `caches` when given, else it is dropped (a
+        read-only cache comes back unchanged)."""
+
+        def branch(x):
+            result = layer(x, *source, return_attention_scores=return_attention_scores, **arguments)
+            if "cache" in arguments:
+                *result, cache = result
+                if caches is not None:
+                    caches.append(cache)
+                result = result[0] if len(result) == 1 else tuple(result)
+            return result if return_attention_scores else (result, None)
+
+        return branch
+
+    def _residual(self, name, sublayer, inputs, training):
+        """`LN(x + f(x))` (post-norm) or `x + f(LN(x))` (pre-norm), with the
+        `{name}_layer_norm` and `{name}_dropout` of the branch `name`."""
+        layer_norm = getattr(self, f"{name}_layer_norm")
+        dropout = getattr(self, f"{name}_dropout")
         normed = layer_norm(inputs) if self.norm_first else inputs
         outputs, extras = sublayer(normed)
         outputs = inputs + dropout(outputs, training=training)
@@ -246,13 +279,7 @@ class TransformerBlockBase(keras.layers.Layer):
             hidden = self.feedforward_intermediate_dense(x)
             return self.feedforward_output_dense(hidden), None
 
-        outputs, _ = self._residual(
-            feedforward,
-            self.feedforward_layer_norm,
-            self.feedforward_dropout,
-            inputs,
-            training,
-        )
+        outputs, _ = self._residual("feedforward", feedforward, inputs, training)
         return outputs
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):

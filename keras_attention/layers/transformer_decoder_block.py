@@ -1,4 +1,5 @@
 import math
+import types
 
 import keras
 from keras import ops
@@ -159,26 +160,20 @@ class TransformerDecoderBlock(TransformerBlockBase):
     def build(self, inputs_shape, encoder_outputs_shape=None):
         check_sequence_shape(self, "inputs", inputs_shape)
         inputs_shape = tuple(inputs_shape)
-        self.self_attention = self._make_attention(self._attention_prototype, "self_attention")
-        self._check_attention_output(self.self_attention, inputs_shape, inputs_shape)
-        self.self_attention.build(inputs_shape, inputs_shape)
-        self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm")
-        self.self_attention_layer_norm.build(inputs_shape)
-        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        self._build_attention_sublayer(
+            "self_attention", self._attention_prototype, inputs_shape, inputs_shape
+        )
 
         self.has_cross_attention = encoder_outputs_shape is not None
         if self.has_cross_attention:
             check_sequence_shape(self, "encoder_outputs", encoder_outputs_shape)
             encoder_outputs_shape = tuple(encoder_outputs_shape)
-            self.cross_attention = self._make_attention(
-                self._cross_attention_prototype or self._attention_prototype,
+            self._build_attention_sublayer(
                 "cross_attention",
+                self._cross_attention_prototype or self._attention_prototype,
+                inputs_shape,
+                encoder_outputs_shape,
             )
-            self._check_attention_output(self.cross_attention, inputs_shape, encoder_outputs_shape)
-            self.cross_attention.build(inputs_shape, encoder_outputs_shape)
-            self.cross_attention_layer_norm = self._layer_norm("cross_attention_layer_norm")
-            self.cross_attention_layer_norm.build(inputs_shape)
-            self.cross_attention_dropout = self._dropout("cross_attention_dropout")
         self._build_feedforward(inputs_shape)
         self.built = True
 
@@ -221,30 +216,22 @@ class TransformerDecoderBlock(TransformerBlockBase):
     def _error(self, message):
         return validation.error(self, message)
 
-    def _validate_call(
-        self,
-        inputs,
-        encoder_outputs,
-        decoder_padding_mask,
-        decoder_attention_mask,
-        encoder_padding_mask,
-        self_attention_cache,
-        cache_update_index,
-        cross_attention_cache,
-    ):
-        check_sequence_shape(self, "inputs", inputs.shape)
-        if encoder_outputs is not None:
-            check_sequence_shape(self, "encoder_outputs", encoder_outputs.shape)
-            if cross_attention_cache is not None:
+    def _validate_call(self, call):
+        """Checks a call's arguments (`call`: their namespace, from `call` or
+        `compute_output_spec`); returns the self- and encoder key lengths."""
+        check_sequence_shape(self, "inputs", call.inputs.shape)
+        if call.encoder_outputs is not None:
+            check_sequence_shape(self, "encoder_outputs", call.encoder_outputs.shape)
+            if call.cross_attention_cache is not None:
                 raise ValueError(
                     self._error(
                         "pass `encoder_outputs` or `cross_attention_cache`, not "
                         "both. Received: encoder_outputs with shape "
-                        f"{tuple(encoder_outputs.shape)} and cross_attention_cache "
-                        f"with shape {tuple(cross_attention_cache.shape)}"
+                        f"{tuple(call.encoder_outputs.shape)} and cross_attention_cache "
+                        f"with shape {tuple(call.cross_attention_cache.shape)}"
                     )
                 )
-        has_encoder = encoder_outputs is not None or cross_attention_cache is not None
+        has_encoder = call.encoder_outputs is not None or call.cross_attention_cache is not None
         if self.built and has_encoder != self.has_cross_attention:
             raise ValueError(
                 self._error(
@@ -255,42 +242,44 @@ class TransformerDecoderBlock(TransformerBlockBase):
                         else "without cross-attention (decoder-only), so it "
                         "takes no `encoder_outputs`/`cross_attention_cache`"
                     )
-                    + f". Received: encoder_outputs={_shape_of(encoder_outputs)}, "
-                    f"cross_attention_cache={_shape_of(cross_attention_cache)}"
+                    + f". Received: encoder_outputs={_shape_of(call.encoder_outputs)}, "
+                    f"cross_attention_cache={_shape_of(call.cross_attention_cache)}"
                 )
             )
-        if (self_attention_cache is None) != (cache_update_index is None):
+        if (call.self_attention_cache is None) != (call.cache_update_index is None):
             raise ValueError(
                 self._error(
                     "`self_attention_cache` and `cache_update_index` go together. "
                     f"Received: self_attention_cache="
-                    f"{_shape_of(self_attention_cache)}, "
-                    f"cache_update_index={cache_update_index!r}"
+                    f"{_shape_of(call.self_attention_cache)}, "
+                    f"cache_update_index={call.cache_update_index!r}"
                 )
             )
-        batch, length = inputs.shape[0], inputs.shape[1]
-        self_length = length if self_attention_cache is None else self_attention_cache.shape[2]
-        check_mask(self, "decoder_padding_mask", decoder_padding_mask, (batch, length))
+        batch, length = call.inputs.shape[0], call.inputs.shape[1]
+        self_length = (
+            length if call.self_attention_cache is None else call.self_attention_cache.shape[2]
+        )
+        check_mask(self, "decoder_padding_mask", call.decoder_padding_mask, (batch, length))
         check_mask(
             self,
             "decoder_attention_mask",
-            decoder_attention_mask,
+            call.decoder_attention_mask,
             (batch, length, self_length),
         )
         encoder_length = None
-        if encoder_outputs is not None:
-            encoder_length = encoder_outputs.shape[1]
-        elif cross_attention_cache is not None:
-            encoder_length = cross_attention_cache.shape[2]
-        if encoder_padding_mask is not None and not has_encoder:
+        if call.encoder_outputs is not None:
+            encoder_length = call.encoder_outputs.shape[1]
+        elif call.cross_attention_cache is not None:
+            encoder_length = call.cross_attention_cache.shape[2]
+        if call.encoder_padding_mask is not None and not has_encoder:
             raise ValueError(
                 self._error(
                     "`encoder_padding_mask` needs `encoder_outputs` or "
                     "`cross_attention_cache`. Received: encoder_padding_mask "
-                    f"with shape {tuple(encoder_padding_mask.shape)}"
+                    f"with shape {tuple(call.encoder_padding_mask.shape)}"
                 )
             )
-        check_mask(self, "encoder_padding_mask", encoder_padding_mask, (batch, encoder_length))
+        check_mask(self, "encoder_padding_mask", call.encoder_padding_mask, (batch, encoder_length))
         return self_length, encoder_length
 
     def call(
@@ -312,24 +301,10 @@ class TransformerDecoderBlock(TransformerBlockBase):
         encoder_segment_ids=None,
         prefix_length=None,
     ):
-        self._validate_call(
-            inputs,
-            encoder_outputs,
-            decoder_padding_mask,
-            decoder_attention_mask,
-            encoder_padding_mask,
-            self_attention_cache,
-            cache_update_index,
-            cross_attention_cache,
-        )
-        self_rules, cross_rules = self._rules(
-            inputs,
-            segment_ids,
-            encoder_segment_ids,
-            prefix_length,
-            self_attention_cache,
-            cache_update_index,
-        )
+        # The arguments by name, as `compute_output_spec` reads them.
+        arguments = types.SimpleNamespace(**{k: v for k, v in locals().items() if k != "self"})
+        self._validate_call(arguments)
+        self_rules, cross_rules = self._rules(arguments)
         if decoder_padding_mask is None:
             decoder_padding_mask = keras_mask_of(inputs)
         if encoder_padding_mask is None:
@@ -341,72 +316,51 @@ class TransformerDecoderBlock(TransformerBlockBase):
             self._check_cross_logits()
         updated_cache = []
         cross_logits = []
-
-        def self_attention(x):
-            if self_attention_cache is None:
-                extra = dict(value_mask=decoder_padding_mask)
-            else:
-                extra = dict(cache=self_attention_cache, cache_update_index=cache_update_index)
-            result = self.self_attention(
-                x,
-                query_mask=decoder_padding_mask,
-                attention_mask=decoder_attention_mask,
-                use_causal_mask=use_causal_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-                **extra,
-                **self_rules,
-            )
-            if self_attention_cache is not None:
-                *result, cache = result
-                updated_cache.append(cache)
-                result = result[0] if len(result) == 1 else tuple(result)
-            return result if return_attention_scores else (result, None)
-
-        def cross_attention(x):
-            if return_cross_attention_logits:
-                cross_logits.append(
-                    self._cross_attention_logits(x, encoder_outputs, cross_attention_cache)
-                )
-            if cross_attention_cache is None:
-                result = self.cross_attention(
-                    x,
-                    encoder_outputs,
-                    query_mask=decoder_padding_mask,
-                    value_mask=encoder_padding_mask,
-                    return_attention_scores=return_attention_scores,
-                    training=training,
-                    **cross_rules,
-                )
-            else:
-                result = self.cross_attention(
-                    x,
-                    query_mask=decoder_padding_mask,
-                    value_mask=encoder_padding_mask,
-                    cache=cross_attention_cache,
-                    cache_update_index=None,
-                    return_attention_scores=return_attention_scores,
-                    training=training,
-                    **cross_rules,
-                )[:-1]  # the read-only cache comes back unchanged
-                result = result[0] if len(result) == 1 else result
-            return result if return_attention_scores else (result, None)
-
-        outputs, self_scores = self._residual(
-            self_attention,
-            self.self_attention_layer_norm,
-            self.self_attention_dropout,
-            inputs,
-            training,
+        # What both attentions take alike.
+        common = dict(
+            query_mask=decoder_padding_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
         )
+
+        if self_attention_cache is None:
+            self_extra = dict(value_mask=decoder_padding_mask)
+        else:
+            self_extra = dict(cache=self_attention_cache, cache_update_index=cache_update_index)
+        self_attention = self._attention_branch(
+            self.self_attention,
+            caches=updated_cache,
+            attention_mask=decoder_attention_mask,
+            use_causal_mask=use_causal_mask,
+            **common,
+            **self_extra,
+            **self_rules,
+        )
+        outputs, self_scores = self._residual("self_attention", self_attention, inputs, training)
         scores = (self_scores,)
         if self.has_cross_attention:
+            if cross_attention_cache is None:
+                source, cross_extra = (encoder_outputs,), {}
+            else:
+                source, cross_extra = (), dict(cache=cross_attention_cache, cache_update_index=None)
+            cross_branch = self._attention_branch(
+                self.cross_attention,
+                *source,
+                value_mask=encoder_padding_mask,
+                **common,
+                **cross_extra,
+                **cross_rules,
+            )
+
+            def cross_attention(x):
+                if return_cross_attention_logits:
+                    cross_logits.append(
+                        self._cross_attention_logits(x, encoder_outputs, cross_attention_cache)
+                    )
+                return cross_branch(x)
+
             outputs, cross_scores = self._residual(
-                cross_attention,
-                self.cross_attention_layer_norm,
-                self.cross_attention_dropout,
-                outputs,
-                training,
+                "cross_attention", cross_attention, outputs, training
             )
             scores += (cross_scores,)
         outputs = self._feedforward(outputs, training)
@@ -420,16 +374,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
 
     def compute_output_spec(self, *args, **kwargs):
         call = utils.call_arguments(self, args, kwargs)
-        self_length, encoder_length = self._validate_call(
-            call.inputs,
-            call.encoder_outputs,
-            call.decoder_padding_mask,
-            call.decoder_attention_mask,
-            call.encoder_padding_mask,
-            call.self_attention_cache,
-            call.cache_update_index,
-            call.cross_attention_cache,
-        )
+        self_length, encoder_length = self._validate_call(call)
         batch, length = call.inputs.shape[0], call.inputs.shape[1]
         results = (keras.KerasTensor(call.inputs.shape, dtype=self.compute_dtype),)
         if call.return_attention_scores:
@@ -463,56 +408,51 @@ class TransformerDecoderBlock(TransformerBlockBase):
             )
         return results[0] if len(results) == 1 else results
 
-    def _rules(
-        self,
-        inputs,
-        segment_ids,
-        encoder_segment_ids,
-        prefix_length,
-        self_attention_cache,
-        cache_update_index,
-    ):
+    def _rules(self, call):
         """The call-level mask rules for the self- and cross-attention (#36):
         passed only when given, so that an attention prototype without them
         keeps working."""
         self_rules, cross_rules = {}, {}
-        if encoder_segment_ids is not None and segment_ids is None:
+        if call.encoder_segment_ids is not None and call.segment_ids is None:
             raise ValueError(
                 self._error(
                     "`encoder_segment_ids` needs `segment_ids` (the decoder "
                     "tokens' documents). Received: segment_ids=None"
                 )
             )
-        if encoder_segment_ids is not None and not self.has_cross_attention:
+        if call.encoder_segment_ids is not None and not self.has_cross_attention:
             raise ValueError(
                 self._error(
                     "`encoder_segment_ids` needs a block with cross-attention. "
                     f"Received: encoder_segment_ids with shape "
-                    f"{_shape_of(encoder_segment_ids)}"
+                    f"{_shape_of(call.encoder_segment_ids)}"
                 )
             )
-        if prefix_length is not None:
-            self_rules["prefix_length"] = prefix_length
-        if segment_ids is not None:
-            rows = segment_ids
-            if self_attention_cache is not None:
+        if call.prefix_length is not None:
+            self_rules["prefix_length"] = call.prefix_length
+        if call.segment_ids is not None:
+            rows = call.segment_ids
+            if call.self_attention_cache is not None:
                 # One id per cache slot; this step's rows start at the index.
-                slots = self_attention_cache.shape[2]
-                if len(segment_ids.shape) != 2 or segment_ids.shape[1] not in (None, slots):
+                slots = call.self_attention_cache.shape[2]
+                if len(call.segment_ids.shape) != 2 or call.segment_ids.shape[1] not in (
+                    None,
+                    slots,
+                ):
                     raise ValueError(
                         self._error(
                             "with `self_attention_cache`, `segment_ids` holds one id "
                             f"per cache slot, shape (batch, {slots}). Received: "
-                            f"segment_ids with shape {_shape_of(segment_ids)}"
+                            f"segment_ids with shape {_shape_of(call.segment_ids)}"
                         )
                     )
-                positions = ops.arange(inputs.shape[1], dtype="int32")
-                index = ops.cast(cache_update_index, "int32")
-                rows = ops.take(segment_ids, index + positions, axis=1)
-                self_rules["key_segment_ids"] = segment_ids
+                positions = ops.arange(call.inputs.shape[1], dtype="int32")
+                index = ops.cast(call.cache_update_index, "int32")
+                rows = ops.take(call.segment_ids, index + positions, axis=1)
+                self_rules["key_segment_ids"] = call.segment_ids
             self_rules["segment_ids"] = rows
-            if encoder_segment_ids is not None:
-                cross_rules.update(segment_ids=rows, key_segment_ids=encoder_segment_ids)
+            if call.encoder_segment_ids is not None:
+                cross_rules.update(segment_ids=rows, key_segment_ids=call.encoder_segment_ids)
         for name, layer, rules in (
             ("self_attention", getattr(self, "self_attention", None), self_rules),
             ("cross_attention", getattr(self, "cross_attention", None), cross_rules),

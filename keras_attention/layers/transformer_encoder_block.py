@@ -80,12 +80,9 @@ class TransformerEncoderBlock(TransformerBlockBase):
     def build(self, inputs_shape):
         check_sequence_shape(self, "inputs", inputs_shape)
         inputs_shape = tuple(inputs_shape)
-        self.self_attention = self._make_attention(self._attention_prototype, "self_attention")
-        self._check_attention_output(self.self_attention, inputs_shape, inputs_shape)
-        self.self_attention.build(inputs_shape, inputs_shape)
-        self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm")
-        self.self_attention_layer_norm.build(inputs_shape)
-        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        self._build_attention_sublayer(
+            "self_attention", self._attention_prototype, inputs_shape, inputs_shape
+        )
         self._build_feedforward(inputs_shape)
         self.built = True
 
@@ -99,10 +96,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
         training=None,
         segment_ids=None,
     ):
-        check_sequence_shape(self, "inputs", inputs.shape)
-        batch, length = inputs.shape[0], inputs.shape[1]
-        check_mask(self, "padding_mask", padding_mask, (batch, length))
-        check_mask(self, "attention_mask", attention_mask, (batch, length, length))
+        self._check_call(inputs, padding_mask, attention_mask)
         # Packed documents (#36): passed only when given, so that an
         # attention prototype without the argument keeps working.
         rules = {} if segment_ids is None else {"segment_ids": segment_ids}
@@ -110,37 +104,33 @@ class TransformerEncoderBlock(TransformerBlockBase):
             padding_mask = keras_mask_of(inputs)
         inputs = utils.cast_to_compute_dtype(self, inputs)  # after its mask
 
-        def self_attention(x):
-            result = self.self_attention(
-                x,
-                query_mask=padding_mask,
-                value_mask=padding_mask,
-                attention_mask=attention_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-                **rules,
-            )
-            return result if return_attention_scores else (result, None)
-
-        outputs, scores = self._residual(
-            self_attention,
-            self.self_attention_layer_norm,
-            self.self_attention_dropout,
-            inputs,
-            training,
+        self_attention = self._attention_branch(
+            self.self_attention,
+            query_mask=padding_mask,
+            value_mask=padding_mask,
+            attention_mask=attention_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            **rules,
         )
+        outputs, scores = self._residual("self_attention", self_attention, inputs, training)
         outputs = self._feedforward(outputs, training)
         if return_attention_scores:
             return outputs, scores
         return outputs
 
+    def _check_call(self, inputs, padding_mask, attention_mask):
+        """Checks a call's inputs and masks; returns `(batch, length)`."""
+        check_sequence_shape(self, "inputs", inputs.shape)
+        batch, length = inputs.shape[0], inputs.shape[1]
+        check_mask(self, "padding_mask", padding_mask, (batch, length))
+        check_mask(self, "attention_mask", attention_mask, (batch, length, length))
+        return batch, length
+
     def compute_output_spec(self, *args, **kwargs):
         call = utils.call_arguments(self, args, kwargs)
         inputs, return_attention_scores = call.inputs, call.return_attention_scores
-        check_sequence_shape(self, "inputs", inputs.shape)
-        batch, length = inputs.shape[0], inputs.shape[1]
-        check_mask(self, "padding_mask", call.padding_mask, (batch, length))
-        check_mask(self, "attention_mask", call.attention_mask, (batch, length, length))
+        batch, length = self._check_call(inputs, call.padding_mask, call.attention_mask)
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
         if not return_attention_scores:
             return outputs

@@ -64,6 +64,19 @@ def _batch_major(stacked):
     return tf.transpose(stacked, [1, 0] + list(range(2, rank)))
 
 
+def _keep_decoding(max_length):
+    """The `tf.while_loop` condition of both searches: below `max_length`
+    steps while a hypothesis is unfinished, and at least one step, so that
+    an empty batch still stacks its arrays."""
+
+    def cond(step, previous, states, finished, *_):
+        return tf.logical_and(
+            step < max_length, tf.logical_or(step == 0, tf.logical_not(tf.reduce_all(finished)))
+        )
+
+    return cond
+
+
 def _expand_like(mask, tensor):
     """Appends axes to `mask` until it has `tensor`'s rank."""
     for _ in range(tensor.shape.rank - mask.shape.rank):
@@ -320,12 +333,6 @@ class Translator(keras.Model):
                 weights_ta.write(step, weights),
             )
 
-        def cond(step, previous, states, finished, *_):
-            # At least one step, so an empty batch still stacks its arrays.
-            return tf.logical_and(
-                step < max_length, tf.logical_or(step == 0, tf.logical_not(tf.reduce_all(finished)))
-            )
-
         loop_vars = (
             tf.constant(0),
             tf.fill([batch], START_ID),
@@ -336,7 +343,9 @@ class Translator(keras.Model):
             tf.TensorArray(tf.int32, size=0, dynamic_size=True),
             tf.TensorArray(tf.float32, size=0, dynamic_size=True),
         )
-        _, _, _, _, lengths, log_prob, tokens_ta, weights_ta = tf.while_loop(cond, body, loop_vars)
+        _, _, _, _, lengths, log_prob, tokens_ta, weights_ta = tf.while_loop(
+            _keep_decoding(max_length), body, loop_vars
+        )
         tokens = tf.transpose(tokens_ta.stack(), [1, 0])  # (B, steps)
         weights = _batch_major(weights_ta.stack())  # (B, steps, ..., T_in)
         return tokens, weights, log_prob, lengths
@@ -401,12 +410,6 @@ class Translator(keras.Model):
                 weights_ta.write(step, weights),
             )
 
-        def cond(step, previous, states, finished, *_):
-            # At least one step, so an empty batch still stacks its arrays.
-            return tf.logical_and(
-                step < max_length, tf.logical_or(step == 0, tf.logical_not(tf.reduce_all(finished)))
-            )
-
         first_beam_only = tf.where(tf.range(beam_width) == 0, 0.0, _NEG_INF)
         loop_vars = (
             tf.constant(0),
@@ -420,7 +423,7 @@ class Translator(keras.Model):
             tf.TensorArray(tf.float32, size=0, dynamic_size=True),
         )
         (steps, _, _, _, lengths, log_prob, tokens_ta, parents_ta, weights_ta) = tf.while_loop(
-            cond, body, loop_vars
+            _keep_decoding(max_length), body, loop_vars
         )
         return steps, lengths, log_prob, tokens_ta, parents_ta, weights_ta
 

@@ -52,6 +52,23 @@ def test_scaled_dot_matches_the_transformer_formula():
     np.testing.assert_allclose(to_numpy(ours), expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("given", ["key_mask", "both"])
+def test_key_mask_hides_keys_as_value_mask_does(given):
+    # The single-head family takes Keras' `key_mask` too: a key is seen only
+    # where every given key-side mask is True.
+    query, value, query_mask, value_mask = _masked_inputs()
+    key_mask = reference.random_mask(np.random.default_rng(5), 3, 6)
+    masks = dict(key_mask=key_mask)
+    if given == "both":
+        masks["value_mask"] = value_mask
+    ours = LuongAttention(score="dot")(query, value, query_mask=query_mask, **masks)
+    keys_seen = key_mask & value_mask if given == "both" else key_mask
+    scores = np.einsum("bqd,bkd->bqk", query, value)
+    mask = reference.combined_mask(3, 4, 6, query_mask, keys_seen)
+    expected, _ = reference.attend(scores, value, mask)
+    np.testing.assert_allclose(to_numpy(ours), expected, atol=1e-5)
+
+
 def test_deprecated_scale_warns_and_divides_by_sqrt_dim():
     # `scale=True` is the old name of `divide_by_sqrt_dim=True`: same layer.
     query, value, query_mask, value_mask = _masked_inputs(dim=16)
