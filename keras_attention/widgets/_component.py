@@ -95,6 +95,7 @@ class FreshBokehModel(BokehModel):
         # change counts, the page's too).
         self._version = 0
         self._bundle_json, self._bundle_version, self._bundle_changes = None, -1, 0
+        self._view_drawn = False  # a page has drawn it (`DocumentReady`)
         if model.document is None:
             Document().add_root(model)
         # Before the first serialisation: the figures follow the page's light/dark theme.
@@ -168,6 +169,7 @@ class FreshBokehModel(BokehModel):
         return isinstance(model, ColumnarDataSource)
 
     def _on_view_drawn(self, _event):
+        self._view_drawn = True
         if self._changes != self._changes_serialised:
             self.send_state("render_bundle")
 
@@ -186,8 +188,11 @@ _hooked = []
 
 
 def _serialise_changed(*_):
+    # A drawn view follows the changes as patches: its document is serialised
+    # only if a page asks again (a reload), not after every cell that steps it.
     for widget in list(_changed):
-        widget.serialised_document()
+        if not widget._view_drawn:
+            widget.serialised_document()
 
 
 def _serialise_after_each_cell():

@@ -383,6 +383,11 @@ def test_a_page_that_opens_is_answered_from_the_document_serialised_after_the_ce
     assert json.dumps(step.token) in json.dumps(bundle["docs_json"])
     widget._on_view_drawn(None)  # drawn from that state: nothing to resend
     assert sent == ["render_bundle"]
+    stepper.next_token()  # a cell steps the drawn view: it follows as patches, and
+    hooks[0][1]()  # the cell's end serialises nothing for it
+    assert serialised == []
+    assert json.loads(widget.get_state()["render_bundle"]) != bundle  # a reload: fresh
+    assert serialised == [1]
     # A change the page made (a selection) is in the next state.
     source = stepper.heatmap_source
     widget._document.apply_json_patch(
@@ -400,7 +405,7 @@ def test_a_page_that_opens_is_answered_from_the_document_serialised_after_the_ce
     )
     assert source.selected.indices == [2]
     bundle = json.loads(widget.get_state()["render_bundle"])
-    assert serialised == [1]
+    assert serialised == [1, 1]
 
 
 @pytest.mark.tf_only
