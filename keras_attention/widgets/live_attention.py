@@ -128,33 +128,11 @@ class LiveAttention(keras.callbacks.Callback, Component):
         color_range="auto",
     ):
         super().__init__()
-        if view not in ("layers", "rollout"):
-            raise ValueError(
-                f"LiveAttention: `view` must be 'layers' or 'rollout'. Received: view={view!r}"
+        view, color_range, every_n_batches, min_interval_s, overhead_budget, max_frames = (
+            _checked_options(
+                view, color_range, every_n_batches, min_interval_s, overhead_budget, max_frames
             )
-        color_range = _check_color_range(color_range)
-        if color_range == "auto":
-            color_range = "fit" if view == "rollout" else (0.0, 1.0)
-        if not validation.is_int(every_n_batches) or every_n_batches < 1:
-            raise ValueError(
-                "LiveAttention: `every_n_batches` must be an integer >= 1. "
-                f"Received: every_n_batches={every_n_batches!r}"
-            )
-        if not validation.is_real(min_interval_s) or not min_interval_s >= 0:
-            raise ValueError(
-                "LiveAttention: `min_interval_s` must be a number >= 0. "
-                f"Received: min_interval_s={min_interval_s!r}"
-            )
-        if not validation.is_real(overhead_budget) or not 0 < overhead_budget <= 1:
-            raise ValueError(
-                "LiveAttention: `overhead_budget` must be in (0, 1]. "
-                f"Received: overhead_budget={overhead_budget!r}"
-            )
-        if not validation.is_int(max_frames) or max_frames < 1:
-            raise ValueError(
-                "LiveAttention: `max_frames` must be an integer >= 1. "
-                f"Received: max_frames={max_frames!r}"
-            )
+        )
         if not isinstance(model_or_layer, keras.layers.Layer) or not attention_layers(
             model_or_layer
         ):
@@ -169,9 +147,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
         key_tokens = validation.validate_tokens("LiveAttention", "key_tokens", key_tokens)
         self.target = model_or_layer
         self.probe_inputs = probe_inputs
-        self.every_n_batches = int(every_n_batches)
-        self.min_interval_s = float(min_interval_s)
-        self.overhead_budget = float(overhead_budget)
+        self.every_n_batches = every_n_batches
+        self.min_interval_s = min_interval_s
+        self.overhead_budget = overhead_budget
         self.example = example
         self.head = head
         self.query_tokens = query_tokens
@@ -179,48 +157,9 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self.snapshot_dir = snapshot_dir
         self.view = view
         self.color_range = color_range
-        self._check_probe_shape()
-        try:
-            captured = _captured.call_and_capture(self.target, self.probe_inputs)
-        except Exception as error:
-            raise ValueError(
-                f"LiveAttention: calling '{model_or_layer.name}' on `probe_inputs` failed "
-                f"({type(error).__name__}: {error}). Received: probe_inputs of shape "
-                f"{_shapes(probe_inputs)}"
-            ) from error
-        self._check_example_and_head(captured)
-        if view == "rollout" and not _captured.stacked_self_attention(
-            {name: np.shape(w)[-2:] for name, w in captured.items()}
-        ):
-            raise ValueError(
-                "LiveAttention: `view='rollout'` needs two or more self-attention layers "
-                "over the same tokens; the probe call recorded "
-                f"{ {name: tuple(np.shape(w)) for name, w in captured.items()} }. "
-                f"Received: view={view!r}"
-            )
-        matrices = self._matrices(captured)
-        self.figures = {}
-        self.sources = {}
-        for name, matrix in matrices.items():
-            rows, cols = matrix.shape
-            query_labels = _tokens(self.query_tokens, rows) or [str(rows - 1)]
-            # Updates lengthen the title ("<name> · epoch 10 batch 500 · loss 0.1234"): room
-            # for it after the query labels, where the title starts, or its end is cut.
-            title_room = 30 + 7 * max(len(str(t)) for t in query_labels)
-            title_room += int(7.5 * len(f"{name} · epoch 100 batch 1000 · loss 0.0000"))
-            low, high = _colors(matrix, self.color_range)
-            fig = figures.heatmap(
-                matrix,
-                _tokens(self.key_tokens, cols),
-                _tokens(self.query_tokens, rows),
-                title=f"{name}: before training",
-                width=max(320, min(900, 22 * cols + 140), title_room),
-                height=max(280, min(900, 22 * rows + 120)),
-                low=low,
-                high=high,
-            )
-            self.figures[name] = fig
-            self.sources[name] = figures.heatmap_source(fig)
+        matrices = self._matrices(self._probe())
+        self.figures = {name: self._heatmap(name, matrix) for name, matrix in matrices.items()}
+        self.sources = {name: figures.heatmap_source(fig) for name, fig in self.figures.items()}
         self.layout = gridplot(list(self.figures.values()), ncols=2, toolbar_location=None)
         self.status = ipywidgets.HTML()
         self._widget = None
@@ -248,6 +187,49 @@ class LiveAttention(keras.callbacks.Callback, Component):
         self._snapshot_directory = None
         self._skipped_snapshot = None
         self._update_budget = self.overhead_budget
+
+    def _probe(self):
+        """The probe call's captured weights, checked against `example`, `head` and `view`."""
+        self._check_probe_shape()
+        try:
+            captured = _captured.call_and_capture(self.target, self.probe_inputs)
+        except Exception as error:
+            raise ValueError(
+                f"LiveAttention: calling '{self.target.name}' on `probe_inputs` failed "
+                f"({type(error).__name__}: {error}). Received: probe_inputs of shape "
+                f"{_shapes(self.probe_inputs)}"
+            ) from error
+        self._check_example_and_head(captured)
+        if self.view == "rollout" and not _captured.stacked_self_attention(
+            {name: np.shape(w)[-2:] for name, w in captured.items()}
+        ):
+            raise ValueError(
+                "LiveAttention: `view='rollout'` needs two or more self-attention layers "
+                "over the same tokens; the probe call recorded "
+                f"{ {name: tuple(np.shape(w)) for name, w in captured.items()} }. "
+                f"Received: view={self.view!r}"
+            )
+        return captured
+
+    def _heatmap(self, name, matrix):
+        """The heatmap of one layer's (or the rollout's) `(Tq, Tv)` weights before training."""
+        rows, cols = matrix.shape
+        query_labels = _tokens(self.query_tokens, rows) or [str(rows - 1)]
+        # Updates lengthen the title ("<name> · epoch 10 batch 500 · loss 0.1234"): room
+        # for it after the query labels, where the title starts, or its end is cut.
+        title_room = 30 + 7 * max(len(str(t)) for t in query_labels)
+        title_room += int(7.5 * len(f"{name} · epoch 100 batch 1000 · loss 0.0000"))
+        low, high = _colors(matrix, self.color_range)
+        return figures.heatmap(
+            matrix,
+            _tokens(self.key_tokens, cols),
+            _tokens(self.query_tokens, rows),
+            title=f"{name}: before training",
+            width=max(320, min(900, 22 * cols + 140), title_room),
+            height=max(280, min(900, 22 * rows + 120)),
+            low=low,
+            high=high,
+        )
 
     # ------------------------------------------------------------------ API
 
@@ -579,6 +561,47 @@ def _frame(title, matrices, color_range):
         },
         "props": props,
     }
+
+
+def _checked_options(
+    view, color_range, every_n_batches, min_interval_s, overhead_budget, max_frames
+):
+    """LiveAttention's scalar options, checked and normalised."""
+    if view not in ("layers", "rollout"):
+        raise ValueError(
+            f"LiveAttention: `view` must be 'layers' or 'rollout'. Received: view={view!r}"
+        )
+    color_range = _check_color_range(color_range)
+    if color_range == "auto":
+        color_range = "fit" if view == "rollout" else (0.0, 1.0)
+    if not validation.is_int(every_n_batches) or every_n_batches < 1:
+        raise ValueError(
+            "LiveAttention: `every_n_batches` must be an integer >= 1. "
+            f"Received: every_n_batches={every_n_batches!r}"
+        )
+    if not validation.is_real(min_interval_s) or not min_interval_s >= 0:
+        raise ValueError(
+            "LiveAttention: `min_interval_s` must be a number >= 0. "
+            f"Received: min_interval_s={min_interval_s!r}"
+        )
+    if not validation.is_real(overhead_budget) or not 0 < overhead_budget <= 1:
+        raise ValueError(
+            "LiveAttention: `overhead_budget` must be in (0, 1]. "
+            f"Received: overhead_budget={overhead_budget!r}"
+        )
+    if not validation.is_int(max_frames) or max_frames < 1:
+        raise ValueError(
+            "LiveAttention: `max_frames` must be an integer >= 1. "
+            f"Received: max_frames={max_frames!r}"
+        )
+    return (
+        view,
+        color_range,
+        int(every_n_batches),
+        float(min_interval_s),
+        float(overhead_budget),
+        int(max_frames),
+    )
 
 
 def _check_color_range(color_range):

@@ -92,6 +92,7 @@ def test_every_update_is_kept_and_the_slider_replays_it(fake_comm, no_snapshots)
         model, x[:2], every_n_batches=3, min_interval_s=0, overhead_budget=1.0, snapshot_dir=None
     )
     callback.widget  # noqa: B018 - the slider lives in the widget
+    assert callback.figures["att"].title.text == "att: before training"  # the first draw
     model.fit(x, y, batch_size=4, epochs=2, callbacks=[callback], verbose=0)
     assert len(callback.frames) == 1 + callback.updates
     assert callback.frames[0][0] == "before training"
