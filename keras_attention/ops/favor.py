@@ -327,87 +327,112 @@ def chunked_softmax_attention(
     Returns:
         float32 `(B, Tq, H, Dv)`.
     """
-    q_len, heads, dim = query.shape[1], query.shape[2], query.shape[3]
-    k_len = key.shape[1]
-    value_dim = value.shape[-1]
-    num_features = projection.shape[0]
-    root = math.sqrt(num_features)
-    scale = dim**-0.25
-    projection = ops.stop_gradient(ops.cast(projection, "float32"))
-    chunk = chunk_size or DEFAULT_FEATURE_CHUNK
-    q_chunk, k_chunk = min(chunk, q_len), min(chunk, k_len)
-    nq, nk = -(-q_len // q_chunk), -(-k_len // k_chunk)
+    sweeps = _ChunkedSoftmaxSweeps(query, key, value, projection, key_mask, chunk_size, epsilon)
+    attend = online_softmax.recomputing_gradient(sweeps.forward, sweeps.backward)
+    nq, nk, q_chunk, k_chunk = sweeps.nq, sweeps.nk, sweeps.q_chunk, sweeps.k_chunk
+    out = attend(
+        loops.to_time_blocks(ops.cast(query, "float32"), nq, q_chunk),
+        loops.to_time_blocks(ops.cast(key, "float32"), nk, k_chunk),
+        loops.to_time_blocks(ops.cast(value, "float32"), nk, k_chunk),
+    )  # (nq, B, H, Tc, Dv)
+    out = ops.transpose(out, (1, 0, 3, 2, 4))
+    out = ops.reshape(out, (-1, nq * q_chunk, query.shape[2], value.shape[-1]))
+    return out[:, : query.shape[1]]
 
-    valid = None
-    if key_mask is not None or nk * k_chunk != k_len:
+
+class _ChunkedSoftmaxSweeps:
+    """One call of `chunked_softmax_attention`: its chunks, a chunk's softmax
+    features and their gradient, and the forward and recomputing backward
+    sweeps over time blocks `(n, B, H, Tc, D)`."""
+
+    def __init__(self, query, key, value, projection, key_mask, chunk_size, epsilon):
+        q_len, self.heads, dim = query.shape[1], query.shape[2], query.shape[3]
+        k_len = key.shape[1]
+        self.value_dim = value.shape[-1]
+        self.num_features = projection.shape[0]
+        self.root = math.sqrt(self.num_features)
+        self.scale = dim**-0.25
+        self.epsilon = epsilon
+        self.projection = ops.stop_gradient(ops.cast(projection, "float32"))
+        chunk = chunk_size or DEFAULT_FEATURE_CHUNK
+        self.q_chunk, self.k_chunk = min(chunk, q_len), min(chunk, k_len)
+        self.nq, self.nk = -(-q_len // self.q_chunk), -(-k_len // self.k_chunk)
+        self.valid = self._key_validity(key_mask, k_len)
+
+    def _key_validity(self, key_mask, k_len):
+        """`(nk, Bm, 1, Tc, 1)` valid keys per chunk, or None when all are."""
+        padded = self.nk * self.k_chunk
+        if key_mask is None and padded == k_len:
+            return None
         valid = ops.ones((1, k_len), "bool") if key_mask is None else key_mask
         valid = ops.cast(valid, "bool")
-        if nk * k_chunk != k_len:
-            valid = ops.pad(valid, ((0, 0), (0, nk * k_chunk - k_len)), constant_values=False)
-        valid = ops.reshape(valid, (-1, nk, 1, k_chunk, 1))
-        valid = ops.transpose(valid, (1, 0, 2, 3, 4))  # (nk, Bm, 1, Tc, 1)
+        if padded != k_len:
+            valid = ops.pad(valid, ((0, 0), (0, padded - k_len)), constant_values=False)
+        valid = ops.reshape(valid, (-1, self.nk, 1, self.k_chunk, 1))
+        return ops.transpose(valid, (1, 0, 2, 3, 4))
 
-    def chunk_valid(j):
-        return None if valid is None else ops.take(valid, j, axis=0)
+    def chunk_valid(self, j):
+        return None if self.valid is None else ops.take(self.valid, j, axis=0)
 
-    def projected_of(x):
-        scaled = x * scale
-        return scaled, ops.einsum("bhtd,md->bhtm", scaled, projection)
+    def projected(self, x):
+        scaled = x * self.scale
+        return scaled, ops.einsum("bhtd,md->bhtm", scaled, self.projection)
 
-    def features_of(x, shift, mask):
-        scaled, projected = projected_of(x)
+    def features(self, x, shift, mask):
+        """A chunk's features; `shift` None (queries): each row's own maximum."""
+        scaled, projected = self.projected(x)
         half_norm = ops.sum(ops.square(scaled), axis=-1, keepdims=True) / 2.0
-        if shift is None:  # queries: per row
+        if shift is None:
             shift = masking.row_max(projected, axis=-1, keepdims=True)
-        features = (ops.exp(projected - (half_norm + shift)) + epsilon) / root
+        features = (ops.exp(projected - (half_norm + shift)) + self.epsilon) / self.root
         if mask is not None:
             features = ops.where(mask, features, 0.0)
         return features
 
-    def features_grad(d_features, features, x, mask):
-        d_logits = d_features * (features - epsilon / root)
+    def features_grad(self, d_features, features, x, mask):
+        """The gradient of a chunk's input from its features' (see `softmax_features`)."""
+        d_logits = d_features * (features - self.epsilon / self.root)
         if mask is not None:
             d_logits = ops.where(mask, d_logits, 0.0)
-        d_scaled = ops.einsum("bhtm,md->bhtd", d_logits, projection) - (x * scale) * ops.sum(
-            d_logits, axis=-1, keepdims=True
-        )
-        return d_scaled * scale
+        d_scaled = ops.einsum("bhtm,md->bhtd", d_logits, self.projection) - (
+            x * self.scale
+        ) * ops.sum(d_logits, axis=-1, keepdims=True)
+        return d_scaled * self.scale
 
-    def key_shift(k):
+    def key_shift(self, k):
+        """The keys' stabiliser: the maximum projection over all valid keys, `(B, H, 1, 1)`."""
+
         def step(j, shift):
-            _, projected = projected_of(ops.take(k, j, axis=0))
-            mask = chunk_valid(j)
+            _, projected = self.projected(ops.take(k, j, axis=0))
+            mask = self.chunk_valid(j)
             if mask is not None:
                 projected = ops.where(mask, projected, online_softmax.INITIAL_MAX)
             return ops.maximum(shift, masking.row_max(projected, axis=(2, 3), keepdims=True))
 
         batch = ops.shape(k)[1]
-        init = ops.full((batch, heads, 1, 1), online_softmax.INITIAL_MAX, dtype="float32")
-        return loops.sequential_fori_loop(0, nk, step, init)
+        init = ops.full((batch, self.heads, 1, 1), online_softmax.INITIAL_MAX, dtype="float32")
+        return loops.sequential_fori_loop(0, self.nk, step, init)
 
-    def forward(q, k, v):
-        shift = key_shift(k)
+    def forward(self, q, k, v):
+        """`(out, saved)`: the keys' sums `phi(K)^T V` and `phi(K)^T 1`, then each query chunk."""
+        shift = self.key_shift(k)
         batch = ops.shape(k)[1]
 
         def key_step(j, sums):
             context, key_sum = sums
-            features = features_of(ops.take(k, j, axis=0), shift, chunk_valid(j))
+            features = self.features(ops.take(k, j, axis=0), shift, self.chunk_valid(j))
             context = context + ops.einsum("bhtm,bhtd->bhmd", features, ops.take(v, j, axis=0))
             return context, key_sum + ops.sum(features, axis=2)
 
-        context, key_sum = loops.sequential_fori_loop(
-            0,
-            nk,
-            key_step,
-            (
-                ops.zeros((batch, heads, num_features, value_dim), "float32"),
-                ops.zeros((batch, heads, num_features), "float32"),
-            ),
+        sums = (
+            ops.zeros((batch, self.heads, self.num_features, self.value_dim), "float32"),
+            ops.zeros((batch, self.heads, self.num_features), "float32"),
         )
+        context, key_sum = loops.sequential_fori_loop(0, self.nk, key_step, sums)
 
         def query_step(i, buffers):
             out_buffer, den_buffer = buffers
-            features = features_of(ops.take(q, i, axis=0), None, None)
+            features = self.features(ops.take(q, i, axis=0), None, None)
             numerator = ops.einsum("bhtm,bhmd->bhtd", features, context)
             denominator = ops.einsum("bhtm,bhm->bht", features, key_sum)
             out = _safe_divide(numerator, denominator)
@@ -416,30 +441,34 @@ def chunked_softmax_attention(
                 loops.write_block(den_buffer, i, denominator),
             )
 
-        rows = (nq, batch, heads, q_chunk)
-        out, denominator = loops.sequential_fori_loop(
-            0,
-            nq,
-            query_step,
-            (
-                loops.block_buffer(ops.zeros(rows + (value_dim,), "float32")),
-                loops.block_buffer(ops.zeros(rows, "float32")),
-            ),
+        rows = (self.nq, batch, self.heads, self.q_chunk)
+        buffers = (
+            loops.block_buffer(ops.zeros(rows + (self.value_dim,), "float32")),
+            loops.block_buffer(ops.zeros(rows, "float32")),
         )
+        out, denominator = loops.sequential_fori_loop(0, self.nq, query_step, buffers)
         out, denominator = loops.stack_blocks(out), loops.stack_blocks(denominator)
         return out, (out, denominator, context, key_sum, shift)
 
-    def backward(inputs, saved, d_out):
+    def backward(self, inputs, saved, d_out):
+        """`(dq, dk, dv)`, each chunk's features recomputed."""
         q, k, v = inputs
         out, denominator, context, key_sum, shift = saved
+        dq, d_context, d_key_sum = self._query_gradients(
+            q, out, denominator, context, key_sum, d_out
+        )
+        dk, dv = self._key_gradients(k, v, shift, d_context, d_key_sum)
+        return dq, dk, dv
+
+    def _query_gradients(self, q, out, denominator, context, key_sum, d_out):
+        """`dq` and the gradients of the keys' sums, one query chunk at a time."""
         no_key = ops.equal(denominator, 0)
         inverse = ops.where(no_key, 0.0, 1.0 / ops.where(no_key, 1.0, denominator))
-        batch = ops.shape(k)[1]
 
         def query_step(i, state):
             dq_buffer, d_context, d_key_sum = state
             q_i = ops.take(q, i, axis=0)
-            features = features_of(q_i, None, None)
+            features = self.features(q_i, None, None)
             inverse_i = ops.take(inverse, i, axis=0)
             d_numerator = ops.take(d_out, i, axis=0) * inverse_i[..., None]
             d_denominator = -ops.sum(d_numerator * ops.take(out, i, axis=0), axis=-1)  # (B, H, Tc)
@@ -449,48 +478,32 @@ def chunked_softmax_attention(
             )
             d_context = d_context + ops.einsum("bhtm,bhtd->bhmd", features, d_numerator)
             d_key_sum = d_key_sum + ops.einsum("bhtm,bht->bhm", features, d_denominator)
-            dq = features_grad(d_features, features, q_i, None)
+            dq = self.features_grad(d_features, features, q_i, None)
             return loops.write_block(dq_buffer, i, dq), d_context, d_key_sum
 
-        dq, d_context, d_key_sum = loops.sequential_fori_loop(
-            0,
-            nq,
-            query_step,
-            (
-                loops.block_buffer(ops.zeros_like(q)),
-                ops.zeros_like(context),
-                ops.zeros_like(key_sum),
-            ),
+        state = (
+            loops.block_buffer(ops.zeros_like(q)),
+            ops.zeros_like(context),
+            ops.zeros_like(key_sum),
         )
-        dq = loops.stack_blocks(dq)
+        dq, d_context, d_key_sum = loops.sequential_fori_loop(0, self.nq, query_step, state)
+        return loops.stack_blocks(dq), d_context, d_key_sum
+
+    def _key_gradients(self, k, v, shift, d_context, d_key_sum):
+        """`dk` and `dv`, one key chunk at a time."""
 
         def key_step(j, buffers):
             dk_buffer, dv_buffer = buffers
-            k_j, v_j, mask = ops.take(k, j, axis=0), ops.take(v, j, axis=0), chunk_valid(j)
-            features = features_of(k_j, shift, mask)
+            k_j, v_j, mask = ops.take(k, j, axis=0), ops.take(v, j, axis=0), self.chunk_valid(j)
+            features = self.features(k_j, shift, mask)
             d_features = ops.einsum("bhtd,bhmd->bhtm", v_j, d_context) + d_key_sum[:, :, None, :]
             dv = ops.einsum("bhtm,bhmd->bhtd", features, d_context)
-            dk = features_grad(d_features, features, k_j, mask)
+            dk = self.features_grad(d_features, features, k_j, mask)
             return loops.write_block(dk_buffer, j, dk), loops.write_block(dv_buffer, j, dv)
 
-        del batch
-        dk, dv = loops.sequential_fori_loop(
-            0,
-            nk,
-            key_step,
-            (loops.block_buffer(ops.zeros_like(k)), loops.block_buffer(ops.zeros_like(v))),
-        )
-        return dq, loops.stack_blocks(dk), loops.stack_blocks(dv)
-
-    attend = online_softmax.recomputing_gradient(forward, backward)
-    out = attend(
-        loops.to_time_blocks(ops.cast(query, "float32"), nq, q_chunk),
-        loops.to_time_blocks(ops.cast(key, "float32"), nk, k_chunk),
-        loops.to_time_blocks(ops.cast(value, "float32"), nk, k_chunk),
-    )  # (nq, B, H, Tc, Dv)
-    out = ops.transpose(out, (1, 0, 3, 2, 4))
-    out = ops.reshape(out, (-1, nq * q_chunk, heads, value_dim))
-    return out[:, :q_len]
+        buffers = (loops.block_buffer(ops.zeros_like(k)), loops.block_buffer(ops.zeros_like(v)))
+        dk, dv = loops.sequential_fori_loop(0, self.nk, key_step, buffers)
+        return loops.stack_blocks(dk), loops.stack_blocks(dv)
 
 
 def favor_attention(
