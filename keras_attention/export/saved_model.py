@@ -95,6 +95,47 @@ def export_translator(
         `path`.
     """
     owner = "export_translator"
+    path, beam_width, max_beam_width, max_length, length_penalty = _checked_arguments(
+        owner, translator, path, beam_width, max_beam_width, max_length, length_penalty
+    )
+    if model_name is not None and not isinstance(model_name, str):
+        raise TypeError(
+            validation.error(
+                owner, f"`model_name` must be a string or None. Received: model_name={model_name!r}"
+            )
+        )
+    warmup_texts = _warmup_texts(owner, translator, warmup_texts)
+    signatures = _serving_functions(
+        translator, beam_width, max_beam_width, max_length, length_penalty
+    )
+    module = tf.Module()
+    module.translator = translator
+    # The serving graph reads the tf.Variables inside the Keras variables; track
+    # those too, so the v1 loader (TF Serving's) restores the ones it reads.
+    module.tf_variables = [v.value for v in translator.variables]
+    # The vocabulary tables are resources the signature captures; track them.
+    module.tables = [translator.source_text.table, translator.target_text.table]
+    module.serve, module.greedy, module.beam_search = signatures.values()
+    tf.saved_model.save(module, path, signatures=signatures)
+    requests = [
+        ("serving_default", {"text": warmup_texts}),
+        ("greedy", {"text": warmup_texts}),
+        (
+            "beam_search",
+            {"text": warmup_texts, "beam_width": tf.constant(max_beam_width, tf.int32)},
+        ),
+    ]
+    write_warmup_requests(
+        path,
+        requests,
+        model_name=model_name or os.path.basename(os.path.normpath(path)),
+    )
+    return path
+
+
+def _checked_arguments(owner, translator, path, beam_width, max_beam_width, max_length, penalty):
+    """The translator, the path and the decoding arguments, checked in the
+    order a user reads them; `max_beam_width` resolved to its default."""
     if not callable(getattr(translator, "serving_outputs", None)):
         raise TypeError(
             validation.error(
@@ -106,15 +147,15 @@ def export_translator(
     path = _check_path(owner, path)
     # The exported graph tokenizes with tensorflow-text's ops.
     _extras.require_tensorflow_text(owner)
-    beam_width, max_length, length_penalty = translator.check_decoding_arguments(
-        beam_width, max_length, length_penalty, owner=owner
+    beam_width, max_length, penalty = translator.check_decoding_arguments(
+        beam_width, max_length, penalty, owner=owner
     )
     if max_beam_width is None:
         max_beam_width = max(DEFAULT_MAX_BEAM_WIDTH, beam_width)
     max_beam_width, _, _ = translator.check_decoding_arguments(
         max_beam_width,
         max_length,
-        length_penalty,
+        penalty,
         owner=owner,
         beam_argument="max_beam_width",
     )
@@ -126,22 +167,27 @@ def export_translator(
                 f"Received: beam_width={beam_width}, max_beam_width={max_beam_width}",
             )
         )
-    if model_name is not None and not isinstance(model_name, str):
-        raise TypeError(
-            validation.error(
-                owner, f"`model_name` must be a string or None. Received: model_name={model_name!r}"
-            )
-        )
+    return path, beam_width, max_beam_width, max_length, penalty
+
+
+def _warmup_texts(owner, translator, warmup_texts):
+    """The warmup requests' texts: valid UTF-8 strings, as `translate` reads
+    them (a warmup request is a real request: TF Serving answers it on load);
+    by default a text of the first source-vocabulary tokens and an empty one."""
     if warmup_texts is None:
         first = len(text_processing.RESERVED_TOKENS)
         tokens = translator.source_vocabulary[first : first + WARMUP_TEXT_TOKENS]
         warmup_texts = [translator.source_text.separator.join(tokens), ""]
-    # Valid UTF-8 strings, as `translate` reads them (a warmup request is a
-    # real request: TF Serving answers it on load).
-    warmup_texts = [
+    return [
         text.decode("utf-8")
         for text in text_processing.as_string_array(warmup_texts, "warmup_texts", owner=owner)
     ]
+
+
+def _serving_functions(translator, beam_width, max_beam_width, max_length, length_penalty):
+    """The three signatures' functions, by signature name: `serving_default`
+    (`beam_width`), `greedy` and `beam_search` (a per-request width checked
+    in the graph against `max_beam_width`)."""
     penalty = tf.constant(length_penalty, tf.float32)
 
     def outputs_of(text, width, method):
@@ -180,37 +226,7 @@ def export_translator(
             beam_width = tf.identity(beam_width)
         return outputs_of(text, beam_width, "beam")
 
-    module = tf.Module()
-    module.translator = translator
-    # The serving graph reads the tf.Variables inside the Keras variables; track
-    # those too, so the v1 loader (TF Serving's) restores the ones it reads.
-    module.tf_variables = [v.value for v in translator.variables]
-    # The vocabulary tables are resources the signature captures; track them.
-    module.tables = [translator.source_text.table, translator.target_text.table]
-    module.serve, module.greedy, module.beam_search = serve, greedy, beam_search
-    tf.saved_model.save(
-        module,
-        path,
-        signatures={
-            "serving_default": serve,
-            "greedy": greedy,
-            "beam_search": beam_search,
-        },
-    )
-    requests = [
-        ("serving_default", {"text": warmup_texts}),
-        ("greedy", {"text": warmup_texts}),
-        (
-            "beam_search",
-            {"text": warmup_texts, "beam_width": tf.constant(max_beam_width, tf.int32)},
-        ),
-    ]
-    write_warmup_requests(
-        path,
-        requests,
-        model_name=model_name or os.path.basename(os.path.normpath(path)),
-    )
-    return path
+    return {"serving_default": serve, "greedy": greedy, "beam_search": beam_search}
 
 
 def _checked_text(text):

@@ -351,7 +351,7 @@ class MultiHeadAttention(ScoreModifierOptions, BaseMultiHeadAttention):
         )
         self.block_size = validation.validate_positive_int(owner, "block_size", block_size)
         self.sequence_parallel = _sequence_parallel(
-            owner, sequence_parallel, dropout if self.dropout > 0.0 else None, flash_attention
+            owner, sequence_parallel, self.dropout, flash_attention
         )
         self._set_score_options(modifiers)
         self.sink_tokens = sink_tokens
@@ -871,8 +871,11 @@ def _sequence_parallel(owner, sequence_parallel, dropout, flash_attention):
             "a device mesh axis. Received: "
             f"sequence_parallel={sequence_parallel!r}"
         )
-    for argument, received in (("dropout", dropout), ("flash_attention", flash_attention)):
-        if received is not None:
+    for argument, received, given in (
+        ("dropout", dropout, dropout > 0.0),
+        ("flash_attention", flash_attention, flash_attention is not None),
+    ):
+        if given:
             raise ValueError(
                 f"{owner}: `sequence_parallel` (ring attention) does not support "
                 f"`{argument}`. Received: sequence_parallel={sequence_parallel!r}, "

@@ -189,7 +189,7 @@ class TransformerBlockBase(keras.layers.Layer):
     def _build_attention_sublayer(self, name, prototype, inputs_shape, other_shape):
         """Builds the attention `name` over `(inputs, other)` and its residual
         branch's `{name}_layer_norm` and `{name}_dropout`, stored under those
-        names (what `_residual(name, ...)`, saved weights and seeds use)."""
+        names (the saved weights' paths and the seeds use them)."""
         attention = self._make_attention(prototype, name)
         self._check_attention_output(attention, inputs_shape, other_shape)
         attention.build(inputs_shape, other_shape)
@@ -262,11 +262,9 @@ class TransformerBlockBase(keras.layers.Layer):
 
         return branch
 
-    def _residual(self, name, sublayer, inputs, training):
-        """`LN(x + f(x))` (post-norm) or `x + f(LN(x))` (pre-norm), with the
-        `{name}_layer_norm` and `{name}_dropout` of the branch `name`."""
-        layer_norm = getattr(self, f"{name}_layer_norm")
-        dropout = getattr(self, f"{name}_dropout")
+    def _residual(self, layer_norm, dropout, sublayer, inputs, training):
+        """`LN(x + f(x))` (post-norm) or `x + f(LN(x))` (pre-norm): the branch
+        `sublayer` (`f`) with its own `layer_norm` and `dropout`."""
         normed = layer_norm(inputs) if self.norm_first else inputs
         outputs, extras = sublayer(normed)
         outputs = inputs + dropout(outputs, training=training)
@@ -279,7 +277,9 @@ class TransformerBlockBase(keras.layers.Layer):
             hidden = self.feedforward_intermediate_dense(x)
             return self.feedforward_output_dense(hidden), None
 
-        outputs, _ = self._residual("feedforward", feedforward, inputs, training)
+        outputs, _ = self._residual(
+            self.feedforward_layer_norm, self.feedforward_dropout, feedforward, inputs, training
+        )
         return outputs
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):

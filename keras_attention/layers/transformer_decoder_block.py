@@ -336,7 +336,13 @@ class TransformerDecoderBlock(TransformerBlockBase):
             **self_extra,
             **self_rules,
         )
-        outputs, self_scores = self._residual("self_attention", self_attention, inputs, training)
+        outputs, self_scores = self._residual(
+            self.self_attention_layer_norm,
+            self.self_attention_dropout,
+            self_attention,
+            inputs,
+            training,
+        )
         scores = (self_scores,)
         if self.has_cross_attention:
             if cross_attention_cache is None:
@@ -360,7 +366,11 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 return cross_branch(x)
 
             outputs, cross_scores = self._residual(
-                "cross_attention", cross_attention, outputs, training
+                self.cross_attention_layer_norm,
+                self.cross_attention_dropout,
+                cross_attention,
+                outputs,
+                training,
             )
             scores += (cross_scores,)
         outputs = self._feedforward(outputs, training)

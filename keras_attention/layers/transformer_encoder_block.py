@@ -113,7 +113,13 @@ class TransformerEncoderBlock(TransformerBlockBase):
             training=training,
             **rules,
         )
-        outputs, scores = self._residual("self_attention", self_attention, inputs, training)
+        outputs, scores = self._residual(
+            self.self_attention_layer_norm,
+            self.self_attention_dropout,
+            self_attention,
+            inputs,
+            training,
+        )
         outputs = self._feedforward(outputs, training)
         if return_attention_scores:
             return outputs, scores

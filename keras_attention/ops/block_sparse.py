@@ -440,7 +440,59 @@ def _gathered_block_rows(
     )
     q_blocks = ops.reshape(q, (batch, heads, nq, block_size, head_dim))
 
-    # Mask (B or 1, nq, bs, S * bs) of the gathered keys.
+    key_positions, block_mask = _gathered_mask(
+        index, slot_valid, key_valid, attention_mask, q_block_positions, block_size, nk, rules
+    )
+    logits = ops.einsum("bhiqd,bhikd->bhiqk", q_blocks, gathered_k)
+    mask = block_mask[:, None]  # (B or 1, 1, nq, bs, S * bs)
+    columns = key_positions  # (nq, S * bs [+ G]): each row's keys, for the modifier
+    if token_k is not None:
+        token_logits = ops.einsum("bhiqd,bhgd->bhiqg", q_blocks, token_k)
+        logits = ops.concatenate([logits, token_logits], axis=-1)
+        columns = ops.concatenate(
+            [columns, ops.broadcast_to(token_positions[None], (nq, token_k.shape[2]))], axis=1
+        )
+        full = (batch, nq, block_size)
+        mask = ops.concatenate(
+            [
+                ops.broadcast_to(block_mask, full + (num_slots * block_size,)),
+                ops.broadcast_to(token_mask, full + (token_k.shape[2],)),
+            ],
+            axis=-1,
+        )[:, None]
+    if modifier is not None and modifier.changes_logits:
+        indices = _block_indices(batch, heads, q_block_positions, columns, query_length, key_length)
+        logits = _modified(modifier, ops.cast(logits, "float32"), indices)
+    sinks = None if modifier is None else modifier.sinks()
+    weights = ops.cast(_block_softmax(logits, mask, sinks), q.dtype)
+    dropped = weights if dropout is None else dropout(weights)
+    if keep_bits is not None:
+        keep = _gathered_keep(
+            keep_bits,
+            q_block_positions,
+            key_positions,
+            token_positions,
+            (batch, heads, nq, block_size),
+        )
+        dropped = ops.where(keep, weights, 0.0) * keep_bits.scale
+    block_weights = dropped[..., : num_slots * block_size]
+    output = ops.einsum("bhiqk,bhikd->bhiqd", block_weights, gathered_v)
+    if token_k is not None:
+        output = output + ops.einsum(
+            "bhiqg,bhgd->bhiqd", dropped[..., num_slots * block_size :], token_v
+        )
+    output = ops.reshape(output, (batch, heads, nq * block_size, v.shape[-1]))
+    return output, weights
+
+
+def _gathered_mask(
+    index, slot_valid, key_valid, attention_mask, q_block_positions, block_size, nk, rules
+):
+    """The gathered keys' absolute positions `(nq, S * bs)` and which of them
+    each query sees, `(B or 1, nq, 1 or bs, S * bs)`: valid slots and keys,
+    the positional rules, an explicit mask's gathered blocks."""
+    nq, num_slots = _length(index, 0), index.shape[1]
+    flat_index = ops.reshape(index, (-1,))
     key_positions = index[:, :, None] * block_size + ops.arange(
         block_size, dtype="int32"
     )  # (nq, S, bs)
@@ -470,49 +522,21 @@ def _gathered_block_rows(
             block_mask,
             ops.reshape(picked, (-1, nq, block_size, num_slots * block_size)),
         )
-    logits = ops.einsum("bhiqd,bhikd->bhiqk", q_blocks, gathered_k)
-    mask = block_mask[:, None]  # (B or 1, 1, nq, bs, S * bs)
-    columns = key_positions  # (nq, S * bs [+ G]): each row's keys, for the modifier
-    if token_k is not None:
-        token_logits = ops.einsum("bhiqd,bhgd->bhiqg", q_blocks, token_k)
-        logits = ops.concatenate([logits, token_logits], axis=-1)
-        columns = ops.concatenate(
-            [columns, ops.broadcast_to(token_positions[None], (nq, token_k.shape[2]))], axis=1
-        )
-        full = (batch, nq, block_size)
-        mask = ops.concatenate(
-            [
-                ops.broadcast_to(block_mask, full + (num_slots * block_size,)),
-                ops.broadcast_to(token_mask, full + (token_k.shape[2],)),
-            ],
-            axis=-1,
-        )[:, None]
-    if modifier is not None and modifier.changes_logits:
-        indices = _block_indices(batch, heads, q_block_positions, columns, query_length, key_length)
-        logits = _modified(modifier, ops.cast(logits, "float32"), indices)
-    sinks = None if modifier is None else modifier.sinks()
-    weights = ops.cast(_block_softmax(logits, mask, sinks), q.dtype)
-    dropped = weights if dropout is None else dropout(weights)
-    if keep_bits is not None:
-        rows = keep_bits.rows(ops.reshape(q_block_positions, (-1,)))
-        rows = ops.reshape(rows, (batch, heads, nq, block_size, 1))
-        columns = ops.reshape(
-            keep_bits.columns(key_positions), (1, 1, nq, 1, num_slots * block_size)
-        )
-        keep = keep_bits.keep(rows, columns)
-        if token_k is not None:
-            keep = ops.concatenate(
-                [keep, keep_bits.keep(rows, keep_bits.columns(token_positions))], -1
-            )
-        dropped = ops.where(keep, weights, 0.0) * keep_bits.scale
-    block_weights = dropped[..., : num_slots * block_size]
-    output = ops.einsum("bhiqk,bhikd->bhiqd", block_weights, gathered_v)
-    if token_k is not None:
-        output = output + ops.einsum(
-            "bhiqg,bhgd->bhiqd", dropped[..., num_slots * block_size :], token_v
-        )
-    output = ops.reshape(output, (batch, heads, nq * block_size, v.shape[-1]))
-    return output, weights
+    return key_positions, block_mask
+
+
+def _gathered_keep(keep_bits, q_block_positions, key_positions, token_positions, blocks):
+    """The dropout keep bits of the gathered keys (then the global tokens'),
+    `(B, H, nq, bs, S * bs [+ G])`, from their absolute positions; `blocks`
+    is `(B, H, nq, bs)`."""
+    batch, heads, nq, block_size = blocks
+    rows = keep_bits.rows(ops.reshape(q_block_positions, (-1,)))
+    rows = ops.reshape(rows, (batch, heads, nq, block_size, 1))
+    columns = ops.reshape(keep_bits.columns(key_positions), (1, 1, nq, 1, -1))
+    keep = keep_bits.keep(rows, columns)
+    if token_positions is not None:
+        keep = ops.concatenate([keep, keep_bits.keep(rows, keep_bits.columns(token_positions))], -1)
+    return keep
 
 
 def block_sparse_attention(

@@ -245,10 +245,13 @@ def _row_statistics(merged, query_mask):
 BALANCES = ("auto", "zigzag", "contiguous")
 
 
-def _check_arguments(query, key, value, mesh, sequence_axis, batch_axis, scale, mask, balance):
+def _check_arguments(
+    query, key, value, mesh, sequence_axis, batch_axis, scale, mask, balance, modifier=None
+):
     """`ring_attention`'s arguments, before JAX sees them: a typo in
     `balance` would silently lose the load balancing, and a length the mesh
-    does not divide would surface as `shard_map`'s error."""
+    does not divide would surface as `shard_map`'s error. Returns the mask
+    (an empty `AttentionMask` for None)."""
     owner = "ring_attention"
     checks.choice(owner, "balance", balance, BALANCES)
     checks.scale(owner, scale)
@@ -297,6 +300,20 @@ def _check_arguments(query, key, value, mesh, sequence_axis, batch_axis, scale, 
                 f"({described}) must divide the batch size. Received: query with shape "
                 f"{tuple(query.shape)}, batch_axis={batch_axis!r}"
             )
+    if mask is None:
+        mask = attention_masks.AttentionMask()
+    if mask.pair_mask is not None or mask.key_positions is not None:
+        raise ValueError(
+            "ring_attention takes query and key masks and positional rules "
+            "only; a (Tq, Tk) pair mask would be whole on every device, and the "
+            "ring places keys at their indices (no `key_positions`)."
+        )
+    if modifier is not None and not isinstance(modifier, ScoreModifier):
+        raise TypeError(
+            "ring_attention: `modifier` must be a ScoreModifier or None. "
+            f"Received: modifier={modifier!r}"
+        )
+    return mask
 
 
 def zigzag_order(length, num_devices):
@@ -365,24 +382,11 @@ def ring_attention(
         are zeros. With `return_statistics`, `(output, {"logsumexp",
         "max"})`.
     """
-    _check_arguments(query, key, value, mesh, sequence_axis, batch_axis, scale, mask, balance)
-    import jax
+    mask = _check_arguments(
+        query, key, value, mesh, sequence_axis, batch_axis, scale, mask, balance, modifier
+    )
     import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
 
-    if mask is None:
-        mask = attention_masks.AttentionMask()
-    if mask.pair_mask is not None or mask.key_positions is not None:
-        raise ValueError(
-            "ring_attention takes query and key masks and positional rules "
-            "only; a (Tq, Tk) pair mask would be whole on every device, and the "
-            "ring places keys at their indices (no `key_positions`)."
-        )
-    if modifier is not None and not isinstance(modifier, ScoreModifier):
-        raise TypeError(
-            "ring_attention: `modifier` must be a ScoreModifier or None. "
-            f"Received: modifier={modifier!r}"
-        )
     num_devices = mesh.shape[sequence_axis]
     dtype = query.dtype
     if scale is None:
@@ -390,8 +394,6 @@ def ring_attention(
     q = jnp.asarray(query, jnp.float32) * scale
     k = jnp.asarray(key, jnp.float32)
     v = jnp.asarray(value, jnp.float32)
-    sequences = P(batch_axis, sequence_axis)
-    blocks = P(batch_axis, sequence_axis, None, None)
     sequence_inputs, shared_inputs = _device_inputs(mask, modifier, q.shape[0])
     weights = () if modifier is None else modifier.weights()
     positional = mask.replace(
@@ -432,21 +434,8 @@ def ring_attention(
             stats=return_statistics,
         )
 
-    program = jax.shard_map(
-        per_device,
-        mesh=mesh,
-        in_specs=(
-            blocks,
-            blocks,
-            blocks,
-            tuple(sequences for _ in names),
-            tuple(P() for _ in shared),
-            tuple(P() for _ in weights),
-        ),
-        out_specs=(blocks, P(batch_axis, None, sequence_axis), P(batch_axis, None, sequence_axis))
-        if return_statistics
-        else blocks,
-        check_vma=False,
+    program = _sharded(
+        per_device, mesh, batch_axis, sequence_axis, (names, shared, weights), return_statistics
     )
     out = program(
         q,
@@ -457,6 +446,34 @@ def ring_attention(
         tuple(weights),
     )
     return _in_sequence_order(out, order, dtype, return_statistics)
+
+
+def _sharded(per_device, mesh, batch_axis, sequence_axis, inputs, return_statistics):
+    """`per_device` as one program over `mesh`: queries, keys and values split
+    by (batch, sequence), then the per-token inputs split the same way, the
+    shared inputs and the modifier's weights whole on every device (`inputs`:
+    the three lists' names or values, for their lengths)."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    names, shared, weights = inputs
+    sequences = P(batch_axis, sequence_axis)
+    blocks = P(batch_axis, sequence_axis, None, None)
+    rows = P(batch_axis, None, sequence_axis)  # (B, H, Tq) statistics
+    return jax.shard_map(
+        per_device,
+        mesh=mesh,
+        in_specs=(
+            blocks,
+            blocks,
+            blocks,
+            tuple(sequences for _ in names),
+            tuple(P() for _ in shared),
+            tuple(P() for _ in weights),
+        ),
+        out_specs=(blocks, rows, rows) if return_statistics else blocks,
+        check_vma=False,
+    )
 
 
 def _in_sequence_order(out, order, dtype, return_statistics):

@@ -184,7 +184,7 @@ class FreshBokehModel(BokehModel):
 
 # The FreshBokehModels whose documents changed since they were last serialised.
 _changed = weakref.WeakSet()
-_hooked = []
+_hooked = False  # the post-cell hook is registered (once per kernel)
 
 
 def _serialise_changed(*_):
@@ -197,6 +197,7 @@ def _serialise_changed(*_):
 
 def _serialise_after_each_cell():
     """In a kernel, once: serialise the changed documents after each cell runs."""
+    global _hooked
     if _hooked:
         return
     try:
@@ -206,4 +207,4 @@ def _serialise_after_each_cell():
     shell = get_ipython()
     if shell is not None and hasattr(shell, "events"):
         shell.events.register("post_execute", _serialise_changed)
-        _hooked.append(shell)
+        _hooked = True

@@ -360,7 +360,7 @@ def test_a_page_that_opens_is_answered_from_the_document_serialised_after_the_ce
         class events:
             register = staticmethod(lambda name, hook: hooks.append((name, hook)))
 
-    monkeypatch.setattr(_component, "_hooked", [])
+    monkeypatch.setattr(_component, "_hooked", False)
     monkeypatch.setattr("IPython.get_ipython", lambda: Shell())
     stepper = DecodingStepper(FakeTranslator(), SOURCE)
     assert [name for name, _ in hooks] == ["post_execute"]  # in a kernel, hooked once
