@@ -80,12 +80,14 @@ def trained_transformer(tmp_path_factory):
 
 
 def _is_layer_detail(item):
-    """A tests/layers test other than a layer's contract and the family checks."""
+    """A tests/layers test other than a layer's contract, the family checks and
+    the tests marked `both_backends`."""
     path = item.path.as_posix()
     return (
         "/tests/layers/" in path
         and not path.endswith("/layer_family_test.py")
         and not item.originalname.startswith("test_layer_contract")
+        and item.get_closest_marker("both_backends") is None
     )
 
 

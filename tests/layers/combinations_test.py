@@ -34,6 +34,9 @@ from tests.attention_reference import positional
 from tests.attention_reference import reference
 from tests.attention_reference import score_mod
 
+# Every layer compiled on each backend (jax.jit on JAX): `make test` runs it on both.
+pytestmark = pytest.mark.both_backends
+
 BACKEND = keras.backend.backend()
 MODES = {"tensorflow": ("eager", "function", "xla"), "jax": ("eager", "jit")}[BACKEND]
 TOLERANCE = {"float32": 2e-4, "float16": 2e-2, "bfloat16": 8e-2}

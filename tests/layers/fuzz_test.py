@@ -36,6 +36,9 @@ import keras_attention as ka
 from tests.testing import PUBLIC_LAYERS
 from tests.testing import to_numpy
 
+# Every layer compiled on each backend (jax.jit on JAX): `make test` runs it on both.
+pytestmark = pytest.mark.both_backends
+
 # JAX compiles each eager op per shape and dtype: fewer examples keep it near
 # 60 s on a loaded 2-core CPU (TensorFlow runs 300 in 12-16 s).
 MAX_EXAMPLES = 300 if keras.backend.backend() == "tensorflow" else 150

@@ -116,6 +116,7 @@ def test_composite_layers_cast_integer_inputs(make, shape):
     )
 
 
+@pytest.mark.both_backends
 def test_string_inputs_raise_a_type_error_naming_the_layer():
     if keras.backend.backend() != "tensorflow":
         pytest.skip("string tensors are TensorFlow's")
@@ -125,6 +126,7 @@ def test_string_inputs_raise_a_type_error_naming_the_layer():
         ka.SqueezeExcitation(ratio=1).call(tf.fill((1, 2, 2, 2), "a"))
 
 
+@pytest.mark.both_backends
 @pytest.mark.parametrize("argument", ["segment_ids", "key_segment_ids", "position_ids"])
 @pytest.mark.parametrize("layer", ["MultiHeadAttention", "SparseAttention"])
 def test_text_ids_are_refused_before_the_backend_converts_them(layer, argument):

@@ -60,6 +60,7 @@ def test_other_flags_stay_refused_naming_the_argument():
             layer([QUERY, QUERY], use_causal_mask=flag)
 
 
+@pytest.mark.both_backends
 def test_a_flag_whose_value_is_unknown_while_tracing_is_refused():
     """An eager 0-d tensor is read; a traced one has no value yet."""
     if keras.backend.backend() == "tensorflow":

@@ -167,6 +167,7 @@ def test_docstring_rules_are_in_the_order_the_code_tries_them():
     assert positions == sorted(positions)
 
 
+@pytest.mark.both_backends
 def test_a_default_layer_runs_blockwise_from_the_crossover_on_jax_cpu_and_matches_keras(
     monkeypatch,
 ):

@@ -506,6 +506,7 @@ GRAPH = pytest.param(
 )
 
 
+@pytest.mark.both_backends
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
 @pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])
 def test_self_attention_cache_decoding_matches_full_causal_call(compiled, grouped):
@@ -523,6 +524,7 @@ def _random_weights(layer, x, seed=3):
     layer.set_weights([rng.normal(scale=0.5, size=w.shape) for w in layer.get_weights()])
 
 
+@pytest.mark.both_backends
 @pytest.mark.parametrize("pair", [False, True], ids=["stacked", "pair"])
 @pytest.mark.parametrize("compiled", [False, True, GRAPH], ids=["eager", "xla", "graph"])
 def test_a_window_cache_shorter_than_the_sequence_wraps_and_decodes_exactly(compiled, pair):
@@ -575,6 +577,7 @@ def test_a_cache_pair_is_written_in_place_as_the_stacked_cache():
         layer(tokens[:, :1], cache=(pair[0], pair[1][:, :4]), cache_update_index=0)
 
 
+@pytest.mark.both_backends
 def test_endless_generation_from_a_64_slot_cache():
     """StreamingLLM (#51 item 2): 10,000 tokens through 64 slots (4 sinks and
     a window of 60) in one compiled loop: every output finite and equal to
@@ -936,6 +939,7 @@ def test_attention_mask_given_as_a_list_is_named():
         layer(random_inputs((1, 2, 8)), attention_mask=[[True, False], [True, True]])
 
 
+@pytest.mark.both_backends
 def test_one_tile_plan_per_batch_serves_every_layer_and_new_packings_do_not_retrace(
     monkeypatch,
 ):

@@ -204,6 +204,7 @@ def test_cached_step_by_step_decoding_equals_the_full_causal_call(norm_first):
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 
+@pytest.mark.both_backends
 def test_cached_decoding_runs_in_a_compiled_loop():
     block = make_block()
     length = 4
