@@ -262,6 +262,19 @@ class TransformerBlockBase(keras.layers.Layer):
 
         return branch
 
+    def _self_attention_residual(self, inputs, **arguments):
+        """The self-attention sublayer on `inputs` in its residual branch,
+        `(outputs, weights or None)`; `arguments` (`training` among them) go
+        to `_attention_branch`."""
+        branch = self._attention_branch(self.self_attention, **arguments)
+        return self._residual(
+            self.self_attention_layer_norm,
+            self.self_attention_dropout,
+            branch,
+            inputs,
+            arguments["training"],
+        )
+
     def _residual(self, layer_norm, dropout, sublayer, inputs, training):
         """`LN(x + f(x))` (post-norm) or `x + f(LN(x))` (pre-norm): the branch
         `sublayer` (`f`) with its own `layer_norm` and `dropout`."""

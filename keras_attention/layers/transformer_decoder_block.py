@@ -327,21 +327,14 @@ class TransformerDecoderBlock(TransformerBlockBase):
             self_extra = dict(value_mask=decoder_padding_mask)
         else:
             self_extra = dict(cache=self_attention_cache, cache_update_index=cache_update_index)
-        self_attention = self._attention_branch(
-            self.self_attention,
+        outputs, self_scores = self._self_attention_residual(
+            inputs,
             caches=updated_cache,
             attention_mask=decoder_attention_mask,
             use_causal_mask=use_causal_mask,
             **common,
             **self_extra,
             **self_rules,
-        )
-        outputs, self_scores = self._residual(
-            self.self_attention_layer_norm,
-            self.self_attention_dropout,
-            self_attention,
-            inputs,
-            training,
         )
         scores = (self_scores,)
         if self.has_cross_attention:

@@ -104,21 +104,14 @@ class TransformerEncoderBlock(TransformerBlockBase):
             padding_mask = keras_mask_of(inputs)
         inputs = utils.cast_to_compute_dtype(self, inputs)  # after its mask
 
-        self_attention = self._attention_branch(
-            self.self_attention,
+        outputs, scores = self._self_attention_residual(
+            inputs,
             query_mask=padding_mask,
             value_mask=padding_mask,
             attention_mask=attention_mask,
             return_attention_scores=return_attention_scores,
             training=training,
             **rules,
-        )
-        outputs, scores = self._residual(
-            self.self_attention_layer_norm,
-            self.self_attention_dropout,
-            self_attention,
-            inputs,
-            training,
         )
         outputs = self._feedforward(outputs, training)
         if return_attention_scores:
