@@ -112,15 +112,7 @@ def export_causal_lm(
     owner = "export_causal_lm"
     _check_causal_lm(owner, causal_lm)
     path = _check_path(owner, path)
-    if keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            validation.error(
-                owner,
-                "a SavedModel is written from the TensorFlow backend; set "
-                "KERAS_BACKEND=tensorflow. Received: backend="
-                f"{keras.backend.backend()!r}",
-            )
-        )
+    _check_backend(owner)
     preprocessor = getattr(causal_lm, "preprocessor", None)
     tokenizer = getattr(preprocessor, "tokenizer", None)
     max_length = _check_max_length(owner, max_length, preprocessor)
@@ -140,16 +132,32 @@ def export_causal_lm(
     pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
 
     served = _ServedCausalLM(causal_lm, max_length, stop_token_ids, pad_id)
+    text = None
+    if text_mode:
+        text = _TextProcessing(
+            _extras.require_tensorflow_text(owner), proto, preprocessor, max_length, pad_id
+        )
+    module, signatures = _serving_module(causal_lm, served, text)
+    tf.saved_model.save(module, path, signatures=signatures)
+    write_warmup_requests(
+        path,
+        _warmup_requests(signatures, warmup_prompts, text_mode, pad_id),
+        model_name=model_name or os.path.basename(os.path.normpath(path)),
+    )
+    return path
+
+
+def _serving_module(causal_lm, served, text):
+    """The module to save and its signatures by name: `generate` (from text
+    when `text`, a `_TextProcessing`, is given, else from token ids),
+    `prefill`, `decode_step`, and `serving_default` (`generate`)."""
     module = tf.Module()
     # The serving graph reads the tf.Variables inside the Keras variables:
     # the module tracks those, not the model, whose own traced functions
     # (KerasHub's XLA-compiled `generate_function`) would be saved too.
     module.tf_variables = [v.value for v in causal_lm.variables]
     signatures = {}
-    if text_mode:
-        text = _TextProcessing(
-            _extras.require_tensorflow_text(owner), proto, preprocessor, max_length, pad_id
-        )
+    if text is not None:
         module.sentencepiece = text.sentencepiece  # a resource the graph captures
         signatures.update(text.signatures(served))
     else:
@@ -159,13 +167,7 @@ def export_causal_lm(
     signatures["serving_default"] = signatures["generate"]
     for name, function in signatures.items():
         setattr(module, name, function)
-    tf.saved_model.save(module, path, signatures=signatures)
-    write_warmup_requests(
-        path,
-        _warmup_requests(signatures, warmup_prompts, text_mode, pad_id),
-        model_name=model_name or os.path.basename(os.path.normpath(path)),
-    )
-    return path
+    return module, signatures
 
 
 class _ServedCausalLM:
@@ -449,6 +451,18 @@ def _warmup_requests(signatures, prompts, text_mode, pad_id):
 
 
 # ------------------------------------------------------------ arguments
+def _check_backend(owner):
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            validation.error(
+                owner,
+                "a SavedModel is written from the TensorFlow backend; set "
+                "KERAS_BACKEND=tensorflow. Received: backend="
+                f"{keras.backend.backend()!r}",
+            )
+        )
+
+
 def _check_causal_lm(owner, causal_lm):
     if not isinstance(causal_lm, keras.Model) or not all(
         callable(getattr(causal_lm, name, None)) for name in DECODING_METHODS
