@@ -27,7 +27,7 @@ TEST_ENV := TF_CPP_MIN_LOG_LEVEL=2
 # 2026-12-06), JAX's fuzz test 53.6 -> 50.5 s.
 FAST_XLA := XLA_FLAGS="$(XLA_FLAGS) --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 
-.PHONY: install demo lint format test test-tf test-jax test-jax-layers test-benchmarks test-compat test-compat-full dist docs figures clean
+.PHONY: install demo lint format test test-tf test-browsers test-jax test-jax-layers test-benchmarks test-compat test-compat-full dist docs figures clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -69,8 +69,18 @@ format: install
 # layers, ops, analysis and the ported Keras attention tests on JAX.
 test: lint test-tf test-jax
 
+# Of the widgets' browser pages (tests/widgets/frontends_test.py), one per test: every
+# widget, JupyterLab 4, Notebook 7 and Voila, light and Dark each covered by some page
+# (8 pages). The other 15 (`front_end_matrix`: the same checks in the other front ends
+# and themes) run in `make test-browsers`: they were 500 of the 3245 s of test time of
+# this run (2026-12-06, 2 cores), and CI has 25 minutes.
 test-tf: install
-	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not benchmark" tests
+	$(TEST_ENV) $(FAST_XLA) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not benchmark and not front_end_matrix" tests
+
+# Every widget in every front end and theme (23 browser pages, about 7 minutes on 2
+# cores): run it when a change touches keras_attention/widgets or their pages.
+test-browsers: install
+	$(TEST_ENV) KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -n 2 --dist load tests/widgets/frontends_test.py
 
 # On JAX: the kernels, every layer's contract (build, call, masks, Sequential.add,
 # .keras round trip, compiled), the family checks, the tests/layers tests marked
@@ -102,11 +112,14 @@ test-benchmarks: install
 # admit them. Then, on both backends, the kernels (tests/ops) and Keras' own
 # attention tests against our layers (tests/keras_ported); on TensorFlow also every
 # layer's contract (build, call, masks, Sequential.add, .keras round trip, XLA) and
-# the family checks, and the TensorFlow-only translator/export checks. About 4
-# minutes on 2 cores after a ~1 minute install. Left out for CI time: `slow` tests
-# and the other tests/layers tests (`layer_detail`: ~1 more minute on TensorFlow,
-# ~9 on JAX, where the JAX run would also add the layer contracts' ~1.3 minutes);
-# `make test` runs all of them on the newest releases.
+# the family checks, and the TensorFlow-only translator/export checks. About 5
+# minutes on 2 cores after a ~1 minute install. Left out for CI time: `slow` tests,
+# the other tests/layers tests (`layer_detail`: ~1 more minute on TensorFlow, ~9 on
+# JAX, where the JAX run would also add the layer contracts' ~1.3 minutes), the
+# `both_backends` ones (every layer compiled, the fuzz and combinations tests: 115 s
+# of the TensorFlow run's 356 s of test time, 2026-12-07) and, on JAX, the block-sparse
+# kernel's own file (138 s of that run's 391 s; the kernel contract checks it there);
+# `make test` runs all of them on the newest releases, `make test-compat-full` here.
 COMPAT := .venv-compat
 COMPAT_STAMP := $(COMPAT)/.installed
 COMPAT_TESTS := tests/ops tests/keras_ported
@@ -121,9 +134,10 @@ $(COMPAT_STAMP): setup.cfg pyproject.toml tests/compat/lowest.txt
 	touch $(COMPAT_STAMP)
 
 test-compat: $(COMPAT_STAMP)
-	$(TEST_ENV) KERAS_BACKEND=tensorflow $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not layer_detail" \
-		$(COMPAT_TESTS) $(COMPAT_TF_TESTS)
-	$(TEST_ENV) KERAS_BACKEND=jax $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not tf_only" $(COMPAT_TESTS)
+	$(TEST_ENV) KERAS_BACKEND=tensorflow $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile \
+		-m "not slow and not layer_detail and not both_backends" $(COMPAT_TESTS) $(COMPAT_TF_TESTS)
+	$(TEST_ENV) KERAS_BACKEND=jax $(COMPAT)/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not tf_only" \
+		$(COMPAT_TESTS) --ignore=tests/ops/block_sparse_test.py
 
 # Everything but `slow` on the lowest releases, both backends (~12 minutes): what
 # test-compat leaves out for CI time, for a change that touches version-sensitive code.

@@ -107,7 +107,8 @@ LONG_FILES = [
     "tests/export/causal_lm_export_test.py",
     # Since 2026-12-06: 23 pages, not 27 (Voila's light walk on the shipped notebook's
     # page; LiveAttention and the explorer on one page per front end), each finished
-    # kernel stopped at once (its exit: 1.3-2.5 s -> 0.13 s a page).
+    # kernel stopped at once (its exit: 1.3-2.5 s -> 0.13 s a page). Since 2026-12-07
+    # `make test` opens 8 of them (one per test; `make test-browsers` all 23).
     "tests/widgets/frontends_test.py",  # 311
     "tests/packaging/wheel_test.py",  # 141
     "tests/distribution/tf_distribution_test.py",  # 98

@@ -73,7 +73,8 @@ def test_make_test_installs_the_dev_set():
 
 
 def pytest_lines(target):
-    return [line for line in dry_run(target).splitlines() if "-m pytest" in line]
+    commands = dry_run(target).replace("\\\n", " ")  # a recipe's continued lines, joined
+    return [line for line in commands.splitlines() if "-m pytest" in line]
 
 
 def test_make_test_compiles_fast_and_test_compat_at_xla_defaults():
@@ -96,3 +97,18 @@ def test_make_test_lints_before_any_test():
     tests = [i for i, line in enumerate(commands) if "-m pytest" in line]
     assert [commands[i].split("/ruff ")[1] for i in ruff] == ["check .", "format --check ."]
     assert tests and max(ruff) < min(tests), commands
+
+
+def test_make_test_opens_one_browser_page_per_test_and_test_browsers_every_page():
+    # The 15 pages that repeat a widget's check in another front end or theme cost ~4
+    # minutes of CI; `make test` leaves them to `make test-browsers`, which runs them all.
+    (line,) = pytest_lines("test-tf")
+    assert '-m "not benchmark and not front_end_matrix" tests' in line, line
+    (line,) = pytest_lines("test-browsers")
+    assert line.endswith(" tests/widgets/frontends_test.py") and ' -m "' not in line, line
+
+
+def test_compat_leaves_out_what_make_test_checks_on_the_newest_releases():
+    tensorflow, jax = pytest_lines("test-compat")
+    assert '-m "not slow and not layer_detail and not both_backends"' in tensorflow, tensorflow
+    assert "--ignore=tests/ops/block_sparse_test.py" in jax, jax

@@ -41,6 +41,31 @@ CHROMIUM = find_chromium()
 MALICIOUS = "<img/src=x/onerror=alert(1)>"  # the slashes make it a valid <img> with onerror
 FRONT_ENDS = ("lab", "notebook", "voila")
 
+
+# (front end, themes) of the pages `make test` opens: the Voila-only tests' (light), then
+# each parametrized test's kept page (`matrix`).
+KEPT_PAGES = [("voila", ("light",))]
+
+
+def matrix(pages, kept):
+    """`pages` for a parametrize, each but `kept` marked `front_end_matrix`. `make test`
+    opens the kept page of each test, chosen so that every front end and both themes are
+    covered (JupyterLab 3 pages, Notebook 7 two, Voila three; Dark in each front end);
+    `make test-browsers` opens every page. A page costs 20-50 s of a CI core (its kernel,
+    front end and widgets), and the widgets' own code is the same in every front end."""
+    assert kept in pages, (kept, pages)
+    KEPT_PAGES.append((kept, ("light",)) if isinstance(kept, str) else kept[:2])
+    marked = pytest.mark.front_end_matrix
+    return [
+        page
+        if page == kept
+        else pytest.param(page, marks=marked)
+        if isinstance(page, str)
+        else pytest.param(*page, marks=marked)
+        for page in pages
+    ]
+
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.tf_only,
@@ -623,6 +648,12 @@ def run(server, browser, artifacts):
         opened.close()
 
 
+def test_make_tests_pages_cover_every_front_end_in_light_and_dark():
+    covered = {(front_end, theme) for front_end, themes in KEPT_PAGES for theme in themes}
+    assert covered == {(f, t) for f in FRONT_ENDS for t in ("light", "dark")}, KEPT_PAGES
+    assert len(KEPT_PAGES) == 7  # the two Voila-only tests' entry, then six parametrized tests
+
+
 def same_numbers(read, expected, atol=1e-6):
     """JS expression: `read()` returns `{weight: [...]}` equal to `expected` (flat)."""
     return (
@@ -643,7 +674,7 @@ def assert_no_script_ran(page):
     assert page.evaluate("document.querySelectorAll('img[onerror]').length") == 0
 
 
-@pytest.mark.parametrize("front_end", FRONT_ENDS)
+@pytest.mark.parametrize("front_end", matrix(FRONT_ENDS, "lab"))
 def test_stepper_draws_the_steps_of_its_creating_cell_then_each_next(run, front_end):
     opened = run("stepper", front_end)
     kernel = opened.kernel_state()
@@ -735,7 +766,11 @@ WALKS = [(f, ("light", "dark"), "walk") for f in ("lab", "notebook")] + [
 ]
 
 
-@pytest.mark.parametrize(("front_end", "themes", "notebook"), WALKS, ids=page_id)
+@pytest.mark.parametrize(
+    ("front_end", "themes", "notebook"),
+    matrix(WALKS, ("lab", ("light", "dark"), "walk")),
+    ids=page_id,
+)
 def test_stepper_paints_every_row_after_reset_and_back(run, front_end, themes, notebook):
     served_dark = themes == ("dark",)
     opened = open_in_layout(run, notebook, front_end, 1280, DARK if served_dark else None)
@@ -931,7 +966,7 @@ WATCH = """
 """
 
 
-@pytest.mark.parametrize("front_end", FRONT_ENDS)
+@pytest.mark.parametrize("front_end", matrix(FRONT_ENDS, "notebook"))
 def test_live_attention_and_explorer_draw_their_creating_cells_then_follow_the_page(run, front_end):
     """LiveAttention, then the AttentionExplorer, in one page and kernel per front end: the
     checks are each widget's own (they read their own Bokeh sources and kernel dumps)."""
@@ -1181,7 +1216,9 @@ def assert_panels_sized(page, wide):
             assert width_px >= 1.25 * designed, (name, width_px, designed, page.viewport_size)
 
 
-@pytest.mark.parametrize(("front_end", "themes"), PANEL_PAGES, ids=page_id)
+@pytest.mark.parametrize(
+    ("front_end", "themes"), matrix(PANEL_PAGES, ("lab", ("light", "dark"))), ids=page_id
+)
 def test_every_stepper_panel_holds_its_data_for_both_translators(run, front_end, themes):
     opened = open_in_layout(run, "panels", front_end, 1280, None)
     try:
@@ -1355,7 +1392,9 @@ READ_DETAIL_BOTTOMS = """
 """
 
 
-@pytest.mark.parametrize(("front_end", "themes"), THEMED_PAGES, ids=page_id)
+@pytest.mark.parametrize(
+    ("front_end", "themes"), matrix(THEMED_PAGES, ("notebook", ("light", "dark"))), ids=page_id
+)
 def test_the_head_view_has_one_label_per_token_on_first_draw(run, front_end, themes):
     served_dark = themes == ("dark",)
     opened = open_in_layout(run, "head_view", front_end, 1280, DARK if served_dark else None)
@@ -1525,7 +1564,9 @@ def assert_cache_drawn(opened, kernel):
         assert drawn["state"][cells[kernel["written"][layer]]] == "written"
 
 
-@pytest.mark.parametrize(("front_end", "themes"), THEMED_PAGES, ids=page_id)
+@pytest.mark.parametrize(
+    ("front_end", "themes"), matrix(THEMED_PAGES, ("voila", ("dark",))), ids=page_id
+)
 def test_causal_stepper_draws_each_layers_cache_and_every_head(run, front_end, themes):
     served_dark = themes == ("dark",)
     opened = open_in_layout(run, "causal", front_end, 1280, DARK if served_dark else None)
