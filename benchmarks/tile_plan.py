@@ -17,6 +17,11 @@ medians (`--cpu-time` times by the process's CPU time, for a shared
 machine). The plan's fractions of full, partial and skipped tiles are
 printed per case.
 
+`--plan-block N` runs the plan at tiles of N tokens (query and key blocks)
+while the kernel before it keeps 512: the tile size as one more thing the
+plan could choose (packed documents waste less of a partial tile in smaller
+tiles; each tile's fixed cost grows with their number).
+
 `--model` also runs the plan's sharing check: 4 `MultiHeadAttention`
 layers on packed batches (`--model-length` tokens), the plan built once per
 batch by the model and passed to every layer; 10 batches packed differently
@@ -89,7 +94,7 @@ def masks(mask_class, name, ids):
     return mask_class(causal=True, query_segment_ids=ids, key_segment_ids=ids)
 
 
-def training_step(kernel, mask, xla):
+def training_step(kernel, mask, xla, block=BLOCK):
     """`step(q, k, v, cotangent)` -> gradients as NumPy, compiled once."""
     if BACKEND == "tensorflow":
         import tensorflow as tf
@@ -98,7 +103,7 @@ def training_step(kernel, mask, xla):
         def step(q, k, v, cotangent):
             with tf.GradientTape() as tape:
                 tape.watch([q, k, v])
-                out = kernel(q, k, v, mask=mask, block_size=BLOCK)
+                out = kernel(q, k, v, mask=mask, block_size=block)
                 loss = tf.reduce_sum(out * cotangent)
             return tape.gradient(loss, [q, k, v])
 
@@ -106,13 +111,13 @@ def training_step(kernel, mask, xla):
     import jax
 
     def loss(q, k, v, cotangent):
-        return jax.numpy.sum(kernel(q, k, v, mask=mask, block_size=BLOCK) * cotangent)
+        return jax.numpy.sum(kernel(q, k, v, mask=mask, block_size=block) * cotangent)
 
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     return lambda *a: [np.asarray(g) for g in grad(*a)]
 
 
-def compare(length, repeats, xla, clock, commit, rng):
+def compare(length, repeats, xla, clock, commit, rng, plan_block=BLOCK):
     import keras_attention as ka
     from keras_attention.ops.memory_efficient import memory_efficient_attention
 
@@ -121,10 +126,15 @@ def compare(length, repeats, xla, clock, commit, rng):
     q, k, v, cotangent = (rng.normal(size=shape).astype("float32") for _ in range(4))
     ids = packed_ids(length, rng)
     for name in ("causal", f"{DOCUMENTS} documents"):
-        plan = ka.ops.tile_plan(masks(ka.ops.AttentionMask, name, ids), length, block_size=BLOCK)
+        plan = ka.ops.tile_plan(
+            masks(ka.ops.AttentionMask, name, ids), length, block_size=plan_block
+        )
         steps = {
             "plan": training_step(
-                memory_efficient_attention, masks(ka.ops.AttentionMask, name, ids), xla
+                memory_efficient_attention,
+                masks(ka.ops.AttentionMask, name, ids),
+                xla,
+                plan_block,
             ),
             "before": training_step(old_kernel, masks(old_mask, name, ids), xla),
         }
@@ -138,8 +148,9 @@ def compare(length, repeats, xla, clock, commit, rng):
                 times[key].append(clock() - start)
         median = {key: float(np.median(t)) for key, t in times.items()}
         fractions = ", ".join(f"{key} {value:.3f}" for key, value in plan.fractions().items())
+        label = "plan" if plan_block == BLOCK else f"plan (tiles of {plan_block})"
         print(
-            f"L={length} {name}: plan {median['plan']:.3f} s, before {median['before']:.3f} s, "
+            f"L={length} {name}: {label} {median['plan']:.3f} s, before {median['before']:.3f} s, "
             f"ratio {median['plan'] / median['before']:.3f}; tiles: {fractions}; "
             f"max |grad difference| {error:.2e}"
         )
@@ -212,6 +223,9 @@ def main():
     parser.add_argument("--model", action="store_true", help="the 4-layer sharing check")
     parser.add_argument("--model-length", type=int, default=2048)
     parser.add_argument("--skip-kernels", action="store_true")
+    parser.add_argument(
+        "--plan-block", type=int, default=BLOCK, help="the plan's tile size (before: 512)"
+    )
     args = parser.parse_args()
     clock = time.process_time if args.cpu_time else time.perf_counter
     rng = np.random.default_rng(0)
@@ -219,7 +233,7 @@ def main():
     print(f"{mode}, {'CPU' if args.cpu_time else 'wall'} time, median of {args.repeats}")
     if not args.skip_kernels:
         for length in args.lengths:
-            compare(length, args.repeats, args.xla, clock, args.baseline, rng)
+            compare(length, args.repeats, args.xla, clock, args.baseline, rng, args.plan_block)
     if args.model:
         shared_plan(args.model_length, rng)
 
